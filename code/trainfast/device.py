@@ -1,0 +1,82 @@
+"""Pick the device a chapter runs on, and describe the environment in one line.
+
+Chapters never assume CUDA: they call :func:`pick_device` and print :func:`environment_line`
+first, so every executed page says where its numbers came from.
+"""
+
+from __future__ import annotations
+
+import platform
+import sys
+from dataclasses import asdict, dataclass
+
+import torch
+
+__all__ = ["Environment", "describe_environment", "environment_line", "pick_device"]
+
+
+def pick_device(prefer: str | None = None) -> torch.device:
+    """The best available device: CUDA, then Apple's MPS, then the CPU.
+
+    ``prefer`` forces a kind ("cuda", "mps" or "cpu"); asking for one that is not available
+    raises ``ValueError`` naming it, rather than silently falling back.
+    """
+    if prefer is not None:
+        kinds = {"cuda": torch.cuda.is_available, "mps": _mps_available, "cpu": lambda: True}
+        if prefer not in kinds:
+            raise ValueError(f"Unknown device kind: {prefer!r} (expected one of {sorted(kinds)})")
+        if not kinds[prefer]():
+            raise ValueError(f"Device kind {prefer!r} is not available on this machine")
+        return torch.device(prefer)
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    if _mps_available():
+        return torch.device("mps")
+    return torch.device("cpu")
+
+
+def _mps_available() -> bool:
+    backend = getattr(torch.backends, "mps", None)
+    return bool(backend is not None and backend.is_available())
+
+
+@dataclass(frozen=True)
+class Environment:
+    """What a measurement ran on: enough to tell two records apart."""
+
+    device: str  # "cuda", "mps" or "cpu"
+    device_name: str  # the card's name on CUDA, the processor otherwise
+    torch_version: str
+    cuda_version: str | None  # None on a CPU-only or MPS build
+    python_version: str
+    platform: str
+
+    def as_dict(self) -> dict[str, str | None]:
+        return asdict(self)
+
+
+def describe_environment(device: torch.device | None = None) -> Environment:
+    """The :class:`Environment` of ``device`` (default: :func:`pick_device`)."""
+    device = device or pick_device()
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+    else:
+        name = platform.processor() or platform.machine() or "unknown processor"
+    return Environment(
+        device=device.type,
+        device_name=name,
+        torch_version=torch.__version__,
+        cuda_version=torch.version.cuda if device.type == "cuda" else None,
+        python_version=sys.version.split()[0],
+        platform=platform.platform(terse=True),
+    )
+
+
+def environment_line(device: torch.device | None = None) -> str:
+    """One line for the top of a chapter, e.g. ``device: cpu (x86_64) | torch 2.14.1 | ...``."""
+    env = describe_environment(device)
+    parts = [f"device: {env.device} ({env.device_name})", f"torch {env.torch_version}"]
+    if env.cuda_version:
+        parts.append(f"CUDA {env.cuda_version}")
+    parts += [f"Python {env.python_version}", env.platform]
+    return " | ".join(parts)

@@ -1,0 +1,179 @@
+"""Checks every chapter-level test module runs on its chapter.
+
+Three rules from the book's conventions (README, "Writing a chapter"):
+
+1. Code the reader studies is *included* from the package: a ``{literalinclude}`` of a file in
+   ``code/trainfast`` with ``:pyobject:`` naming an object that exists. A Python block that is
+   not executed is an error unless it is marked ``:class: excerpt`` (an excerpt of something
+   else, e.g. torch's source, with a caption saying where from). A code cell may not define a
+   function or class under a name the package already exports (that would be a hand copy).
+2. (In each chapter's own test module) every hand-written implementation matches torch.
+3. The chapter executes top to bottom as a notebook on CPU; :func:`execute_chapter` times it.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import pkgutil
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import nbformat
+from myst_nb.core.read import read_myst_markdown_notebook
+from nbclient import NotebookClient
+
+import trainfast
+
+ROOT = Path(__file__).resolve().parents[1]
+BOOK = ROOT / "book"
+PACKAGE = ROOT / "code" / "trainfast"
+
+#: (chapter, seconds) for every chapter executed in this session; printed by conftest.py.
+EXECUTION_TIMES: list[tuple[str, float]] = []
+
+_FENCE = re.compile(r"^(?P<fence>`{3,}|:{3,})\s*(?P<info>[^\n]*)$")
+_PYTHON = {"python", "py", "python3", "ipython", "ipython3", "pycon"}
+
+
+@dataclass
+class Block:
+    """A fenced block of a MyST page: its info string, options and body."""
+
+    line: int
+    info: str
+    options: dict[str, str]
+    body: str
+
+    @property
+    def directive(self) -> str | None:
+        match = re.match(r"\{([\w:-]+)\}", self.info)
+        return match.group(1) if match else None
+
+    @property
+    def argument(self) -> str:
+        return re.sub(r"^\{[\w:-]+\}\s*", "", self.info).strip()
+
+
+def chapter_path(name: str) -> Path:
+    path = BOOK / f"{name}.md"
+    if not path.exists():
+        raise FileNotFoundError(f"No chapter {name!r}: {path} does not exist")
+    return path
+
+
+def _is_closing(line: str, fence: str) -> bool:
+    stripped = line.strip()
+    return len(stripped) >= len(fence) and set(stripped) == {fence[0]}
+
+
+def blocks(text: str, first_line: int = 1) -> list[Block]:
+    """Every fenced block (``` or :::) of a MyST page with its options, nested ones included."""
+    lines = text.splitlines()
+    found: list[Block] = []
+    i = 0
+    while i < len(lines):
+        match = _FENCE.match(lines[i].strip())
+        if not match or not match.group("info").strip():
+            i += 1
+            continue
+        fence, info = match.group("fence"), match.group("info").strip()
+        start, i = i, i + 1
+        body: list[str] = []
+        while i < len(lines) and not _is_closing(lines[i], fence):
+            body.append(lines[i])
+            i += 1
+        i += 1
+        options: dict[str, str] = {}
+        while body and (m := re.match(r"^:([\w-]+):\s*(.*)$", body[0].strip())):
+            options[m.group(1)] = m.group(2).strip()
+            body.pop(0)
+        block = Block(first_line + start, info, options, "\n".join(body))
+        found.append(block)
+        if block.directive not in ("code-cell", "code-block", "code", "sourcecode", None):
+            found.extend(blocks(block.body, first_line + start + 1))
+    return found
+
+
+def _resolve(module: str, dotted: str) -> object:
+    obj: object = importlib.import_module(module)
+    for part in dotted.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _package_names() -> set[str]:
+    """Every public name the package exports (``__all__`` of each module)."""
+    names: set[str] = set()
+    for info in pkgutil.walk_packages(trainfast.__path__, prefix="trainfast."):
+        try:
+            module = importlib.import_module(info.name)
+        except ImportError:  # an optional dependency missing: nothing exported to compare
+            continue
+        names.update(getattr(module, "__all__", []))
+    return names - {"__version__"}
+
+
+def listing_problems(name: str) -> list[str]:
+    """Every breach of rule 1 in chapter ``name``, as readable messages (empty if none)."""
+    path = chapter_path(name)
+    problems: list[str] = []
+    exported = _package_names()
+    for block in blocks(path.read_text()):
+        where = f"{path.name}:{block.line}"
+        if block.directive == "literalinclude":
+            target = (path.parent / block.argument).resolve()
+            if PACKAGE not in target.parents:
+                problems.append(f"{where}: listing {block.argument} is not from code/trainfast")
+                continue
+            if not target.exists():
+                problems.append(f"{where}: listing {block.argument} does not exist")
+                continue
+            obj = block.options.get("pyobject")
+            if not obj:
+                problems.append(f"{where}: listing {block.argument} has no :pyobject:")
+                continue
+            module = ".".join(target.relative_to(PACKAGE.parent).with_suffix("").parts)
+            module = module.removesuffix(".__init__")
+            try:
+                _resolve(module, obj)
+            except (ImportError, AttributeError) as error:
+                problems.append(f"{where}: {module}.{obj} does not resolve ({error})")
+        elif block.directive == "code-cell":
+            try:
+                tree = ast.parse(block.body)
+            except SyntaxError:
+                continue  # IPython magics; execution will tell
+            for node in ast.walk(tree):
+                if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name in exported:
+                    problems.append(
+                        f"{where}: code cell defines {node.name!r}, which trainfast exports: "
+                        "import it instead of copying it"
+                    )
+        elif block.directive in ("code-block", "code", "sourcecode") or (
+            block.directive is None and block.info.split()[:1] and block.info.split()[0] in _PYTHON
+        ):
+            language = block.argument.split()[:1] if block.directive else block.info.split()[:1]
+            if language and language[0] in _PYTHON and "excerpt" not in block.options.get("class", ""):
+                problems.append(
+                    f"{where}: unexecuted Python block; include it from the package, make it a "
+                    "code-cell, or mark it ':class: excerpt' with a caption naming its source"
+                )
+    return problems
+
+
+def execute_chapter(name: str, timeout: int = 1800) -> float:
+    """Execute chapter ``name`` as a notebook in ``book/`` on this machine; return seconds."""
+    path = chapter_path(name)
+    notebook = read_myst_markdown_notebook(path.read_text(), path=path)
+    notebook = nbformat.from_dict(notebook)
+    client = NotebookClient(
+        notebook, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(BOOK)}}
+    )
+    start = time.perf_counter()
+    client.execute()
+    seconds = time.perf_counter() - start
+    EXECUTION_TIMES.append((name, seconds))
+    return seconds

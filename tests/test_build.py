@@ -1,0 +1,254 @@
+"""Tests of the build itself: workflows, cache invalidation, packaging, the CI entry point."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+WORKFLOWS = sorted((ROOT / ".github" / "workflows").glob("*.yml"))
+sys.path.insert(0, str(ROOT / "book" / "_ext"))
+
+import build_support  # noqa: E402
+
+
+def _tool(name: str) -> str:
+    path = BIN / name
+    if not path.exists():
+        pytest.fail(f"{name} is not installed in {BIN}: it is in requirements.txt")
+    return str(path)
+
+
+# --- workflows -------------------------------------------------------------------------------
+
+
+def test_there_are_two_workflows():
+    assert {p.name for p in WORKFLOWS} == {"ci.yml", "book.yml"}
+
+
+def test_workflows_match_the_github_schema():
+    result = subprocess.run(
+        [_tool("check-jsonschema"), "--builtin-schema", "vendor.github-workflows", *map(str, WORKFLOWS)],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_workflows_pass_zizmor_security_audit():
+    result = subprocess.run(
+        [_tool("zizmor"), "--offline", str(ROOT / ".github" / "workflows")],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def _load(name: str) -> dict:
+    data = yaml.safe_load((ROOT / ".github" / "workflows" / name).read_text())
+    data["on"] = data.pop(True, data.get("on"))  # YAML 1.1 reads the key `on` as True
+    return data
+
+
+def test_gpu_workflow_never_runs_code_from_pull_requests():
+    book = _load("book.yml")
+    triggers = set(book["on"])
+    assert triggers <= {"push", "workflow_dispatch"}, triggers
+    assert book["on"]["push"]["branches"] == ["main"]
+    assert book["permissions"] == {}, "the top level must grant nothing; jobs ask for what they need"
+    build = book["jobs"]["build"]
+    assert build["runs-on"] == ["self-hosted", "linux", "gpu"]
+    assert build["permissions"] == {"contents": "read"}
+    deploy = book["jobs"]["deploy"]
+    assert deploy["runs-on"] == "ubuntu-latest", "the job that can write to Pages is GitHub-hosted"
+    assert deploy["permissions"] == {"pages": "write", "id-token": "write"}
+
+
+def test_pull_request_workflow_is_read_only_and_runs_the_readme_commands():
+    ci = _load("ci.yml")
+    assert "pull_request" in ci["on"] and "pull_request_target" not in ci["on"]
+    assert ci["permissions"] == {"contents": "read"}
+    runs = "\n".join(
+        step.get("run", "") for job in ci["jobs"].values() for step in job["steps"]
+    )
+    assert "make test" in runs and "make book" in runs and "ruff check" in runs
+    for job in ci["jobs"].values():
+        assert "self-hosted" not in str(job["runs-on"])
+
+
+def test_ci_script_runs_readme_commands():
+    script = (ROOT / ".ci" / "run").read_text()
+    readme = (ROOT / "README.md").read_text()
+    for command in ("make book", "make test"):
+        assert command in readme
+        assert command in script
+
+
+# --- packaging -------------------------------------------------------------------------------
+
+
+def test_package_declares_a_torch_range_and_ships_py_typed():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    torch_requirement = next(d for d in project["dependencies"] if d.startswith("torch"))
+    assert torch_requirement == "torch>=2.4"
+    assert (ROOT / "code" / "trainfast" / "py.typed").exists()
+
+
+def test_requirements_pin_every_package():
+    lines = [
+        line.split("#")[0].strip()
+        for line in (ROOT / "requirements.txt").read_text().splitlines()
+    ]
+    unpinned = [line for line in lines if line and "==" not in line]
+    assert not unpinned, f"requirements.txt must pin exact versions: {unpinned}"
+
+
+def test_every_module_lists_its_public_names():
+    import importlib
+    import pkgutil
+
+    import trainfast
+
+    missing, broken = [], []
+    for info in pkgutil.walk_packages(trainfast.__path__, prefix="trainfast."):
+        if info.name.rsplit(".", 1)[-1].startswith("_") or info.name == "trainfast.measure":
+            continue
+        module = importlib.import_module(info.name)
+        if not hasattr(module, "__all__"):
+            missing.append(info.name)
+            continue
+        broken += [f"{info.name}.{n}" for n in module.__all__ if not hasattr(module, n)]
+    assert not missing, f"modules without __all__: {missing}"
+    assert not broken, f"__all__ names that do not exist: {broken}"
+
+
+# --- cache invalidation ----------------------------------------------------------------------
+
+
+def test_source_hash_ignores_bytecode_and_sees_edits(tmp_path):
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "a.py").write_text("x = 1\n")
+    before = build_support.source_hash([package])
+    (package / "__pycache__").mkdir()
+    (package / "__pycache__" / "a.cpython-311.pyc").write_bytes(b"\0")
+    assert build_support.source_hash([package]) == before
+    (package / "a.py").write_text("x = 2\n")
+    assert build_support.source_hash([package]) != before
+
+
+def test_invalidate_empties_the_cache_only_when_sources_change(tmp_path):
+    package, cache = tmp_path / "pkg", tmp_path / "cache"
+    package.mkdir()
+    (package / "a.py").write_text("x = 1\n")
+    assert build_support.invalidate_if_changed(cache, [package])  # no stamp yet: untrusted
+    (cache / "executed").mkdir()
+    assert not build_support.invalidate_if_changed(cache, [package])
+    assert (cache / "executed").exists()
+    (package / "b.py").write_text("y = 1\n")
+    assert build_support.invalidate_if_changed(cache, [package])
+    assert not (cache / "executed").exists()
+
+
+TINY_CONFIG = """\
+title: tiny
+only_build_toc_files: true
+execute:
+  execute_notebooks: cache
+  cache: _build/.jupyter_cache
+sphinx:
+  local_extensions:
+    build_support: {ext}
+  config:
+    nb_execution_raise_on_error: true
+    build_support_watch: [pkg]
+"""
+
+TINY_CHAPTER = """\
+---
+jupytext:
+  text_representation:
+    format_name: myst
+kernelspec:
+  display_name: Python 3
+  language: python
+  name: python3
+---
+# Tiny
+
+```{code-cell} ipython3
+import importlib.util, pathlib, sys
+sys.path.insert(0, str(pathlib.Path.cwd() / "pkg"))
+import value
+print("VALUE", value.VALUE)
+```
+"""
+
+
+def _build_tiny(book: Path) -> str:
+    result = subprocess.run(
+        [_tool("jupyter-book"), "build", str(book), "-W", "-n", "--keep-going"],
+        capture_output=True,
+        text=True,
+        cwd=book,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return (book / "_build" / "html" / "chapter.html").read_text()
+
+
+def test_a_package_change_re_executes_an_unchanged_chapter(tmp_path):
+    """Build twice with the same package (cached), then change only the package: the chapter's
+    cells are unchanged, yet the page must show the new value."""
+    book = tmp_path / "book"
+    (book / "pkg").mkdir(parents=True)
+    (book / "pkg" / "value.py").write_text("VALUE = 'first'\n")
+    (book / "_config.yml").write_text(TINY_CONFIG.format(ext=ROOT / "book" / "_ext"))
+    (book / "_toc.yml").write_text("format: jb-book\nroot: chapter\n")
+    (book / "chapter.md").write_text(TINY_CHAPTER)
+
+    assert "VALUE first" in _build_tiny(book)
+    assert "VALUE first" in _build_tiny(book)  # unchanged: served from the cache
+    (book / "pkg" / "value.py").write_text("VALUE = 'second'\n")
+    assert "VALUE second" in _build_tiny(book)
+    shutil.rmtree(book / "_build")
+
+
+def test_unknown_watch_path_fails_the_build_loudly(tmp_path):
+    class App:
+        srcdir = str(tmp_path)
+
+        class config:  # noqa: N801 - mimics sphinx.config.Config's attribute access
+            build_support_watch = ["does-not-exist"]
+            nb_execution_cache_path = ""
+
+    with pytest.raises(FileNotFoundError, match="does-not-exist"):
+        build_support._on_builder_inited(App())  # type: ignore[arg-type]
+
+
+def test_chapter_sources_are_valid_yaml_front_matter():
+    for chapter in (ROOT / "book").glob("*.md"):
+        text = chapter.read_text()
+        if text.startswith("---"):
+            front = yaml.safe_load(text.split("---")[1])
+            assert front["kernelspec"]["name"] == "python3", chapter.name
+
+
+def test_every_executable_chapter_has_a_test_module():
+    for chapter in (ROOT / "book").glob("*.md"):
+        if "kernelspec:" in chapter.read_text():
+            assert (ROOT / "tests" / f"test_{chapter.stem}.py").exists(), chapter.name
+
+
+def test_every_chapter_is_in_the_table_of_contents():
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    listed = {toc["root"]} | {c["file"] for c in toc.get("chapters", [])}
+    on_disk = {f"book/{p.stem}" for p in (ROOT / "book").glob("*.md")}
+    assert on_disk == listed, f"not in _toc.yml: {on_disk - listed}; missing: {listed - on_disk}"

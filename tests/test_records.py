@@ -1,0 +1,101 @@
+"""The foundation every chapter uses: device choice, measurement records, the measure script."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from trainfast.device import describe_environment, environment_line, pick_device
+from trainfast.measure import BENCHMARKS, main
+from trainfast.records import Record, load_records, make_record, provenance, to_markdown, write_record
+
+
+def test_pick_device_prefers_cuda_then_mps_then_cpu():
+    device = pick_device()
+    if torch.cuda.is_available():
+        assert device.type == "cuda"
+    elif torch.backends.mps.is_available():
+        assert device.type == "mps"
+    else:
+        assert device.type == "cpu"
+    assert pick_device("cpu") == torch.device("cpu")
+
+
+def test_pick_device_rejects_unknown_and_unavailable_kinds():
+    with pytest.raises(ValueError, match="'tpu'"):
+        pick_device("tpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="'cuda' is not available"):
+            pick_device("cuda")
+
+
+def test_environment_line_names_device_and_versions():
+    line = environment_line(torch.device("cpu"))
+    assert line.startswith("device: cpu")
+    assert f"torch {torch.__version__}" in line
+    assert describe_environment(torch.device("cpu")).cuda_version is None
+
+
+def _record(name: str = "demo", device: str = "cpu") -> Record:
+    record = make_record(
+        name, "A demo.", [{"size": 1, "ms": 0.5}, {"size": 2, "ms": 1.25}], units={"ms": "ms"}
+    )
+    record.environment["device"] = device
+    return record
+
+
+def test_records_round_trip_with_provenance(tmp_path):
+    record = _record()
+    path = write_record(record, tmp_path)
+    assert path.name.startswith("demo--cpu--")
+    (loaded,) = load_records(tmp_path, "demo")
+    assert loaded == record
+    assert record.environment["torch_version"] == torch.__version__
+    assert record.created[:4].isdigit() and "T" in record.created
+    text = to_markdown(loaded)
+    assert "| size | ms (ms) |" in text and "| 2 | 1.25 |" in text
+    assert provenance(loaded) in text and torch.__version__ in text
+
+
+def test_load_records_filters_by_name_and_puts_gpu_records_first(tmp_path):
+    write_record(_record("a"), tmp_path)
+    gpu = _record("a", device="cuda")
+    gpu.environment["device_name"] = "Some GPU"
+    write_record(gpu, tmp_path)
+    write_record(_record("b"), tmp_path)
+    records = load_records(tmp_path, "a")
+    assert [r.environment["device"] for r in records] == ["cuda", "cpu"]
+    assert load_records(tmp_path / "missing") == []
+
+
+def test_a_file_that_is_not_a_record_is_named_in_the_error(tmp_path):
+    (tmp_path / "bad.json").write_text(json.dumps({"name": "x"}))
+    with pytest.raises(ValueError, match="bad.json.*missing keys"):
+        load_records(tmp_path)
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(ValueError, match="bad.json: not valid JSON"):
+        load_records(tmp_path)
+
+
+def test_rows_must_have_every_column():
+    with pytest.raises(ValueError, match="row 1 lacks columns \\['ms'\\]"):
+        make_record("x", "d", [{"size": 1, "ms": 1.0}, {"size": 2}])
+    with pytest.raises(ValueError, match="'x' has no rows"):
+        make_record("x", "d", [])
+
+
+def test_measure_lists_and_rejects_unknown_benchmarks(capsys):
+    assert main(["--out", "unused", "--list"]) == 0
+    assert capsys.readouterr().out.split() == list(BENCHMARKS)
+    with pytest.raises(ValueError, match="'nope'"):
+        main(["--out", "unused", "--only", "nope"])
+
+
+@pytest.mark.parametrize("name", sorted(BENCHMARKS))
+def test_measure_writes_a_record_per_benchmark(tmp_path, name):
+    assert main(["--out", str(tmp_path), "--only", name, "--quick", "--device", "cpu"]) == 0
+    (record,) = load_records(tmp_path, name)
+    assert record.command.startswith(f"python -m trainfast.measure --out {tmp_path}")
+    assert record.environment["device"] == "cpu" and record.rows

@@ -1,0 +1,744 @@
+"""Tests of trainfast.optim: every optimizer against torch.optim (or, for Muon, against Keller
+Jordan's reference), foreach against single-tensor, state dicts, schedulers, input checks, state
+memory and the step-time benchmark. Small models and fixed seeds: the whole file runs in seconds.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.optim import Optimizer
+from trainfast.optim import (
+    SGD,
+    Adam,
+    AdamW,
+    Muon,
+    RMSprop,
+    muon_param_groups,
+    muon_update,
+    state_bytes_per_param,
+    state_bytes_table,
+    zeropower_via_newtonschulz5,
+)
+from trainfast.optim import benchmark as benchmark_module
+from trainfast.optim.benchmark import compare_step_times
+
+# float32 defaults of torch.testing.assert_close, spelled out: "same as torch up to rounding"
+TIGHT = {"rtol": 1.3e-6, "atol": 1e-5}
+N_STEPS = 30
+
+OptimizerFactory = Callable[..., Optimizer]
+
+
+# --- helpers -------------------------------------------------------------------------------
+
+
+def _mlp(seed: int = 0, dtype: torch.dtype = torch.float32) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 4)).to(dtype)
+
+
+def _data(seed: int = 1, dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(32, 8, generator=generator, dtype=dtype)  # (batch, in_features)
+    y = torch.randn(32, 4, generator=generator, dtype=dtype)  # (batch, out_features)
+    return x, y
+
+
+def _train(
+    model: nn.Module, optimizer: Optimizer, n_steps: int, scheduler: Any = None
+) -> list[float]:
+    x, y = _data(dtype=next(model.parameters()).dtype)
+    losses = []
+    for _ in range(n_steps):
+        optimizer.zero_grad()
+        loss = F.mse_loss(model(x), y)
+        loss.backward()
+        optimizer.step()
+        if scheduler is not None:
+            scheduler.step()
+        losses.append(loss.item())
+    return losses
+
+
+def _params(model: nn.Module) -> list[Tensor]:
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def _run(factory: Callable[[Any], Optimizer], n_steps: int = N_STEPS, **model_kwargs: Any):
+    model = _mlp(**model_kwargs)
+    optimizer = factory(model.parameters())
+    _train(model, optimizer, n_steps)
+    return _params(model), optimizer
+
+
+def _assert_same_state(ours: Optimizer, theirs: Optimizer) -> None:
+    ours_state, theirs_state = ours.state_dict()["state"], theirs.state_dict()["state"]
+    assert ours_state.keys() == theirs_state.keys()
+    for index in ours_state:
+        assert ours_state[index].keys() == theirs_state[index].keys()
+        torch.testing.assert_close(ours_state[index], theirs_state[index], **TIGHT)
+
+
+# --- 1. parity with torch.optim --------------------------------------------------------------
+
+SGD_CASES = [
+    {"lr": 0.05},
+    {"lr": 0.05, "momentum": 0.9},
+    {"lr": 0.05, "momentum": 0.9, "dampening": 0.3},
+    {"lr": 0.05, "momentum": 0.9, "nesterov": True},
+    {"lr": 0.05, "momentum": 0.9, "weight_decay": 0.05},
+    {"lr": 0.05, "weight_decay": 0.05, "maximize": True},
+    {"lr": 0.05, "momentum": 0.8, "nesterov": True, "weight_decay": 0.05, "maximize": True},
+]
+RMSPROP_CASES = [
+    {"lr": 1e-2},
+    {"lr": 1e-2, "alpha": 0.9, "eps": 1e-6},
+    {"lr": 1e-2, "centered": True},
+    {"lr": 1e-2, "momentum": 0.9},
+    {"lr": 1e-2, "centered": True, "momentum": 0.9, "weight_decay": 0.05},
+    {"lr": 1e-2, "weight_decay": 0.05, "maximize": True},
+    {"lr": 1e-2, "centered": True, "momentum": 0.5, "weight_decay": 0.05, "maximize": True},
+]
+ADAM_CASES = [
+    {"lr": 1e-2},
+    {"lr": 1e-2, "betas": (0.8, 0.99), "eps": 1e-6},
+    {"lr": 1e-2, "weight_decay": 0.1},
+    {"lr": 1e-2, "amsgrad": True},
+    {"lr": 1e-2, "maximize": True},
+    {"lr": 1e-2, "betas": (0.5, 0.9), "weight_decay": 0.1, "amsgrad": True, "maximize": True},
+]
+PARITY_CASES = [
+    *[(SGD, torch.optim.SGD, kwargs) for kwargs in SGD_CASES],
+    *[(RMSprop, torch.optim.RMSprop, kwargs) for kwargs in RMSPROP_CASES],
+    *[(Adam, torch.optim.Adam, kwargs) for kwargs in ADAM_CASES],
+    *[(AdamW, torch.optim.AdamW, kwargs) for kwargs in ADAM_CASES],
+]
+
+
+def _case_id(case: tuple[type, type, dict[str, Any]]) -> str:
+    ours, _, kwargs = case
+    settings = ",".join(f"{k}={v}" for k, v in kwargs.items() if k != "lr") or "defaults"
+    return f"{ours.__name__}[{settings}]"
+
+
+@pytest.mark.parametrize("foreach", [False, True], ids=["single", "foreach"])
+@pytest.mark.parametrize("case", PARITY_CASES, ids=[_case_id(c) for c in PARITY_CASES])
+def test_matches_torch(case: tuple[type, type, dict[str, Any]], foreach: bool) -> None:
+    ours, theirs, kwargs = case
+    ours_params, ours_optimizer = _run(lambda ps: ours(ps, foreach=foreach, **kwargs))
+    torch_params, torch_optimizer = _run(lambda ps: theirs(ps, foreach=foreach, **kwargs))
+    assert any((p != q).any() for p, q in zip(ours_params, _params(_mlp()), strict=True))
+    torch.testing.assert_close(ours_params, torch_params, **TIGHT)
+    _assert_same_state(ours_optimizer, torch_optimizer)
+
+
+GROUP_CASES = [
+    (SGD, torch.optim.SGD, {"lr": 0.05, "momentum": 0.9, "weight_decay": 0.01}),
+    (RMSprop, torch.optim.RMSprop, {"lr": 1e-2, "momentum": 0.5, "weight_decay": 0.01}),
+    (Adam, torch.optim.Adam, {"lr": 1e-2, "weight_decay": 0.01}),
+    (AdamW, torch.optim.AdamW, {"lr": 1e-2, "weight_decay": 0.01}),
+]
+
+
+@pytest.mark.parametrize("foreach", [False, True], ids=["single", "foreach"])
+@pytest.mark.parametrize("case", GROUP_CASES, ids=[c[0].__name__ for c in GROUP_CASES])
+def test_param_groups_match_torch(case: tuple[type, type, dict[str, Any]], foreach: bool) -> None:
+    ours, theirs, kwargs = case
+
+    def groups(model: nn.Module) -> list[dict[str, Any]]:
+        first, _, last = model
+        return [
+            {"params": first.parameters(), "lr": kwargs["lr"] * 3, "weight_decay": 0.2},
+            {"params": [last.weight]},  # constructor settings
+            {"params": [last.bias], "weight_decay": 0.0},  # overrides the constructor's
+        ]
+
+    results = []
+    for cls in (ours, theirs):
+        model = _mlp()
+        optimizer = cls(groups(model), foreach=foreach, **kwargs)
+        _train(model, optimizer, N_STEPS)
+        results.append((_params(model), optimizer))
+    (ours_params, ours_optimizer), (torch_params, torch_optimizer) = results
+    torch.testing.assert_close(ours_params, torch_params, **TIGHT)
+    assert [g["lr"] for g in ours_optimizer.param_groups] == [kwargs["lr"] * 3] + [kwargs["lr"]] * 2
+    assert [g["weight_decay"] for g in ours_optimizer.param_groups] == [0.2, 0.01, 0.0]
+
+
+def test_lr_required_from_constructor_or_every_group() -> None:
+    model = _mlp()
+    first, _, last = model
+    optimizer = Adam(
+        [{"params": first.parameters(), "lr": 0.1}, {"params": last.parameters(), "lr": 0.2}]
+    )
+    assert [g["lr"] for g in optimizer.param_groups] == [0.1, 0.2]
+    with pytest.raises(ValueError, match=r"No learning rate.*SGD"):
+        SGD(model.parameters())
+    with pytest.raises(ValueError, match=r"No learning rate.*group 1 has none"):
+        RMSprop([{"params": first.parameters(), "lr": 0.1}, {"params": last.parameters()}])
+
+
+# --- 2. foreach path == single-tensor path ---------------------------------------------------
+
+EVERYTHING_ON: list[tuple[OptimizerFactory, dict[str, Any]]] = [
+    (SGD, {"lr": 0.05, "momentum": 0.9, "nesterov": True, "weight_decay": 0.01}),
+    (RMSprop, {"lr": 1e-2, "centered": True, "momentum": 0.9, "weight_decay": 0.01}),
+    (Adam, {"lr": 1e-2, "amsgrad": True, "weight_decay": 0.01, "maximize": True}),
+    (AdamW, {"lr": 1e-2, "amsgrad": True}),
+]
+
+
+class _MixedPrecisionMLP(nn.Module):
+    """The MLP with its first layer in float32 and its last in float64."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        first, _, last = _mlp()
+        self.first, self.last = first, last.double()
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.last(torch.tanh(self.first(x)).double()).float()
+
+
+@pytest.mark.parametrize("case", EVERYTHING_ON, ids=[c[0].__name__ for c in EVERYTHING_ON])
+def test_foreach_equals_single_tensor_with_mixed_dtypes(
+    case: tuple[OptimizerFactory, dict[str, Any]],
+) -> None:
+    """Two dtypes in one group: the foreach path buckets them and must still agree."""
+    cls, kwargs = case
+    results = []
+    for foreach in (False, True):
+        model = _MixedPrecisionMLP()
+        optimizer = cls(model.parameters(), foreach=foreach, **kwargs)
+        _train(model, optimizer, 10)
+        results.append(_params(model))
+    torch.testing.assert_close(results[0], results[1], **TIGHT)
+
+
+@pytest.mark.parametrize("foreach", [False, True], ids=["single", "foreach"])
+def test_step_leaves_gradients_alone(foreach: bool) -> None:
+    """Nesterov SGD and maximize must not write into .grad (torch's foreach SGD does)."""
+    for cls, kwargs in [
+        (SGD, {"lr": 0.1, "momentum": 0.9, "nesterov": True}),
+        (Adam, {"lr": 0.1, "maximize": True}),
+        (Muon, {"lr": 0.1}),
+    ]:
+        weight = nn.Parameter(torch.randn(6, 4))
+        optimizer = cls([weight], foreach=foreach, **kwargs)
+        for _ in range(2):
+            weight.grad = torch.randn(6, 4)
+            grad = weight.grad.clone()
+            optimizer.step()
+            torch.testing.assert_close(weight.grad, grad, rtol=0, atol=0)
+
+
+# --- 3. state_dict round trip and LR schedulers ----------------------------------------------
+
+ROUND_TRIP: list[tuple[OptimizerFactory, dict[str, Any]]] = [
+    (SGD, {"lr": 0.05, "momentum": 0.9}),
+    (RMSprop, {"lr": 1e-2, "centered": True, "momentum": 0.9}),
+    (Adam, {"lr": 1e-2, "amsgrad": True}),
+    (AdamW, {"lr": 1e-2}),
+]
+
+
+@pytest.mark.parametrize("case", ROUND_TRIP, ids=[c[0].__name__ for c in ROUND_TRIP])
+def test_state_dict_round_trip(case: tuple[OptimizerFactory, dict[str, Any]]) -> None:
+    cls, kwargs = case
+    model = _mlp()
+    optimizer = cls(model.parameters(), **kwargs)
+    _train(model, optimizer, 20)
+    uninterrupted = _params(model)
+
+    model = _mlp()
+    optimizer = cls(model.parameters(), **kwargs)
+    _train(model, optimizer, 10)
+    saved_model, saved_optimizer = copy.deepcopy(model.state_dict()), optimizer.state_dict()
+    resumed_model = _mlp(seed=99)  # different weights, overwritten by the checkpoint
+    resumed_model.load_state_dict(saved_model)
+    resumed = cls(resumed_model.parameters(), **kwargs)
+    resumed.load_state_dict(copy.deepcopy(saved_optimizer))
+    _train(resumed_model, resumed, 10)
+    torch.testing.assert_close(_params(resumed_model), uninterrupted, **TIGHT)
+
+
+def test_loads_torch_adam_state_dict() -> None:
+    """A checkpoint written by torch.optim.Adam continues identically in ours."""
+    model = _mlp()
+    torch_optimizer = torch.optim.Adam(model.parameters(), lr=1e-2, amsgrad=True)
+    _train(model, torch_optimizer, 10)
+    checkpoint = copy.deepcopy((model.state_dict(), torch_optimizer.state_dict()))
+    _train(model, torch_optimizer, 10)
+
+    ours_model = _mlp(seed=99)
+    ours_model.load_state_dict(checkpoint[0])
+    ours = Adam(ours_model.parameters(), lr=1e-2, amsgrad=True)
+    ours.load_state_dict(checkpoint[1])
+    _train(ours_model, ours, 10)
+    torch.testing.assert_close(_params(ours_model), _params(model), **TIGHT)
+
+
+@pytest.mark.parametrize("ours,theirs", [(SGD, torch.optim.SGD), (AdamW, torch.optim.AdamW)])
+def test_lr_scheduler_drives_ours_like_torch(ours: type, theirs: type) -> None:
+    results = []
+    for cls in (ours, theirs):
+        model = _mlp()
+        optimizer = cls(model.parameters(), lr=0.05)
+        scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=5, gamma=0.5)
+        _train(model, optimizer, 17, scheduler)
+        results.append((_params(model), scheduler.get_last_lr()))
+    assert results[0][1] == results[1][1] == [0.05 * 0.5**3]
+    torch.testing.assert_close(results[0][0], results[1][0], **TIGHT)
+
+
+# --- 4. bad input ----------------------------------------------------------------------------
+
+
+def _weights() -> list[Tensor]:
+    return [nn.Parameter(torch.randn(3, 2))]
+
+
+BAD_INPUT = [
+    (lambda: SGD(_weights(), lr=-1.0), r"Invalid learning rate: -1\.0"),
+    (lambda: SGD(_weights(), lr=float("nan")), r"Invalid learning rate: nan"),
+    (lambda: SGD(_weights(), lr=0.1, momentum=-0.5), r"Invalid momentum value: -0\.5"),
+    (lambda: SGD(_weights(), lr=0.1, weight_decay=-0.1), r"Invalid weight_decay value: -0\.1"),
+    (
+        lambda: SGD(_weights(), lr=0.1, nesterov=True),
+        r"Nesterov momentum requires a momentum and zero dampening \(got momentum=0, dampening=0\)",
+    ),
+    (
+        lambda: SGD(_weights(), lr=0.1, momentum=0.9, dampening=0.1, nesterov=True),
+        r"dampening \(got momentum=0\.9, dampening=0\.1\)",
+    ),
+    (lambda: RMSprop(_weights(), lr=0.1, alpha=-0.5), r"Invalid alpha value: -0\.5"),
+    (lambda: RMSprop(_weights(), lr=0.1, eps=-1e-8), r"Invalid epsilon value: -1e-08"),
+    (lambda: RMSprop(_weights(), lr=0.1, momentum=-1), r"Invalid momentum value: -1"),
+    (lambda: Adam(_weights(), lr=-0.01), r"Invalid learning rate: -0\.01"),
+    (
+        lambda: Adam(_weights(), lr=0.1, betas=(1.0, 0.999)),
+        r"Invalid beta parameter at index 0: 1\.0",
+    ),
+    (
+        lambda: Adam(_weights(), lr=0.1, betas=(0.9, -0.1)),
+        r"Invalid beta parameter at index 1: -0\.1",
+    ),
+    (lambda: AdamW(_weights(), lr=0.1, weight_decay=-1e-2), r"Invalid weight_decay value: -0\.01"),
+    (lambda: AdamW(_weights(), lr=0.1, eps=-1.0), r"Invalid epsilon value: -1\.0"),
+    # a parameter group's own setting is checked too, even when the constructor's is fine
+    (lambda: SGD([{"params": _weights(), "lr": -0.1}], lr=0.1), r"Invalid learning rate: -0\.1"),
+    (
+        lambda: Adam([{"params": _weights(), "betas": (0.9, 1.0)}], lr=0.1),
+        r"Invalid beta parameter at index 1: 1\.0",
+    ),
+    (lambda: Muon(_weights(), lr=-0.02), r"Invalid learning rate: -0\.02"),
+    (lambda: Muon(_weights(), momentum=-0.9), r"Invalid momentum value: -0\.9"),
+    (lambda: Muon(_weights(), ns_steps=-1), r"Invalid ns_steps: -1"),
+    (
+        lambda: Muon(
+            [{"params": [nn.Parameter(torch.randn(3))], "use_muon": False}], adamw_eps=-1.0
+        ),
+        r"Invalid epsilon value: -1\.0",
+    ),
+    (
+        lambda: Muon([{"params": [nn.Parameter(torch.randn(3))], "use_muon": True}]),
+        r"2-D weight matrices only, got a parameter of shape \(3,\)",
+    ),
+]
+
+
+@pytest.mark.parametrize("build,message", BAD_INPUT, ids=[m for _, m in BAD_INPUT])
+def test_bad_input_raises_naming_the_value(build: Callable[[], Optimizer], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        build()
+
+
+def test_rejected_group_leaves_optimizer_unchanged() -> None:
+    optimizer = Adam(_weights(), lr=0.1)
+    with pytest.raises(ValueError, match=r"Invalid epsilon value: -1\.0"):
+        optimizer.add_param_group({"params": _weights(), "eps": -1.0})
+    muon = Muon(_weights())
+    with pytest.raises(ValueError, match=r"shape \(4, 2, 3\)"):
+        muon.add_param_group({"params": [nn.Parameter(torch.randn(4, 2, 3))]})
+    assert len(optimizer.param_groups) == len(muon.param_groups) == 1
+
+
+# --- 5. Muon ---------------------------------------------------------------------------------
+
+# Keller Jordan's reference (github.com/KellerJordan/Muon, muon.py: zeropower_via_newtonschulz5,
+# muon_update and SingleDeviceMuon.step), transcribed op for op as the oracle for our Muon.
+
+
+def _reference_newtonschulz5(G: Tensor, steps: int) -> Tensor:
+    a, b, c = (3.4445, -4.7750, 2.0315)
+    X = G.bfloat16()
+    if G.size(-2) > G.size(-1):
+        X = X.mT
+    X = X / (X.norm(dim=(-2, -1), keepdim=True) + 1e-7)
+    for _ in range(steps):
+        A = X @ X.mT
+        B = b * A + c * A @ A
+        X = a * X + B @ X
+    if G.size(-2) > G.size(-1):
+        X = X.mT
+    return X
+
+
+def _reference_muon_step(
+    param: Tensor,
+    grad: Tensor,
+    buffer: Tensor,
+    lr: float,
+    weight_decay: float,
+    beta: float,
+    nesterov: bool,
+) -> None:
+    grad = grad.clone()  # the reference lerps into the gradient in place
+    buffer.lerp_(grad, 1 - beta)
+    update = grad.lerp_(buffer, beta) if nesterov else buffer
+    update = _reference_newtonschulz5(update, steps=5)
+    update *= max(1, grad.size(-2) / grad.size(-1)) ** 0.5
+    param.mul_(1 - lr * weight_decay)
+    param.add_(update.reshape(param.shape), alpha=-lr)
+
+
+def _gradient_sequence(shape: tuple[int, int], n: int, seed: int = 3) -> list[Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randn(shape, generator=generator) for _ in range(n)]
+
+
+@pytest.mark.parametrize("foreach", [False, True], ids=["single", "foreach"])
+@pytest.mark.parametrize("nesterov", [True, False], ids=["nesterov", "plain"])
+def test_muon_matches_reference(nesterov: bool, foreach: bool) -> None:
+    shapes = [(24, 12), (12, 24), (16, 16)]  # tall (transposed, scaled by √2), wide, square
+    torch.manual_seed(0)
+    start = [torch.randn(s) * 0.1 for s in shapes]
+    ours = [nn.Parameter(w.clone()) for w in start]
+    reference = [w.clone() for w in start]
+    buffers = [torch.zeros_like(w) for w in start]
+    optimizer = Muon(
+        ours, lr=0.05, momentum=0.9, nesterov=nesterov, weight_decay=0.1, foreach=foreach
+    )
+    sequences = [_gradient_sequence(s, 6, seed=i) for i, s in enumerate(shapes)]
+    for step in range(6):
+        for p, seq in zip(ours, sequences, strict=True):
+            p.grad = seq[step].clone()
+        optimizer.step()
+        for w, buf, seq in zip(reference, buffers, sequences, strict=True):
+            _reference_muon_step(w, seq[step], buf, 0.05, 0.1, 0.9, nesterov)
+    torch.testing.assert_close([p.detach() for p in ours], reference, **TIGHT)
+    torch.testing.assert_close(
+        [optimizer.state[p]["momentum_buffer"] for p in ours], buffers, **TIGHT
+    )
+    assert max((p.detach() - w).abs().max().item() for p, w in zip(ours, start, strict=True)) > 0.05
+
+
+def test_muon_update_is_the_reference_update() -> None:
+    grad = torch.randn(20, 10)
+    ours_buffer = torch.randn(20, 10)
+    reference_buffer = ours_buffer.clone()
+    ours = muon_update(grad, ours_buffer, momentum=0.95, nesterov=True, ns_steps=5)
+    reference_grad = grad.clone()
+    reference_buffer.lerp_(reference_grad, 1 - 0.95)
+    expected = _reference_newtonschulz5(reference_grad.lerp_(reference_buffer, 0.95), 5) * 2**0.5
+    assert ours.dtype == torch.bfloat16 and ours.shape == (20, 10)
+    torch.testing.assert_close(ours.float(), expected.float(), rtol=0, atol=0)
+    torch.testing.assert_close(ours_buffer, reference_buffer, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("shape", [(64, 32), (32, 64), (48, 48)])
+def test_newtonschulz_output_is_nearly_orthogonal(shape: tuple[int, int]) -> None:
+    # singular values spread over two orders of magnitude (much smaller ones need more steps:
+    # each step multiplies a tiny singular value by only a = 3.4445)
+    torch.manual_seed(0)
+    u, _ = torch.linalg.qr(torch.randn(shape[0], min(shape)))
+    v, _ = torch.linalg.qr(torch.randn(shape[1], min(shape)))
+    s = torch.logspace(-2, 0, min(shape))
+    G = u @ torch.diag(s) @ v.T * 7.0  # (rows, cols), any overall scale
+    X = zeropower_via_newtonschulz5(G, steps=5)
+    assert X.shape == G.shape and X.dtype == torch.bfloat16
+    singular_values = torch.linalg.svdvals(X.float())
+    # Keller Jordan: roughly Uniform(0.5, 1.5) rather than exactly 1
+    assert singular_values.min() > 0.5 and singular_values.max() < 1.5
+    # it keeps the singular vectors: X ≈ U S' Vᵀ with S' ≈ 1
+    torch.testing.assert_close(X.float(), u @ v.T, atol=0.2, rtol=0)
+    with pytest.raises(ValueError, match=r"2-D matrix, got shape \(2, 3, 4\)"):
+        zeropower_via_newtonschulz5(torch.randn(2, 3, 4), steps=5)
+
+
+def _split_model(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(
+        nn.Linear(8, 16),
+        nn.LayerNorm(16),
+        nn.Tanh(),
+        nn.Linear(16, 16),
+        nn.Tanh(),
+        nn.Linear(16, 4),
+    )
+
+
+def test_muon_param_groups_splits_hidden_weights_from_the_rest() -> None:
+    model = _split_model()
+    muon_group, adamw_group = muon_param_groups(model)
+    assert muon_group["use_muon"] and not adamw_group["use_muon"]
+    assert [id(p) for p in muon_group["params"]] == [id(model[0].weight), id(model[3].weight)]
+    expected_adamw = [
+        model[0].bias,
+        model[1].weight,
+        model[1].bias,
+        model[3].bias,
+        model[5].weight,
+        model[5].bias,
+    ]
+    assert [id(p) for p in adamw_group["params"]] == [id(p) for p in expected_adamw]
+
+    # an embedding tied to the head, and a head given explicitly
+    class Tied(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.head = nn.Linear(8, 20, bias=False)
+            self.embed = nn.Embedding(20, 8)
+            self.head.weight = self.embed.weight
+            self.hidden = nn.Linear(8, 8)
+
+    tied = Tied()
+    groups = muon_param_groups(tied, output_layer=tied.head)
+    assert [id(p) for p in groups[0]["params"]] == [id(tied.hidden.weight)]
+    assert {id(p) for p in groups[1]["params"]} == {id(tied.embed.weight), id(tied.hidden.bias)}
+    # without output_layer, the last Linear registered (hidden) would be taken as the head
+    assert [g["use_muon"] for g in muon_param_groups(tied)] == [False]
+
+
+def test_muon_adamw_groups_match_torch_adamw() -> None:
+    """Muon's use_muon=False groups are AdamW: same numbers as torch.optim.AdamW."""
+    settings = {"betas": (0.9, 0.95), "eps": 1e-10, "weight_decay": 0.1}
+    ours_model, torch_model = _mlp(), _mlp()
+    ours = Muon(
+        [{"params": ours_model.parameters(), "use_muon": False}],
+        adamw_lr=1e-2,
+        adamw_betas=settings["betas"],
+        adamw_eps=settings["eps"],
+        adamw_weight_decay=settings["weight_decay"],
+    )
+    _train(ours_model, ours, N_STEPS)
+    _train(torch_model, torch.optim.AdamW(torch_model.parameters(), lr=1e-2, **settings), N_STEPS)
+    torch.testing.assert_close(_params(ours_model), _params(torch_model), **TIGHT)
+
+
+@pytest.mark.parametrize("foreach", [False, True], ids=["single", "foreach"])
+def test_muon_whole_model_matches_reference_plus_torch_adamw(foreach: bool) -> None:
+    """One Muon over the whole model == the reference on hidden weights + torch AdamW on the rest."""
+    ours_model, reference_model = _split_model(), _split_model()
+    ours = Muon(
+        muon_param_groups(ours_model), lr=0.02, weight_decay=0.01, adamw_lr=1e-2, foreach=foreach
+    )
+    hidden, rest = (g["params"] for g in muon_param_groups(reference_model))
+    adamw = torch.optim.AdamW(rest, lr=1e-2, betas=(0.9, 0.95), eps=1e-10, weight_decay=0.0)
+    buffers = [torch.zeros_like(p) for p in hidden]
+    x, y = _data()
+    for _ in range(8):
+        for model in (ours_model, reference_model):
+            model.zero_grad()
+            F.mse_loss(model(x), y).backward()
+        ours.step()
+        adamw.step()
+        with torch.no_grad():
+            for p, buf in zip(hidden, buffers, strict=True):
+                _reference_muon_step(p, p.grad, buf, 0.02, 0.01, 0.95, nesterov=True)
+    torch.testing.assert_close(_params(ours_model), _params(reference_model), **TIGHT)
+
+
+@pytest.mark.skipif(not hasattr(torch.optim, "Muon"), reason="torch.optim.Muon needs torch >= 2.9")
+def test_muon_close_to_torch_muon() -> None:
+    """torch.optim.Muon with adjust_lr_fn="original" is the same algorithm, rounded differently.
+
+    torch scales the learning rate by sqrt(max(1, rows/cols)) in float32 where the original
+    scales the bfloat16 update, and writes the quintic with addmm; in float64 the two agree to
+    1e-15, in bfloat16 each step's update differs by a few percent (relative Frobenius norm).
+    Momentum buffers see only gradients, so they must agree exactly. The 10% bound is checked to
+    be meaningful: torch without Nesterov, or without the scale, misses it by far.
+    """
+
+    def relative_step_errors(
+        **torch_settings: Any,
+    ) -> tuple[list[float], list[tuple[Tensor, Tensor]]]:
+        shapes = [(32, 16), (16, 32)]
+        torch.manual_seed(0)
+        start = [torch.randn(s) * 0.1 for s in shapes]
+        ours = [nn.Parameter(w.clone()) for w in start]
+        theirs = [nn.Parameter(w.clone()) for w in start]
+        ours_optimizer = Muon(ours, lr=0.02, momentum=0.95, nesterov=True, weight_decay=0.1)
+        settings = {
+            "lr": 0.02,
+            "momentum": 0.95,
+            "weight_decay": 0.1,
+            "nesterov": True,
+            "ns_steps": 5,
+        }
+        torch_optimizer = torch.optim.Muon(theirs, **{**settings, **torch_settings})
+        sequences = [_gradient_sequence(s, 5, seed=i) for i, s in enumerate(shapes)]
+        errors = []
+        for step in range(5):
+            before = [
+                (p.detach().clone(), q.detach().clone()) for p, q in zip(ours, theirs, strict=True)
+            ]
+            for p, q, seq in zip(ours, theirs, sequences, strict=True):
+                p.grad, q.grad = seq[step].clone(), seq[step].clone()
+            ours_optimizer.step()
+            torch_optimizer.step()
+            for (p0, q0), p, q in zip(before, ours, theirs, strict=True):
+                ours_delta, torch_delta = p.detach() - p0, q.detach() - q0
+                errors.append(((ours_delta - torch_delta).norm() / torch_delta.norm()).item())
+        buffers = [
+            (
+                ours_optimizer.state[p]["momentum_buffer"],
+                torch_optimizer.state[q]["momentum_buffer"],
+            )
+            for p, q in zip(ours, theirs, strict=True)
+        ]
+        return errors, buffers
+
+    errors, buffers = relative_step_errors(adjust_lr_fn="original")
+    assert max(errors) < 0.10, errors
+    for ours_buffer, torch_buffer in buffers:
+        torch.testing.assert_close(ours_buffer, torch_buffer, rtol=0, atol=0)
+    # (on the first step Nesterov's look-ahead is parallel to the buffer: compare from the second)
+    assert min(relative_step_errors(adjust_lr_fn="original", nesterov=False)[0][2:]) > 0.25
+    # "spectral_unclamped" scales the wide (16, 32) matrix by sqrt(1/2) instead of 1
+    assert max(relative_step_errors(adjust_lr_fn="spectral_unclamped")[0]) > 0.25
+
+
+def test_muon_state_dict_round_trip_and_scheduler() -> None:
+    def build(model: nn.Module) -> tuple[Muon, Any]:
+        optimizer = Muon(muon_param_groups(model), lr=0.02, adamw_lr=1e-2, weight_decay=0.01)
+        return optimizer, torch.optim.lr_scheduler.StepLR(optimizer, step_size=3, gamma=0.5)
+
+    model = _split_model()
+    optimizer, scheduler = build(model)
+    _train(model, optimizer, 10, scheduler)
+    assert [g["lr"] for g in optimizer.param_groups] == [0.02 * 0.5**3, 1e-2 * 0.5**3]
+    uninterrupted = _params(model)
+
+    model = _split_model()
+    optimizer, scheduler = build(model)
+    _train(model, optimizer, 5, scheduler)
+    checkpoint = copy.deepcopy((model.state_dict(), optimizer.state_dict(), scheduler.state_dict()))
+    resumed_model = _split_model(seed=99)
+    resumed_model.load_state_dict(checkpoint[0])
+    resumed, resumed_scheduler = build(resumed_model)
+    resumed.load_state_dict(checkpoint[1])
+    resumed_scheduler.load_state_dict(checkpoint[2])
+    _train(resumed_model, resumed, 5, resumed_scheduler)
+    torch.testing.assert_close(_params(resumed_model), uninterrupted, **TIGHT)
+
+
+# --- 6. optimizer state memory ---------------------------------------------------------------
+
+
+def _stepped(factory: Callable[[Any], Optimizer], dtype: torch.dtype = torch.float32) -> Optimizer:
+    model = _mlp(dtype=dtype)
+    optimizer = factory(model.parameters())
+    _train(model, optimizer, 1)
+    return optimizer
+
+
+N_PARAMS = 8 * 16 + 16 + 16 * 4 + 4  # the MLP's 212 parameters in 4 tensors
+STEP_COUNTS = 4 * 4 / N_PARAMS  # one float32 step count per tensor (Adam, RMSprop)
+
+
+@pytest.mark.parametrize(
+    "factory,expected",
+    [
+        (lambda ps: SGD(ps, lr=0.1), 0.0),
+        (lambda ps: SGD(ps, lr=0.1, momentum=0.9), 4.0),
+        (lambda ps: RMSprop(ps, lr=0.1), 4.0 + STEP_COUNTS),
+        (lambda ps: RMSprop(ps, lr=0.1, centered=True, momentum=0.9), 12.0 + STEP_COUNTS),
+        (lambda ps: Adam(ps, lr=0.1), 8.0 + STEP_COUNTS),
+        (lambda ps: Adam(ps, lr=0.1, amsgrad=True), 12.0 + STEP_COUNTS),
+        (lambda ps: AdamW(ps, lr=0.1), 8.0 + STEP_COUNTS),
+        (lambda ps: torch.optim.Adam(ps, lr=0.1), 8.0 + STEP_COUNTS),  # works on torch's too
+    ],
+    ids=[
+        "sgd",
+        "sgd-momentum",
+        "rmsprop",
+        "rmsprop-centered-momentum",
+        "adam",
+        "adam-amsgrad",
+        "adamw",
+        "torch-adam",
+    ],
+)
+def test_state_bytes_per_param(factory: Callable[[Any], Optimizer], expected: float) -> None:
+    assert state_bytes_per_param(_stepped(factory)) == pytest.approx(expected, rel=1e-12)
+
+
+def test_state_bytes_follow_the_weights_dtype_and_muon() -> None:
+    # bfloat16 weights: bfloat16 moments (2 + 2 bytes), float32 step counts
+    adam = _stepped(lambda ps: Adam(ps, lr=0.1), dtype=torch.bfloat16)
+    assert state_bytes_per_param(adam) == pytest.approx(4.0 + STEP_COUNTS, rel=1e-12)
+    # Muon on matrices: one momentum buffer
+    weights = [nn.Parameter(torch.randn(6, 4)), nn.Parameter(torch.randn(4, 4))]
+    muon = Muon(weights)
+    for w in weights:
+        w.grad = torch.randn_like(w)
+    assert state_bytes_per_param(muon) == 0.0  # state is created at the first step
+    muon.step()
+    assert state_bytes_per_param(muon) == 4.0
+
+
+def test_state_bytes_table() -> None:
+    rows = state_bytes_table()
+    assert {r["optimizer"] for r in rows} == {"SGD", "RMSprop", "Adam", "AdamW", "Muon"}
+    by_config = {(r["optimizer"], r["configuration"]): r for r in rows}
+    assert by_config["SGD", "momentum=0"]["state_bytes_per_param"] == 0.0
+    assert by_config["SGD", "momentum=0.9"]["state"] == "momentum_buffer"
+    assert by_config["Adam", "default"]["copies_of_weights"] == pytest.approx(2.0, abs=0.01)
+    assert by_config["Adam", "amsgrad=True"]["state_bytes_per_param"] == pytest.approx(
+        12.0, abs=0.01
+    )
+    assert by_config["Muon", "hidden weights only"]["state_bytes_per_param"] == 4.0
+    # whole model: between Muon's one copy and AdamW's two
+    assert (
+        4.0
+        < by_config["Muon", "whole model: hidden weights + AdamW"]["state_bytes_per_param"]
+        < 8.0
+    )
+
+
+# --- 7. step-time benchmark ------------------------------------------------------------------
+
+TIME_COLUMNS = ["ours_single_ms", "ours_foreach_ms", "torch_single_ms", "torch_foreach_ms"]
+
+
+def test_compare_step_times_rows() -> None:
+    rows = compare_step_times([(16, 8), (8,), (4, 16)], n_steps=2, n_warmup=1, n_repeats=2)
+    assert [r["optimizer"] for r in rows] == ["SGD", "RMSprop", "Adam", "AdamW"]
+    for row in rows:
+        assert row["tensors"] == 3 and row["parameters"] == 16 * 8 + 8 + 4 * 16
+        assert all(row[c] > 0 for c in TIME_COLUMNS)
+        assert row["ratio_foreach"] == row["ours_foreach_ms"] / row["torch_foreach_ms"]
+        assert row["ratio_single"] == row["ours_single_ms"] / row["torch_single_ms"]
+    with pytest.raises(ValueError, match=r"Unknown optimizers: \['Lion'\]"):
+        compare_step_times([(2, 2)], optimizers=["Lion"])
+
+
+def test_step_time_record(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(benchmark_module, "transformer_shapes", lambda width, depth: [(8, 8), (8,)])
+    record = benchmark_module.step_time_record(torch.device("cpu"), quick=True)
+    assert record.name == "optimizer-step-time"
+    assert record.environment["device"] == "cpu"
+    assert len(record.rows) == 4
+    assert all(record.units[c] == "ms" for c in TIME_COLUMNS)
+    assert set(TIME_COLUMNS) | {"ratio_foreach", "ratio_single"} <= set(record.columns)
+
+
+# --- chapter checks (listings, execution) below ---

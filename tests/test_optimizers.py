@@ -360,6 +360,16 @@ def test_bad_input_raises_naming_the_value(build: Callable[[], Optimizer], messa
         build()
 
 
+def test_muon_copy_keeps_its_group_defaults() -> None:
+    optimizer = Muon(_weights(), lr=0.03, adamw_lr=1e-3)
+    clone = copy.deepcopy(optimizer)
+    clone.add_param_group({"params": [nn.Parameter(torch.randn(3))], "use_muon": False})
+    clone.add_param_group({"params": [nn.Parameter(torch.randn(3, 3))]})
+    assert [g["lr"] for g in clone.param_groups] == [0.03, 1e-3, 0.03]
+    with pytest.raises(ValueError, match=r"Invalid learning rate: -0\.1"):
+        Muon(_weights(), adamw_lr=-0.1)  # checked even though no group uses it
+
+
 def test_rejected_group_leaves_optimizer_unchanged() -> None:
     optimizer = Adam(_weights(), lr=0.1)
     with pytest.raises(ValueError, match=r"Invalid epsilon value: -1\.0"):

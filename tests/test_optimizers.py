@@ -338,6 +338,10 @@ BAD_INPUT = [
         lambda: Adam([{"params": _weights(), "betas": (0.9, 1.0)}], lr=0.1),
         r"Invalid beta parameter at index 1: 1\.0",
     ),
+    (
+        lambda: Adam([nn.Parameter(torch.randn(3, dtype=torch.complex64))], lr=0.1),
+        r"Complex parameters are not supported \(got dtype torch\.complex64\)",
+    ),
     (lambda: Muon(_weights(), lr=-0.02), r"Invalid learning rate: -0\.02"),
     (lambda: Muon(_weights(), momentum=-0.9), r"Invalid momentum value: -0\.9"),
     (lambda: Muon(_weights(), ns_steps=-1), r"Invalid ns_steps: -1"),

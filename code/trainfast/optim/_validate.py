@@ -61,8 +61,9 @@ class CheckedOptimizer(Optimizer):
     """A ``torch.optim.Optimizer`` that checks each parameter group's settings as it is added.
 
     The base class fills a group's missing settings from ``defaults`` (so a group overrides the
-    constructor, which overrides the defaults); afterwards we check the filled group. A learning
-    rate given neither to the constructor nor to the group is an error that says so.
+    constructor, which overrides the defaults); afterwards we check the filled group, and refuse
+    complex parameters. A learning rate given neither to the constructor nor to the group is an
+    error that says so. A rejected group is not added.
     """
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
@@ -74,6 +75,12 @@ class CheckedOptimizer(Optimizer):
         super().add_param_group(param_group)
         try:
             check_hyperparameters(self.param_groups[-1])
+            for p in self.param_groups[-1]["params"]:
+                if p.is_complex():  # g * g would not be |g|²: refuse rather than be wrong
+                    raise ValueError(
+                        f"Complex parameters are not supported (got dtype {p.dtype}); "
+                        "use torch.optim, which views them as real"
+                    )
         except ValueError:
             self.param_groups.pop()  # leave the optimizer as it was
             raise

@@ -22,10 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import nbformat
+import trainfast
 from myst_nb.core.read import read_myst_markdown_notebook
 from nbclient import NotebookClient
-
-import trainfast
 
 ROOT = Path(__file__).resolve().parents[1]
 BOOK = ROOT / "book"

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 import torch
 from torch import nn
-
 from trainfast.datasets import digits
 from trainfast.loop import evaluate, train
 
@@ -55,7 +54,7 @@ def test_train_matches_a_hand_written_loop():
             steps += 1
             if steps == 40:
                 break
-    for a, b in zip(ours.parameters(), reference.parameters()):
+    for a, b in zip(ours.parameters(), reference.parameters(), strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 

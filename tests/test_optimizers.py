@@ -756,3 +756,69 @@ def test_step_time_record(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 # --- chapter checks (listings, execution) below ---
+
+
+def test_weight_decay_groups_leave_out_biases_norms_and_embeddings() -> None:
+    from trainfast.optim.groups import weight_decay_groups
+
+    model = nn.Sequential(nn.Embedding(10, 4), nn.Linear(4, 8), nn.LayerNorm(8), nn.Linear(8, 2))
+    decay, no_decay = weight_decay_groups(model, weight_decay=0.1)
+    assert {id(p) for p in decay["params"]} == {id(model[1].weight), id(model[3].weight)}
+    assert {id(p) for p in no_decay["params"]} == {
+        id(model[0].weight), id(model[1].bias), id(model[2].weight), id(model[2].bias), id(model[3].bias)
+    }
+    optimizer = AdamW(weight_decay_groups(model, 0.1), lr=1e-3)
+    assert [g["weight_decay"] for g in optimizer.param_groups] == [0.1, 0.0]
+    with pytest.raises(ValueError, match="-0.5"):
+        weight_decay_groups(model, -0.5)
+
+
+def test_layerwise_lr_groups_scale_down_towards_the_input() -> None:
+    from trainfast.optim.groups import layerwise_lr_groups
+
+    layers = [nn.Linear(2, 2) for _ in range(3)]
+    optimizer = SGD(layerwise_lr_groups(layers, lr=0.1, decay=0.5), lr=1.0)
+    assert [g["lr"] for g in optimizer.param_groups] == pytest.approx([0.025, 0.05, 0.1])
+    with pytest.raises(ValueError, match="decay: 0"):
+        layerwise_lr_groups(layers, lr=0.1, decay=0)
+
+
+def test_exercise_checks_pass_a_right_answer_and_catch_a_wrong_one(capsys) -> None:
+    from trainfast.optim.exercises import check_adam_step, check_momentum_step
+
+    def momentum_step(param, grad, buffer, lr, momentum, dampening):
+        buffer.mul_(momentum).add_(grad, alpha=1 - dampening)
+        param.add_(buffer, alpha=-lr)
+
+    def momentum_without_dampening(param, grad, buffer, lr, momentum, dampening):
+        buffer.mul_(momentum).add_(grad)
+        param.add_(buffer, alpha=-lr)
+
+    def adam_step(param, grad, m, v, t, lr, beta1, beta2, eps, correct=True):
+        m.mul_(beta1).add_(grad, alpha=1 - beta1)
+        v.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+        m_hat = m / (1 - beta1**t) if correct else m
+        v_hat = v / (1 - beta2**t) if correct else v
+        param.addcdiv_(m_hat, v_hat.sqrt().add_(eps), value=-lr)
+
+    check_momentum_step(momentum_step)
+    check_adam_step(adam_step)
+    assert "All 3 cases passed." in capsys.readouterr().out
+    with pytest.raises(AssertionError, match="dampening=0.1"):
+        check_momentum_step(momentum_without_dampening)
+    with pytest.raises(AssertionError, match="param at t=1"):
+        check_adam_step(lambda *args: adam_step(*args, correct=False))
+
+
+def test_chapter_listings_come_from_the_package() -> None:
+    import chapters
+
+    assert chapters.listing_problems("optimizers") == []
+
+
+@pytest.mark.chapter
+def test_chapter_executes_on_cpu() -> None:
+    import chapters
+
+    seconds = chapters.execute_chapter("optimizers")
+    print(f"optimizers chapter executed in {seconds:.1f} s")

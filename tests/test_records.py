@@ -6,10 +6,16 @@ import json
 
 import pytest
 import torch
-
 from trainfast.device import describe_environment, environment_line, pick_device
 from trainfast.measure import BENCHMARKS, main
-from trainfast.records import Record, load_records, make_record, provenance, to_markdown, write_record
+from trainfast.records import (
+    Record,
+    load_records,
+    make_record,
+    provenance,
+    to_markdown,
+    write_record,
+)
 
 
 def test_pick_device_prefers_cuda_then_mps_then_cpu():

@@ -1,0 +1,46 @@
+"""Parallel training from first principles: collectives, data, tensor and pipeline parallelism.
+
+Everything runs on one CPU as several gloo processes (and on GPUs with NCCL): :func:`spawn`
+starts the ranks; :mod:`~trainfast.distributed.collectives` builds every collective from
+``send``/``recv``; the other modules build training strategies on top of them, one concept per
+module (``data_parallel``, ``zero``, ``tensor_parallel``, ``pipeline``, ``layout``, ...).
+
+The collectives have ``torch.distributed``'s call shape and act in place inside an initialised
+process group, e.g. ``ring_all_reduce(tensor, op="mean")``.
+"""
+
+from trainfast.distributed.collectives import (
+    OPS,
+    all_gather,
+    all_reduce,
+    broadcast,
+    check_same_tensor_meta,
+    reduce,
+    reduce_scatter,
+    ring_all_reduce,
+    ring_chunks,
+)
+from trainfast.distributed.launch import (
+    SpawnError,
+    default_backend,
+    init_from_env,
+    rank_device,
+    spawn,
+)
+
+__all__ = [
+    "OPS",
+    "SpawnError",
+    "all_gather",
+    "all_reduce",
+    "broadcast",
+    "check_same_tensor_meta",
+    "default_backend",
+    "init_from_env",
+    "rank_device",
+    "reduce",
+    "reduce_scatter",
+    "ring_all_reduce",
+    "ring_chunks",
+    "spawn",
+]

@@ -1,0 +1,169 @@
+"""Run our collectives and ``torch.distributed``'s on the same inputs, side by side.
+
+:func:`parity_worker` is a :func:`~trainfast.distributed.spawn` worker: for each
+:class:`Case` it builds the same per-rank input twice, hands one copy to the collective from
+:mod:`trainfast.distributed.collectives` and the other to its ``torch.distributed`` counterpart,
+and returns both results. The tests assert they agree; the chapter prints the differences.
+
+gloo has no ``AVG`` reduction, so on gloo the reference for ``op="mean"`` is torch's ``SUM``
+followed by division by the world size (rounding toward zero for integers, as NCCL's ``AVG``
+does); under NCCL it is ``ReduceOp.AVG`` itself.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from trainfast.distributed import collectives
+from trainfast.distributed.launch import rank_device
+
+__all__ = ["COLLECTIVES", "ERROR_KINDS", "Case", "error_worker", "parity_worker", "torch_reference"]
+
+#: The collectives :class:`Case` can name.
+COLLECTIVES = (
+    "broadcast", "reduce", "all_reduce", "ring_all_reduce", "all_gather", "reduce_scatter",
+)  # fmt: skip
+
+_TORCH_OPS = {"sum": "SUM", "max": "MAX", "min": "MIN"}
+
+
+@dataclass(frozen=True)
+class Case:
+    """One collective call: which, on what shape and dtype, with which op and root rank.
+
+    ``transpose=True`` hands the collective a non-contiguous (transposed) 2-D view.
+    """
+
+    collective: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype = torch.float32
+    op: str = "sum"
+    root: int = 0
+    transpose: bool = False
+
+    def __post_init__(self) -> None:
+        if self.collective not in COLLECTIVES:
+            raise ValueError(
+                f"Unknown collective: {self.collective!r} (expected one of {COLLECTIVES})"
+            )
+
+
+def _input(case: Case, rank: int, seed: int, device: torch.device) -> torch.Tensor:
+    """Rank ``rank``'s input for ``case``: random, different on every rank, reproducible."""
+    generator = torch.Generator().manual_seed(seed + 7919 * rank)
+    if case.dtype.is_floating_point:
+        values = torch.randn(case.shape, generator=generator, dtype=torch.float64)
+    else:
+        values = torch.randint(-50, 50, case.shape, generator=generator)
+    tensor = values.to(case.dtype).to(device)
+    return tensor.t() if case.transpose else tensor  # (cols, rows), not contiguous
+
+
+def _mean_of_sum(tensor: torch.Tensor, world_size: int) -> None:
+    if tensor.is_floating_point():
+        tensor.div_(world_size)
+    else:
+        tensor.copy_(torch.div(tensor, world_size, rounding_mode="trunc"))
+
+
+def torch_reference(case: Case, tensor: torch.Tensor) -> torch.Tensor:
+    """What ``torch.distributed`` computes for ``case`` from this rank's ``tensor`` (a copy)."""
+    world_size = dist.get_world_size()
+    tensor = tensor.contiguous().clone()  # torch's collectives expect contiguous tensors
+    use_avg = case.op == "mean" and dist.get_backend() == "nccl"
+    op = dist.ReduceOp.AVG if use_avg else getattr(dist.ReduceOp, _TORCH_OPS.get(case.op, "SUM"))
+    divide = case.op == "mean" and not use_avg
+    if case.collective == "broadcast":
+        dist.broadcast(tensor, src=case.root)
+        return tensor
+    if case.collective == "reduce":
+        dist.reduce(tensor, dst=case.root, op=op)
+        if divide and dist.get_rank() == case.root:
+            _mean_of_sum(tensor, world_size)
+        return tensor
+    if case.collective in ("all_reduce", "ring_all_reduce"):
+        dist.all_reduce(tensor, op=op)
+        if divide:
+            _mean_of_sum(tensor, world_size)
+        return tensor
+    if case.collective == "all_gather":
+        gathered = [torch.empty_like(tensor) for _ in range(world_size)]
+        dist.all_gather(gathered, tensor)
+        return torch.stack(gathered)
+    inputs = [tensor * (i + 1) for i in range(world_size)]  # reduce_scatter: one block per rank
+    output = torch.empty_like(tensor)
+    dist.reduce_scatter(output, inputs, op=op)
+    if divide:
+        _mean_of_sum(output, world_size)
+    return output
+
+
+def _ours(case: Case, tensor: torch.Tensor) -> torch.Tensor:
+    world_size = dist.get_world_size()
+    tensor = tensor.clone()  # clone keeps a transposed view's strides: still non-contiguous
+    if case.collective == "broadcast":
+        collectives.broadcast(tensor, src=case.root)
+    elif case.collective == "reduce":
+        collectives.reduce(tensor, dst=case.root, op=case.op)
+    elif case.collective == "all_reduce":
+        collectives.all_reduce(tensor, op=case.op)
+    elif case.collective == "ring_all_reduce":
+        collectives.ring_all_reduce(tensor, op=case.op)
+    elif case.collective == "all_gather":
+        gathered = [torch.empty_like(tensor) for _ in range(world_size)]
+        collectives.all_gather(gathered, tensor)
+        return torch.stack(gathered)
+    else:
+        output = torch.empty_like(tensor)
+        collectives.reduce_scatter(output, [tensor * (i + 1) for i in range(world_size)], case.op)
+        return output
+    return tensor
+
+
+def parity_worker(
+    rank: int, world_size: int, cases: list[Case], seed: int = 0
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """For each case: (our result, torch's result) on this rank, both moved to the CPU.
+
+    For ``reduce`` only the root's result is defined; other ranks return two empty tensors.
+    """
+    device = rank_device()
+    results = []
+    for index, case in enumerate(cases):
+        tensor = _input(case, rank, seed + 104729 * index, device)
+        ours, theirs = _ours(case, tensor), torch_reference(case, tensor)
+        if case.collective == "reduce" and rank != case.root:
+            ours, theirs = ours.new_empty(0), theirs.new_empty(0)
+        results.append((ours.cpu(), theirs.cpu()))
+    return results
+
+
+#: What :func:`error_worker` can get wrong on purpose.
+ERROR_KINDS = ("shape", "dtype", "op", "raise", "exit")
+
+
+def error_worker(
+    rank: int, world_size: int, kind: str, collective: str = "ring_all_reduce"
+) -> None:
+    """Make rank ``world_size - 1`` misbehave in one of :data:`ERROR_KINDS`, then all-reduce.
+
+    ``shape``/``dtype``: its tensor differs from the others'; ``op``: every rank passes an
+    unknown op; ``raise``: it raises ``RuntimeError`` while the others wait in the collective;
+    ``exit``: it dies without a word. Used by the chapter and the tests to show the failures.
+    """
+    if kind not in ERROR_KINDS:
+        raise ValueError(f"Unknown kind: {kind!r} (expected one of {ERROR_KINDS})")
+    odd = rank == world_size - 1
+    tensor = torch.ones(5 if odd and kind == "shape" else 4, device=rank_device())
+    if odd and kind == "dtype":
+        tensor = tensor.to(torch.int64)
+    if odd and kind == "raise":
+        raise RuntimeError(f"rank {rank} fails on purpose")
+    if odd and kind == "exit":
+        os._exit(3)
+    run = {"ring_all_reduce": collectives.ring_all_reduce, "all_reduce": collectives.all_reduce}
+    run[collective](tensor, op="prod" if kind == "op" else "sum")

@@ -1,0 +1,131 @@
+"""Time naive, ring and ``torch.distributed`` all-reduce side by side, in one run.
+
+:func:`all_reduce_timing_worker` runs in every rank (via :func:`~trainfast.distributed.spawn`):
+for each tensor size it times the three algorithms in turn, several rounds, interleaved, so a
+noisy moment on a shared machine hits all three alike, and keeps the median. A call's time is
+the slowest rank's (an all-reduce is done when the last rank is done). Our collectives run with
+``check=False``: the shape handshake is a safety net, not part of the algorithm being compared.
+
+:func:`all_reduce_record` is the ``python -m trainfast.measure`` entry: on a machine with one
+GPU per rank it measures NCCL, otherwise gloo on the CPU, and says which in every row.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+
+from trainfast.device import describe_environment
+from trainfast.distributed.collectives import all_reduce, ring_all_reduce
+from trainfast.distributed.launch import default_backend, rank_device, spawn
+from trainfast.records import Record, make_record
+
+__all__ = [
+    "BENCHMARK_ALGORITHMS",
+    "all_reduce_record",
+    "all_reduce_timing_worker",
+    "measure_all_reduce",
+]
+
+#: What the benchmark races: our two all-reduces and torch's own.
+BENCHMARK_ALGORITHMS = ("naive", "ring", "torch")
+
+
+def _algorithms() -> dict[str, Callable[[torch.Tensor], object]]:
+    return {
+        "naive": lambda tensor: all_reduce(tensor, check=False),
+        "ring": lambda tensor: ring_all_reduce(tensor, check=False),
+        "torch": lambda tensor: dist.all_reduce(tensor),
+    }
+
+
+def _agreed_repeats(
+    run: Callable[[torch.Tensor], object], tensor: torch.Tensor, budget_s: float
+) -> int:
+    """Calls per timing so that one timing takes about ``budget_s``; the same on every rank.
+
+    Times one warm-up call; the slowest rank's time decides, or ranks would disagree on how
+    many collectives to run and wait for each other forever.
+    """
+    start = time.perf_counter()
+    run(tensor)
+    once = torch.tensor([time.perf_counter() - start], device=tensor.device)
+    dist.all_reduce(once, op=dist.ReduceOp.MAX)
+    return max(1, min(50, int(budget_s / max(float(once.item()), 1e-6))))
+
+
+def all_reduce_timing_worker(
+    rank: int, world_size: int, sizes: list[int], rounds: int = 5, budget_s: float = 0.02
+) -> list[dict[str, object]]:
+    """Median seconds per float32 all-reduce, for each size (elements) and algorithm.
+
+    Each timing repeats the call to last about ``budget_s``. Every rank returns the same rows:
+    world_size, elements, bytes, algorithm, backend, seconds.
+    """
+    device = rank_device()
+    algorithms = _algorithms()
+    rows = []
+    for numel in sizes:
+        tensor = torch.zeros(numel, dtype=torch.float32, device=device)  # zeros stay finite
+        n_bytes = tensor.numel() * tensor.element_size()
+        for run in algorithms.values():  # warm up connections and buffers
+            run(tensor)
+        repeats = {name: _agreed_repeats(run, tensor, budget_s) for name, run in algorithms.items()}
+        times: dict[str, list[float]] = {name: [] for name in algorithms}
+        for _ in range(rounds):
+            for name, run in algorithms.items():
+                dist.barrier()
+                start = time.perf_counter()
+                for _ in range(repeats[name]):
+                    run(tensor)
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                elapsed = (time.perf_counter() - start) / repeats[name]
+                slowest = torch.tensor([elapsed], device=device)
+                dist.all_reduce(slowest, op=dist.ReduceOp.MAX)  # done when the last rank is
+                times[name].append(float(slowest.item()))
+        for name in algorithms:
+            rows.append({
+                "world_size": world_size, "elements": numel, "bytes": n_bytes, "algorithm": name,
+                "backend": dist.get_backend(), "seconds": statistics.median(times[name]),
+            })  # fmt: skip
+    return rows
+
+
+def measure_all_reduce(
+    sizes: list[int],
+    world_sizes: list[int],
+    rounds: int = 5,
+    budget_s: float = 0.02,
+    timeout: float = 600.0,
+) -> list[dict[str, object]]:
+    """Rows of :func:`all_reduce_timing_worker` for every world size (one launch each)."""
+    rows: list[dict[str, object]] = []
+    for world_size in world_sizes:
+        rows += spawn(
+            all_reduce_timing_worker, world_size, sizes, rounds, budget_s, timeout=timeout
+        )[0]
+    return rows
+
+
+def all_reduce_record(device: torch.device, quick: bool = False) -> Record:
+    """The ``all-reduce-time`` measurement record for this machine (see module docstring)."""
+    if device.type == "cuda" and default_backend(2) == "nccl":
+        world_sizes = [n for n in (2, 4, 8) if n <= torch.cuda.device_count()]
+        sizes = [2**k for k in (range(10, 27, 8) if quick else range(8, 29, 2))]
+    else:
+        world_sizes = [2, 4] if quick else [2, 3, 4]
+        sizes = [2**k for k in (range(4, 17, 6) if quick else range(2, 23, 4))]
+    rows = measure_all_reduce(sizes, world_sizes, rounds=3 if quick else 7, budget_s=0.05)
+    return make_record(
+        "all-reduce-time",
+        "Median time of one float32 all-reduce: trainfast's naive and ring versions and "
+        "torch.distributed.all_reduce, interleaved in one run; the slowest rank's time.",
+        rows,
+        units={"bytes": "B", "seconds": "s"},
+        environment=describe_environment(device),
+    )

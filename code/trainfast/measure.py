@@ -28,6 +28,7 @@ __all__ = ["BENCHMARKS", "main", "run_benchmark"]
 #: benchmark name -> "module:function"; the function takes (device, quick) and returns a Record.
 BENCHMARKS: dict[str, str] = {
     "optimizer-step-time": "trainfast.optim.benchmark:step_time_record",
+    "all-reduce-time": "trainfast.distributed.benchmark:all_reduce_record",
 }
 
 

@@ -13,7 +13,10 @@ does); under NCCL it is ``ReduceOp.AVG`` itself.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -21,7 +24,15 @@ import torch.distributed as dist
 from trainfast.distributed import collectives
 from trainfast.distributed.launch import rank_device
 
-__all__ = ["COLLECTIVES", "ERROR_KINDS", "Case", "error_worker", "parity_worker", "torch_reference"]
+__all__ = [
+    "COLLECTIVES",
+    "ERROR_KINDS",
+    "Case",
+    "error_worker",
+    "parity_worker",
+    "torch_reference",
+    "traffic_worker",
+]
 
 #: The collectives :class:`Case` can name.
 COLLECTIVES = (
@@ -167,3 +178,37 @@ def error_worker(
         os._exit(3)
     run = {"ring_all_reduce": collectives.ring_all_reduce, "all_reduce": collectives.all_reduce}
     run[collective](tensor, op="prod" if kind == "op" else "sum")
+
+
+@contextmanager
+def _counting_sends(counter: list[int]) -> Iterator[None]:
+    """Count the bytes this process passes to ``dist.send``/``dist.isend`` (gloo; test aid)."""
+    send, isend = dist.send, dist.isend
+
+    def counted_send(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        counter[0] += tensor.numel() * tensor.element_size()
+        return send(tensor, *args, **kwargs)
+
+    def counted_isend(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        counter[0] += tensor.numel() * tensor.element_size()
+        return isend(tensor, *args, **kwargs)
+
+    dist.send, dist.isend = counted_send, counted_isend
+    try:
+        yield
+    finally:
+        dist.send, dist.isend = send, isend
+
+
+def traffic_worker(rank: int, world_size: int, numel: int) -> dict[str, int]:
+    """Bytes this rank sends in one naive and one ring all-reduce of ``numel`` float32 values.
+
+    The shape check is off (``check=False``): only the algorithm's own messages are counted.
+    """
+    sent = {}
+    for name, run in (("naive", collectives.all_reduce), ("ring", collectives.ring_all_reduce)):
+        counter = [0]
+        with _counting_sends(counter):
+            run(torch.ones(numel, device=rank_device()), check=False)
+        sent[name] = counter[0]
+    return sent

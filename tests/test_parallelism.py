@@ -1,0 +1,447 @@
+"""The parallelism chapter: listings, execution, and every collective and trainer against torch.
+
+Each distributed check runs real gloo processes through ``trainfast.distributed.spawn``; many
+cases share one launch, so the module stays fast on a two-core machine.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import chapters
+import pytest
+import torch
+from trainfast.distributed import OPS, SpawnError, ring_chunks, spawn
+from trainfast.distributed.cost_model import (
+    Link,
+    all_reduce_time,
+    bytes_sent_per_rank,
+    crossover_bytes,
+    fit_link,
+)
+from trainfast.distributed.data_parallel import (
+    DataParallelConfig,
+    train_data_parallel,
+    train_single_process,
+)
+from trainfast.distributed.exercises import (
+    check_peak_activations_1f1b,
+    check_ring_chunks,
+    check_tree_all_reduce_time,
+    check_zero_memory,
+)
+from trainfast.distributed.layout import TransformerShape, layout_choices, propose_layout
+from trainfast.distributed.parity import (
+    COLLECTIVES,
+    Case,
+    error_worker,
+    parity_worker,
+    traffic_worker,
+)
+from trainfast.distributed.pipeline import (
+    PipelineConfig,
+    bubble_fraction,
+    gpipe_schedule,
+    make_pipeline_model,
+    one_f_one_b_schedule,
+    peak_activations,
+    pipeline_batch,
+    pipeline_sweep_worker,
+    simulate,
+)
+from trainfast.distributed.point_to_point import deadlock_worker, swap_worker
+from trainfast.distributed.tensor_parallel import tensor_parallel_worker
+from trainfast.distributed.zero import train_sharded, zero_memory
+
+WORLD_SIZES = [1, 2, 3, 4]
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# ------------------------------------------------------------------------------ the chapter
+def test_listings_resolve():
+    assert chapters.listing_problems("parallelism") == []
+
+
+@pytest.mark.chapter
+def test_chapter_executes():
+    seconds = chapters.execute_chapter("parallelism")
+    assert seconds < 600, f"the chapter took {seconds:.0f} s; it should take a few minutes at most"
+
+
+# ---------------------------------------------------------------------------- collectives
+def _cases(world_size: int) -> list[Case]:
+    """Every collective x lengths (1, odd, not divisible by N, 2-D non-contiguous) x dtypes x ops."""
+    shapes = [(1,), (7,), (2 * world_size + 1,), (3, 5)]
+    dtypes = [torch.float32, torch.float64, torch.int64, torch.int32]
+    cases = []
+    for collective in COLLECTIVES:
+        ops = ["sum"] if collective in ("broadcast", "all_gather") else list(OPS)
+        for shape in shapes:
+            for dtype in dtypes:
+                for op in ops:
+                    root = len(cases) % world_size
+                    cases.append(
+                        Case(collective, shape, dtype, op, root, transpose=len(shape) == 2)
+                    )
+    return cases
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_collectives_match_torch(world_size):
+    cases = _cases(world_size)
+    results = spawn(parity_worker, world_size, cases, 1234, timeout=300)
+    assert len(results) == world_size
+    for rank, rank_results in enumerate(results):
+        assert len(rank_results) == len(cases)
+        for case, (ours, theirs) in zip(cases, rank_results, strict=True):
+            where = f"rank {rank}, {case}"
+            assert ours.dtype == case.dtype, where
+            if case.collective == "reduce" and rank != case.root:
+                continue  # only the root's result is defined
+            if case.dtype.is_floating_point:
+                tolerance = 1e-6 if case.dtype == torch.float32 else 1e-12
+                torch.testing.assert_close(ours, theirs, rtol=tolerance, atol=tolerance, msg=where)
+            else:
+                assert torch.equal(ours, theirs), f"{where}: {ours} != {theirs}"
+
+
+def test_integer_mean_rounds_toward_zero():
+    cases = [
+        Case("ring_all_reduce", (9,), torch.int64, "mean"),
+        Case("all_reduce", (9,), torch.int64, "mean"),
+    ]
+    for ours, theirs in spawn(parity_worker, 3, cases, 5)[0]:
+        assert torch.equal(ours, theirs)
+        assert (ours.abs() < 50).all()  # inputs are in [-50, 50): a mean stays in range
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+def test_ring_sends_2_n_minus_1_over_n_of_the_data(world_size):
+    numel = 12 * 7  # divisible by 2, 3 and 4
+    counted = spawn(traffic_worker, world_size, numel, timeout=120)
+    for rank, sent in enumerate(counted):
+        assert sent["ring"] == 4 * 2 * (world_size - 1) * numel // world_size
+        assert sent["ring"] == bytes_sent_per_rank("ring", 4 * numel, world_size)
+        assert sent["naive"] == 4 * numel * ((world_size - 1) if rank == 0 else 1)
+    assert counted[0]["naive"] == bytes_sent_per_rank("naive", 4 * numel, world_size)
+
+
+def test_ring_traffic_for_lengths_not_divisible_by_world_size():
+    numel, world_size = 10, 4
+    counted = spawn(traffic_worker, world_size, numel, timeout=120)
+    sizes = [len(c) for c in torch.arange(numel).tensor_split(world_size)]
+    for rank, sent in enumerate(counted):
+        # everything but my own chunk (reduce-scatter) and my right neighbour's (all-gather)
+        assert sent["ring"] == 4 * (2 * numel - sizes[rank] - sizes[(rank + 1) % world_size])
+
+
+# ------------------------------------------------------------------------------ failures
+@pytest.mark.parametrize(
+    "kind, message",
+    [
+        ("shape", r"rank 2 has shape \(5,\) and dtype torch.float32, but rank 0 has shape \(4,\)"),
+        ("dtype", r"rank 2 has shape \(4,\) and dtype torch.int64, but rank 0 .* torch.float32"),
+        ("op", r"Unknown op: 'prod'"),
+        ("raise", r"rank 2 of 3 raised RuntimeError: rank 2 fails on purpose"),
+        ("exit", r"rank 2 of 3 died with exit code 3"),
+    ],
+)
+@pytest.mark.parametrize("collective", ["ring_all_reduce", "all_reduce"])
+def test_failures_are_clear_and_prompt(kind, message, collective):
+    start = time.perf_counter()
+    with pytest.raises(SpawnError, match=message) as caught:
+        spawn(error_worker, 3, kind, collective, timeout=120)
+    seconds = time.perf_counter() - start
+    assert seconds < 20, (
+        f"spawn took {seconds:.1f} s to report the failure (collective timeout is 60 s)"
+    )
+    if kind in ("shape", "dtype", "op"):
+        assert caught.value.error_type == "ValueError"
+        assert isinstance(caught.value.__cause__, ValueError)
+    if kind == "raise":
+        assert caught.value.rank == 2
+        assert "error_worker" in caught.value.rank_traceback  # the failing rank's own traceback
+        assert "Traceback from rank 2" in str(caught.value)
+
+
+def _forkserver_children() -> list[int]:
+    """Live (non-zombie) processes whose parent is a multiprocessing forkserver."""
+    commands, parents, states = {}, {}, {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            commands[entry.name] = (entry / "cmdline").read_bytes()
+            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        states[entry.name], parents[entry.name] = stat[0], stat[1]
+    servers = {pid for pid, command in commands.items() if b"multiprocessing.forkserver" in command}
+    return [int(pid) for pid in commands if parents.get(pid) in servers and states[pid] != "Z"]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_no_process_left_behind():
+    before = set(_forkserver_children())
+    with pytest.raises(SpawnError):
+        spawn(error_worker, 4, "raise", timeout=120)  # three ranks wait in the ring when it fails
+    deadline = time.monotonic() + 5
+    while set(_forkserver_children()) - before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert set(_forkserver_children()) - before == set()
+
+
+def test_deadlock_ends_in_an_error_not_a_hang():
+    start = time.perf_counter()
+    with pytest.raises(SpawnError, match="Timed out"):
+        spawn(deadlock_worker, 2, collective_timeout=2)
+    with pytest.raises(TimeoutError, match="did not finish within 1 s"):
+        spawn(deadlock_worker, 2, timeout=1)
+    assert time.perf_counter() - start < 30
+    for non_blocking in (True, False):
+        received = spawn(swap_worker, 2, non_blocking)
+        assert [t.tolist() for t in received] == [[1.0] * 4, [0.0] * 4]
+
+
+def test_spawn_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="world_size: 0"):
+        spawn(swap_worker, 0)
+    with pytest.raises(ValueError, match="backend: 'smoke-signals'"):
+        spawn(swap_worker, 2, backend="smoke-signals")
+
+
+_CONCURRENT = """
+import torch
+from trainfast.distributed import spawn
+from trainfast.distributed.parity import Case, parity_worker
+cases = [Case("ring_all_reduce", (100,), torch.float32, "sum")] * 20
+for ours, theirs in spawn(parity_worker, 3, cases, 0, timeout=120)[0]:
+    torch.testing.assert_close(ours, theirs)
+print("ok")
+"""
+
+
+def test_two_launches_at_once_do_not_collide():
+    """A second build on the same machine (another process) launches while this one does."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    other = subprocess.Popen(
+        [sys.executable, "-c", _CONCURRENT],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    cases = [Case("ring_all_reduce", (100,), torch.float32, "sum")] * 20
+    launches = 0
+    while other.poll() is None or launches == 0:  # keep launching until the other one is done
+        for ours, theirs in spawn(parity_worker, 3, cases, launches, timeout=120)[0]:
+            torch.testing.assert_close(ours, theirs)
+        launches += 1
+    out, err = other.communicate(timeout=240)
+    assert other.returncode == 0 and out.strip() == "ok", err[-2000:]
+
+
+# ------------------------------------------------------------------------- data parallel
+def _max_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys()
+    return max((a[k] - b[k]).abs().max().item() for k in a)
+
+
+@pytest.fixture(scope="module")
+def sgd_reference():
+    return train_single_process(DataParallelConfig(steps=8))
+
+
+@pytest.fixture(scope="module")
+def adamw_reference():
+    return train_single_process(DataParallelConfig(steps=8, optimizer="adamw", lr=0.01))
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+@pytest.mark.parametrize("wrapper", ["manual", "ddp"])
+def test_data_parallel_matches_single_process(world_size, wrapper, sgd_reference):
+    config = DataParallelConfig(steps=8)
+    results = spawn(train_data_parallel, world_size, config, wrapper, timeout=300)
+    for result in results:  # every rank ends with the single process's parameters
+        assert _max_difference(result.parameters, sgd_reference.parameters) < 1e-5
+        assert result.losses == pytest.approx(sgd_reference.losses, rel=1e-5)
+    assert sgd_reference.losses[-1] < sgd_reference.losses[0]  # it did train
+
+
+def test_ddp_reports_its_buckets():
+    config = DataParallelConfig(steps=3, bucket_cap_mb=0.001)  # ~1 kB buckets: one per layer
+    result = spawn(train_data_parallel, 2, config, "ddp", timeout=120)[0]
+    numel = sum(p.numel() for p in result.parameters.values())
+    assert len(result.buckets) > 1
+    assert [index for index, _ in result.buckets] == list(range(len(result.buckets)))
+    assert sum(size for _, size in result.buckets) == numel
+
+
+def test_data_parallel_rejects_indivisible_batch():
+    with pytest.raises(SpawnError, match="global_batch_size: 10 is not divisible by world_size 4"):
+        spawn(train_data_parallel, 4, DataParallelConfig(global_batch_size=10), timeout=120)
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+@pytest.mark.parametrize("strategy", ["zero1", "fsdp"])
+def test_sharded_training_matches_unsharded_adamw(world_size, strategy, adamw_reference):
+    config = DataParallelConfig(steps=8, optimizer="adamw", lr=0.01)
+    results = spawn(train_sharded, world_size, config, strategy, timeout=300)
+    total = sum(p.numel() for p in adamw_reference.parameters.values())
+    for result in results:
+        assert _max_difference(result.parameters, adamw_reference.parameters) < 1e-5
+        assert result.losses == pytest.approx(adamw_reference.losses, rel=1e-5)
+    state = [r.optimizer_state_numel for r in results]
+    assert sum(state) >= 2 * total  # exp_avg and exp_avg_sq of every parameter, somewhere
+    if strategy == "zero1":  # one flat vector cut in N equal slices
+        assert state == [2 * math.ceil(total / world_size)] * world_size
+        assert all(r.parameter_numel == total for r in results)  # stage 1 keeps whole parameters
+    else:  # FSDP2 cuts every parameter along its first dimension
+        rows = {k: v.shape[0] for k, v in adamw_reference.parameters.items()}
+        largest = sum(math.ceil(n / world_size) * v[0].numel() for (k, n), v in
+                      zip(rows.items(), adamw_reference.parameters.values(), strict=True))  # fmt: skip
+        assert max(state) == 2 * largest
+        assert sum(r.parameter_numel for r in results) == total  # stage 3 shards them
+
+
+def test_zero_memory_matches_the_paper():
+    # ZeRO paper, figure 1: 7.5B parameters, 64 GPUs, mixed-precision Adam (K = 12)
+    gigabytes = [zero_memory(7.5e9, 64, stage).total / 1e9 for stage in range(4)]
+    assert gigabytes == pytest.approx([120, 31.4, 16.6, 1.9], abs=0.05)
+    with pytest.raises(ValueError, match="stage: 4"):
+        zero_memory(1e9, 8, 4)
+
+
+# ----------------------------------------------------------------------- tensor parallel
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_tensor_parallel_mlp_matches_dense(world_size):
+    results = spawn(tensor_parallel_worker, world_size, 16, 42, 8, 3, timeout=120)  # 42 % 4 != 0
+    for rank, pairs in enumerate(results):
+        assert set(pairs) == {"output", "input grad", "fc1.weight grad", "fc1.bias grad",
+                              "fc2.weight grad", "fc2.bias grad"}  # fmt: skip
+        for name, (parallel, dense) in pairs.items():
+            torch.testing.assert_close(
+                parallel, dense, rtol=1e-5, atol=1e-6, msg=f"rank {rank}: {name}"
+            )
+    hidden = sum(pairs["fc1.bias grad"][0].numel() for pairs in results)
+    assert hidden == 42  # the shards cover the hidden layer exactly once
+
+
+# ------------------------------------------------------------------------------ pipeline
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_pipeline_gradients_match_the_unsplit_model(world_size):
+    base = PipelineConfig(width=32, layers_per_stage=2, batch_size=24, n_micro=4)
+    configs = [replace(base, schedule=s, n_micro=m) for s in ("gpipe", "1f1b") for m in (1, 3, 4)]
+    results = spawn(pipeline_sweep_worker, world_size, configs, timeout=300)
+    for index, config in enumerate(configs):
+        model = make_pipeline_model(config, world_size)
+        x, y = pipeline_batch(config)
+        (model(x) - y).pow(2).mean().backward()
+        for stage in range(world_size):
+            measured = results[stage][index]
+            for name, p in model[stage].named_parameters():
+                torch.testing.assert_close(measured["grads"][name], p.grad, rtol=1e-5, atol=1e-7)
+        expected = peak_activations(
+            (gpipe_schedule if config.schedule == "gpipe" else one_f_one_b_schedule)(
+                world_size, config.n_micro
+            )
+        )
+        assert [results[s][index]["peak_activations"] for s in range(world_size)] == expected
+
+
+@pytest.mark.parametrize("backward", [1.0, 2.0])
+def test_simulated_bubble_matches_the_formula(backward):
+    for p in range(1, 6):
+        for m in range(1, 10):
+            for schedule in (gpipe_schedule(p, m), one_f_one_b_schedule(p, m)):
+                slots = simulate(schedule, forward=1.0, backward=backward)
+                makespan = max(s.end for s in slots)
+                busy = sum(s.end - s.start for s in slots)
+                assert 1 - busy / (p * makespan) == pytest.approx(bubble_fraction(p, m))
+
+
+def test_1f1b_keeps_fewer_activations_than_gpipe():
+    assert peak_activations(gpipe_schedule(4, 8)) == [8, 8, 8, 8]
+    assert peak_activations(one_f_one_b_schedule(4, 8)) == [4, 3, 2, 1]
+    with pytest.raises(ValueError, match="deadlocks"):
+        simulate([[("B", 0), ("F", 0)], [("F", 0), ("B", 0)]])
+
+
+# ------------------------------------------------------------------ cost model and layout
+def test_cost_model():
+    link = Link(alpha=1e-5, beta=1e-9)
+    assert all_reduce_time("ring", 1e9, 8, link) < all_reduce_time("naive", 1e9, 8, link)
+    assert all_reduce_time("naive", 4, 8, link) < all_reduce_time("ring", 4, 8, link)
+    n_star = crossover_bytes(8, link)
+    assert all_reduce_time("naive", n_star, 8, link) == pytest.approx(
+        all_reduce_time("ring", n_star, 8, link)
+    )
+    rows = [
+        {"algorithm": a, "world_size": n, "bytes": b, "seconds": all_reduce_time(a, b, n, link)}
+        for a in ("naive", "ring") for n in (2, 3, 4) for b in (4, 4096, 2**22)
+    ]  # fmt: skip
+    fitted = fit_link(rows + [{"algorithm": "torch", "world_size": 2, "bytes": 4, "seconds": 1.0}])
+    assert fitted.alpha == pytest.approx(link.alpha, rel=1e-6)
+    assert fitted.beta == pytest.approx(link.beta, rel=1e-6)
+    with pytest.raises(ValueError, match="algorithm: 'tree'"):
+        all_reduce_time("tree", 4, 2, link)
+
+
+def test_layout_calculator():
+    small = TransformerShape(n_layers=12, hidden=768, n_heads=12, seq_len=1024)
+    choice = propose_layout(small, 80e9, 8)
+    assert (choice.data, choice.tensor, choice.pipeline, choice.zero_stage) == (8, 1, 1, 0)
+    big = TransformerShape(n_layers=32, hidden=4096, n_heads=32, seq_len=4096)
+    choice = propose_layout(big, 80e9, 8)
+    assert choice is not None and choice.total_bytes <= 0.8 * 80e9
+    assert choice.tensor * choice.pipeline > 1 or choice.zero_stage > 0  # plain DP does not fit
+    assert propose_layout(big, 16e9, 1) is None
+    for c in layout_choices(big, 16):
+        assert c.data * c.tensor * c.pipeline == 16 and big.n_heads % c.tensor == 0
+
+
+def test_exercise_checks_accept_right_and_reject_wrong_answers(capsys):
+    assert check_ring_chunks(ring_chunks)
+    assert not check_ring_chunks(lambda rank, step, n, phase: (rank, step))
+    assert check_tree_all_reduce_time(lambda n, N, a, b: 2 * math.ceil(math.log2(N)) * (a + n * b))
+    assert not check_tree_all_reduce_time(lambda n, N, a, b: 2 * (N - 1) * (a + n * b))
+    assert check_zero_memory(lambda n, N, s: zero_memory(n, N, s).total)
+    assert not check_zero_memory(lambda n, N, s: 16 * n / N)
+    assert check_peak_activations_1f1b(lambda p, m: [min(p - s, m) for s in range(p)])
+    assert not check_peak_activations_1f1b(lambda p, m: [m] * p)
+    assert "first failure" in capsys.readouterr().out
+
+
+# --------------------------------------------------------------- measurement and torchrun
+def test_all_reduce_benchmark_record():
+    from trainfast.measure import BENCHMARKS, run_benchmark
+
+    assert BENCHMARKS["all-reduce-time"] == "trainfast.distributed.benchmark:all_reduce_record"
+    record = run_benchmark("all-reduce-time", torch.device("cpu"), quick=True)
+    assert {row["algorithm"] for row in record.rows} == {"naive", "ring", "torch"}
+    assert {row["world_size"] for row in record.rows} == {2, 4}
+    assert all(row["seconds"] > 0 and row["backend"] == "gloo" for row in record.rows)
+
+
+def test_trainer_runs_unchanged_under_torchrun():
+    steps = 4
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+               "-m", "trainfast.distributed.data_parallel", "--steps", str(steps)]  # fmt: skip
+    run = subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    reference = train_single_process(DataParallelConfig(steps=steps))
+    checksum = sum(float(p.double().sum()) for p in reference.parameters.values())
+    line = next(line for line in run.stdout.splitlines() if line.startswith("2 ranks"))
+    assert float(line.rsplit(" ", 1)[1]) == pytest.approx(checksum, abs=1e-4)

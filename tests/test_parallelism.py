@@ -401,6 +401,10 @@ def test_layout_calculator():
     choice = propose_layout(big, 80e9, 8)
     assert choice is not None and choice.total_bytes <= 0.8 * 80e9
     assert choice.tensor * choice.pipeline > 1 or choice.zero_stage > 0  # plain DP does not fit
+    ordered = layout_choices(big, 8)
+    assert choice == next(c for c in ordered if c.total_bytes <= 0.8 * 80e9)  # the first that fits
+    keys = [(c.tensor * c.pipeline, c.zero_stage, c.pipeline) for c in ordered]
+    assert keys == sorted(keys)  # least model parallelism first, then the lowest ZeRO stage
     assert propose_layout(big, 16e9, 1) is None
     for c in layout_choices(big, 16):
         assert c.data * c.tensor * c.pipeline == 16 and big.n_heads % c.tensor == 0

@@ -46,6 +46,9 @@ __all__ = ["SpawnError", "default_backend", "init_from_env", "rank_device", "spa
 # Imported once by the forkserver, so no rank pays for them: torch, what torch.optim imports
 # lazily on its first step (torch._dynamo), and the data sets the book's workers load. A
 # module that is not installed is skipped.
+#: Seconds the other ranks get to report after the first failure, to find the root cause.
+_GRACE_S = 1.0
+
 _PRELOAD = [
     "torch",
     "torch.distributed",
@@ -161,7 +164,8 @@ def _run_rank(
             cause = pickle.dumps(error)
         except Exception:  # an unpicklable exception still reports its text
             cause = None
-        outcome = ("error", type(error).__name__, str(error), traceback.format_exc(), cause)
+        when = time.time()  # wall clock: comparable across ranks, to find the first failure
+        outcome = ("error", type(error).__name__, str(error), traceback.format_exc(), cause, when)
     conn.send(outcome)
     conn.close()
     if outcome[0] == "error":
@@ -200,7 +204,8 @@ def spawn(
     travel home pickled, so return tensors, numbers and dataclasses, not open files.
 
     Raises :class:`SpawnError` with the failing rank's traceback as soon as one rank raises or
-    dies, and ``TimeoutError`` when ``timeout`` passes; either way every child is stopped first.
+    dies (within a second, while the others report, so that the root cause is the one named),
+    and ``TimeoutError`` when ``timeout`` passes; either way every child is stopped first.
     """
     if not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"Invalid world_size: {world_size!r} (expected an int >= 1)")
@@ -249,14 +254,24 @@ def spawn(
 
 
 def _collect(processes: list, readers: list, timeout: float | None) -> list[Any]:
-    """Wait for every rank's outcome; raise on the first failure or at the deadline."""
+    """Wait for every rank's outcome; raise on a failure or at the deadline.
+
+    One failure usually causes others (its peers lose their connection to it), so after the
+    first one arrives the others get a moment (``_GRACE_S``) to report, and the root cause is
+    raised: a rank that died without a word if any, else the error raised earliest.
+    """
     world_size = len(processes)
     results: dict[int, Any] = {}
+    failures: list[tuple[int, float, SpawnError]] = []  # (0 if died silently, when, error)
     deadline = None if timeout is None else time.monotonic() + timeout
+    grace = None
     waiting = {reader: rank for rank, reader in enumerate(readers)}
     while waiting:
-        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        limits = [t for t in (deadline, grace) if t is not None]
+        left = max(0.0, min(limits) - time.monotonic()) if limits else None
         ready = mp.connection.wait(list(waiting), timeout=left)
+        if not ready and failures:
+            break  # the grace period is over
         if not ready:
             ranks = sorted(waiting.values())
             raise TimeoutError(
@@ -269,22 +284,27 @@ def _collect(processes: list, readers: list, timeout: float | None) -> list[Any]
                 outcome = reader.recv()
             except EOFError:  # the pipe closed without a word: the process died
                 processes[rank].join(1.0)
-                code = processes[rank].exitcode
                 message = (
-                    f"rank {rank} of {world_size} died with exit code {code} before returning "
-                    "(killed, out of memory, or a crash in native code)"
+                    f"rank {rank} of {world_size} died with exit code {processes[rank].exitcode} "
+                    "before returning (killed, out of memory, or a crash in native code)"
                 )
-                raise SpawnError(message, rank, "ProcessDied", "") from None
-            if outcome[0] == "ok":
-                results[rank] = pickle.loads(outcome[1])
-                continue
-            _, error_type, text, rank_traceback, cause = outcome
-            message = (
-                f"rank {rank} of {world_size} raised {error_type}: {text}\n\n"
-                f"Traceback from rank {rank}:\n{rank_traceback}"
-            )
-            original = _unpickle(cause)
-            raise SpawnError(message, rank, error_type, rank_traceback) from original
+                failures.append((0, time.time(), SpawnError(message, rank, "ProcessDied", "")))
+            else:
+                if outcome[0] == "ok":
+                    results[rank] = pickle.loads(outcome[1])
+                    continue
+                _, error_type, text, rank_traceback, cause, when = outcome
+                message = (
+                    f"rank {rank} of {world_size} raised {error_type}: {text}\n\n"
+                    f"Traceback from rank {rank}:\n{rank_traceback}"
+                )
+                error = SpawnError(message, rank, error_type, rank_traceback)
+                error.__cause__ = _unpickle(cause)
+                failures.append((1, when, error))
+            if grace is None:
+                grace = time.monotonic() + _GRACE_S
+    if failures:
+        raise min(failures, key=lambda failure: failure[:2])[2]
     return [results[rank] for rank in range(world_size)]
 
 

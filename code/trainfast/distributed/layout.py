@@ -84,6 +84,11 @@ class LayoutChoice:
         return self.model_state_bytes + self.activation_bytes
 
 
+def _preference(choice: LayoutChoice) -> tuple[int, int, int]:
+    """Fewest model-parallel devices first, then the lowest ZeRO stage, then fewer stages."""
+    return (choice.tensor * choice.pipeline, choice.zero_stage, choice.pipeline)
+
+
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
@@ -95,7 +100,8 @@ def layout_choices(
     sequence_parallel: bool = True,
     recompute: bool = False,
 ) -> list[LayoutChoice]:
-    """Every (data, tensor, pipeline, ZeRO stage) layout of ``n_devices``, with its memory.
+    """Every (data, tensor, pipeline, ZeRO stage) layout of ``n_devices`` and its memory, in order
+    of preference: fewest model-parallel devices, then the lowest ZeRO stage, then fewer stages.
 
     Tensor parallelism needs fast links (NVLink), so it stays within ``max_tensor`` devices and
     must divide the heads; pipeline stages must divide the layers.
@@ -120,12 +126,7 @@ def layout_choices(
                 else:
                     activations = layers_alive * full
                 choices.append(LayoutChoice(data, tensor, pipeline, stage, state, activations))
-    return choices
-
-
-def _preference(choice: LayoutChoice) -> tuple[int, int, int]:
-    """Fewest model-parallel devices first, then the lowest ZeRO stage, then fewer stages."""
-    return (choice.tensor * choice.pipeline, choice.zero_stage, choice.pipeline)
+    return sorted(choices, key=_preference)
 
 
 def propose_layout(
@@ -140,6 +141,5 @@ def propose_layout(
     if not 0 <= reserve < 1:
         raise ValueError(f"Invalid reserve: {reserve!r} (expected 0 <= reserve < 1)")
     budget = device_memory_bytes * (1 - reserve)
-    choices = layout_choices(shape, n_devices, max_tensor, recompute=recompute)
-    fitting = [c for c in choices if c.total_bytes <= budget]
-    return min(fitting, key=_preference) if fitting else None
+    choices = layout_choices(shape, n_devices, max_tensor, recompute=recompute)  # preferred first
+    return next((c for c in choices if c.total_bytes <= budget), None)

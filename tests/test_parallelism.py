@@ -171,7 +171,7 @@ def test_failures_are_clear_and_prompt(kind, message, collective):
 
 
 def _forkserver_children() -> list[int]:
-    """Live (non-zombie) processes whose parent is a multiprocessing forkserver."""
+    """Live (non-zombie) children of the forkserver this test process started."""
     commands, parents, states = {}, {}, {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -182,7 +182,11 @@ def _forkserver_children() -> list[int]:
         except OSError:
             continue
         states[entry.name], parents[entry.name] = stat[0], stat[1]
-    servers = {pid for pid, command in commands.items() if b"multiprocessing.forkserver" in command}
+    servers = {
+        pid
+        for pid, command in commands.items()
+        if b"multiprocessing.forkserver" in command and parents.get(pid) == str(os.getpid())
+    }
     return [int(pid) for pid in commands if parents.get(pid) in servers and states[pid] != "Z"]
 
 
@@ -449,3 +453,20 @@ def test_trainer_runs_unchanged_under_torchrun():
     checksum = sum(float(p.double().sum()) for p in reference.parameters.values())
     line = next(line for line in run.stdout.splitlines() if line.startswith("2 ranks"))
     assert float(line.rsplit(" ", 1)[1]) == pytest.approx(checksum, abs=1e-4)
+
+
+# ------------------------------------------------------------------------------ GPUs (NCCL)
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL needs one GPU per rank (>= 2)")
+def test_collectives_and_data_parallel_on_nccl():
+    world_size = min(torch.cuda.device_count(), 4)
+    cases = _cases(world_size)  # on NCCL the reference for "mean" is ReduceOp.AVG itself
+    for rank_results in spawn(parity_worker, world_size, cases, 7, timeout=300):
+        for case, (ours, theirs) in zip(cases, rank_results, strict=True):
+            if case.collective == "reduce" and ours.numel() == 0:
+                continue
+            torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5, msg=str(case))
+    config = DataParallelConfig(steps=4)
+    reference = train_single_process(config)
+    for result in spawn(train_data_parallel, world_size, config, "ddp", timeout=300):
+        assert _max_difference(result.parameters, reference.parameters) < 1e-4

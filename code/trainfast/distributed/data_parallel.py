@@ -29,6 +29,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from trainfast.distributed.collectives import all_reduce, broadcast, ring_all_reduce
+from trainfast.distributed.launch import rank_device
 
 __all__ = [
     "DataParallelConfig",
@@ -136,8 +137,10 @@ def _train(
 ) -> list[float]:
     """The loop all strategies share; ``synchronize`` averages gradients by hand."""
     optimizer = make_optimizer(model.parameters(), config)
+    device = next(model.parameters()).device
     losses = []
     for inputs, labels in batches:
+        inputs, labels = inputs.to(device), labels.to(device)
         loss = nn.functional.cross_entropy(model(inputs), labels)  # mean over this rank's slice
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -184,13 +187,15 @@ def train_data_parallel(
 
     if wrapper not in ("manual", "ddp"):
         raise ValueError(f"Unknown wrapper: {wrapper!r} (expected 'manual' or 'ddp')")
-    model = make_model(config, config.seed + rank)
+    device = rank_device()  # its own GPU under NCCL, else the CPU
+    model = make_model(config, config.seed + rank).to(device)
     batches = shard_batches(digits("train"), config, rank, world_size)
     if wrapper == "manual":
         broadcast_parameters(model, src=0)
         losses = _train(model, batches, config, synchronize=True)
         return TrainResult(losses, _parameters(model))
-    ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=config.bucket_cap_mb)
+    device_ids = [device.index] if device.type == "cuda" else None
+    ddp = nn.parallel.DistributedDataParallel(model, device_ids, bucket_cap_mb=config.bucket_cap_mb)
     buckets: list[tuple[int, int]] = []
     ddp.register_comm_hook(buckets, _recording_hook)
     losses = _train(ddp, batches, config, synchronize=False)

@@ -48,6 +48,8 @@ __all__ = ["SpawnError", "default_backend", "init_from_env", "rank_device", "spa
 # module that is not installed is skipped.
 #: Seconds the other ranks get to report after the first failure, to find the root cause.
 _GRACE_S = 1.0
+#: Error messages that only say a peer went away: consequences of another rank's failure.
+_PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
 
 _PRELOAD = [
     "torch",
@@ -160,11 +162,11 @@ def _run_rank(
         )
         outcome: tuple = ("ok", pickle.dumps(fn(rank, world_size, *args)))
     except BaseException as error:  # every failure must reach the parent
+        when = time.time()  # wall clock: comparable across ranks, to find the first failure
         try:
             cause = pickle.dumps(error)
         except Exception:  # an unpicklable exception still reports its text
             cause = None
-        when = time.time()  # wall clock: comparable across ranks, to find the first failure
         outcome = ("error", type(error).__name__, str(error), traceback.format_exc(), cause, when)
     conn.send(outcome)
     conn.close()
@@ -258,11 +260,14 @@ def _collect(processes: list, readers: list, timeout: float | None) -> list[Any]
 
     One failure usually causes others (its peers lose their connection to it), so after the
     first one arrives the others get a moment (``_GRACE_S``) to report, and the root cause is
-    raised: a rank that died without a word if any, else the error raised earliest.
+    raised: a rank that died without a word if any, else the earliest error that is not merely
+    "a peer hung up", else the earliest error.
     """
     world_size = len(processes)
     results: dict[int, Any] = {}
-    failures: list[tuple[int, float, SpawnError]] = []  # (0 if died silently, when, error)
+    failures: list[
+        tuple[int, float, SpawnError]
+    ] = []  # (kind: 0 died, 1 error, 2 peer gone, when, error)
     deadline = None if timeout is None else time.monotonic() + timeout
     grace = None
     waiting = {reader: rank for rank, reader in enumerate(readers)}
@@ -300,7 +305,7 @@ def _collect(processes: list, readers: list, timeout: float | None) -> list[Any]
                 )
                 error = SpawnError(message, rank, error_type, rank_traceback)
                 error.__cause__ = _unpickle(cause)
-                failures.append((1, when, error))
+                failures.append((2 if any(p in text for p in _PEER_GONE) else 1, when, error))
             if grace is None:
                 grace = time.monotonic() + _GRACE_S
     if failures:

@@ -24,6 +24,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from trainfast.distributed.launch import rank_device
+
 __all__ = [
     "SCHEDULES",
     "PipelineConfig",
@@ -175,6 +177,13 @@ def pipeline_batch(config: PipelineConfig) -> tuple[torch.Tensor, torch.Tensor]:
     return x, torch.randn(config.batch_size, config.width, generator=generator)
 
 
+def _now(device: torch.device) -> float:
+    """``time.perf_counter()`` once the device has finished its queued work."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
 def _wait_until(moment: float) -> None:
     while (left := moment - time.perf_counter()) > 0:
         time.sleep(left)
@@ -195,8 +204,9 @@ def pipeline_worker(rank: int, world_size: int, config: PipelineConfig) -> dict[
     :class:`Slot` list (seconds since a common start), the busy time, the total time and the
     most activations it held at once.
     """
-    stage = make_pipeline_model(config, world_size)[rank]
-    x, y = pipeline_batch(config)
+    device = rank_device()  # its own GPU under NCCL, else the CPU
+    stage = make_pipeline_model(config, world_size)[rank].to(device)
+    x, y = (t.to(device) for t in pipeline_batch(config))
     micro_x, micro_y = x.chunk(config.n_micro), y.chunk(config.n_micro)
     shape = micro_x[0].shape  # (batch_size / n_micro, width)
     first, last = rank == 0, rank == world_size - 1
@@ -206,16 +216,16 @@ def pipeline_worker(rank: int, world_size: int, config: PipelineConfig) -> dict[
     origin = time.perf_counter()
     for kind, i in SCHEDULES[config.schedule](world_size, config.n_micro)[rank]:
         if kind == "F":
-            inputs = micro_x[i].clone() if first else torch.empty(shape)
+            inputs = micro_x[i].clone() if first else torch.empty(shape, device=device)
             if not first:
                 dist.recv(inputs, src=rank - 1)  # waiting here is the bubble
             inputs.requires_grad_(not first)
-            start = time.perf_counter()
+            start = _now(device)
             outputs = stage(inputs)
             if last:  # sum of squared errors / all elements: micro losses add up to the mean
                 outputs = (outputs - micro_y[i]).pow(2).sum() / y.numel()
             _wait_until(start + config.op_seconds)
-            end = time.perf_counter()
+            end = _now(device)
             if not last:
                 sends.append(dist.isend(outputs.detach(), dst=rank + 1))
             alive[i] = (inputs, outputs)
@@ -224,12 +234,12 @@ def pipeline_worker(rank: int, world_size: int, config: PipelineConfig) -> dict[
             inputs, outputs = alive.pop(i)
             grad = None
             if not last:
-                grad = torch.empty(shape)
+                grad = torch.empty(shape, device=device)
                 dist.recv(grad, src=rank + 1)
-            start = time.perf_counter()
+            start = _now(device)
             outputs.backward(grad)
             _wait_until(start + 2 * config.op_seconds)
-            end = time.perf_counter()
+            end = _now(device)
             if not first:
                 sends.append(dist.isend(inputs.grad, dst=rank - 1))
         slots.append(Slot(rank, kind, i, start - origin, end - origin))
@@ -237,7 +247,7 @@ def pipeline_worker(rank: int, world_size: int, config: PipelineConfig) -> dict[
         request.wait()
     total = time.perf_counter() - origin
     return {
-        "grads": {name: p.grad.clone() for name, p in stage.named_parameters()},
+        "grads": {name: p.grad.cpu() for name, p in stage.named_parameters()},
         "slots": slots,
         "busy_s": sum(slot.end - slot.start for slot in slots),
         "total_s": total,

@@ -51,7 +51,10 @@ def ping_pong_worker(
 
 def deadlock_worker(rank: int, world_size: int) -> torch.Tensor:
     """Both ranks send first, then receive: each send waits for a receive that never comes."""
-    mine, theirs = torch.full((4,), float(rank)), torch.empty(4)
+    mine, theirs = (
+        torch.full((4,), float(rank), device=rank_device()),
+        torch.empty(4, device=rank_device()),
+    )
     other = 1 - rank
     dist.send(mine, dst=other)  # blocks: the other rank is blocked in its own send
     dist.recv(theirs, src=other)
@@ -60,7 +63,10 @@ def deadlock_worker(rank: int, world_size: int) -> torch.Tensor:
 
 def swap_worker(rank: int, world_size: int, non_blocking: bool = True) -> torch.Tensor:
     """Ranks 0 and 1 swap tensors without deadlock; returns what this rank received."""
-    mine, theirs = torch.full((4,), float(rank)), torch.empty(4)
+    mine, theirs = (
+        torch.full((4,), float(rank), device=rank_device()),
+        torch.empty(4, device=rank_device()),
+    )
     other = 1 - rank
     if non_blocking:  # post the send, receive, then wait for the send to finish
         request = dist.isend(mine, dst=other)
@@ -72,4 +78,4 @@ def swap_worker(rank: int, world_size: int, non_blocking: bool = True) -> torch.
     else:
         dist.recv(theirs, src=other)
         dist.send(mine, dst=other)
-    return theirs
+    return theirs.cpu()

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from trainfast.distributed.collectives import ring_all_reduce
+from trainfast.distributed.launch import rank_device
 
 __all__ = [
     "ColumnParallelLinear",
@@ -165,6 +166,8 @@ def tensor_parallel_worker(
     dense = nn.Sequential(nn.Linear(d_model, d_hidden), nn.GELU(), nn.Linear(d_hidden, d_model))
     x = torch.randn(batch, d_model)
     upstream = torch.randn(batch, d_model)
+    device = rank_device()  # its own GPU under NCCL, else the CPU
+    dense, x, upstream = dense.to(device), x.to(device), upstream.to(device)
     parallel = TensorParallelMLP.from_dense(dense, rank, world_size)
 
     x_dense, x_parallel = x.clone().requires_grad_(), x.clone().requires_grad_()
@@ -174,7 +177,7 @@ def tensor_parallel_worker(
 
     fc1, fc2 = dense[0], dense[2]
     hidden = parallel.fc1.features
-    return {
+    pairs = {
         "output": (y_parallel.detach(), y_dense.detach()),
         "input grad": (x_parallel.grad, x_dense.grad),
         "fc1.weight grad": (parallel.fc1.weight.grad, fc1.weight.grad[hidden]),
@@ -182,3 +185,4 @@ def tensor_parallel_worker(
         "fc2.weight grad": (parallel.fc2.weight.grad, fc2.weight.grad[:, hidden]),
         "fc2.bias grad": (parallel.fc2.bias.grad, fc2.bias.grad),
     }
+    return {name: (ours.cpu(), theirs.cpu()) for name, (ours, theirs) in pairs.items()}

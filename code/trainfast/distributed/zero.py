@@ -34,6 +34,7 @@ from trainfast.distributed.data_parallel import (
     make_model,
     shard_batches,
 )
+from trainfast.distributed.launch import rank_device
 
 __all__ = ["ShardedResult", "ZeroMemory", "ZeroOptimizer", "train_sharded", "zero_memory"]
 
@@ -178,7 +179,8 @@ def train_sharded(
         raise ValueError(
             f"Invalid optimizer: {config.optimizer!r} (sharding pays off with 'adamw')"
         )
-    model = make_model(config, config.seed + rank)
+    device = rank_device()
+    model = make_model(config, config.seed + rank).to(device)
     broadcast_parameters(model, src=0)  # FSDP assumes equal initial parameters too
     if strategy == "zero1":
         optimizer = ZeroOptimizer(
@@ -193,6 +195,7 @@ def train_sharded(
         optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=0.01)
     losses = []
     for inputs, labels in shard_batches(digits("train"), config, rank, world_size):
+        inputs, labels = inputs.to(device), labels.to(device)
         loss = nn.functional.cross_entropy(model(inputs), labels)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()  # FSDP reduce-scatters the gradients here; ZeRO-1 in step()

@@ -15,7 +15,9 @@ script: it fails fast and loudly.
   home; the others are stopped (they may be waiting for it inside a collective) and
   :class:`SpawnError` is raised with that rank's traceback. No process is left behind.
 * **Fast.** Processes are forked from a "forkserver" that has already imported torch, so a
-  launch costs a fraction of a second instead of one torch import per rank.
+  launch costs a fraction of a second instead of one torch import per rank. The server keeps
+  the modules it preloaded (this package included) for the life of the launching process:
+  after editing the package, restart the notebook kernel.
 
 ``fn`` must be importable by name (defined in a module, not in a notebook cell): the child
 processes look it up by its module and name. Under ``torchrun`` the process group already exists;

@@ -61,7 +61,7 @@ def describe_environment(device: torch.device | None = None) -> Environment:
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
     else:
-        name = platform.processor() or platform.machine() or "unknown processor"
+        name = _processor_name()
     return Environment(
         device=device.type,
         device_name=name,
@@ -70,6 +70,18 @@ def describe_environment(device: torch.device | None = None) -> Environment:
         python_version=sys.version.split()[0],
         platform=platform.platform(terse=True),
     )
+
+
+def _processor_name() -> str:
+    """The CPU's model name (``/proc/cpuinfo`` on Linux), else what ``platform`` knows."""
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown processor"
 
 
 def environment_line(device: torch.device | None = None) -> str:

@@ -102,12 +102,23 @@ def measure_all_reduce(
     rounds: int = 5,
     budget_s: float = 0.02,
     timeout: float = 600.0,
+    backend: str | None = None,
 ) -> list[dict[str, object]]:
-    """Rows of :func:`all_reduce_timing_worker` for every world size (one launch each)."""
+    """Rows of :func:`all_reduce_timing_worker` for every world size (one launch each).
+
+    ``backend`` is :func:`~trainfast.distributed.spawn`'s (default: NCCL when there is a GPU per
+    rank, else gloo).
+    """
     rows: list[dict[str, object]] = []
     for world_size in world_sizes:
         rows += spawn(
-            all_reduce_timing_worker, world_size, sizes, rounds, budget_s, timeout=timeout
+            all_reduce_timing_worker,
+            world_size,
+            sizes,
+            rounds,
+            budget_s,
+            timeout=timeout,
+            backend=backend,
         )[0]
     return rows
 

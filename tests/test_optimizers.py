@@ -810,6 +810,20 @@ def test_exercise_checks_pass_a_right_answer_and_catch_a_wrong_one(capsys) -> No
         check_adam_step(lambda *args: adam_step(*args, correct=False))
 
 
+def test_decay_groups_check_passes_the_split_and_catches_blanket_decay(capsys) -> None:
+    from trainfast.optim.exercises import check_decay_groups
+    from trainfast.optim.groups import weight_decay_groups
+
+    block = nn.TransformerEncoderLayer(d_model=16, nhead=2)
+    check_decay_groups(AdamW(weight_decay_groups(block, 0.1), lr=1e-3), block, 0.1)
+    assert "All 12 cases passed." in capsys.readouterr().out
+    with pytest.raises(AssertionError, match="8 of 12 cases failed"):
+        check_decay_groups(AdamW(block.parameters(), lr=1e-3, weight_decay=0.1), block, 0.1)
+    half = list(block.parameters())[:3]
+    with pytest.raises(AssertionError, match="missing from the optimizer"):
+        check_decay_groups(AdamW(half, lr=1e-3, weight_decay=0.1), block, 0.1)
+
+
 def test_chapter_listings_come_from_the_package() -> None:
     import chapters
 

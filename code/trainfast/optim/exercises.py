@@ -12,12 +12,13 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from trainfast.optim.adam import adam
+from trainfast.optim.groups import NO_DECAY_MODULES
 from trainfast.optim.sgd import sgd
 
-__all__ = ["check_adam_step", "check_momentum_step"]
+__all__ = ["check_adam_step", "check_decay_groups", "check_momentum_step"]
 
 MomentumStep = Callable[[Tensor, Tensor, Tensor, float, float, float], None]
 AdamStep = Callable[[Tensor, Tensor, Tensor, Tensor, int, float, float, float, float], None]
@@ -103,4 +104,31 @@ def check_adam_step(step: AdamStep, *, steps: int = 5, seed: int = 0) -> None:
             if problem:
                 break
         results.append((case, problem))
+    _report(results)
+
+
+def check_decay_groups(optimizer: torch.optim.Optimizer, model: nn.Module, weight_decay: float) -> None:
+    """Check that ``optimizer`` decays exactly the weight matrices of ``model``.
+
+    Every parameter must appear in exactly one group; weight matrices (2-D or more, outside
+    normalisation and embedding modules) must have ``weight_decay``, everything else 0.
+    """
+    decay_of = {}
+    results: list[tuple[str, str | None]] = []
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            if id(param) in decay_of:
+                results.append(("every parameter in one group", "a parameter is in two groups"))
+            decay_of[id(param)] = group["weight_decay"]
+    for module_name, module in model.named_modules():
+        for name, param in module.named_parameters(recurse=False):
+            full = f"{module_name}.{name}" if module_name else name
+            is_matrix = param.ndim >= 2 and not isinstance(module, NO_DECAY_MODULES)
+            expected = weight_decay if is_matrix else 0.0
+            if id(param) not in decay_of:
+                results.append((full, "missing from the optimizer"))
+            elif decay_of[id(param)] != expected:
+                results.append((full, f"weight_decay={decay_of[id(param)]}, expected {expected}"))
+            else:
+                results.append((f"{full} {tuple(param.shape)}: weight_decay={expected}", None))
     _report(results)

@@ -65,6 +65,13 @@ def test_records_round_trip_with_provenance(tmp_path):
     assert provenance(loaded) in text and torch.__version__ in text
 
 
+def test_to_markdown_can_pick_columns():
+    text = to_markdown(_record(), columns=["ms"])
+    assert text.startswith("| ms (ms) |\n|---|\n| 0.5 |")
+    with pytest.raises(ValueError, match="no columns \\['speed'\\]"):
+        to_markdown(_record(), columns=["speed"])
+
+
 def test_load_records_filters_by_name_and_puts_gpu_records_first(tmp_path):
     write_record(_record("a"), tmp_path)
     gpu = _record("a", device="cuda")

@@ -146,13 +146,21 @@ def _format(value: Any) -> str:
     return str(value)
 
 
-def to_markdown(record: Record) -> str:
-    """The record as a Markdown table followed by its provenance, for ``IPython.display``."""
-    header = [f"{c} ({record.units[c]})" if c in record.units else c for c in record.columns]
+def to_markdown(record: Record, columns: list[str] | None = None) -> str:
+    """The record as a Markdown table followed by its provenance, for ``IPython.display``.
+
+    ``columns`` picks and orders the columns shown (default: all); an unknown one raises
+    ``ValueError`` naming it.
+    """
+    columns = list(columns or record.columns)
+    unknown = [c for c in columns if c not in record.columns]
+    if unknown:
+        raise ValueError(f"Record {record.name!r} has no columns {unknown}")
+    header = [f"{c} ({record.units[c]})" if c in record.units else c for c in columns]
     lines = [
         "| " + " | ".join(header) + " |",
         "|" + "---|" * len(header),
     ]
     for row in record.rows:
-        lines.append("| " + " | ".join(_format(row[c]) for c in record.columns) + " |")
+        lines.append("| " + " | ".join(_format(row[c]) for c in columns) + " |")
     return "\n".join(lines) + f"\n\n*{record.description} {provenance(record)}*\n"

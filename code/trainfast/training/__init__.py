@@ -1,0 +1,36 @@
+"""Organised training: typed arguments, a modular trainer, tracking, transfer, scaling.
+
+The chapter "Hyperparameters and experiment tracking" teaches these pieces; each lives in a
+module named after its concept:
+
+* :mod:`~trainfast.training.arguments`: :class:`TrainingArguments`, one run's knobs;
+* :mod:`~trainfast.training.trainer`: :class:`Trainer` (set-up, step, evaluation, loop);
+* :mod:`~trainfast.training.schedules`: warmup and decay of the learning rate;
+* :mod:`~trainfast.training.tracking`: W&B when possible, a local history always;
+* :mod:`~trainfast.training.data`: offline digits, CIFAR-10 one argument away;
+* :mod:`~trainfast.training.transfer`: freezing, new heads, backbone learning rates;
+* :mod:`~trainfast.training.selection`: the optimizer's curse;
+* :mod:`~trainfast.training.scaling`: a small scaling-law study and its power-law fit.
+
+Sweeps are in :mod:`trainfast.sweeps`.
+"""
+
+from trainfast.training.arguments import TrainingArguments
+from trainfast.training.data import ClassSubset, ImageData, load_images, take_fraction
+from trainfast.training.schedules import lr_multiplier
+from trainfast.training.tracking import LocalTracker, Tracker, WandbTracker, start_run
+from trainfast.training.trainer import Trainer
+
+__all__ = [
+    "ClassSubset",
+    "ImageData",
+    "LocalTracker",
+    "Tracker",
+    "Trainer",
+    "TrainingArguments",
+    "WandbTracker",
+    "load_images",
+    "lr_multiplier",
+    "start_run",
+    "take_fraction",
+]

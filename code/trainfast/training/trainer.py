@@ -1,0 +1,214 @@
+"""A small, modular trainer: set-up, one training step, evaluation, and the loop around them.
+
+Each piece is a method you can read (and override) on its own, in the spirit of minGPT's
+``Trainer`` and the Hugging Face ``Trainer``'s ``training_step``/``evaluate`` split:
+
+* :meth:`Trainer.setup` builds loaders, optimizer and learning-rate schedule from the
+  :class:`~trainfast.training.arguments.TrainingArguments`;
+* :meth:`Trainer.training_step` is forward, backward and update on one batch, in train mode;
+* :meth:`Trainer.evaluate` runs the held-out data in eval mode under ``torch.inference_mode()``;
+* :meth:`Trainer.train` loops over epochs, logs against *examples seen*, and evaluates.
+
+Side effects are switchable: the progress bar by ``args.progress_bar``, tracking by the
+``tracker`` you pass (see :mod:`trainfast.training.tracking`), early stopping by callbacks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+from trainfast.device import pick_device
+from trainfast.training.arguments import TrainingArguments
+from trainfast.training.schedules import lr_multiplier
+from trainfast.training.tracking import LocalTracker, Tracker
+
+__all__ = ["EvalCallback", "Trainer"]
+
+#: Called with each evaluation's record; returning True stops training (early termination).
+EvalCallback = Callable[[dict[str, float]], bool]
+
+
+class Trainer:
+    """Train ``model`` on ``train_data`` following ``args``; evaluate on ``eval_data``.
+
+    ``parameter_groups`` are optimizer groups (dicts with ``"params"``); a group's optional
+    ``"lr_scale"`` multiplies ``args.lr`` for it, which is how a pretrained backbone gets a
+    smaller learning rate than a new head (:func:`trainfast.training.transfer.parameter_groups`).
+    By default all parameters that require gradients form one group. ``loss_fn`` maps
+    ``(outputs, targets)`` to a mean loss. The history of logged records is in
+    :attr:`history` (and in ``tracker.history``).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        args: TrainingArguments,
+        train_data: Dataset,
+        eval_data: Dataset | None = None,
+        *,
+        parameter_groups: Sequence[dict[str, Any]] | None = None,
+        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = nn.functional.cross_entropy,
+        tracker: Tracker | None = None,
+        callbacks: Sequence[EvalCallback] = (),
+    ) -> None:
+        self.model = model
+        self.args = args
+        self.train_data = train_data
+        self.eval_data = eval_data
+        self.loss_fn = loss_fn
+        self.tracker = tracker if tracker is not None else LocalTracker(args.as_dict())
+        self.callbacks = list(callbacks)
+        self.examples_seen = 0
+        self.setup(parameter_groups)
+
+    def setup(self, parameter_groups: Sequence[dict[str, Any]] | None = None) -> None:
+        """Device, data loaders, optimizer (with per-group learning rates) and schedule."""
+        args = self.args
+        torch.manual_seed(args.seed)
+        self.device = pick_device(args.device)
+        self.model.to(self.device)
+        self.train_loader = DataLoader(
+            self.train_data,
+            batch_size=args.batch_size,
+            shuffle=True,
+            generator=torch.Generator().manual_seed(args.seed),
+        )
+        self.eval_loader = (
+            DataLoader(self.eval_data, batch_size=max(args.batch_size, 256))
+            if self.eval_data is not None
+            else None
+        )
+        if parameter_groups is None:
+            parameter_groups = [{"params": [p for p in self.model.parameters() if p.requires_grad]}]
+        groups = []
+        for group in parameter_groups:
+            group = dict(group)
+            group["lr"] = args.lr * group.pop("lr_scale", 1.0)
+            groups.append(group)
+        if args.optimizer == "adamw":
+            self.optimizer: torch.optim.Optimizer = torch.optim.AdamW(
+                groups, lr=args.lr, weight_decay=args.weight_decay
+            )
+        else:
+            self.optimizer = torch.optim.SGD(
+                groups, lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay
+            )
+        self.total_steps = args.epochs * len(self.train_loader)
+        warmup_steps = int(args.warmup_fraction * self.total_steps)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer,
+            partial(
+                lr_multiplier,
+                total_steps=self.total_steps,
+                warmup_steps=warmup_steps,
+                schedule=args.schedule,
+            ),
+        )
+
+    def training_step(self, batch: Sequence[torch.Tensor]) -> torch.Tensor:
+        """One update on ``batch``; returns the batch's mean loss, detached, on the device.
+
+        The loss stays a tensor so that the loop does not wait for the device at every step;
+        it is turned into a Python number only when it is logged.
+        """
+        self.model.train()
+        inputs, targets = (t.to(self.device, non_blocking=True) for t in batch)
+        loss = self.loss_fn(self.model(inputs), targets)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer.step()
+        self.scheduler.step()
+        self.examples_seen += len(targets)
+        return loss.detach()
+
+    @torch.inference_mode()
+    def evaluate(self) -> dict[str, float]:
+        """Mean loss and accuracy on the evaluation data, in eval mode, without autograd."""
+        if self.eval_loader is None:
+            return {}
+        self.model.eval()
+        total_loss = torch.zeros((), device=self.device)
+        correct = torch.zeros((), device=self.device, dtype=torch.long)
+        count = 0
+        for batch in self.eval_loader:
+            inputs, targets = (t.to(self.device, non_blocking=True) for t in batch)
+            outputs = self.model(inputs)  # (batch, classes)
+            total_loss += self.loss_fn(outputs, targets) * len(targets)
+            correct += (outputs.argmax(dim=1) == targets).sum()
+            count += len(targets)
+        return {"eval/loss": total_loss.item() / count, "eval/accuracy": correct.item() / count}
+
+    def log(self, metrics: dict[str, Any]) -> None:
+        """Send ``metrics`` to the tracker, stamped with the number of examples seen so far."""
+        self.tracker.log({"examples": self.examples_seen, **metrics})
+
+    @property
+    def history(self) -> list[dict[str, Any]]:
+        return self.tracker.history
+
+    def learning_rates(self) -> dict[str, float]:
+        """The current learning rate of each parameter group (``lr/<name>`` for named groups)."""
+        groups = self.optimizer.param_groups
+        if len(groups) == 1:
+            return {"lr": groups[0]["lr"]}
+        return {f"lr/{g.get('name', i)}": g["lr"] for i, g in enumerate(groups)}
+
+    def train(self) -> list[dict[str, Any]]:
+        """Run ``args.epochs`` epochs; return the history of logged records.
+
+        The training loss logged every ``args.log_every`` examples is the mean over the batches
+        since the previous log; it is also shown on the progress bar. Evaluation happens every
+        ``args.eval_every`` examples (or after each epoch) and always after the last step; a
+        callback that returns True stops training there.
+        """
+        from tqdm import tqdm  # lazy: only the loop needs it
+
+        args = self.args
+        epoch_size = len(self.train_loader.dataset)  # type: ignore[arg-type]
+        next_log, next_eval = args.log_every, args.eval_every or epoch_size
+        running, batches = torch.zeros((), device=self.device), 0
+        evaluated_at = -1
+        bar = tqdm(
+            total=epoch_size * args.epochs,
+            unit="ex",
+            disable=not args.progress_bar,
+            mininterval=2.0,
+        )
+        for _ in range(args.epochs):
+            for batch in self.train_loader:
+                running += self.training_step(batch)
+                batches += 1
+                bar.update(len(batch[1]))
+                if self.examples_seen >= next_log:
+                    loss = running.item() / batches
+                    self.log({"train/loss": loss, **self.learning_rates()})
+                    bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
+                    running, batches = torch.zeros((), device=self.device), 0
+                    next_log += args.log_every
+                if self.examples_seen >= next_eval:
+                    next_eval += args.eval_every or epoch_size
+                    evaluated_at = self.examples_seen
+                    if self._evaluate_and_log(epoch_size):
+                        bar.close()
+                        return self.history
+        if evaluated_at != self.examples_seen:
+            self._evaluate_and_log(epoch_size)
+        bar.close()
+        return self.history
+
+    def _evaluate_and_log(self, epoch_size: int) -> bool:
+        """Evaluate, log, and ask the callbacks whether to stop."""
+        metrics = self.evaluate()
+        if not metrics:
+            return False
+        record = {**metrics, "epoch": self.examples_seen / epoch_size}
+        self.log(record)
+        record["examples"] = self.examples_seen
+        stops = [callback(record) for callback in self.callbacks]  # every callback sees it
+        return any(stops)

@@ -163,9 +163,9 @@ def step_time_record(device: torch.device, quick: bool) -> Record:
     rows = compare_step_times(
         shapes,
         device=device,
-        n_steps=5 if quick else 20,
-        n_warmup=2 if quick else 5,
-        n_repeats=3 if quick else 7,
+        n_steps=10 if quick else 20,
+        n_warmup=3 if quick else 5,
+        n_repeats=7,  # the median of 7 shrugs off a burst of load on a shared machine
     )
     n_params = rows[0]["parameters"]
     description = (

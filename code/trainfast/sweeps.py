@@ -489,25 +489,22 @@ def parallel_coordinates(
         ax.axvline(position, color="black", linewidth=0.8)
         name = (names + [metric])[j]
         if name in categories:
-            for k, level in enumerate(categories[name]):
-                ax.text(
-                    position + 0.03,
-                    k / max(len(categories[name]) - 1, 1),
-                    level,
-                    fontsize=7,
-                    va="center",
-                )
+            levels = categories[name]
+            for k, level in enumerate(levels):
+                text = level.strip("'\"")  # repr of a string -> the string
+                ax.text(position + 0.03, k / max(len(levels) - 1, 1), text, fontsize=7, va="center")
         else:
             ax.text(position + 0.03, 0.0, f"{low[j]:.3g}", fontsize=7, va="top")
             ax.text(position + 0.03, 1.0, f"{high[j]:.3g}", fontsize=7, va="bottom")
-    ax.set_xticks(positions, labels)
+    ax.set_xticks(positions, labels, rotation=20, ha="right")
     ax.set_yticks([])
     ax.set_ylabel("position between each axis' min and max")
     ax.set_xlim(-0.2, positions[-1] + 0.5)
+    ax.set_ylim(-0.08, 1.08)
     ax.set_title(title or f"Parallel coordinates of {len(runs)} runs, coloured by {metric}")
     norm = plt.Normalize(y.min(), y.max())
     ax.figure.colorbar(plt.cm.ScalarMappable(norm=norm, cmap=cmap), ax=ax, label=metric)
-    ax.legend(loc="upper left", fontsize=8)
+    ax.legend(loc="upper left", bbox_to_anchor=(0.0, -0.22), fontsize=8, frameon=False)
     return ax
 
 

@@ -65,6 +65,7 @@ class Trainer:
         self.tracker = tracker if tracker is not None else LocalTracker(args.as_dict())
         self.callbacks = list(callbacks)
         self.examples_seen = 0
+        self.steps = 0
         self.setup(parameter_groups)
 
     def setup(self, parameter_groups: Sequence[dict[str, Any]] | None = None) -> None:
@@ -124,6 +125,7 @@ class Trainer:
         loss.backward()
         self.optimizer.step()
         self.scheduler.step()
+        self.steps += 1
         self.examples_seen += len(targets)
         return loss.detach()
 
@@ -145,8 +147,8 @@ class Trainer:
         return {"eval/loss": total_loss.item() / count, "eval/accuracy": correct.item() / count}
 
     def log(self, metrics: dict[str, Any]) -> None:
-        """Send ``metrics`` to the tracker, stamped with the number of examples seen so far."""
-        self.tracker.log({"examples": self.examples_seen, **metrics})
+        """Send ``metrics`` to the tracker, stamped with the examples seen and steps taken."""
+        self.tracker.log({"examples": self.examples_seen, "step": self.steps, **metrics})
 
     @property
     def history(self) -> list[dict[str, Any]]:

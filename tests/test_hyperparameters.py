@@ -1,0 +1,605 @@
+"""Chapter "Hyperparameters and experiment tracking" (book/hyperparameters.md).
+
+The trainer (a short run lowers the loss, train/eval modes, frozen layers stay frozen,
+parameter groups get their learning rates), the sweep semantics (grid coverage, log-uniform
+spread, probabilities, Hyperband, config errors before any run), tracking without W&B or
+offline, the optimizer's curse, the scaling-law helpers, the exercise checks, and the chapter.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+import sys
+
+import chapters
+import numpy as np
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+from trainfast import sweeps
+from trainfast.training import (
+    ClassSubset,
+    LocalTracker,
+    Trainer,
+    TrainingArguments,
+    WandbTracker,
+    load_images,
+    lr_multiplier,
+    start_run,
+)
+from trainfast.training.scaling import (
+    ScalingCNN,
+    ScalingRun,
+    check_power_law_fit,
+    compute_frontier,
+    fit_power_law,
+    scaling_study,
+    training_flops,
+    widths_by_sqrt2,
+)
+from trainfast.training.selection import optimizers_curse, shrink
+from trainfast.training.tracking import wandb_mode
+from trainfast.training.transfer import (
+    NarrowResNet,
+    backbone,
+    check_parameter_groups,
+    freeze,
+    parameter_groups,
+    replace_head,
+)
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models: one thread is as fast and does not stall on a shared machine."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+@pytest.fixture(scope="module")
+def digits_data():
+    return load_images("digits")
+
+
+def quiet(**overrides) -> TrainingArguments:
+    return TrainingArguments(**{"device": "cpu", "progress_bar": False, **overrides})
+
+
+# --------------------------------------------------------------------------- the chapter
+
+
+def test_listings_resolve_and_nothing_is_copied():
+    assert chapters.listing_problems("hyperparameters") == []
+
+
+@pytest.mark.chapter
+def test_chapter_executes():
+    seconds = chapters.execute_chapter("hyperparameters")
+    print(f"hyperparameters chapter: {seconds:.1f} s")
+
+
+# --------------------------------------------------------------------------- the trainer
+
+
+def test_a_short_run_lowers_the_loss(digits_data):
+    torch.manual_seed(0)
+    trainer = Trainer(
+        ScalingCNN(8), quiet(lr=3e-3, batch_size=32, epochs=2), digits_data.train, digits_data.test
+    )
+    before = trainer.evaluate()["eval/loss"]
+    history = trainer.train()
+    after = history[-1]["eval/loss"]
+    assert after < 0.6 * before, (before, after)
+    assert trainer.examples_seen == 2 * len(digits_data.train)
+    examples = [row["examples"] for row in history]
+    assert examples == sorted(examples)  # one monotone x axis: examples seen
+    train_losses = [row["train/loss"] for row in history if "train/loss" in row]
+    assert train_losses[-1] < train_losses[0]
+
+
+def test_training_step_trains_and_evaluate_infers():
+    seen: list[tuple[bool, bool, bool]] = []
+
+    class Probe(nn.Linear):
+        def forward(self, x):
+            seen.append((self.training, torch.is_grad_enabled(), torch.is_inference_mode_enabled()))
+            return super().forward(x)
+
+    data = TensorDataset(torch.randn(20, 4), torch.randint(0, 3, (20,)))
+    trainer = Trainer(Probe(4, 3), quiet(batch_size=10), data, data)
+    trainer.model.eval()  # a step must switch back to train mode by itself
+    trainer.training_step(next(iter(trainer.train_loader)))
+    assert seen[-1] == (True, True, False)
+    trainer.evaluate()
+    assert seen[-1] == (False, False, True)
+    trainer.training_step(next(iter(trainer.train_loader)))
+    assert seen[-1] == (True, True, False)
+
+
+def test_batch_sizes_share_the_examples_axis(digits_data):
+    small = Trainer(ScalingCNN(4), quiet(batch_size=16, log_every=256), digits_data.train)
+    large = Trainer(ScalingCNN(4), quiet(batch_size=64, log_every=256), digits_data.train)
+    small.train()
+    large.train()
+    assert small.examples_seen == large.examples_seen == len(digits_data.train)
+    assert (len(small.train_loader), len(large.train_loader)) == (90, 23)  # steps differ
+    # the same number of training-loss rows, at (about) the same examples
+    assert len(small.history) == len(large.history) == len(digits_data.train) // 256
+
+
+def test_a_callback_stops_training(digits_data):
+    calls = []
+    trainer = Trainer(
+        ScalingCNN(4),
+        quiet(epochs=5),
+        digits_data.train,
+        digits_data.test,
+        callbacks=[lambda row: calls.append(row) or len(calls) == 2],
+    )
+    trainer.train()
+    assert len(calls) == 2
+    assert trainer.examples_seen == 2 * len(digits_data.train)
+
+
+def test_arguments_fail_early_naming_the_value():
+    with pytest.raises(ValueError, match="-1"):
+        TrainingArguments(lr=-1)
+    with pytest.raises(ValueError, match="'lamb'"):
+        TrainingArguments(optimizer="lamb")
+    with pytest.raises(ValueError, match="warmup_fraction: 1.5"):
+        TrainingArguments(warmup_fraction=1.5)
+    with pytest.raises(ValueError, match="learning_rate"):
+        TrainingArguments.from_config({"learning_rate": 0.1})
+    args = TrainingArguments.from_config({"lr": 0.1, "width": 8}, ignore=("width",), epochs=3)
+    assert (args.lr, args.epochs) == (0.1, 3)
+
+
+def test_lr_multiplier_warms_up_then_decays():
+    total, warmup = 100, 10
+    cosine = [
+        lr_multiplier(s, total_steps=total, warmup_steps=warmup, schedule="cosine")
+        for s in range(total)
+    ]
+    assert cosine[0] == pytest.approx(1 / 11)
+    assert np.all(np.diff(cosine[: warmup + 1]) > 0)
+    assert cosine[warmup] == pytest.approx(1.0)
+    assert np.all(np.diff(cosine[warmup:]) < 0)
+    assert cosine[-1] < 0.01
+    linear = lr_multiplier(55, total_steps=total, warmup_steps=warmup, schedule="linear")
+    assert linear == pytest.approx(0.5)
+    assert lr_multiplier(99, total_steps=total, schedule="constant") == 1.0
+    with pytest.raises(ValueError, match="'step'"):
+        lr_multiplier(0, total_steps=10, schedule="step")
+
+
+# --------------------------------------------------------------------------- transfer
+
+
+def test_frozen_layers_stay_unchanged(digits_data):
+    torch.manual_seed(0)
+    model = NarrowResNet(10)
+    Trainer(model, quiet(epochs=1), digits_data.train).train()  # BN statistics not at init
+    freeze(replace_head(model, num_classes=3))
+    assert not any(isinstance(m, nn.BatchNorm2d) for m in model.modules())
+    assert [n for n, p in model.named_parameters() if p.requires_grad] == ["fc.weight", "fc.bias"]
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    target = ClassSubset(digits_data.train, [7, 8, 9])
+    Trainer(model, quiet(lr=1e-2, epochs=2), target).train()
+    after = model.state_dict()
+    for name, value in before.items():
+        if name.startswith("fc."):
+            assert not torch.equal(value, after[name]), name
+        else:
+            assert torch.equal(value, after[name]), f"{name} changed although frozen"
+
+
+def test_freeze_can_keep_the_last_stage(digits_data):
+    model = freeze(NarrowResNet(3), keep=("layer4", "fc"))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    Trainer(model, quiet(lr=1e-2), ClassSubset(digits_data.train, [0, 1, 2], per_class=20)).train()
+    after = model.state_dict()
+    assert torch.equal(before["layer1.0.conv1.weight"], after["layer1.0.conv1.weight"])
+    assert torch.equal(before["layer1.0.bn1.running_mean"], after["layer1.0.bn1.running_mean"])
+    assert not torch.equal(before["layer4.0.conv1.weight"], after["layer4.0.conv1.weight"])
+    with pytest.raises(AttributeError, match="layer9"):
+        freeze(NarrowResNet(3), keep=("layer9",))
+
+
+def test_parameter_groups_get_their_learning_rates(digits_data):
+    model = NarrowResNet(10)
+    groups = parameter_groups(model, backbone_lr_scale=0.1)
+    args = quiet(lr=0.02, warmup_fraction=0.2, schedule="cosine", log_every=64)
+    trainer = Trainer(model, args, digits_data.train, parameter_groups=groups)
+    by_name = {g["name"]: g for g in trainer.optimizer.param_groups}
+    assert by_name["head"]["initial_lr"] == pytest.approx(0.02)
+    assert by_name["backbone"]["initial_lr"] == pytest.approx(0.002)
+    assert {id(p) for p in by_name["head"]["params"]} == {id(p) for p in model.fc.parameters()}
+    assert len(by_name["backbone"]["params"]) + 2 == len(list(model.parameters()))
+    trainer.train()
+    for row in trainer.history:
+        if "lr/head" in row:  # the schedule scales both groups alike
+            assert row["lr/backbone"] == pytest.approx(0.1 * row["lr/head"])
+    frozen = freeze(NarrowResNet(10), keep=("layer4", "fc"))
+    backbone_group = parameter_groups(frozen)[0]["params"]
+    assert {id(p) for p in backbone_group} == {id(p) for p in frozen.layer4.parameters()}
+
+
+def test_resnet18_takes_the_same_path():
+    model = backbone("resnet18", num_classes=4, in_channels=3)  # weights=None: no download
+    assert model.fc.out_features == 4
+    freeze(model)
+    groups = parameter_groups(model)
+    assert [g["name"] for g in groups] == ["head"]
+    assert model(torch.randn(2, 3, 32, 32)).shape == (2, 4)
+    with pytest.raises(ValueError, match="in_channels=3"):
+        backbone("resnet18", in_channels=1)
+
+
+def test_check_parameter_groups_tells_right_from_wrong(capsys):
+    def right(model, lr):
+        head = {id(p) for p in model.fc.parameters()}
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        return [
+            {"params": [p for p in trainable if id(p) not in head], "lr": lr / 10},
+            {"params": [p for p in trainable if id(p) in head], "lr": lr},
+        ]
+
+    def one_rate(model, lr):
+        return [{"params": list(model.parameters()), "lr": lr}]
+
+    assert check_parameter_groups(right)
+    assert not check_parameter_groups(one_rate)
+    assert "FAILED" in capsys.readouterr().out
+
+
+def test_class_subset_relabels(digits_data):
+    subset = ClassSubset(digits_data.train, [5, 7], per_class=3, seed=1)
+    assert len(subset) == 6
+    assert sorted(int(y) for _, y in subset) == [0, 0, 0, 1, 1, 1]
+    original = digits_data.train.tensors[1][subset.indices]
+    assert sorted(original.tolist()) == [5, 5, 5, 7, 7, 7]
+    resized = load_images("digits", channels=3, size=16)
+    assert resized.shape == (3, 16, 16) and resized.train[0][0].shape == (3, 16, 16)
+
+
+def test_cifar10_without_download_fails_clearly(tmp_path):
+    with pytest.raises(RuntimeError, match="download=True"):
+        load_images("cifar10", root=tmp_path)
+
+
+# --------------------------------------------------------------------------- sweeps
+
+
+def test_grid_covers_every_combination():
+    config = {
+        "method": "grid",
+        "parameters": {
+            "a": {"values": [1, 2, 3]},
+            "b": {"values": ["x", "y"]},
+            "c": {"min": 1, "max": 3},  # integer bounds: int_uniform, enumerated by a grid
+            "d": {"value": "fixed"},
+        },
+    }
+    results = sweeps.run(config, lambda c: {"loss": 0.0}, count=100)
+    seen = [(r.config["a"], r.config["b"], r.config["c"]) for r in results]
+    assert len(seen) == 18 and set(seen) == set(itertools.product([1, 2, 3], "xy", [1, 2, 3]))
+    assert all(r.config["d"] == "fixed" for r in results)
+
+
+def test_log_uniform_samples_spread_evenly_in_log_space():
+    from scipy import stats
+
+    config = {
+        "method": "random",
+        "parameters": {"lr": {"distribution": "log_uniform_values", "min": 1e-5, "max": 1e-1}},
+    }
+    lr = np.array([c["lr"] for c in sweeps.sample(config, 4000, seed=3)])
+    assert lr.min() >= 1e-5 and lr.max() <= 1e-1
+    per_decade = np.histogram(np.log10(lr), bins=[-5, -4, -3, -2, -1])[0]
+    assert np.all(np.abs(per_decade - 1000) < 120), per_decade  # 4.4 standard deviations
+    assert stats.kstest(np.log10(lr), "uniform", args=(-5, 4)).pvalue > 1e-3
+    # a plain uniform range would put 90% in the top decade: the test can tell them apart
+    plain = {"method": "random", "parameters": {"lr": {"min": 1e-5, "max": 1e-1}}}
+    uniform = np.array([c["lr"] for c in sweeps.sample(plain, 1000)])
+    assert np.mean(uniform > 1e-2) > 0.85
+
+
+def test_probabilities_are_respected():
+    config = {
+        "method": "random",
+        "parameters": {
+            "optimizer": {"values": ["adamw", "sgd", "muon"], "probabilities": [0.6, 0.3, 0.1]}
+        },
+    }
+    draws = [c["optimizer"] for c in sweeps.sample(config, 5000, seed=4)]
+    for value, p in zip(["adamw", "sgd", "muon"], [0.6, 0.3, 0.1], strict=True):
+        assert abs(draws.count(value) / 5000 - p) < 0.03, (value, draws.count(value))
+
+
+def test_runs_follow_the_sampled_configs_reproducibly():
+    config = {
+        "method": "random",
+        "parameters": {"x": {"min": 0.0, "max": 1.0}, "n": {"values": [1, 2, 3]}},
+    }
+    random.seed(123)
+    np.random.seed(123)
+    outside = random.random(), np.random.random_sample()
+    random.seed(123)
+    np.random.seed(123)
+    results = sweeps.run(config, lambda c: {"y": c["x"] * c["n"]}, count=5, seed=7)
+    assert (random.random(), np.random.random_sample()) == outside  # caller's RNGs untouched
+    assert [r.config for r in results] == sweeps.sample(config, 5, seed=7)
+    assert [r.metrics["y"] for r in results] == [r.config["x"] * r.config["n"] for r in results]
+
+
+def test_bayes_learns_from_the_results():
+    def sweep_towards(target: float) -> float:
+        config = {
+            "method": "bayes",
+            "metric": {"name": "loss", "goal": "minimize"},
+            "parameters": {"lr": {"distribution": "log_uniform_values", "min": 1e-5, "max": 1.0}},
+        }
+        results = sweeps.run(
+            config, lambda c: {"loss": (math.log10(c["lr"]) - target) ** 2}, count=10, seed=0
+        )
+        return float(np.median([math.log10(r.config["lr"]) for r in results[5:]]))
+
+    assert sweep_towards(-4.5) < -3.0 < sweep_towards(-0.5)
+
+
+def test_hyperband_stops_runs_that_fall_behind():
+    config = {
+        "method": "grid",
+        "metric": {"name": "loss", "goal": "minimize"},
+        "early_terminate": {"type": "hyperband", "min_iter": 1, "eta": 2},
+        "parameters": {"quality": {"values": [1.0, 1.1, 3.0, 0.9, 4.0, 5.0]}},
+    }
+
+    def curve(config, report):
+        for epoch in range(1, 5):
+            if report({"loss": config["quality"] / epoch}):
+                return {"loss": config["quality"] / epoch, "epochs": epoch}
+        return {"loss": config["quality"] / 4, "epochs": 4}
+
+    results = {r.config["quality"]: r for r in sweeps.run(config, curve, count=10)}
+    assert results[1.0].metrics["epochs"] == 4 and not results[1.0].stopped
+    assert results[0.9].metrics["epochs"] == 4  # better than everything before it
+    for bad in (3.0, 4.0, 5.0):
+        assert results[bad].stopped and results[bad].metrics["epochs"] == 1, bad
+    no_stopping = {k: v for k, v in config.items() if k != "early_terminate"}
+    assert all(r.metrics["epochs"] == 4 for r in sweeps.run(no_stopping, curve, count=10))
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ({"method": "evolution", "parameters": {"lr": {"values": [0.1]}}}, "'evolution'"),
+        (
+            {"method": "random", "parameters": {"lr": {"distribution": "log_uniform_values"}}},
+            "'lr' has neither",
+        ),
+        ({"method": "random", "parameters": {"wd": {}}}, "'wd' has neither"),
+        (
+            {"method": "random", "parameters": {"lr": {"min": 0.1, "max": 0.001}}},
+            "'lr': min 0.1 is not less than max 0.001",
+        ),
+        (
+            {
+                "method": "random",
+                "parameters": {
+                    "lr": {"distribution": "log_uniform_values", "min": 0.0, "max": 1.0}
+                },
+            },
+            "min > 0",
+        ),
+        (
+            {
+                "method": "random",
+                "parameters": {"o": {"values": ["a", "b"], "probabilities": [0.5, 0.6]}},
+            },
+            "[0.5, 0.6]",
+        ),
+        ({"method": "grid", "parameters": {"lr": {"min": 0.1, "max": 1.0}}}, "'lr': grid"),
+        (
+            {
+                "method": "bayes",
+                "metric": {"name": "loss"},
+                "parameters": {"o": {"values": ["a", "b"], "probabilities": [0.5, 0.5]}},
+            },
+            "only random search",
+        ),
+        ({"method": "bayes", "parameters": {"lr": {"min": 0.1, "max": 1.0}}}, "metric"),
+        (
+            {
+                "method": "random",
+                "metric": {"name": "loss", "goal": "lowest"},
+                "parameters": {"lr": {"value": 1}},
+            },
+            "'lowest'",
+        ),
+        ({"method": "random", "parameters": {}}, "parameters"),
+    ],
+)
+def test_invalid_configs_fail_before_any_run(config, message):
+    calls = []
+    with pytest.raises(sweeps.SweepConfigError) as error:
+        sweeps.run(config, lambda c: calls.append(c) or {"loss": 0.0}, count=3)
+    assert message in str(error.value)
+    assert calls == []
+
+
+def test_a_sweep_function_must_return_metrics():
+    with pytest.raises(TypeError, match="float"):
+        sweeps.run({"method": "random", "parameters": {"x": {"value": 1}}}, lambda c: 0.5, 1)
+
+
+def test_check_weight_decay_sweep_tells_right_from_wrong(capsys):
+    def config(distribution: str, probabilities: list[float]) -> dict:
+        return {
+            "method": "random",
+            "parameters": {
+                "on": {"values": [True, False], "probabilities": probabilities},
+                "wd": {"distribution": distribution, "min": 1e-5, "max": 1e-1},
+            },
+        }
+
+    def decay(c: dict) -> float:
+        return c["wd"] if c["on"] else 0.0
+
+    assert sweeps.check_weight_decay_sweep(config("log_uniform_values", [0.5, 0.5]), decay)
+    assert not sweeps.check_weight_decay_sweep(config("uniform", [0.5, 0.5]), decay)
+    assert not sweeps.check_weight_decay_sweep(config("log_uniform_values", [0.8, 0.2]), decay)
+    assert not sweeps.check_weight_decay_sweep(
+        config("log_uniform_values", [0.5, 0.5]), lambda c: c["wd"]
+    )
+    assert "FAILED" in capsys.readouterr().out
+
+
+def synthetic_results(n: int = 40) -> list[sweeps.SweepResult]:
+    rng = np.random.default_rng(0)
+    results = []
+    for _ in range(n):
+        lr, other = 10 ** rng.uniform(-5, -1), rng.uniform()
+        loss = (math.log10(lr) + 3) ** 2 + 0.01 * other + rng.normal(0, 0.01)
+        results.append(sweeps.SweepResult({"lr": lr, "other": other, "const": 1}, {"loss": loss}))
+    return results
+
+
+def test_parameter_importance_finds_what_matters():
+    config = {
+        "parameters": {
+            "lr": {"distribution": "log_uniform_values", "min": 1e-5, "max": 1e-1},
+            "other": {"min": 0.0, "max": 1.0},
+        }
+    }
+    found = sweeps.parameter_importance(synthetic_results(), "loss", sweep_config=config)
+    assert [p.name for p in found] == ["lr", "other"]  # "const" does not vary
+    assert found[0].importance > 0.8
+    assert abs(sum(p.importance for p in found) - 1.0) < 1e-9
+
+
+def test_parallel_coordinates_draws_every_run():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    results = synthetic_results(12)
+    ax = sweeps.parallel_coordinates(results, "loss")
+    assert len(ax.lines) >= len(results) + 1  # one line per run, the best run again
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["lr", "other", "loss"]
+    plt.close(ax.figure)
+
+
+# --------------------------------------------------------------------------- tracking
+
+
+def test_without_wandb_the_history_is_kept_locally(monkeypatch):
+    monkeypatch.setitem(sys.modules, "wandb", None)  # import wandb raises ImportError
+    with start_run("p", {"lr": 0.1}) as tracker:
+        tracker.watch(nn.Linear(2, 2))
+        tracker.log({"examples": 8, "loss": 1.0})
+    assert isinstance(tracker, LocalTracker)
+    assert tracker.history == [{"examples": 8, "loss": 1.0}]
+
+
+def test_wandb_never_goes_online_without_a_key(monkeypatch):
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("WANDB_MODE", "online")
+    assert wandb_mode() == "offline"
+    monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
+    assert wandb_mode() == "online"
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    assert wandb_mode() == "disabled"
+    monkeypatch.setenv("RANK", "1")
+    assert isinstance(start_run("p", {}), LocalTracker)  # only rank 0 tracks
+
+
+def test_offline_wandb_run_writes_outside_the_repository(monkeypatch, tmp_path):
+    pytest.importorskip("wandb")
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    with start_run("trainfast-tests", {"lr": 0.1}, directory=tmp_path) as tracker:
+        tracker.log({"examples": 16, "train/loss": 2.0})
+    assert isinstance(tracker, WandbTracker)
+    assert tracker.kind == "wandb (offline)"
+    assert tracker.directory.is_relative_to(tmp_path)
+    assert list(tracker.directory.glob("run-*.wandb"))
+    assert tracker.history == [{"examples": 16, "train/loss": 2.0}]
+
+
+# --------------------------------------------------------------------------- selection
+
+
+def test_the_best_of_many_noisy_trials_disappoints():
+    outcomes = optimizers_curse([2, 16, 128], true_std=1.0, noise_std=1.0, mean=0.0, repeats=4000)
+    gaps = [o.reevaluated - o.measured for o in outcomes]
+    assert all(g > 0 for g in gaps) and gaps == sorted(gaps)  # worse again, more so with n
+    for o in outcomes:
+        assert abs(o.reevaluated - o.true) < 0.05  # a fresh measurement is unbiased
+        assert o.best_true <= o.true
+        if o.n_trials >= 16:  # enough runs to estimate the spread: shrinkage removes the bias
+            assert abs(o.shrunk - o.true) < 0.1 * (o.true - o.measured)
+    assert np.allclose(shrink(np.array([[1.0, 3.0]]), noise_std=0.0), [[1.0, 3.0]])
+    assert np.allclose(shrink(np.array([[1.0, 3.0]]), noise_std=10.0), [[2.0, 2.0]])
+
+
+# --------------------------------------------------------------------------- scaling
+
+
+def test_training_flops_are_counted_exactly():
+    model = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
+    flops = training_flops(model, torch.randn(8, 64), torch.randint(0, 10, (8,)))
+    # forward 2 * weights; backward: weight gradients everywhere (2 * weights), input
+    # gradients only where the input needs them (the second layer)
+    assert flops == 2 * (64 * 32 + 32 * 10) + 2 * (64 * 32 + 32 * 10) + 2 * 32 * 10
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_fit_power_law_recovers_a_known_law():
+    compute = np.logspace(6, 12, 13)
+    fit = fit_power_law(compute, 50.0 * compute**-0.25)
+    assert fit.exponent == pytest.approx(0.25) and fit.coefficient == pytest.approx(50.0)
+    assert fit.exponent_stderr < 1e-9 and fit.points == 13
+    noisy = fit_power_law(compute, 50.0 * compute**-0.25 * np.exp(np.sin(np.arange(13)) / 10))
+    assert 0.0 < noisy.exponent_stderr < 0.05
+    with pytest.raises(ValueError, match="positive"):
+        fit_power_law([1.0, 2.0], [1.0, -1.0])
+
+
+def test_compute_frontier_keeps_what_no_cheaper_run_beats():
+    def point(flops: float, loss: float) -> ScalingRun:
+        return ScalingRun(4, 1.0, 0.0, 10, 10, flops, loss)
+
+    runs = [point(4, 1.0), point(1, 2.0), point(2, 2.5), point(3, 1.5), point(5, 1.2)]
+    assert [(r.flops, r.eval_loss) for r in compute_frontier(runs)] == [
+        (1, 2.0),
+        (3, 1.5),
+        (4, 1.0),
+    ]
+
+
+def test_scaling_study_measures_compute_and_loss(digits_data):
+    assert widths_by_sqrt2(4, 5) == [4, 6, 8, 11, 16]
+    runs = scaling_study([2, 4], [0.25], data=digits_data)
+    assert [r.width for r in runs] == [2, 4]
+    assert all(r.examples == round(0.25 * len(digits_data.train)) for r in runs)
+    assert runs[0].flops < runs[1].flops and runs[0].parameters < runs[1].parameters
+    assert all(0 < r.eval_loss < 3 for r in runs)
+
+
+def test_check_power_law_fit_tells_right_from_wrong(capsys):
+    def right(compute, loss):
+        slope, intercept = np.polyfit(np.log(compute), np.log(loss), 1)
+        return float(np.exp(intercept)), float(-slope)
+
+    assert check_power_law_fit(right)
+    assert not check_power_law_fit(
+        lambda c, y: (1.0, float(np.polyfit(np.log(c), np.log(y), 1)[0]))
+    )
+    assert "FAILED" in capsys.readouterr().out

@@ -1,8 +1,8 @@
 """The smallest honest training loop: sample a mini-batch, forward, backward, step.
 
 The optimizers chapter uses it to compare batch sizes and optimizers on the same model and
-data; ``trainfast.training`` grows it into a full trainer with evaluation, logging and
-checkpoints. Use this one when you want to see every line; use the trainer for real work.
+data; ``trainfast.training`` grows it into a full trainer with evaluation, schedules,
+logging and callbacks. Use this one when you want to see every line; use the trainer for real work.
 """
 
 from __future__ import annotations

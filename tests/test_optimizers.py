@@ -58,7 +58,7 @@ def _train(
     losses = []
     for _ in range(n_steps):
         optimizer.zero_grad()
-        loss = F.mse_loss(model(x), y)
+        loss = F.mse_loss(model(x).float(), y.float())  # no bfloat16 mse_loss on CPU < 2.6
         loss.backward()
         optimizer.step()
         if scheduler is not None:

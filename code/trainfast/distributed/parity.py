@@ -39,6 +39,9 @@ COLLECTIVES = (
     "broadcast", "reduce", "all_reduce", "ring_all_reduce", "all_gather", "reduce_scatter",
 )  # fmt: skip
 
+# gloo's reduce_scatter: missing before torch 2.8, ignores `op` (always sums) in 2.8
+_GLOO_REDUCE_SCATTER = torch.torch_version.TorchVersion(torch.__version__) >= (2, 9)
+
 _TORCH_OPS = {"sum": "SUM", "max": "MAX", "min": "MIN"}
 
 
@@ -106,8 +109,13 @@ def torch_reference(case: Case, tensor: torch.Tensor) -> torch.Tensor:
         dist.all_gather(gathered, tensor)
         return torch.stack(gathered)
     inputs = [tensor * (i + 1) for i in range(world_size)]  # reduce_scatter: one block per rank
-    output = torch.empty_like(tensor)
-    dist.reduce_scatter(output, inputs, op=op)
+    if dist.get_backend() == "gloo" and not _GLOO_REDUCE_SCATTER:
+        stacked = torch.stack(inputs)  # (world_size, *shape): all-reduce, keep this rank's block
+        dist.all_reduce(stacked, op=op)
+        output = stacked[dist.get_rank()].clone()
+    else:
+        output = torch.empty_like(tensor)
+        dist.reduce_scatter(output, inputs, op=op)
     if divide:
         _mean_of_sum(output, world_size)
     return output

@@ -153,6 +153,11 @@ class ShardedResult(TrainResult):
     parameter_numel: int = 0  # elements of parameters held by this rank between steps
 
 
+#: FSDP on CPU (gloo) trains correctly from torch 2.9: 2.4-2.5 need CUDA streams, 2.6 lacks CPU
+#: stream events, and before 2.9 gloo's reduce-scatter ignores AVG and sums the gradients.
+FSDP_ON_CPU = torch.torch_version.TorchVersion(torch.__version__) >= (2, 9)
+
+
 def _fully_shard() -> Any:
     try:  # torch >= 2.6
         from torch.distributed.fsdp import fully_shard
@@ -187,6 +192,8 @@ def train_sharded(
             model.parameters(), torch.optim.AdamW, lr=config.lr, weight_decay=0.01
         )
     else:
+        if device.type == "cpu" and not FSDP_ON_CPU:
+            raise RuntimeError(f"FSDP on CPU needs torch >= 2.9, not {torch.__version__}")
         fully_shard = _fully_shard()
         for layer in model:
             if isinstance(layer, nn.Linear):

@@ -114,3 +114,24 @@ def test_measure_writes_a_record_per_benchmark(tmp_path, monkeypatch, name):
     (record,) = load_records(tmp_path, name)
     assert record.command.startswith(f"python -m trainfast.measure --out {tmp_path}")
     assert record.environment["device"] == "cpu" and record.rows
+
+
+def test_nvidia_smi_query_reads_fields_and_is_none_without_nvidia_smi(tmp_path, monkeypatch):
+    from trainfast.device import nvidia_smi_query
+
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert nvidia_smi_query(["driver_version"]) is None  # no nvidia-smi on PATH
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text("#!/bin/sh\necho '570.86.15, 1980'\n")
+    fake.chmod(0o755)
+    assert nvidia_smi_query(["driver_version", "clocks.sm"]) == {
+        "driver_version": "570.86.15", "clocks.sm": "1980"
+    }
+    assert nvidia_smi_query(["driver_version"]) is None  # answer does not match the question
+
+
+def test_provenance_names_the_driver_when_recorded():
+    record = _record()
+    assert "driver" not in provenance(record)
+    record.environment["driver_version"] = "570.86.15"
+    assert "driver 570.86.15" in provenance(record)

@@ -7,12 +7,21 @@ first, so every executed page says where its numbers came from.
 from __future__ import annotations
 
 import platform
+import shutil
+import subprocess
 import sys
 from dataclasses import asdict, dataclass
 
 import torch
 
-__all__ = ["Environment", "describe_environment", "environment_line", "pick_device"]
+__all__ = [
+    "Environment",
+    "describe_environment",
+    "device_name",
+    "environment_line",
+    "nvidia_smi_query",
+    "pick_device",
+]
 
 
 def pick_device(prefer: str | None = None) -> torch.device:
@@ -50,6 +59,7 @@ class Environment:
     cuda_version: str | None  # None on a CPU-only or MPS build
     python_version: str
     platform: str
+    driver_version: str | None = None  # the NVIDIA driver on CUDA (from nvidia-smi), else None
 
     def as_dict(self) -> dict[str, str | None]:
         return asdict(self)
@@ -58,18 +68,52 @@ class Environment:
 def describe_environment(device: torch.device | None = None) -> Environment:
     """The :class:`Environment` of ``device`` (default: :func:`pick_device`)."""
     device = device or pick_device()
+    driver = None
     if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-    else:
-        name = _processor_name()
+        driver = (nvidia_smi_query(["driver_version"], device) or {}).get("driver_version")
     return Environment(
         device=device.type,
-        device_name=name,
+        device_name=device_name(device),
         torch_version=torch.__version__,
         cuda_version=torch.version.cuda if device.type == "cuda" else None,
         python_version=sys.version.split()[0],
         platform=platform.platform(terse=True),
+        driver_version=driver,
     )
+
+
+def nvidia_smi_query(fields: list[str], device: torch.device | None = None) -> dict[str, str] | None:
+    """Ask ``nvidia-smi --query-gpu`` for ``fields`` of one GPU; None where it cannot answer.
+
+    ``fields`` are nvidia-smi's names (``driver_version``, ``clocks.sm``, ``clocks.max.sm``,
+    ``clocks.mem``, ``power.draw``, ``temperature.gpu``; ``nvidia-smi --help-query-gpu`` lists
+    them). The GPU is ``device``'s index (default 0). Values come back as nvidia-smi prints them,
+    units stripped. Returns None when there is no ``nvidia-smi``, it fails, or takes over 10 s:
+    describing the machine must never stop a measurement.
+    """
+    executable = shutil.which("nvidia-smi")
+    if executable is None or not fields:
+        return None
+    index = device.index if device is not None and device.index is not None else 0
+    try:
+        result = subprocess.run(
+            [executable, f"--id={index}", f"--query-gpu={','.join(fields)}",
+             "--format=csv,noheader,nounits"],
+            capture_output=True, text=True, timeout=10, check=True,
+        )  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    values = [value.strip() for value in result.stdout.strip().split(",")]
+    if len(values) != len(fields):
+        return None
+    return dict(zip(fields, values, strict=True))
+
+
+def device_name(device: torch.device) -> str:
+    """The card's name on CUDA (``NVIDIA H100 80GB HBM3``), the processor's model otherwise."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return _processor_name()
 
 
 def _processor_name() -> str:
@@ -90,5 +134,7 @@ def environment_line(device: torch.device | None = None) -> str:
     parts = [f"device: {env.device} ({env.device_name})", f"torch {env.torch_version}"]
     if env.cuda_version:
         parts.append(f"CUDA {env.cuda_version}")
+    if env.driver_version:
+        parts.append(f"driver {env.driver_version}")
     parts += [f"Python {env.python_version}", env.platform]
     return " | ".join(parts)

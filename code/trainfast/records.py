@@ -134,6 +134,8 @@ def provenance(record: Record) -> str:
     versions = f"torch {env['torch_version']}"
     if env.get("cuda_version"):
         versions += f", CUDA {env['cuda_version']}"
+    if env.get("driver_version"):
+        versions += f", driver {env['driver_version']}"
     return (
         f"Measured on {env['device_name']} ({env['device']}) with {versions}, "
         f"Python {env['python_version']}, on {record.created[:10]}, by `{record.command}`."

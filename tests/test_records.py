@@ -135,3 +135,15 @@ def test_provenance_names_the_driver_when_recorded():
     assert "driver" not in provenance(record)
     record.environment["driver_version"] = "570.86.15"
     assert "driver 570.86.15" in provenance(record)
+
+
+def test_exercise_report_prints_every_case_and_raises_on_the_first_failure(capsys):
+    from trainfast.checks import report
+
+    report([("a", None), ("b", None)])
+    assert capsys.readouterr().out.splitlines() == ["passed: a", "passed: b", "All 2 cases passed."]
+    with pytest.raises(AssertionError, match="2 of 3 cases failed; first: b: too big"):
+        report([("a", None), ("b", "too big"), ("c", "too small")])
+    assert "FAILED: c (too small)" in capsys.readouterr().out
+    with pytest.raises(AssertionError, match="no cases"):
+        report([])

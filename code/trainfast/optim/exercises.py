@@ -14,6 +14,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
+from trainfast.checks import Case, report
 from trainfast.optim.adam import adam
 from trainfast.optim.groups import NO_DECAY_MODULES
 from trainfast.optim.sgd import sgd
@@ -24,16 +25,6 @@ MomentumStep = Callable[[Tensor, Tensor, Tensor, float, float, float], None]
 AdamStep = Callable[[Tensor, Tensor, Tensor, Tensor, int, float, float, float, float], None]
 
 _RTOL, _ATOL = 1e-5, 1e-6
-
-
-def _report(results: list[tuple[str, str | None]]) -> None:
-    for case, problem in results:
-        print(f"{'passed' if problem is None else 'FAILED'}: {case}" + (f" ({problem})" if problem else ""))
-    failures = [(case, problem) for case, problem in results if problem is not None]
-    if failures:
-        case, problem = failures[0]
-        raise AssertionError(f"{len(failures)} of {len(results)} cases failed; first: {case}: {problem}")
-    print(f"All {len(results)} cases passed.")
 
 
 def _difference(name: str, ours: Tensor, reference: Tensor) -> str | None:
@@ -73,7 +64,7 @@ def check_momentum_step(step: MomentumStep, *, steps: int = 5, seed: int = 0) ->
             if problem:
                 break
         results.append((case, problem))
-    _report(results)
+    report(results)
 
 
 def check_adam_step(step: AdamStep, *, steps: int = 5, seed: int = 0) -> None:
@@ -104,7 +95,7 @@ def check_adam_step(step: AdamStep, *, steps: int = 5, seed: int = 0) -> None:
             if problem:
                 break
         results.append((case, problem))
-    _report(results)
+    report(results)
 
 
 def check_decay_groups(optimizer: torch.optim.Optimizer, model: nn.Module, weight_decay: float) -> None:
@@ -114,7 +105,7 @@ def check_decay_groups(optimizer: torch.optim.Optimizer, model: nn.Module, weigh
     normalisation and embedding modules) must have ``weight_decay``, everything else 0.
     """
     decay_of = {}
-    results: list[tuple[str, str | None]] = []
+    results: list[Case] = []
     for group in optimizer.param_groups:
         for param in group["params"]:
             if id(param) in decay_of:
@@ -131,4 +122,4 @@ def check_decay_groups(optimizer: torch.optim.Optimizer, model: nn.Module, weigh
                 results.append((full, f"weight_decay={decay_of[id(param)]}, expected {expected}"))
             else:
                 results.append((f"{full} {tuple(param.shape)}: weight_decay={expected}", None))
-    _report(results)
+    report(results)

@@ -1,13 +1,17 @@
-"""The profiling chapter: the package's one timer, against torch's and Triton's."""
+"""The profiling chapter: the one timer (against torch's and Triton's, and the only one in the
+package), traces, the case study's fixes, the benchmarks, the exercises and the chapter."""
 
 from __future__ import annotations
 
+import ast
 import statistics
 import time
+from pathlib import Path
 
 import pytest
 import torch
-from trainfast.profiling import Timing, benchmark
+import trainfast
+from trainfast.profiling import Timing, benchmark, benchmark_side_by_side, timestamp
 
 # --- the timing harness ----------------------------------------------------------------------
 
@@ -70,3 +74,108 @@ def test_benchmark_on_cuda_agrees_with_triton_do_bench():
     theirs = do_bench(lambda: a @ a, warmup=25, rep=100, return_mode="median") / 1e3  # ms -> s
     assert 0.8 < ours.median / theirs < 1.25, (ours, theirs)
     assert ours.clocks is None or "clocks.sm" in ours.clocks["before"]
+
+
+def test_benchmark_side_by_side_takes_turns_and_times_each_function():
+    order = []
+    timings = benchmark_side_by_side(
+        {"a": lambda: order.append("a"), "b": lambda: order.append("b")},
+        warmup=1, repeats=3, number={"a": 1, "b": 2}, device="cpu",
+    )  # fmt: skip
+    assert order == ["a", "b"] + ["a", "b", "b"] * 3  # one warm-up call each, then turns
+    assert list(timings) == ["a", "b"] and timings["b"].number == 2
+    assert all(len(t.samples) == 3 for t in timings.values())
+    with pytest.raises(ValueError, match="nothing to time"):
+        benchmark_side_by_side({}, device="cpu")
+    with pytest.raises(ValueError, match="keys"):
+        benchmark_side_by_side({"a": lambda: None}, number={"b": 1}, device="cpu")
+
+
+def test_before_sample_runs_untimed_before_every_sample():
+    events = []
+    timing = benchmark(
+        lambda: events.append("fn"), warmup=1, repeats=3, number=2, device="cpu",
+        before_sample=lambda: (events.append("before"), time.sleep(0.01)),
+    )  # fmt: skip
+    assert events == ["fn"] + ["before", "fn", "fn"] * 3
+    assert timing.median < 0.005  # the 10 ms sleep before each sample is not in the samples
+
+
+def test_timestamp_is_the_host_clock_after_the_device_is_idle():
+    first = timestamp()
+    time.sleep(0.002)
+    assert timestamp("cpu") - first >= 0.002
+    if torch.cuda.is_available():
+        assert timestamp("cuda") >= first
+
+
+# --- one timer in the package ----------------------------------------------------------------
+
+PACKAGE = Path(trainfast.__file__).parent
+
+#: Names that read a clock (as the end of a dotted name, or imported from the module on the left).
+_CLOCKS = ("perf_counter", "perf_counter_ns", "monotonic", "monotonic_ns", "process_time",
+           "process_time_ns", "time_ns", "time.time", "cuda.Event", "datetime.now",
+           "datetime.utcnow", "benchmark.Timer", "timeit")  # fmt: skip
+
+#: Clock reads that are not measurements, each with its reason; every other one is an error.
+ALLOWED_CLOCKS = {
+    ("profiling/timing.py", "perf_counter"): "the harness itself: its one host clock",
+    ("profiling/timing.py", "cuda.Event"): "the harness itself: its one device clock",
+    ("distributed/launch.py", "monotonic"): "deadlines of the launcher's timeouts, not a measurement",
+    ("distributed/launch.py", "time.time"): "a rank's failure date, to tell which failed first",
+    ("records.py", "datetime.now"): "the date a record was created, not a duration",
+}
+
+
+def _dotted(node: ast.AST) -> str:
+    if isinstance(node, ast.Attribute):
+        return f"{_dotted(node.value)}.{node.attr}"
+    return node.id if isinstance(node, ast.Name) else ""
+
+
+def clock_reads(source: str) -> set[tuple[int, str]]:
+    """Every (line, clock) in ``source`` that names one of ``_CLOCKS`` (attribute or import)."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        names: list[str] = []
+        if isinstance(node, ast.Attribute):
+            names = [_dotted(node)]
+        elif isinstance(node, ast.ImportFrom):
+            names = [f"{node.module}.{alias.name}" for alias in node.names]
+        elif isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        for name in names:
+            for clock in _CLOCKS:
+                if name == clock or name.endswith("." + clock):
+                    found.add((node.lineno, clock))
+    return found
+
+
+def test_clock_reads_finds_every_way_of_reading_a_clock():
+    source = (
+        "import time\nfrom time import perf_counter as pc\nimport timeit\n"
+        "a = time.perf_counter()\nb = time.time()\nc = torch.cuda.Event(enable_timing=True)\n"
+        "d = datetime.datetime.now()\ne = time.monotonic_ns()\nf = time.sleep(1)\n"
+    )
+    assert clock_reads(source) == {
+        (2, "perf_counter"), (3, "timeit"), (4, "perf_counter"), (5, "time.time"),
+        (6, "cuda.Event"), (7, "datetime.now"), (8, "monotonic_ns"),
+    }  # fmt: skip
+
+
+def test_the_package_has_one_timer():
+    """Every clock read in trainfast is the harness's, or allowed above for a stated reason."""
+    seen = set()
+    unexplained = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        relative = path.relative_to(PACKAGE).as_posix()
+        for line, clock in sorted(clock_reads(path.read_text())):
+            seen.add((relative, clock))
+            if (relative, clock) not in ALLOWED_CLOCKS:
+                unexplained.append(f"{relative}:{line}: {clock}")
+    assert not unexplained, (
+        "time through trainfast.profiling.benchmark (or timestamp), not a clock of your own: "
+        + ", ".join(unexplained)
+    )
+    assert seen == set(ALLOWED_CLOCKS), f"stale allow-list entries: {set(ALLOWED_CLOCKS) - seen}"

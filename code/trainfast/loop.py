@@ -7,13 +7,14 @@ logging and callbacks. Use this one when you want to see every line; use the tra
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
+
+from trainfast.profiling.timing import timestamp
 
 __all__ = ["History", "evaluate", "train"]
 
@@ -24,7 +25,7 @@ class History:
 
     loss: list[float] = field(default_factory=list)  # mini-batch loss before the step
     examples: list[int] = field(default_factory=list)  # examples seen after the step
-    seconds: list[float] = field(default_factory=list)  # wall time since the start
+    seconds: list[float] = field(default_factory=list)  # wall time since the start (device idle)
 
     @property
     def steps(self) -> int:
@@ -57,7 +58,7 @@ def train(
     loader = DataLoader(dataset, batch_size=batch_size, shuffle=True, generator=generator)
     history = History()
     model.train()
-    start, seen = time.perf_counter(), 0
+    start, seen = timestamp(device), 0
     while history.steps < steps:
         for inputs, targets in loader:
             inputs, targets = inputs.to(device), targets.to(device)
@@ -68,7 +69,7 @@ def train(
             seen += len(targets)
             history.loss.append(loss.item())
             history.examples.append(seen)
-            history.seconds.append(time.perf_counter() - start)
+            history.seconds.append(timestamp(device) - start)
             if history.steps == steps:
                 break
     return history

@@ -2,7 +2,8 @@
 
 :func:`all_reduce_timing_worker` runs in every rank (via :func:`~trainfast.distributed.spawn`):
 for each tensor size it times the three algorithms in turn, several rounds, interleaved, so a
-noisy moment on a shared machine hits all three alike, and keeps the median. A call's time is
+noisy moment on a shared machine hits all three alike, and keeps the median (through the
+package's one timer, :func:`~trainfast.profiling.benchmark_side_by_side`). A call's time is
 the slowest rank's (an all-reduce is done when the last rank is done). Our collectives run with
 ``check=False``: the shape handshake is a safety net, not part of the algorithm being compared.
 
@@ -13,8 +14,8 @@ GPU per rank it measures NCCL, otherwise gloo on the CPU, and says which in ever
 from __future__ import annotations
 
 import statistics
-import time
 from collections.abc import Callable
+from functools import partial
 
 import torch
 import torch.distributed as dist
@@ -22,6 +23,7 @@ import torch.distributed as dist
 from trainfast.device import describe_environment
 from trainfast.distributed.collectives import all_reduce, ring_all_reduce
 from trainfast.distributed.launch import default_backend, rank_device, spawn
+from trainfast.profiling.timing import benchmark, benchmark_side_by_side
 from trainfast.records import Record, make_record
 
 __all__ = [
@@ -43,19 +45,24 @@ def _algorithms() -> dict[str, Callable[[torch.Tensor], object]]:
     }
 
 
+def _slowest_rank(samples: tuple[float, ...], device: torch.device) -> list[float]:
+    """Each sample's largest value over all ranks: a collective is done when the last rank is."""
+    slowest = torch.tensor(samples, dtype=torch.float64, device=device)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    return slowest.tolist()
+
+
 def _agreed_repeats(
-    run: Callable[[torch.Tensor], object], tensor: torch.Tensor, budget_s: float
+    run: Callable[[], object], device: torch.device, budget_s: float
 ) -> int:
     """Calls per timing so that one timing takes about ``budget_s``; the same on every rank.
 
     Times one warm-up call; the slowest rank's time decides, or ranks would disagree on how
     many collectives to run and wait for each other forever.
     """
-    start = time.perf_counter()
-    run(tensor)
-    once = torch.tensor([time.perf_counter() - start], device=tensor.device)
-    dist.all_reduce(once, op=dist.ReduceOp.MAX)
-    return max(1, min(50, int(budget_s / max(float(once.item()), 1e-6))))
+    once = benchmark(run, warmup=0, repeats=1, device=device)
+    (slowest,) = _slowest_rank(once.samples, device)
+    return max(1, min(50, int(budget_s / max(slowest, 1e-6))))
 
 
 def all_reduce_timing_worker(
@@ -63,35 +70,29 @@ def all_reduce_timing_worker(
 ) -> list[dict[str, object]]:
     """Median seconds per float32 all-reduce, for each size (elements) and algorithm.
 
-    Each timing repeats the call to last about ``budget_s``. Every rank returns the same rows:
+    Each timing repeats the call to last about ``budget_s``. The three algorithms take turns
+    (:func:`~trainfast.profiling.benchmark_side_by_side`), every rank starting each sample at a
+    barrier; a sample counts the slowest rank's time. Every rank returns the same rows:
     world_size, elements, bytes, algorithm, backend, seconds.
     """
     device = rank_device()
-    algorithms = _algorithms()
     rows = []
     for numel in sizes:
         tensor = torch.zeros(numel, dtype=torch.float32, device=device)  # zeros stay finite
         n_bytes = tensor.numel() * tensor.element_size()
-        for run in algorithms.values():  # warm up connections and buffers
-            run(tensor)
-        repeats = {name: _agreed_repeats(run, tensor, budget_s) for name, run in algorithms.items()}
-        times: dict[str, list[float]] = {name: [] for name in algorithms}
-        for _ in range(rounds):
-            for name, run in algorithms.items():
-                dist.barrier()
-                start = time.perf_counter()
-                for _ in range(repeats[name]):
-                    run(tensor)
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
-                elapsed = (time.perf_counter() - start) / repeats[name]
-                slowest = torch.tensor([elapsed], device=device)
-                dist.all_reduce(slowest, op=dist.ReduceOp.MAX)  # done when the last rank is
-                times[name].append(float(slowest.item()))
-        for name in algorithms:
+        calls = {name: partial(run, tensor) for name, run in _algorithms().items()}
+        for call in calls.values():  # warm up connections and buffers
+            call()
+        repeats = {name: _agreed_repeats(call, device, budget_s) for name, call in calls.items()}
+        timings = benchmark_side_by_side(
+            calls, warmup=0, repeats=rounds, number=repeats, device=device,
+            before_sample=dist.barrier,
+        )  # fmt: skip
+        for name, timing in timings.items():
             rows.append({
                 "world_size": world_size, "elements": numel, "bytes": n_bytes, "algorithm": name,
-                "backend": dist.get_backend(), "seconds": statistics.median(times[name]),
+                "backend": dist.get_backend(),
+                "seconds": statistics.median(_slowest_rank(timing.samples, device)),
             })  # fmt: skip
     return rows
 

@@ -25,6 +25,7 @@ import torch.distributed as dist
 from torch import nn
 
 from trainfast.distributed.launch import rank_device
+from trainfast.profiling.timing import timestamp
 
 __all__ = [
     "SCHEDULES",
@@ -177,15 +178,9 @@ def pipeline_batch(config: PipelineConfig) -> tuple[torch.Tensor, torch.Tensor]:
     return x, torch.randn(config.batch_size, config.width, generator=generator)
 
 
-def _now(device: torch.device) -> float:
-    """``time.perf_counter()`` once the device has finished its queued work."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter()
-
-
 def _wait_until(moment: float) -> None:
-    while (left := moment - time.perf_counter()) > 0:
+    """Sleep until the host clock of :func:`~trainfast.profiling.timestamp` reads ``moment``."""
+    while (left := moment - timestamp()) > 0:
         time.sleep(left)
 
 
@@ -201,8 +196,9 @@ def pipeline_worker(rank: int, world_size: int, config: PipelineConfig) -> dict[
 
     The loss is the mean squared error over the whole batch, so the gradients equal those of the
     unsplit model on the full batch. Returns this stage's parameter gradients, its op
-    :class:`Slot` list (seconds since a common start), the busy time, the total time and the
-    most activations it held at once.
+    :class:`Slot` list (seconds since a common start, read with
+    :func:`~trainfast.profiling.timestamp` once the device is idle), the busy time, the total
+    time and the most activations it held at once.
     """
     device = rank_device()  # its own GPU under NCCL, else the CPU
     stage = make_pipeline_model(config, world_size)[rank].to(device)
@@ -213,19 +209,19 @@ def pipeline_worker(rank: int, world_size: int, config: PipelineConfig) -> dict[
     alive: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # micro -> (stage input, output)
     sends, slots, peak = [], [], 0
     dist.barrier()
-    origin = time.perf_counter()
+    origin = timestamp(device)
     for kind, i in SCHEDULES[config.schedule](world_size, config.n_micro)[rank]:
         if kind == "F":
             inputs = micro_x[i].clone() if first else torch.empty(shape, device=device)
             if not first:
                 dist.recv(inputs, src=rank - 1)  # waiting here is the bubble
             inputs.requires_grad_(not first)
-            start = _now(device)
+            start = timestamp(device)
             outputs = stage(inputs)
             if last:  # sum of squared errors / all elements: micro losses add up to the mean
                 outputs = (outputs - micro_y[i]).pow(2).sum() / y.numel()
             _wait_until(start + config.op_seconds)
-            end = _now(device)
+            end = timestamp(device)
             if not last:
                 sends.append(dist.isend(outputs.detach(), dst=rank + 1))
             alive[i] = (inputs, outputs)
@@ -236,16 +232,16 @@ def pipeline_worker(rank: int, world_size: int, config: PipelineConfig) -> dict[
             if not last:
                 grad = torch.empty(shape, device=device)
                 dist.recv(grad, src=rank + 1)
-            start = _now(device)
+            start = timestamp(device)
             outputs.backward(grad)
             _wait_until(start + 2 * config.op_seconds)
-            end = _now(device)
+            end = timestamp(device)
             if not first:
                 sends.append(dist.isend(inputs.grad, dst=rank - 1))
         slots.append(Slot(rank, kind, i, start - origin, end - origin))
     for request in sends:
         request.wait()
-    total = time.perf_counter() - origin
+    total = timestamp(device) - origin
     return {
         "grads": {name: p.grad.cpu() for name, p in stage.named_parameters()},
         "slots": slots,

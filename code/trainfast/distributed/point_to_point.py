@@ -13,12 +13,13 @@ the send non-blocking.
 
 from __future__ import annotations
 
-import time
+from functools import partial
 
 import torch
 import torch.distributed as dist
 
 from trainfast.distributed.launch import rank_device
+from trainfast.profiling.timing import benchmark
 
 __all__ = ["deadlock_worker", "ping_pong_worker", "swap_worker"]
 
@@ -30,22 +31,22 @@ def ping_pong_worker(
 
     Other ranks (if any) idle. Returns, for each size in elements, the median one-way time.
     """
+    device = rank_device()
+
+    def round_trip(tensor: torch.Tensor) -> None:
+        if rank == 0:
+            dist.send(tensor, dst=1)
+            dist.recv(tensor, src=1)
+        elif rank == 1:
+            dist.recv(tensor, src=0)
+            dist.send(tensor, dst=0)
+
     rows = []
     for numel in sizes:
-        tensor = torch.zeros(numel, device=rank_device())
-        times = []
-        for _ in range(rounds + 1):  # the first round warms up the connection
-            start = time.perf_counter()
-            if rank == 0:
-                dist.send(tensor, dst=1)
-                dist.recv(tensor, src=1)
-            elif rank == 1:
-                dist.recv(tensor, src=0)
-                dist.send(tensor, dst=0)
-            times.append((time.perf_counter() - start) / 2)
-        rows.append(
-            {"elements": numel, "bytes": 4 * numel, "seconds": sorted(times[1:])[rounds // 2]}
-        )
+        tensor = torch.zeros(numel, device=device)
+        # one warm-up round trip opens the connection; then `rounds` timed ones
+        timing = benchmark(partial(round_trip, tensor), warmup=1, repeats=rounds, device=device)
+        rows.append({"elements": numel, "bytes": 4 * numel, "seconds": timing.median / 2})
     return rows
 
 

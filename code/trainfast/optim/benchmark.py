@@ -13,8 +13,6 @@ quick table.
 
 from __future__ import annotations
 
-import statistics
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -26,6 +24,7 @@ from trainfast.device import describe_environment
 from trainfast.optim.adam import Adam, AdamW
 from trainfast.optim.rmsprop import RMSprop
 from trainfast.optim.sgd import SGD
+from trainfast.profiling.timing import benchmark_side_by_side
 from trainfast.records import Record, make_record
 
 __all__ = ["compare_step_times", "step_time_record", "transformer_shapes"]
@@ -61,13 +60,6 @@ def transformer_shapes(width: int, depth: int) -> list[tuple[int, ...]]:
     return block * depth
 
 
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    elif device.type == "mps":
-        torch.mps.synchronize()
-
-
 def _variants(name: str) -> dict[str, Callable[[list[Tensor]], Optimizer]]:
     ours, theirs, settings = _OPTIMIZERS[name]
     return {
@@ -96,7 +88,8 @@ def compare_step_times(
     with ``foreach=False`` and ``True``, each on its own copy of the same parameters (``shapes``;
     default :func:`transformer_shapes` ``(128, 8)``: 96 tensors, 1.6M parameters) and gradients.
     After ``n_warmup`` steps, the four take turns timing ``n_steps`` steps, ``n_repeats``
-    times; a time is the median over repeats, per step. On CUDA the clock waits for the GPU.
+    times (:func:`~trainfast.profiling.benchmark_side_by_side`); a time is the median over
+    repeats, per step. On CUDA the clock is the GPU's (CUDA events).
 
     Returns one row per optimizer with the four times in ms, ``ratio_foreach`` = ours_foreach /
     torch_foreach and ``ratio_single`` = ours_single / torch_single (1.0: as fast as torch), and
@@ -124,19 +117,11 @@ def compare_step_times(
             for p, g in zip(params, grads, strict=True):
                 p.grad = g.clone()
             runs[label] = build(params)
-        for optimizer in runs.values():
-            for _ in range(n_warmup):
-                optimizer.step()
-        times: dict[str, list[float]] = {label: [] for label in runs}
-        for _ in range(n_repeats):
-            for label, optimizer in runs.items():  # take turns, so drift hits all four alike
-                _synchronize(device)
-                start = time.perf_counter()
-                for _ in range(n_steps):
-                    optimizer.step()
-                _synchronize(device)
-                times[label].append((time.perf_counter() - start) / n_steps * 1e3)
-        ms = {label: statistics.median(t) for label, t in times.items()}
+        timings = benchmark_side_by_side(  # take turns, so drift hits all four alike
+            {label: optimizer.step for label, optimizer in runs.items()},
+            warmup=n_warmup, repeats=n_repeats, number=n_steps, device=device,
+        )  # fmt: skip
+        ms = {label: timing.median * 1e3 for label, timing in timings.items()}
         rows.append(
             {
                 "optimizer": name,

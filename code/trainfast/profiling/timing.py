@@ -17,14 +17,20 @@ NVIDIA GPU where ``nvidia-smi`` can be read, the clocks before and after.
 
 Unlike ``triton.testing.do_bench`` it does not flush the L2 cache between samples (do_bench does,
 and returns the mean unless asked for the median): a function that reads the same small buffer
-every time is timed warm here. Pass a ``fn`` that touches fresh data if you want it cold.
+every time is timed warm here. Pass ``before_sample`` (untimed, called before every sample) to
+flush a cache, zero gradients or wait at a barrier.
+
+Two relatives share the same clocks, so the package still has one timer:
+:func:`benchmark_side_by_side` times several functions taking turns (a drift in the machine's
+speed then hits all of them alike), and :func:`timestamp` reads the clock once the device is idle,
+for timelines (when did each pipeline stage start?) rather than durations of a function.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,7 +38,7 @@ import torch
 
 from trainfast.device import device_name, nvidia_smi_query, pick_device
 
-__all__ = ["Timing", "benchmark"]
+__all__ = ["Timing", "benchmark", "benchmark_side_by_side", "timestamp"]
 
 _CLOCK_FIELDS = ["clocks.sm", "clocks.mem", "clocks.max.sm", "power.draw", "temperature.gpu"]
 
@@ -43,7 +49,8 @@ class Timing:
 
     ``samples`` holds one value per repeat, in seconds per call of ``fn`` (a sample of ``number``
     calls is divided by ``number``). ``clocks`` is ``{"before": {...}, "after": {...}}`` with
-    nvidia-smi's readings (MHz, W, °C) on an NVIDIA GPU, else None.
+    nvidia-smi's readings (MHz, W, °C) on an NVIDIA GPU, else None. ``synchronized`` is False
+    only for the deliberate mistake of timing a device's work with the host clock alone.
     """
 
     samples: tuple[float, ...]
@@ -53,6 +60,7 @@ class Timing:
     warmup: int
     number: int  # calls of fn per sample
     clocks: dict[str, dict[str, str]] | None = field(default=None, compare=False)
+    synchronized: bool = True
 
     @property
     def median(self) -> float:
@@ -100,11 +108,20 @@ def _seconds(value: float) -> str:
     return f"{value / 1e-9:.3g} ns"
 
 
-def _synchronize(device: torch.device) -> None:
+def timestamp(device: torch.device | str = "cpu") -> float:
+    """Seconds on the host's monotonic clock (``perf_counter``), once ``device`` is idle.
+
+    For timelines: when each stage of a pipeline started and ended, how long training has run.
+    Differences of two timestamps are durations, but to time a *function* use :func:`benchmark`,
+    which warms up, repeats and keeps every sample. Waiting for a GPU costs a synchronisation
+    each call, so do not put one between every kernel of a fast loop.
+    """
+    device = torch.device(device)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     elif device.type == "mps":
         torch.mps.synchronize()
+    return time.perf_counter()
 
 
 def benchmark(
@@ -114,6 +131,8 @@ def benchmark(
     repeats: int = 10,
     device: torch.device | str | None = None,
     number: int = 1,
+    before_sample: Callable[[], object] | None = None,
+    synchronize: bool = True,
 ) -> Timing:
     """Time ``fn()``: ``warmup`` untimed calls, then ``repeats`` samples of ``number`` calls each.
 
@@ -122,65 +141,132 @@ def benchmark(
     ``device="cpu"`` to time host-only work on a GPU machine). Use ``number > 1`` when one call
     is shorter than the clock's resolution (about a microsecond for both).
 
+    ``before_sample`` is called, untimed, before each sample (e.g. to flush a cache).
+    ``synchronize=False`` times with the host clock and never waits for the device: on a GPU
+    that measures how long the launches took, not the work. It is the mistake this harness
+    exists to prevent, kept so that the profiling chapter can show it.
+
     An exception raised by ``fn`` passes through unchanged. Returns a :class:`Timing`.
     """
+    return benchmark_side_by_side(
+        {"fn": fn},
+        warmup=warmup,
+        repeats=repeats,
+        device=device,
+        number=number,
+        before_sample=before_sample,
+        synchronize=synchronize,
+    )["fn"]
+
+
+def benchmark_side_by_side(
+    fns: Mapping[str, Callable[[], object]],
+    *,
+    warmup: int = 3,
+    repeats: int = 10,
+    device: torch.device | str | None = None,
+    number: int | Mapping[str, int] = 1,
+    before_sample: Callable[[], object] | None = None,
+    synchronize: bool = True,
+) -> dict[str, Timing]:
+    """:func:`benchmark` for several functions, taking turns: one sample of each per round.
+
+    Every function is warmed up first; then each of the ``repeats`` rounds takes one sample of
+    every function in order. A machine that slows down halfway (another job, a throttled clock)
+    then slows all of them alike, so their ratio stays honest. ``number`` may differ per name.
+    Returns one :class:`Timing` per name, in the order given.
+    """
+    if not fns:
+        raise ValueError("Invalid fns: nothing to time (expected at least one function)")
+    numbers = dict(number) if isinstance(number, Mapping) else dict.fromkeys(fns, number)
+    if set(numbers) != set(fns):
+        raise ValueError(f"Invalid number: keys {sorted(numbers)} differ from fns {sorted(fns)}")
     if repeats < 1:
         raise ValueError(f"Invalid repeats: {repeats} (need at least 1 sample)")
     if warmup < 0:
         raise ValueError(f"Invalid warmup: {warmup} (need 0 or more)")
-    if number < 1:
-        raise ValueError(f"Invalid number: {number} (need at least 1 call per sample)")
+    for n in numbers.values():
+        if n < 1:
+            raise ValueError(f"Invalid number: {n} (need at least 1 call per sample)")
     device = torch.device(device) if device is not None else pick_device()
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
 
-    for _ in range(warmup):
-        fn()
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
     clocks_before = nvidia_smi_query(_CLOCK_FIELDS, device) if device.type == "cuda" else None
-    if device.type == "cuda":
-        samples = _cuda_samples(fn, device, repeats, number)
+    if device.type == "cuda" and synchronize:
+        samples = _cuda_samples(fns, numbers, device, repeats, before_sample)
     else:
-        samples = _host_samples(fn, device, repeats, number)
+        clock = device if synchronize else torch.device("cpu")  # "cpu": never wait
+        samples = _host_samples(fns, numbers, clock, repeats, before_sample)
     clocks = None
     if clocks_before is not None:
         clocks = {"before": clocks_before, "after": nvidia_smi_query(_CLOCK_FIELDS, device) or {}}
-    return Timing(
-        samples=tuple(samples),
-        device=str(device),
-        device_name=device_name(device),
-        threads=torch.get_num_threads(),
-        warmup=warmup,
-        number=number,
-        clocks=clocks,
-    )
+    return {
+        name: Timing(
+            samples=tuple(samples[name]),
+            device=str(device),
+            device_name=device_name(device),
+            threads=torch.get_num_threads(),
+            warmup=warmup,
+            number=numbers[name],
+            clocks=clocks,
+            synchronized=synchronize,
+        )
+        for name in fns
+    }
 
 
 def _cuda_samples(
-    fn: Callable[[], object], device: torch.device, repeats: int, number: int
-) -> list[float]:
+    fns: Mapping[str, Callable[[], object]],
+    numbers: dict[str, int],
+    device: torch.device,
+    repeats: int,
+    before_sample: Callable[[], object] | None,
+) -> dict[str, list[float]]:
     """Each sample between two CUDA events on the current stream; one synchronisation at the end."""
     with torch.cuda.device(device):
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(repeats)]
+        events = {
+            name: [
+                (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                for _ in range(repeats)
+            ]
+            for name in fns
+        }
         torch.cuda.synchronize(device)  # nothing queued before us may land in the first sample
-        for start, end in zip(starts, ends, strict=True):
-            start.record()
-            for _ in range(number):
-                fn()
-            end.record()
+        for i in range(repeats):
+            for name, fn in fns.items():
+                if before_sample is not None:
+                    before_sample()
+                start, end = events[name][i]
+                start.record()
+                for _ in range(numbers[name]):
+                    fn()
+                end.record()
         torch.cuda.synchronize(device)
-        return [start.elapsed_time(end) / 1e3 / number for start, end in zip(starts, ends, strict=True)]
+        return {
+            name: [start.elapsed_time(end) / 1e3 / numbers[name] for start, end in pairs]
+            for name, pairs in events.items()
+        }
 
 
 def _host_samples(
-    fn: Callable[[], object], device: torch.device, repeats: int, number: int
-) -> list[float]:
-    samples = []
+    fns: Mapping[str, Callable[[], object]],
+    numbers: dict[str, int],
+    device: torch.device,
+    repeats: int,
+    before_sample: Callable[[], object] | None,
+) -> dict[str, list[float]]:
+    """Each sample between two :func:`timestamp` readings (which wait for ``device``)."""
+    samples: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(repeats):
-        _synchronize(device)
-        start = time.perf_counter()
-        for _ in range(number):
-            fn()
-        _synchronize(device)
-        samples.append((time.perf_counter() - start) / number)
+        for name, fn in fns.items():
+            if before_sample is not None:
+                before_sample()
+            start = timestamp(device)
+            for _ in range(numbers[name]):
+                fn()
+            samples[name].append((timestamp(device) - start) / numbers[name])
     return samples

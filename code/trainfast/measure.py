@@ -29,6 +29,10 @@ __all__ = ["BENCHMARKS", "main", "run_benchmark"]
 BENCHMARKS: dict[str, str] = {
     "optimizer-step-time": "trainfast.optim.benchmark:step_time_record",
     "all-reduce-time": "trainfast.distributed.benchmark:all_reduce_record",
+    "profiling-case-study": "trainfast.profiling.benchmarks:case_study_record",
+    "timing-pitfalls": "trainfast.profiling.benchmarks:timing_pitfalls_record",
+    "launch-overhead": "trainfast.profiling.benchmarks:launch_overhead_record",
+    "compile-time": "trainfast.profiling.benchmarks:compile_time_record",
 }
 
 

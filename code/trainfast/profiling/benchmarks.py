@@ -1,0 +1,174 @@
+"""The profiling chapter's ``python -m trainfast.measure`` benchmarks, one function each.
+
+* ``profiling-case-study`` (:func:`case_study_record`): step time of the case study with each
+  fix added in turn, side by side in one run, with each run's loss deviation from the baseline;
+* ``timing-pitfalls`` (:func:`timing_pitfalls_record`): wrong against right timing, zeros
+  against random data, a cold cache against a warm one;
+* ``launch-overhead`` (:func:`launch_overhead_record`): a chain of small kernels eager, compiled
+  and replayed as CUDA graphs;
+* ``compile-time`` (:func:`compile_time_record`): the case study's first compiled step in a new
+  process with a cold compile cache, then with the cache the first run filled.
+
+Each takes ``(device, quick)``. ``quick`` is a smoke test of the code path, seconds on a CPU:
+it never calls Inductor (a first compile takes tens of seconds on a small CPU), and says so in
+its rows.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from trainfast.device import describe_environment
+from trainfast.records import Record, make_record
+
+__all__ = [
+    "case_study_record",
+    "compile_time_record",
+    "launch_overhead_record",
+    "timing_pitfalls_record",
+]
+
+
+def case_study_record(device: torch.device, quick: bool = False) -> Record:
+    """Every fix this device can run, added one at a time; on a CPU, bf16 is measured alone.
+
+    On a CPU without bfloat16 arithmetic units autocast to bf16 is emulated and many times
+    slower, which would hide every later fix in the chain; so on a CPU the chain leaves it out
+    and one extra run measures it alone against the baseline. ``quick`` leaves out the fixes
+    that compile and trains a few steps.
+    """
+    from trainfast.accounting import TransformerShape
+    from trainfast.profiling.case_study import (
+        CaseStudyConfig,
+        Fixes,
+        compare_fixes,
+        cumulative_fixes,
+    )
+
+    skip = [] if device.type == "cuda" else ["bf16"]
+    config = CaseStudyConfig.for_device(device)
+    if quick:
+        skip += ["compile", "cuda_graphs"]
+        config = CaseStudyConfig(shape=TransformerShape(64, 16, 1, 2, 32, 8, 2), workers=1)
+    variants = cumulative_fixes(device, skip=skip)
+    if device.type != "cuda":
+        variants["bf16 alone"] = Fixes(bf16=True)
+    if device.type == "cpu":
+        torch.set_num_threads(1)  # a tiny model: threads would only wait for each other
+    rows, _ = compare_fixes(
+        variants, config, device,
+        steps_per_sample=2 if quick else 10, rounds=2 if quick else 9,
+    )  # fmt: skip
+    shape = config.shape
+    description = (
+        "Training step of the profiling case study (GPT-2-style decoder: "
+        f"{shape.n_layers} layers, d_model {shape.d_model}, {shape.n_heads} heads, vocabulary "
+        f"{shape.vocab_size}, {shape.batch_size} x {shape.seq_len} tokens per step; word-level "
+        f"tokens of Python's docs, {config.workers} loader worker(s) when on) with each fix "
+        "added to the ones before, timed side by side in one run (median of rounds); speedup is "
+        "over the baseline; loss_deviation is the largest relative difference from the "
+        "baseline's loss curve."
+        + (" Quick smoke test: compile left out, tiny model." if quick else "")
+    )
+    units = {"step_ms": "ms", "iqr_ms": "ms", "speedup": "x", "first_step_s": "s"}
+    return make_record(
+        "profiling-case-study", description, rows, units=units,
+        environment=describe_environment(device),
+    )  # fmt: skip
+
+
+def timing_pitfalls_record(device: torch.device, quick: bool = False) -> Record:
+    """The three pitfalls of :mod:`trainfast.profiling.pitfalls` at sizes that fit ``device``."""
+    from trainfast.profiling.pitfalls import cold_and_warm, wrong_and_right, zeros_and_random
+
+    if device.type == "cpu":
+        torch.set_num_threads(1)
+    if device.type == "cuda":
+        size, dtype, buffer = (2048, 8192)[not quick], torch.bfloat16, 16 * 2**20  # fits 50 MB L2
+        repeats, number = (10, 100)[not quick], (5, 20)[not quick]
+    else:
+        size, dtype, buffer = (128, 512)[not quick], torch.float32, (2 if quick else 8) * 2**20
+        repeats, number = (5, 15)[not quick], (2, 5)[not quick]
+    rows = wrong_and_right(device, size, dtype, repeats)
+    rows += zeros_and_random(device, size, dtype, repeats, number)
+    rows += cold_and_warm(device, buffer, repeats, number)
+    description = (
+        "Three timing pitfalls, each beside the right way: a matmul timed without warm-up and "
+        "without waiting for the device (ratio: over the right way's median), the same matmul on "
+        "zeros and on random inputs (ratio: over random), and a sum over a buffer that stays in "
+        "cache or is flushed before every sample (ratio: over cold)."
+    )
+    return make_record(
+        "timing-pitfalls", description, rows, units={"median_ms": "ms", "iqr_ms": "ms"},
+        environment=describe_environment(device),
+    )  # fmt: skip
+
+
+def launch_overhead_record(device: torch.device, quick: bool = False) -> Record:
+    """:func:`~trainfast.profiling.overhead.launch_overhead`, plus the dispatch rate in a row's note."""
+    from trainfast.profiling.overhead import launch_overhead
+
+    if device.type == "cpu":
+        torch.set_num_threads(1)
+    compiled = not quick
+    rows = launch_overhead(device, repeats=5 if quick else 20, number=5 if quick else 50,
+                           compiled=compiled)  # fmt: skip
+    description = (
+        "A chain of 32 rounds of tanh(x * 1.01 + 0.01) on 1,024 float32 numbers (96 small "
+        "kernels in eager mode): time per call eager, compiled, and replayed as a CUDA graph; "
+        "first_call_s includes compiling or capturing."
+        + ("" if compiled else " Quick smoke test: the compiled modes are left out.")
+    )
+    units = {"per_call_us": "µs", "iqr_us": "µs", "first_call_s": "s", "speedup": "x"}
+    return make_record(
+        "launch-overhead", description, rows, units=units, environment=describe_environment(device)
+    )
+
+
+def compile_time_record(device: torch.device, quick: bool = False) -> Record:
+    """The case study's first compiled step, cold and cached, each in a new process.
+
+    ``quick`` instead compiles in this process with the ``aot_eager`` backend (Dynamo and
+    AOTAutograd, no Inductor): it checks the code path, not the compile time.
+    """
+    if quick:
+        rows = [_quick_compile_row(device)]
+    else:
+        from trainfast.profiling.compilation import compile_time_in_fresh_process
+
+        times = compile_time_in_fresh_process(device)
+        rows = [
+            {
+                "backend": "inductor",
+                "cache": cache,
+                "first_step_s": times[f"{cache}_first_step_s"],
+                "step_ms": times[cache]["step_s"] * 1e3,
+                "fx_graph_hits": times[cache]["fx_graph_hits"],
+                "fx_graph_misses": times[cache]["fx_graph_misses"],
+            }
+            for cache in ("cold", "cached")
+        ]
+    description = (
+        "First training step of the case study with torch.compile (fused optimizer, SDPA, "
+        "losses kept on the device), each in a new Python process: with an empty Inductor "
+        "cache, then with the cache the first process filled; step_ms is a later step."
+        + (" Quick smoke test: aot_eager backend in this process, no Inductor." if quick else "")
+    )
+    return make_record(
+        "compile-time", description, rows, units={"first_step_s": "s", "step_ms": "ms"},
+        environment=describe_environment(device),
+    )  # fmt: skip
+
+
+def _quick_compile_row(device: torch.device) -> dict[str, object]:
+    from trainfast.accounting import TransformerShape
+    from trainfast.profiling.case_study import CaseStudy, CaseStudyConfig, Fixes
+    from trainfast.profiling.timing import benchmark
+
+    shape = TransformerShape(64, 16, 1, 2, 32, 8, 2)
+    config = CaseStudyConfig(shape=shape, compile_backend="aot_eager")
+    study = CaseStudy(Fixes(sdpa=True, compile=True), config, device)
+    first = benchmark(lambda: study.run(1), warmup=0, repeats=1, device=device)
+    step = benchmark(lambda: study.run(1), warmup=1, repeats=3, device=device)
+    return {"backend": "aot_eager", "cache": "n/a", "first_step_s": first.median,
+            "step_ms": step.median * 1e3, "fx_graph_hits": 0, "fx_graph_misses": 0}  # fmt: skip

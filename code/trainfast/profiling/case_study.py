@@ -1,0 +1,348 @@
+"""The profiling chapter's case study: one slow training loop and eight fixes, each behind a flag.
+
+The loop trains the book's GPT-2-style :class:`~trainfast.transformer.Transformer` on Python's
+documentation (:mod:`trainfast.profiling.text`), and starts with every habit that makes real
+training scripts slow. :class:`Fixes` switches the cures on, one flag each:
+
+1. ``data_workers``: tokenize in ``DataLoader`` worker processes, not between two steps;
+2. ``pinned_memory``: page-locked host batches and ``non_blocking`` copies (CUDA only);
+3. ``no_item``: keep the losses on the device instead of ``loss.item()`` every step, which
+   makes the CPU wait for the GPU;
+4. ``bf16``: ``torch.autocast`` to bfloat16 (tensor-core matmuls, half the bytes);
+5. ``fused_optimizer``: ``AdamW(fused=True)``, one kernel for all parameters, instead of a loop
+   over tensors;
+6. ``sdpa``: the model's ``attention="sdpa"`` (a fused attention kernel) instead of the
+   hand-written softmax attention;
+7. ``compile``: ``torch.compile`` of the loss (forward, and through AOTAutograd the backward);
+8. ``cuda_graphs``: ``torch.compile(mode="reduce-overhead")``, which records the compiled
+   kernels into CUDA graphs and replays them with one launch (CUDA only; needs ``compile``).
+
+:func:`compare_fixes` builds one run per set of fixes and times them side by side; the chapter
+plots the result as a waterfall. Every fix changes how the same arithmetic is executed, not
+what is computed, so each run's loss curve must equal the baseline's within
+:data:`LOSS_TOLERANCE` (a test checks every fix this machine can run).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cache, partial
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+
+from trainfast.accounting import TransformerShape
+from trainfast.profiling.text import TokenWindows, WordTokenizer, python_docs_text
+from trainfast.profiling.timing import benchmark, benchmark_side_by_side
+from trainfast.profiling.traces import annotate
+from trainfast.transformer import Transformer
+
+__all__ = [
+    "CUDA_ONLY",
+    "FIXES",
+    "LOSS_TOLERANCE",
+    "CaseStudy",
+    "CaseStudyConfig",
+    "Fixes",
+    "compare_fixes",
+    "cumulative_fixes",
+    "loss_deviation",
+    "train_with_fixes",
+]
+
+#: The fixes in the order the case study switches them on.
+FIXES = (
+    "data_workers", "pinned_memory", "no_item", "bf16", "fused_optimizer", "sdpa", "compile",
+    "cuda_graphs",
+)  # fmt: skip
+
+#: Fixes that only mean something with a CUDA device; :class:`CaseStudy` refuses them elsewhere.
+CUDA_ONLY = ("pinned_memory", "cuda_graphs")
+
+#: Largest allowed ``|loss - baseline loss| / baseline loss`` at any step, per fix.
+#: - Exact (0): the fix moves work between threads or changes when the host reads the loss; the
+#:   same kernels run on the same numbers, so the losses are bit for bit the same.
+#: - 1e-4: the fix changes the order of float32 additions (a fused kernel, a different attention
+#:   algorithm, inductor's fused loops). Each step differs by float32 rounding (about 1e-7
+#:   relative); over the few dozen steps of a test the training dynamics can amplify that to
+#:   1e-5, so 1e-4 leaves a margin while a real bug (a missing mask, a wrong scale) is off by
+#:   far more than that from the first step.
+#: - 5e-3: bfloat16 keeps 8 significant bits, a relative rounding error of up to 2**-9 = 0.2 %
+#:   per value. Autocast rounds the inputs of the matmuls (their sums stay float32) and keeps
+#:   softmax, normalisation and the loss in float32, so the rounding errors average out over
+#:   each dot product and over the tokens of the loss: the loss moves by far less than one
+#:   value's rounding. 5e-3, a few roundings, is a bound a correct bf16 step stays within and a
+#:   step computed in the wrong precision, or on wrong data, does not.
+LOSS_TOLERANCE: dict[str, float] = {
+    "data_workers": 0.0,
+    "pinned_memory": 0.0,
+    "no_item": 0.0,
+    "bf16": 5e-3,
+    "fused_optimizer": 1e-4,
+    "sdpa": 1e-4,
+    "compile": 1e-4,
+    "cuda_graphs": 1e-4,
+}
+
+
+@dataclass(frozen=True)
+class Fixes:
+    """Which of the case study's fixes are on (all off: the slow baseline). See the module doc."""
+
+    data_workers: bool = False
+    pinned_memory: bool = False
+    no_item: bool = False
+    bf16: bool = False
+    fused_optimizer: bool = False
+    sdpa: bool = False
+    compile: bool = False
+    cuda_graphs: bool = False
+
+    def __post_init__(self) -> None:
+        if self.cuda_graphs and not self.compile:
+            raise ValueError(
+                "Invalid Fixes: cuda_graphs=True needs compile=True (the graphs are recorded by "
+                'torch.compile(mode="reduce-overhead"))'
+            )
+
+    @property
+    def enabled(self) -> list[str]:
+        """The names of the fixes that are on, in :data:`FIXES` order."""
+        return [name for name in FIXES if getattr(self, name)]
+
+    def check_device(self, device: torch.device) -> None:
+        """Raise ``ValueError`` naming a CUDA-only fix asked for on another device."""
+        if device.type != "cuda":
+            for name in CUDA_ONLY:
+                if getattr(self, name):
+                    raise ValueError(
+                        f"Fix {name!r} needs a CUDA device (this run is on {device.type}): "
+                        "pinned memory speeds up host-to-GPU copies and CUDA graphs replay GPU "
+                        "kernels, so on this device there is nothing for them to do"
+                    )
+
+
+def cumulative_fixes(device: torch.device, skip: Sequence[str] = ()) -> dict[str, Fixes]:
+    """``{"baseline": Fixes(), "+ data_workers": ..., ...}``: each adds one fix to the one before.
+
+    Fixes in ``skip`` and the CUDA-only ones on another device are left out of the chain.
+    """
+    unknown = [name for name in skip if name not in FIXES]
+    if unknown:
+        raise ValueError(f"Unknown fixes: {unknown} (known: {list(FIXES)})")
+    chain, on = {"baseline": Fixes()}, {}
+    for name in FIXES:
+        if name in skip or (device.type != "cuda" and name in CUDA_ONLY):
+            continue
+        on[name] = True
+        chain[f"+ {name}"] = Fixes(**on)
+    return chain
+
+
+@dataclass(frozen=True)
+class CaseStudyConfig:
+    """The model, data and optimizer every run of the case study shares."""
+
+    shape: TransformerShape = field(
+        default_factory=lambda: TransformerShape(
+            vocab_size=512,
+            d_model=32,
+            n_layers=2,
+            n_heads=4,
+            d_ff=128,
+            seq_len=32,
+            batch_size=8,
+        )  # fmt: skip
+    )
+    lr: float = 1e-3
+    seed: int = 0
+    workers: int = 1  # DataLoader worker processes when the data_workers fix is on
+    compile_backend: str = "inductor"  # "aot_eager": trace without generating code (tests)
+
+    def __post_init__(self) -> None:
+        if self.workers < 1:
+            raise ValueError(f"Invalid workers: {self.workers} (need at least 1)")
+
+    @classmethod
+    def for_device(cls, device: torch.device | str) -> CaseStudyConfig:
+        """The default (tiny: a CPU step is a few milliseconds) or, on a GPU, a model large
+        enough to keep the GPU busy for a while each step, fed by four worker processes."""
+        if torch.device(device).type == "cuda":
+            shape = TransformerShape(
+                vocab_size=4096, d_model=256, n_layers=4, n_heads=8, d_ff=1024, seq_len=256,
+                batch_size=32,
+            )  # fmt: skip
+            return cls(shape=shape, workers=4)
+        return cls()
+
+
+@cache
+def _dataset(vocab_size: int, seq_len: int) -> TokenWindows:
+    text = python_docs_text()
+    return TokenWindows(text, WordTokenizer(text, vocab_size), seq_len)
+
+
+class CaseStudy:
+    """One training run of the case study: the model, optimizer and data loader, set up as
+    ``fixes`` say; :meth:`run` trains for some steps and may be called again to continue."""
+
+    def __init__(
+        self,
+        fixes: Fixes,
+        config: CaseStudyConfig | None = None,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        self.device = torch.device(device)
+        self.fixes, self.config = fixes, config or CaseStudyConfig()
+        fixes.check_device(self.device)
+        torch.manual_seed(self.config.seed)
+        model = Transformer(self.config.shape, attention="sdpa" if fixes.sdpa else "manual")
+        self.model = model.to(self.device)
+        self.loss_fn = model.loss
+        if fixes.compile:
+            if self.config.compile_backend == "inductor":
+                mode = "reduce-overhead" if fixes.cuda_graphs else "default"
+                self.loss_fn = torch.compile(model.loss, mode=mode)
+            else:
+                self.loss_fn = torch.compile(model.loss, backend=self.config.compile_backend)
+        if fixes.fused_optimizer:
+            self.optimizer = torch.optim.AdamW(model.parameters(), lr=self.config.lr, fused=True)
+        else:  # the single-tensor loop: a handful of small kernels per parameter tensor
+            self.optimizer = torch.optim.AdamW(model.parameters(), lr=self.config.lr, foreach=False)
+        workers = self.config.workers if fixes.data_workers else 0
+        self.loader = DataLoader(
+            _dataset(self.config.shape.vocab_size, self.config.shape.seq_len),
+            batch_size=self.config.shape.batch_size,
+            shuffle=True,
+            drop_last=True,
+            generator=torch.Generator().manual_seed(self.config.seed),
+            num_workers=workers,
+            persistent_workers=workers > 0,  # keep the workers between epochs
+            pin_memory=fixes.pinned_memory,
+        )
+        self.batches = self._forever()
+        self.logged: list[float | torch.Tensor] = []  # one loss per step
+
+    def _forever(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        while True:  # epoch after epoch; the sampler reshuffles each time
+            yield from self.loader
+
+    def run(self, steps: int) -> None:
+        """Train for ``steps`` optimizer steps, logging each step's loss."""
+        fixes = self.fixes
+        for _ in range(steps):
+            with annotate("data"):
+                tokens, targets = next(self.batches)  # (batch, seq) each
+                tokens = tokens.to(self.device, non_blocking=fixes.pinned_memory)
+                targets = targets.to(self.device, non_blocking=fixes.pinned_memory)
+            if fixes.cuda_graphs:
+                torch.compiler.cudagraph_mark_step_begin()  # a new step: replay, don't re-record
+            with annotate("forward"):
+                with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=fixes.bf16):
+                    loss = self.loss_fn(tokens, targets)
+            with annotate("backward"):
+                loss.backward()
+            with annotate("optimizer"):
+                self.optimizer.step()
+                self.optimizer.zero_grad(set_to_none=True)
+            if fixes.no_item:  # a copy: CUDA graphs reuse the loss's memory on the next replay
+                self.logged.append(loss.detach().clone())
+            else:  # the host waits here until the GPU has computed the loss
+                self.logged.append(loss.item())
+
+    def losses(self) -> list[float]:
+        """Every step's loss so far, as Python floats (one device sync if they are tensors)."""
+        if self.fixes.no_item and self.logged:
+            return torch.stack(self.logged).float().tolist()  # type: ignore[arg-type]
+        return [float(value) for value in self.logged]
+
+
+def train_with_fixes(
+    fixes: Fixes,
+    steps: int,
+    config: CaseStudyConfig | None = None,
+    device: torch.device | str = "cpu",
+) -> list[float]:
+    """The loss curve of ``steps`` steps of the case study with ``fixes`` on."""
+    study = CaseStudy(fixes, config, device)
+    study.run(steps)
+    return study.losses()
+
+
+def loss_deviation(losses: Sequence[float], baseline: Sequence[float]) -> float:
+    """Largest ``|loss - baseline| / |baseline|`` over the steps of two equally long curves."""
+    if len(losses) != len(baseline) or not losses:
+        raise ValueError(f"Invalid curves: {len(losses)} and {len(baseline)} steps")
+    return max(abs(a - b) / abs(b) for a, b in zip(losses, baseline, strict=True))
+
+
+def compare_fixes(
+    variants: Mapping[str, Fixes],
+    config: CaseStudyConfig | None = None,
+    device: torch.device | str = "cpu",
+    *,
+    steps_per_sample: int = 5,
+    rounds: int = 5,
+    warmup_samples: int = 1,
+) -> tuple[list[dict[str, Any]], dict[str, list[float]]]:
+    """Time one run per variant side by side; return a row per variant and each loss curve.
+
+    Each variant is built, takes one first step on its own (timed: it includes compilation and
+    starting the workers), then ``warmup_samples`` untimed samples, then ``rounds`` samples of
+    ``steps_per_sample`` steps, the variants taking turns
+    (:func:`~trainfast.profiling.benchmark_side_by_side`). Every variant trains the same number
+    of steps on the same batches, so the loss curves can be compared step by step.
+
+    A row has the variant's name, its fixes, ``step_ms`` (median), ``iqr_ms``, ``speedup`` (the
+    first variant's step time over this one's), ``first_step_s``, and ``loss_deviation`` from
+    the first variant's curve with its ``tolerance`` (the largest of its fixes').
+    """
+    if not variants:
+        raise ValueError("Invalid variants: nothing to compare")
+    device = torch.device(device)
+    config = config or CaseStudyConfig()
+    studies = {name: CaseStudy(fixes, config, device) for name, fixes in variants.items()}
+    first_step = {
+        name: benchmark(partial(study.run, 1), warmup=0, repeats=1, device=device).median
+        for name, study in studies.items()
+    }
+    timings = benchmark_side_by_side(
+        {name: partial(study.run, steps_per_sample) for name, study in studies.items()},
+        warmup=warmup_samples, repeats=rounds, device=device,
+    )  # fmt: skip
+    curves = {name: study.losses() for name, study in studies.items()}
+    baseline = next(iter(variants))
+    rows = []
+    for name, fixes in variants.items():
+        step = timings[name].median / steps_per_sample
+        rows.append({
+            "variant": name,
+            "fixes": ", ".join(fixes.enabled) or "none",
+            "step_ms": step * 1e3,
+            "iqr_ms": timings[name].iqr / steps_per_sample * 1e3,
+            "speedup": timings[baseline].median / steps_per_sample / step,
+            "first_step_s": first_step[name],
+            "loss_deviation": loss_deviation(curves[name], curves[baseline]),
+            "tolerance": max([LOSS_TOLERANCE[f] for f in fixes.enabled], default=0.0),
+        })  # fmt: skip
+    for study in studies.values():
+        del study.batches  # stop the worker processes now, not when the garbage collector runs
+    return rows, curves
+
+
+if __name__ == "__main__":  # the slow training script, for profilers: python -m ... --steps 30
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Train the profiling case study's slow loop.")
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--fix", nargs="*", default=[], choices=FIXES, help="fixes to switch on")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    losses = train_with_fixes(
+        Fixes(**dict.fromkeys(args.fix, True)), args.steps,
+        CaseStudyConfig.for_device(args.device), args.device,
+    )  # fmt: skip
+    print(f"{args.steps} steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}")

@@ -1,0 +1,152 @@
+"""``torch.compile`` in practice: where its cache lives, what compiling costs, how often it happens.
+
+``torch.compile`` has three stages, and each has a cost that pays back only over many calls:
+
+1. **Dynamo** runs the Python function once symbolically (by rewriting its bytecode) and
+   records the tensor operations into an FX graph, with *guards*: the assumptions (shapes,
+   dtypes, Python values) under which the graph is valid. Code it cannot trace causes a
+   *graph break*: the function is split, and the untraceable part runs in plain Python.
+2. **AOTAutograd** traces the backward pass ahead of time, so training steps compile too.
+3. **Inductor** fuses the operations and generates code: Triton kernels on a GPU, C++/OpenMP
+   on a CPU, which a C++ compiler then builds. This is the slow part (tens of seconds).
+
+Inductor keeps what it builds in an on-disk cache (``TORCHINDUCTOR_CACHE_DIR``, by default
+``/tmp/torchinductor_<user>``), and its FX graph cache and AOTAutograd cache let a new process
+skip stages 2 and 3 for a graph it has compiled before: :func:`use_compile_cache` points the
+cache at a folder of your choice (the book keeps it in ``_build/``), :func:`cache_counters`
+says whether the last compile hit it, and :func:`compile_time_in_fresh_process` measures a
+cold and a cached compile, each in a new Python process, as a rebuild would see it.
+
+:class:`CountingBackend` is a ``torch.compile`` backend that runs each graph unchanged (no
+Inductor) and counts them: the cheapest way to watch graph breaks and recompiles.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = [
+    "CountingBackend",
+    "cache_counters",
+    "compile_time_in_fresh_process",
+    "use_compile_cache",
+]
+
+
+def use_compile_cache(directory: str | Path) -> Path:
+    """Keep Inductor's compiled artefacts in ``directory``; returns the folder actually in use.
+
+    Sets ``TORCHINDUCTOR_CACHE_DIR``, which Inductor reads when it first needs the cache: call
+    this before the first ``torch.compile`` of the process. If the variable was already set (by
+    the user, or by an earlier compile), that folder stays in use and is returned, so nothing
+    compiled so far is lost.
+    """
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(directory).resolve()))
+    path = Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def cache_counters() -> dict[str, int]:
+    """How often this process's compiles hit or missed the FX graph and AOTAutograd caches."""
+    from torch._dynamo.utils import counters
+
+    return {
+        "fx_graph_hits": int(counters["inductor"]["fxgraph_cache_hit"]),
+        "fx_graph_misses": int(counters["inductor"]["fxgraph_cache_miss"]),
+        "aot_autograd_hits": int(counters["aot_autograd"]["autograd_cache_hit"]),
+        "aot_autograd_misses": int(counters["aot_autograd"]["autograd_cache_miss"]),
+    }
+
+
+class CountingBackend:
+    """A ``torch.compile`` backend that runs every captured graph as is and keeps them.
+
+    ``torch.compile(fn, backend=counter)``: each graph Dynamo hands over (one per graph-break
+    fragment, and one more per recompile) is appended to ``graphs``; ``len(counter.graphs)`` is
+    how many times Dynamo compiled. No Inductor, so it costs milliseconds, not seconds.
+    """
+
+    def __init__(self) -> None:
+        self.graphs: list[torch.fx.GraphModule] = []
+
+    def __call__(
+        self, graph: torch.fx.GraphModule, example_inputs: list[torch.Tensor]
+    ) -> Callable[..., Any]:
+        self.graphs.append(graph)
+        return graph.forward
+
+    @property
+    def compiles(self) -> int:
+        return len(self.graphs)
+
+    def operators(self) -> list[str]:
+        """The ops of every graph kept, in order (``call_function`` and ``call_method`` nodes)."""
+        return [
+            str(getattr(node.target, "__name__", node.target))
+            for graph in self.graphs
+            for node in graph.graph.nodes
+            if node.op in ("call_function", "call_method")
+        ]
+
+
+def _first_compiled_step(device: str) -> dict[str, Any]:
+    """In this process: build the case study with every fix up to ``compile``; time step one."""
+    from trainfast.profiling.case_study import CaseStudy, CaseStudyConfig, Fixes
+    from trainfast.profiling.timing import benchmark
+
+    device_ = torch.device(device)
+    if device_.type == "cpu":
+        torch.set_num_threads(1)
+    fixes = Fixes(fused_optimizer=True, sdpa=True, compile=True, no_item=True)
+    study = CaseStudy(fixes, CaseStudyConfig.for_device(device_), device_)
+    first = benchmark(lambda: study.run(1), warmup=0, repeats=1, device=device_).median
+    step = benchmark(lambda: study.run(1), warmup=2, repeats=10, device=device_).median
+    return {"first_step_s": first, "step_s": step, **cache_counters()}
+
+
+def compile_time_in_fresh_process(
+    device: torch.device | str = "cpu", cache_dir: str | Path | None = None, timeout: float = 600
+) -> dict[str, Any]:
+    """The first compiled step of the case study in a new process: cold, then cached.
+
+    Runs ``python -m trainfast.profiling.compilation`` twice with ``TORCHINDUCTOR_CACHE_DIR`` set
+    to ``cache_dir`` (default: a new empty temporary folder, so the first run is cold and the
+    second finds what the first stored). Returns ``cold_first_step_s``, ``cached_first_step_s``,
+    the steady ``step_s`` and the cache counters of each run.
+    """
+    with tempfile.TemporaryDirectory(prefix="trainfast-inductor-") as scratch:
+        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache_dir or scratch)}
+        runs = []
+        for _ in range(2):
+            result = subprocess.run(
+                [sys.executable, "-m", "trainfast.profiling.compilation", "--device", str(device)],
+                env=env, capture_output=True, text=True, timeout=timeout, check=False,
+            )  # fmt: skip
+            if result.returncode != 0:
+                raise RuntimeError(f"compile-time run failed:\n{result.stderr[-3000:]}")
+            runs.append(json.loads(result.stdout.strip().splitlines()[-1]))
+    cold, cached = runs
+    return {
+        "cold_first_step_s": cold["first_step_s"],
+        "cached_first_step_s": cached["first_step_s"],
+        "step_s": cached["step_s"],
+        "cold": cold,
+        "cached": cached,
+    }
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description="Time the case study's first compiled step.")
+    parser.add_argument("--device", default="cpu")
+    print(json.dumps(_first_compiled_step(parser.parse_args().device)))

@@ -1,0 +1,143 @@
+"""The overhead regime: when the time goes into *starting* operations, not doing them.
+
+Every PyTorch operation pays a fixed cost before any arithmetic: the Python call, argument
+parsing, the dispatcher choosing a kernel, autograd bookkeeping, allocating the output and, on a
+GPU, launching the kernel (a few microseconds each). For large tensors this is noise; for small
+ones it is everything, and the device sits idle between kernels. :func:`time_per_op` measures the
+floor, :func:`dispatch_rate` how many operations per second PyTorch can start at all.
+
+Three cures remove the per-operation cost, and :func:`launch_overhead` times them on
+:func:`small_kernels`, a chain of tiny elementwise operations:
+
+* ``torch.compile`` fuses the chain into one generated kernel (one launch instead of many);
+* a CUDA graph records the kernels once and replays the whole recording with one launch
+  (:func:`cuda_graph`, PyTorch's documented capture recipe), though each kernel still runs;
+* ``torch.compile(mode="reduce-overhead")`` does both: fused kernels, replayed as a graph.
+
+When not to use CUDA graphs: shapes that change (one graph per shape), code that must run on
+the host between kernels (``.item()``, data-dependent branching), or memory that must be freed
+between steps (a graph keeps its memory pool alive).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from trainfast.profiling.timing import benchmark
+
+__all__ = ["cuda_graph", "dispatch_rate", "launch_overhead", "small_kernels", "time_per_op"]
+
+
+def small_kernels(x: torch.Tensor, layers: int = 32) -> torch.Tensor:
+    """``layers`` rounds of ``tanh(x * 1.01 + 0.01)``: three tiny kernels per round in eager."""
+    for _ in range(layers):
+        x = torch.tanh(x * 1.01 + 0.01)
+    return x
+
+
+def dispatch_rate(
+    device: torch.device | str = "cpu", number: int = 1000, repeats: int = 7
+) -> float:
+    """Operations per second that PyTorch starts for an in-place add on a one-element tensor."""
+    x = torch.zeros(1, device=device)
+    timing = benchmark(
+        lambda: x.add_(1.0), warmup=100, repeats=repeats, number=number, device=device
+    )
+    return 1.0 / timing.median
+
+
+def time_per_op(
+    sizes: list[int], device: torch.device | str = "cpu", repeats: int = 7
+) -> list[dict[str, float]]:
+    """Median seconds of ``x.mul_(1.0)`` for each ``numel`` in ``sizes`` (float32).
+
+    Small sizes sit on the overhead floor; large ones grow with the bytes moved.
+    """
+    rows = []
+    for numel in sizes:
+        x = torch.ones(numel, device=device)
+        number = max(1, min(1000, 2**22 // max(numel, 1)))  # about 4M elements per sample
+        timing = benchmark(
+            lambda x=x: x.mul_(1.0), warmup=3, repeats=repeats, number=number, device=device
+        )
+        rows.append(
+            {"elements": numel, "seconds": timing.median, "bytes_per_s": 8 * numel / timing.median}
+        )
+    return rows
+
+
+def cuda_graph(
+    fn: Callable[[torch.Tensor], torch.Tensor], example: torch.Tensor
+) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Capture ``fn(example)`` into a CUDA graph; return a function that replays it.
+
+    The recipe of PyTorch's CUDA-graph documentation: warm up on a side stream (so that lazy
+    initialisation is not captured), capture into static input and output tensors, then replay.
+    The returned function copies its argument into the static input, replays, and returns the
+    static output (the same tensor every call: clone it to keep a result).
+    """
+    if example.device.type != "cuda":
+        raise ValueError(f"CUDA graphs need a CUDA tensor, got one on {example.device}")
+    static_input = example.clone()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn(static_input)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_output = fn(static_input)
+
+    def replay(x: torch.Tensor) -> torch.Tensor:
+        static_input.copy_(x)
+        graph.replay()
+        return static_output
+
+    return replay
+
+
+def launch_overhead(
+    device: torch.device, *, numel: int = 1024, layers: int = 32, repeats: int = 20,
+    number: int = 20, compiled: bool = True,
+) -> list[dict[str, Any]]:  # fmt: skip
+    """:func:`small_kernels` eager, compiled and (on CUDA) as CUDA graphs: time per call.
+
+    ``first_call_s`` is the first call's time (compilation or capture included);
+    ``speedup`` is eager's median over this one's. ``compiled=False`` leaves out the modes
+    that compile (seconds to minutes on a CPU).
+    """
+    x = torch.randn(numel, device=device)
+    modes: dict[str, Callable[[], Any]] = {"eager": lambda: small_kernels(x, layers)}
+    if compiled:
+        default = torch.compile(small_kernels)
+        modes["torch.compile"] = lambda: default(x, layers)
+    if device.type == "cuda":
+        captured: list[Callable[[torch.Tensor], torch.Tensor]] = []
+
+        def by_hand() -> torch.Tensor:  # the first call captures, later calls replay
+            if not captured:
+                captured.append(cuda_graph(lambda t: small_kernels(t, layers), x))
+            return captured[0](x)
+
+        modes["CUDA graph (by hand)"] = by_hand
+        if compiled:
+            overhead = torch.compile(small_kernels, mode="reduce-overhead")
+
+            def reduce_overhead() -> torch.Tensor:
+                torch.compiler.cudagraph_mark_step_begin()  # the last output may be overwritten
+                return overhead(x, layers)
+
+            modes['torch.compile(mode="reduce-overhead")'] = reduce_overhead
+    rows = []
+    for mode, call in modes.items():
+        first = benchmark(call, warmup=0, repeats=1, device=device)
+        timing = benchmark(call, warmup=3, repeats=repeats, number=number, device=device)
+        rows.append({"mode": mode, "per_call_us": timing.median * 1e6, "iqr_us": timing.iqr * 1e6,
+                     "first_call_s": first.median})  # fmt: skip
+    for row in rows:
+        row["speedup"] = rows[0]["per_call_us"] / row["per_call_us"]
+    return rows

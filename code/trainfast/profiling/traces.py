@@ -1,0 +1,176 @@
+"""Traces of training steps: ``torch.profiler`` with a schedule, named ranges, a Perfetto file.
+
+A timer says *how long* a step took; a trace says *where the time went*: every operator the
+step ran on the CPU, every kernel on the GPU, on one timeline, grouped under the names you gave
+the parts of your step. :func:`profile_steps` wraps ``torch.profiler.profile`` the way its
+documentation recommends for training loops (Kineto's schedule):
+
+* ``wait`` steps are not recorded at all (the first steps of a run are unrepresentative:
+  allocator growth, cuDNN/cuBLAS heuristics, compilation);
+* ``warmup`` steps are recorded and thrown away, because the profiler's own start-up cost
+  lands in the first recorded step;
+* ``active`` steps are kept, exported as a Chrome/Perfetto trace (``trace.json.gz``: open it at
+  https://ui.perfetto.dev or ``chrome://tracing``) and summarised as an operator table.
+
+:func:`annotate` names a part of a step twice: a ``record_function`` range, which the PyTorch
+profiler shows, and on a CUDA machine an NVTX range, which Nsight Systems shows (NVTX costs
+nanoseconds when no tool listens, so it can stay in the code).
+
+When not to use it: the profiler adds overhead per operator (microseconds), so never time with
+it; time with :func:`~trainfast.profiling.benchmark` and profile to explain the time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.profiler import ProfilerActivity, profile, record_function, schedule
+
+__all__ = ["OperatorTime", "StepProfile", "annotate", "profile_steps"]
+
+
+@contextlib.contextmanager
+def annotate(name: str) -> Iterator[None]:
+    """A named range for the PyTorch profiler and, where CUDA is available, for Nsight (NVTX)."""
+    nvtx = torch.cuda.is_available()
+    with record_function(name):
+        if nvtx:
+            torch.cuda.nvtx.range_push(name)
+        try:
+            yield
+        finally:
+            if nvtx:
+                torch.cuda.nvtx.range_pop()
+
+
+@dataclass(frozen=True)
+class OperatorTime:
+    """One row of the operator table: an operator (or named range) summed over active steps.
+
+    ``self`` times exclude the time of operators called inside this one; ``total`` times
+    include it. Device times are zero on a CPU.
+    """
+
+    name: str
+    calls: int
+    self_cpu_s: float
+    total_cpu_s: float
+    self_device_s: float
+    total_device_s: float
+    self_cpu_memory_bytes: int  # allocated minus freed by this operator itself (profile_memory)
+
+
+@dataclass(frozen=True)
+class StepProfile:
+    """What :func:`profile_steps` recorded: the table as printed, its rows, and the trace file."""
+
+    table: str
+    operators: list[OperatorTime]
+    trace: Path  # gzip-compressed Chrome trace JSON
+    active_steps: int
+
+    def operator(self, name: str) -> OperatorTime:
+        """The row named ``name``; ``KeyError`` naming the missing operator otherwise."""
+        for row in self.operators:
+            if row.name == name:
+                return row
+        raise KeyError(f"No operator {name!r} in this profile")
+
+
+def _device_attribute(event: Any, prefix: str) -> str | None:
+    """``{prefix}device_time_total`` (torch >= 2.4) or the older ``{prefix}cuda_time_total``."""
+    for attribute in (f"{prefix}device_time_total", f"{prefix}cuda_time_total"):
+        if hasattr(event, attribute):
+            return attribute
+    return None
+
+
+def _device_time(event: Any, prefix: str) -> float:
+    """Microseconds on the device (0 when this torch has no device time for the event)."""
+    attribute = _device_attribute(event, prefix)
+    return float(getattr(event, attribute)) if attribute else 0.0
+
+
+def profile_steps(
+    step_fn: Callable[[], object],
+    *,
+    wait: int = 1,
+    warmup: int = 1,
+    active: int = 2,
+    out_dir: str | Path,
+    device: torch.device | str | None = None,
+    record_shapes: bool = False,
+    profile_memory: bool = False,
+    with_stack: bool = False,
+    row_limit: int = 15,
+) -> StepProfile:
+    """Call ``step_fn`` ``wait + warmup + active`` times under ``torch.profiler``; keep ``active``.
+
+    Each call is one training step (the profiler's schedule advances after it). Name its parts
+    with :func:`annotate`. Writes ``out_dir/trace.json.gz`` and returns the operator table,
+    sorted by time on the device if ``device`` is CUDA, else by CPU time (``self``: the time
+    spent in the operator itself, not in what it calls). ``record_shapes``, ``profile_memory``
+    and ``with_stack`` are the profiler's own options; each makes the trace larger and slower
+    to record.
+    """
+    for name, value, least in (("wait", wait, 0), ("warmup", warmup, 0), ("active", active, 1)):
+        if value < least:
+            raise ValueError(f"Invalid {name}: {value} (need at least {least})")
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    trace = out_dir / "trace.json.gz"
+    activities = [ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+
+    def export(profiler: profile) -> None:
+        profiler.export_chrome_trace(str(trace))  # gzip-compressed: the name ends in .gz
+
+    with profile(
+        activities=activities,
+        schedule=schedule(wait=wait, warmup=warmup, active=active, repeat=1),
+        on_trace_ready=export,
+        record_shapes=record_shapes,
+        profile_memory=profile_memory,
+        with_stack=with_stack,
+    ) as profiler:
+        for step in range(wait + warmup + active):
+            if device.type == "cuda":
+                torch.cuda.nvtx.range_push(f"step {step}")
+            step_fn()
+            if device.type == "cuda":
+                torch.cuda.nvtx.range_pop()
+            profiler.step()
+
+    averages = profiler.key_averages()
+    sort_by = "self_cpu_time_total"
+    if device.type == "cuda" and averages:
+        sort_by = _device_attribute(averages[0], "self_") or sort_by
+    operators = [
+        OperatorTime(
+            name=event.key,
+            calls=int(event.count),
+            self_cpu_s=event.self_cpu_time_total / 1e6,
+            total_cpu_s=event.cpu_time_total / 1e6,
+            self_device_s=_device_time(event, "self_") / 1e6,
+            total_device_s=_device_time(event, "") / 1e6,
+            self_cpu_memory_bytes=int(getattr(event, "self_cpu_memory_usage", 0)),
+        )
+        for event in averages
+    ]
+    operators.sort(
+        key=lambda row: row.self_device_s if device.type == "cuda" else row.self_cpu_s,
+        reverse=True,
+    )
+    return StepProfile(
+        table=averages.table(sort_by=sort_by, row_limit=row_limit),
+        operators=operators,
+        trace=trace,
+        active_steps=active,
+    )

@@ -4,6 +4,8 @@ package), traces, the case study's fixes, the benchmarks, the exercises and the 
 from __future__ import annotations
 
 import ast
+import gzip
+import json
 import statistics
 import time
 from pathlib import Path
@@ -11,7 +13,20 @@ from pathlib import Path
 import pytest
 import torch
 import trainfast
-from trainfast.profiling import Timing, benchmark, benchmark_side_by_side, timestamp
+from trainfast.profiling import Timing, benchmark, benchmark_side_by_side, profile_steps, timestamp
+from trainfast.profiling.case_study import (
+    FIXES,
+    LOSS_TOLERANCE,
+    CaseStudy,
+    CaseStudyConfig,
+    Fixes,
+    compare_fixes,
+    cumulative_fixes,
+    loss_deviation,
+    train_with_fixes,
+)
+from trainfast.profiling.compilation import use_compile_cache
+from trainfast.profiling.text import TokenWindows, WordTokenizer
 
 # --- the timing harness ----------------------------------------------------------------------
 
@@ -179,3 +194,147 @@ def test_the_package_has_one_timer():
         + ", ".join(unexplained)
     )
     assert seen == set(ALLOWED_CLOCKS), f"stale allow-list entries: {set(ALLOWED_CLOCKS) - seen}"
+
+
+# --- traces ----------------------------------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _tiny_study(**fixes: bool) -> CaseStudy:
+    return CaseStudy(Fixes(**fixes), device="cpu")
+
+
+def test_profile_steps_writes_a_small_gzipped_trace_with_the_named_ranges(tmp_path):
+    study = _tiny_study()
+    profile = profile_steps(
+        lambda: study.run(1), wait=1, warmup=1, active=2, out_dir=tmp_path, record_shapes=True
+    )
+    assert profile.trace == tmp_path / "trace.json.gz"
+    assert profile.trace.stat().st_size < 1_000_000  # small enough to put on a web page
+    with gzip.open(profile.trace, "rt") as file:
+        trace = json.load(file)  # valid JSON: Perfetto and chrome://tracing read it
+    names = {event.get("name") for event in trace["traceEvents"]}
+    assert {"data", "forward", "backward", "optimizer"} <= names
+    assert sum(name.startswith("ProfilerStep#") for name in names if name) == 2  # active only
+    assert "aten::mm" in names or "aten::addmm" in names
+    assert len(study.losses()) == 4  # wait + warmup + active steps all ran
+    # the table is the profiler's, and its rows say the same as the trace
+    assert "Self CPU" in profile.table and "aten::" in profile.table
+    forward = profile.operator("forward")
+    assert forward.calls == 2 and forward.total_cpu_s >= forward.self_cpu_s > 0
+    assert profile.operators == sorted(profile.operators, key=lambda r: r.self_cpu_s, reverse=True)
+    with pytest.raises(KeyError, match="aten::nothing"):
+        profile.operator("aten::nothing")
+
+
+def test_profile_steps_records_memory_and_rejects_bad_schedules(tmp_path):
+    profile = profile_steps(
+        lambda: torch.ones(1024, 1024).sum(), wait=0, warmup=0, active=1, out_dir=tmp_path,
+        profile_memory=True,
+    )  # fmt: skip
+    assert profile.operator("aten::empty").self_cpu_memory_bytes >= 4 * 1024 * 1024
+    for settings, message in [({"active": 0}, "active: 0"), ({"wait": -1}, "wait: -1")]:
+        with pytest.raises(ValueError, match=message):
+            profile_steps(lambda: None, out_dir=tmp_path, **settings)
+
+
+# --- the case study's data -------------------------------------------------------------------
+
+
+def test_token_windows_tokenize_on_the_fly_and_cover_the_text_once():
+
+    text = "the cat sat on the mat . the dog sat on the log ."
+    tokenizer = WordTokenizer(text, vocab_size=5)
+    assert tokenizer.encode("the sat on zebra") == [0, 1, 2, 4]  # 4 is <unk>
+    windows = TokenWindows(text, tokenizer, seq_len=4)
+    assert len(windows) == (14 - 1) // 4
+    tokens, targets = windows[1]
+    every = tokenizer.encode(text)
+    assert tokens.tolist() == every[4:8] and targets.tolist() == every[5:9]
+    with pytest.raises(ValueError, match="vocab_size: 1"):
+        WordTokenizer(text, vocab_size=1)
+    with pytest.raises(ValueError, match="Text too short"):
+        TokenWindows("a b", tokenizer, seq_len=4)
+
+
+# --- the case study's fixes keep the loss curve ----------------------------------------------
+
+STEPS = 20  # two passes over the data loader's queue of prefetched batches, and some training
+
+
+@pytest.fixture(scope="module")
+def baseline_losses():
+
+    torch.set_num_threads(1)
+    return train_with_fixes(Fixes(), STEPS)
+
+
+@pytest.mark.parametrize("fix", ["data_workers", "no_item", "bf16", "fused_optimizer", "sdpa"])
+def test_each_fix_alone_keeps_the_loss_curve(fix, baseline_losses):
+
+    losses = train_with_fixes(Fixes(**{fix: True}), STEPS)
+    assert loss_deviation(losses, baseline_losses) <= LOSS_TOLERANCE[fix]
+    assert losses[-1] < losses[0] - 0.5  # and it trains
+
+
+def test_every_fix_this_cpu_runs_keeps_the_loss_curve_compile_included(baseline_losses):
+    """The chapter's chain (compile included, same graph as the chapter: its cache is reused)."""
+    use_compile_cache(ROOT / "_build" / "torchinductor")
+    chain = cumulative_fixes(torch.device("cpu"), skip=["bf16"])
+    assert list(chain) == ["baseline", "+ data_workers", "+ no_item", "+ fused_optimizer",
+                           "+ sdpa", "+ compile"]  # fmt: skip
+    for name, fixes in list(chain.items())[1:]:
+        tolerance = max(LOSS_TOLERANCE[fix] for fix in fixes.enabled)
+        deviation = loss_deviation(train_with_fixes(fixes, STEPS), baseline_losses)
+        assert deviation <= tolerance, (name, deviation, tolerance)
+
+
+def test_the_float32_tolerance_catches_a_one_percent_change_of_the_learning_rate(baseline_losses):
+
+    nudged = train_with_fixes(Fixes(), STEPS, CaseStudyConfig(lr=1.01e-3))
+    assert loss_deviation(nudged, baseline_losses) > 2 * LOSS_TOLERANCE["compile"]
+
+
+def test_cuda_only_fixes_are_refused_on_a_cpu_with_a_reason():
+
+    for fixes in (Fixes(pinned_memory=True), Fixes(compile=True, cuda_graphs=True)):
+        with pytest.raises(ValueError, match="needs a CUDA device"):
+            CaseStudy(fixes, device="cpu")
+    with pytest.raises(ValueError, match="cuda_graphs=True needs compile=True"):
+        Fixes(cuda_graphs=True)
+
+
+def test_cumulative_fixes_add_one_fix_at_a_time():
+
+    chain = cumulative_fixes(torch.device("cuda"))  # only names the device, builds nothing
+    assert list(chain)[1:] == [f"+ {name}" for name in FIXES]
+    enabled = [fixes.enabled for fixes in chain.values()]
+    assert all(later[:-1] == earlier for earlier, later in zip(enabled, enabled[1:], strict=False))
+    with pytest.raises(ValueError, match="Unknown fixes: \\['fast'\\]"):
+        cumulative_fixes(torch.device("cpu"), skip=["fast"])
+
+
+def test_compare_fixes_times_side_by_side_and_compares_curves():
+
+    rows, curves = compare_fixes(
+        {"baseline": Fixes(), "fused": Fixes(fused_optimizer=True)},
+        steps_per_sample=2, rounds=2, warmup_samples=0,
+    )  # fmt: skip
+    assert [row["variant"] for row in rows] == ["baseline", "fused"]
+    assert rows[0]["speedup"] == 1.0 and rows[1]["fixes"] == "fused_optimizer"
+    assert all(len(curve) == 1 + 2 * 2 for curve in curves.values())
+    assert rows[1]["loss_deviation"] <= rows[1]["tolerance"] == 1e-4
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_every_fix_keeps_the_loss_curve_on_cuda():
+    """Pinned memory and CUDA graphs only run here; the chain includes bf16 on a GPU."""
+
+    chain = cumulative_fixes(torch.device("cuda"))
+    baseline = train_with_fixes(chain.pop("baseline"), STEPS, device="cuda")
+    for name, fixes in chain.items():
+        tolerance = max(LOSS_TOLERANCE[fix] for fix in fixes.enabled)
+        deviation = loss_deviation(train_with_fixes(fixes, STEPS, device="cuda"), baseline)
+        assert deviation <= tolerance, (name, deviation, tolerance)

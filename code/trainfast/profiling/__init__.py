@@ -3,9 +3,22 @@
 :func:`benchmark` is the package's one timer (CUDA events on a GPU, ``perf_counter`` on a CPU,
 every sample kept); every benchmark in the package times through it, or through its relatives
 :func:`benchmark_side_by_side` (several functions taking turns) and :func:`timestamp` (a point on
-a timeline).
+a timeline). :func:`profile_steps` records training steps with ``torch.profiler``.
+
+The case study (:mod:`trainfast.profiling.case_study`) needs :mod:`trainfast.transformer`; import
+it from its module.
 """
 
 from trainfast.profiling.timing import Timing, benchmark, benchmark_side_by_side, timestamp
+from trainfast.profiling.traces import OperatorTime, StepProfile, annotate, profile_steps
 
-__all__ = ["Timing", "benchmark", "benchmark_side_by_side", "timestamp"]
+__all__ = [
+    "OperatorTime",
+    "StepProfile",
+    "Timing",
+    "annotate",
+    "benchmark",
+    "benchmark_side_by_side",
+    "profile_steps",
+    "timestamp",
+]

@@ -44,16 +44,16 @@ __all__ = [
 
 
 def use_compile_cache(directory: str | Path) -> Path:
-    """Keep Inductor's compiled artefacts in ``directory``; returns the folder actually in use.
+    """Keep Inductor's compiled artefacts in ``directory`` from now on; returns it (absolute).
 
-    Sets ``TORCHINDUCTOR_CACHE_DIR``, which Inductor reads when it first needs the cache: call
-    this before the first ``torch.compile`` of the process. If the variable was already set (by
-    the user, or by an earlier compile), that folder stays in use and is returned, so nothing
-    compiled so far is lost.
+    Sets ``TORCHINDUCTOR_CACHE_DIR``, which Inductor reads each time it looks up or stores an
+    artefact; PyTorch fills the variable in with its default (``/tmp/torchinductor_<user>``)
+    the first time it needs it, so this overrides whatever is there. Graphs compiled before the
+    call keep their artefacts where they were.
     """
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(directory).resolve()))
-    path = Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
+    path = Path(directory).resolve()
     path.mkdir(parents=True, exist_ok=True)
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(path)
     return path
 
 

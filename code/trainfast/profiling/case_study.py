@@ -25,7 +25,8 @@ what is computed, so each run's loss curve must equal the baseline's within
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+import itertools
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache, partial
 from typing import Any
@@ -222,12 +223,10 @@ class CaseStudy:
             persistent_workers=workers > 0,  # keep the workers between epochs
             pin_memory=fixes.pinned_memory,
         )
-        self.batches = self._forever()
+        # epoch after epoch (the sampler reshuffles each time); no reference back to self, so the
+        # workers stop as soon as the run is dropped, not whenever the garbage collector runs
+        self.batches = itertools.chain.from_iterable(itertools.repeat(self.loader))
         self.logged: list[float | torch.Tensor] = []  # one loss per step
-
-    def _forever(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        while True:  # epoch after epoch; the sampler reshuffles each time
-            yield from self.loader
 
     def run(self, steps: int) -> None:
         """Train for ``steps`` optimizer steps, logging each step's loss."""
@@ -327,8 +326,6 @@ def compare_fixes(
             "loss_deviation": loss_deviation(curves[name], curves[baseline]),
             "tolerance": max([LOSS_TOLERANCE[f] for f in fixes.enabled], default=0.0),
         })  # fmt: skip
-    for study in studies.values():
-        del study.batches  # stop the worker processes now, not when the garbage collector runs
     return rows, curves
 
 

@@ -20,7 +20,7 @@ training scripts slow. :class:`Fixes` switches the cures on, one flag each:
 :func:`compare_fixes` builds one run per set of fixes and times them side by side; the chapter
 plots the result as a waterfall. Every fix changes how the same arithmetic is executed, not
 what is computed, so each run's loss curve must equal the baseline's within
-:data:`LOSS_TOLERANCE` (a test checks every fix this machine can run).
+:func:`loss_tolerance` (a test checks every fix this machine can run).
 """
 
 from __future__ import annotations
@@ -49,7 +49,9 @@ __all__ = [
     "Fixes",
     "compare_fixes",
     "cumulative_fixes",
+    "case_study_dataset",
     "loss_deviation",
+    "loss_tolerance",
     "train_with_fixes",
 ]
 
@@ -62,20 +64,8 @@ FIXES = (
 #: Fixes that only mean something with a CUDA device; :class:`CaseStudy` refuses them elsewhere.
 CUDA_ONLY = ("pinned_memory", "cuda_graphs")
 
-#: Largest allowed ``|loss - baseline loss| / baseline loss`` at any step, per fix.
-#: - Exact (0): the fix moves work between threads or changes when the host reads the loss; the
-#:   same kernels run on the same numbers, so the losses are bit for bit the same.
-#: - 1e-4: the fix changes the order of float32 additions (a fused kernel, a different attention
-#:   algorithm, inductor's fused loops). Each step differs by float32 rounding (about 1e-7
-#:   relative); over the few dozen steps of a test the training dynamics can amplify that to
-#:   1e-5, so 1e-4 leaves a margin while a real bug (a missing mask, a wrong scale) is off by
-#:   far more than that from the first step.
-#: - 5e-3: bfloat16 keeps 8 significant bits, a relative rounding error of up to 2**-9 = 0.2 %
-#:   per value. Autocast rounds the inputs of the matmuls (their sums stay float32) and keeps
-#:   softmax, normalisation and the loss in float32, so the rounding errors average out over
-#:   each dot product and over the tokens of the loss: the loss moves by far less than one
-#:   value's rounding. 5e-3, a few roundings, is a bound a correct bf16 step stays within and a
-#:   step computed in the wrong precision, or on wrong data, does not.
+#: Largest allowed ``|loss - baseline loss| / baseline loss`` at any step, per fix; the reasons
+#: are in :func:`loss_tolerance`.
 LOSS_TOLERANCE: dict[str, float] = {
     "data_workers": 0.0,
     "pinned_memory": 0.0,
@@ -86,6 +76,28 @@ LOSS_TOLERANCE: dict[str, float] = {
     "compile": 1e-4,
     "cuda_graphs": 1e-4,
 }
+
+
+def loss_tolerance(fixes: Fixes) -> float:
+    """How far a run with ``fixes`` may stray from the baseline's loss: the loosest of its fixes.
+
+    - **Exact (0)** for ``data_workers``, ``pinned_memory``, ``no_item``: they move work between
+      processes or change when the host reads the loss; the same kernels run on the same
+      numbers, so the losses are the same bit for bit.
+    - **1e-4** for ``fused_optimizer``, ``sdpa``, ``compile``, ``cuda_graphs``: they change the
+      order of float32 additions (one fused kernel, another attention algorithm, Inductor's
+      fused loops). One step differs by float32 rounding, about 1e-7 relative, and over the few
+      dozen steps of a test training carries that forward without much growth. A real bug (a
+      missing mask, a wrong scale) is off by far more, and even a 1 % change of the learning
+      rate exceeds 1e-4 within 20 steps (a test checks that).
+    - **5e-3** for ``bf16``: bfloat16 keeps 8 significant bits, a rounding error of up to
+      2**-9 = 0.2 % per value. Autocast rounds the inputs of the matmuls (their sums stay
+      float32) and keeps softmax, normalisation and the loss in float32, so the errors average
+      out over each dot product and over the tokens of the loss: the loss moves far less than
+      one value's rounding. A few roundings is a bound that a correct bf16 step stays within and
+      a step in the wrong precision, or on the wrong data, does not.
+    """
+    return max((LOSS_TOLERANCE[name] for name in fixes.enabled), default=0.0)
 
 
 @dataclass(frozen=True)
@@ -180,7 +192,8 @@ class CaseStudyConfig:
 
 
 @cache
-def _dataset(vocab_size: int, seq_len: int) -> TokenWindows:
+def case_study_dataset(vocab_size: int, seq_len: int) -> TokenWindows:
+    """Python's docs as windows of ``seq_len + 1`` word tokens (built once per process)."""
     text = python_docs_text()
     return TokenWindows(text, WordTokenizer(text, vocab_size), seq_len)
 
@@ -214,7 +227,7 @@ class CaseStudy:
             self.optimizer = torch.optim.AdamW(model.parameters(), lr=self.config.lr, foreach=False)
         workers = self.config.workers if fixes.data_workers else 0
         self.loader = DataLoader(
-            _dataset(self.config.shape.vocab_size, self.config.shape.seq_len),
+            case_study_dataset(self.config.shape.vocab_size, self.config.shape.seq_len),
             batch_size=self.config.shape.batch_size,
             shuffle=True,
             drop_last=True,
@@ -324,7 +337,7 @@ def compare_fixes(
             "speedup": timings[baseline].median / steps_per_sample / step,
             "first_step_s": first_step[name],
             "loss_deviation": loss_deviation(curves[name], curves[baseline]),
-            "tolerance": max([LOSS_TOLERANCE[f] for f in fixes.enabled], default=0.0),
+            "tolerance": loss_tolerance(fixes),
         })  # fmt: skip
     return rows, curves
 

@@ -38,7 +38,14 @@ import torch
 
 from trainfast.device import device_name, nvidia_smi_query, pick_device
 
-__all__ = ["Timing", "benchmark", "benchmark_side_by_side", "timestamp"]
+__all__ = [
+    "Timing",
+    "benchmark",
+    "benchmark_side_by_side",
+    "cuda_event_samples",
+    "host_clock_samples",
+    "timestamp",
+]
 
 _CLOCK_FIELDS = ["clocks.sm", "clocks.mem", "clocks.max.sm", "power.draw", "temperature.gpu"]
 
@@ -197,10 +204,10 @@ def benchmark_side_by_side(
             fn()
     clocks_before = nvidia_smi_query(_CLOCK_FIELDS, device) if device.type == "cuda" else None
     if device.type == "cuda" and synchronize:
-        samples = _cuda_samples(fns, numbers, device, repeats, before_sample)
+        samples = cuda_event_samples(fns, numbers, device, repeats, before_sample)
     else:
         clock = device if synchronize else torch.device("cpu")  # "cpu": never wait
-        samples = _host_samples(fns, numbers, clock, repeats, before_sample)
+        samples = host_clock_samples(fns, numbers, clock, repeats, before_sample)
     clocks = None
     if clocks_before is not None:
         clocks = {"before": clocks_before, "after": nvidia_smi_query(_CLOCK_FIELDS, device) or {}}
@@ -219,14 +226,19 @@ def benchmark_side_by_side(
     }
 
 
-def _cuda_samples(
+def cuda_event_samples(
     fns: Mapping[str, Callable[[], object]],
     numbers: dict[str, int],
     device: torch.device,
     repeats: int,
     before_sample: Callable[[], object] | None,
 ) -> dict[str, list[float]]:
-    """Each sample between two CUDA events on the current stream; one synchronisation at the end."""
+    """Each sample between two CUDA events on the current stream; one synchronisation at the end.
+
+    The clock of :func:`benchmark_side_by_side` on a GPU (call that, not this): the events
+    timestamp the GPU's stream, so the host may run ahead queueing work and the samples still
+    measure the GPU's time. Returns seconds per call, by name.
+    """
     with torch.cuda.device(device):
         events = {
             name: [
@@ -252,14 +264,18 @@ def _cuda_samples(
         }
 
 
-def _host_samples(
+def host_clock_samples(
     fns: Mapping[str, Callable[[], object]],
     numbers: dict[str, int],
     device: torch.device,
     repeats: int,
     before_sample: Callable[[], object] | None,
 ) -> dict[str, list[float]]:
-    """Each sample between two :func:`timestamp` readings (which wait for ``device``)."""
+    """Each sample between two :func:`timestamp` readings (which wait for ``device``).
+
+    The clock of :func:`benchmark_side_by_side` on a CPU (call that, not this). Returns seconds
+    per call, by name.
+    """
     samples: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(repeats):
         for name, fn in fns.items():

@@ -23,6 +23,7 @@ it; time with :func:`~trainfast.profiling.benchmark` and profile to explain the 
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,10 +35,15 @@ from torch.profiler import ProfilerActivity, profile, record_function, schedule
 __all__ = ["OperatorTime", "StepProfile", "annotate", "profile_steps"]
 
 
+@functools.cache
+def _nvtx_available() -> bool:
+    return torch.cuda.is_available()  # asked once: the answer costs tens of microseconds
+
+
 @contextlib.contextmanager
 def annotate(name: str) -> Iterator[None]:
     """A named range for the PyTorch profiler and, where CUDA is available, for Nsight (NVTX)."""
-    nvtx = torch.cuda.is_available()
+    nvtx = _nvtx_available()
     with record_function(name):
         if nvtx:
             torch.cuda.nvtx.range_push(name)

@@ -338,3 +338,182 @@ def test_every_fix_keeps_the_loss_curve_on_cuda():
         tolerance = max(LOSS_TOLERANCE[fix] for fix in fixes.enabled)
         deviation = loss_deviation(train_with_fixes(fixes, STEPS, device="cuda"), baseline)
         assert deviation <= tolerance, (name, deviation, tolerance)
+
+
+# --- pitfalls, overhead, loading, compilation helpers ----------------------------------------
+
+
+def test_timing_without_synchronize_is_flagged_and_the_pitfall_rows_are_complete():
+    from trainfast.profiling.pitfalls import cold_and_warm, wrong_and_right, zeros_and_random
+
+    cpu = torch.device("cpu")
+    assert not benchmark(lambda: None, device="cpu", synchronize=False).synchronized
+    rows = wrong_and_right(cpu, 32, torch.float32, 3) + zeros_and_random(cpu, 32, torch.float32, 3, 1)
+    rows += cold_and_warm(cpu, 2**20, 3)
+    assert len(rows) == 7 and all(set(row) == set(rows[0]) for row in rows)
+    assert rows[2]["ratio"] == 1.0 and rows[3]["ratio"] == 1.0 and rows[6]["ratio"] == 1.0
+    assert "GB/s" in rows[5]["note"]
+
+
+def test_flush_cache_writes_the_buffer_it_allocated():
+    from trainfast.profiling.pitfalls import flush_cache
+
+    flush = flush_cache("cpu", n_bytes=4096)
+    assert flush().numel() == 1024 and not flush().any()
+
+
+def test_overhead_helpers_measure_rates_and_refuse_cuda_graphs_on_a_cpu():
+    from trainfast.profiling.overhead import (
+        cuda_graph,
+        dispatch_rate,
+        launch_overhead,
+        small_kernels,
+        time_per_op,
+    )  # fmt: skip
+
+    x = torch.randn(8)
+    expected = x
+    for _ in range(3):
+        expected = torch.tanh(expected * 1.01 + 0.01)
+    torch.testing.assert_close(small_kernels(x, 3), expected)
+    assert 1e3 < dispatch_rate(number=100, repeats=3) < 1e8  # between 1 µs and 1 ms per op
+    rows = time_per_op([1, 2**16], repeats=3)
+    assert rows[1]["seconds"] > rows[0]["seconds"]  # 64k elements cost more than one
+    (eager,) = launch_overhead(torch.device("cpu"), repeats=2, number=2, compiled=False)
+    assert eager["mode"] == "eager" and eager["speedup"] == 1.0
+    with pytest.raises(ValueError, match="CUDA graphs need a CUDA tensor"):
+        cuda_graph(small_kernels, x)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_graph_replays_the_captured_function_on_new_inputs():
+    from trainfast.profiling.overhead import cuda_graph, small_kernels
+
+    x = torch.randn(1024, device="cuda")
+    replay = cuda_graph(small_kernels, x)
+    y = torch.randn(1024, device="cuda")
+    torch.testing.assert_close(replay(y), small_kernels(y))
+
+
+def test_loader_seconds_times_whole_passes_and_consumes_every_batch():
+    from trainfast.profiling.loading import loader_seconds
+
+    seen = []
+    data = torch.utils.data.TensorDataset(torch.arange(10))
+    timing = loader_seconds(data, batch_size=4, epochs=2, repeats=2, consume=seen.append)
+    assert len(timing.samples) == 2 and len(seen) == 2 * 2 * 3  # repeats x epochs x batches
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="pin_memory"):
+            loader_seconds(data, batch_size=4, pin_memory=True)
+
+
+def test_counting_backend_counts_graph_breaks_and_recompiles():
+    from trainfast.profiling.compilation import CountingBackend, cache_counters
+    from trainfast.profiling.exercises import clip_by_norm_with_break
+
+    torch._dynamo.reset()
+    counter = CountingBackend()
+    torch.compile(clip_by_norm_with_break, backend=counter)(torch.randn(10) * 10, 1.0)
+    assert counter.compiles == 2  # a graph before the .item() break, one after it
+    assert "norm" in counter.operators()
+    torch._dynamo.reset()
+    counter = CountingBackend()
+    compiled = torch.compile(torch.tanh, backend=counter, dynamic=False)
+    for n in (3, 4, 5):
+        compiled(torch.randn(n))
+    assert counter.compiles == 3
+    assert set(cache_counters()) == {"fx_graph_hits", "fx_graph_misses", "aot_autograd_hits",
+                                     "aot_autograd_misses"}  # fmt: skip
+
+
+def test_use_compile_cache_points_inductor_at_the_folder(tmp_path, monkeypatch):
+    import os
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/somewhere/else")
+    path = use_compile_cache(tmp_path / "inductor")
+    assert path.is_dir() and os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(path)
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    assert cache_dir() == str(path)
+
+
+def test_plot_waterfall_draws_one_bar_per_variant_plus_the_total():
+    pytest.importorskip("matplotlib")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from trainfast.profiling.plots import plot_waterfall
+
+    rows = [{"variant": "baseline", "step_ms": 10.0, "iqr_ms": 1.0},
+            {"variant": "+ a", "step_ms": 8.0, "iqr_ms": 1.0},
+            {"variant": "+ b", "step_ms": 9.0, "iqr_ms": 0.5}]  # fmt: skip
+    ax = plot_waterfall(rows)
+    assert len(ax.patches) == 4 and ax.get_ylabel().endswith("(ms)")
+    colors = [patch.get_facecolor()[:3] for patch in ax.patches]
+    assert colors[1] != colors[2]  # faster and slower are told apart
+    with pytest.raises(ValueError, match="needs a baseline"):
+        plot_waterfall(rows[:1])
+
+
+# --- exercises: each check passes the right answer and catches a wrong one --------------------
+
+
+def test_check_bottleneck():
+    from trainfast.profiling.exercises import check_bottleneck
+
+    check_bottleneck(lambda p: max((r for r in p.operators if r.name.startswith("aten::")),
+                                   key=lambda r: r.self_cpu_s).name)  # fmt: skip
+    with pytest.raises(AssertionError, match="answered"):  # total time picks a range, not an op
+        check_bottleneck(lambda p: max(p.operators, key=lambda r: r.total_cpu_s).name)
+
+
+def test_check_no_graph_break():
+    from trainfast.profiling.exercises import check_no_graph_break, clip_by_norm_with_break
+
+    check_no_graph_break(lambda x, m: x * torch.clamp(m / x.norm(), max=1.0))
+    with pytest.raises(AssertionError, match="graph break"):
+        check_no_graph_break(clip_by_norm_with_break)
+    with pytest.raises(AssertionError, match="values differ"):
+        check_no_graph_break(lambda x, m: x * (m / x.norm()))  # also scales short tensors up
+
+
+def test_check_bucketing():
+    from trainfast.profiling.exercises import check_bucketing
+
+    def pad(tokens, buckets):
+        size = min(b for b in buckets if b >= len(tokens))
+        return torch.nn.functional.pad(tokens, (0, size - len(tokens)))
+
+    check_bucketing(pad)
+    with pytest.raises(AssertionError, match="compiles for 3 buckets"):
+        check_bucketing(lambda tokens, buckets: tokens)  # no padding: one shape per length
+    with pytest.raises(AssertionError, match="wrong padding"):
+        check_bucketing(lambda tokens, buckets: torch.nn.functional.pad(tokens, (0, 64 - len(tokens)), value=1))
+
+
+def test_check_fewer_dispatches():
+    from trainfast.profiling.exercises import check_fewer_dispatches
+
+    check_fewer_dispatches(lambda tensors, factors: list(torch._foreach_mul(tensors, factors)))
+    with pytest.raises(AssertionError, match="64 operations"):
+        check_fewer_dispatches(lambda tensors, factors: [t * f for t, f in zip(tensors, factors, strict=True)])
+    with pytest.raises(AssertionError, match="differ"):
+        check_fewer_dispatches(lambda tensors, factors: list(torch._foreach_mul(tensors, 1.0)))
+
+
+# --- the chapter -----------------------------------------------------------------------------
+
+
+def test_listings_come_from_the_package():
+    import chapters
+
+    assert chapters.listing_problems("profiling") == []
+
+
+@pytest.mark.chapter
+def test_chapter_executes_within_its_budget():
+    import chapters
+
+    seconds = chapters.execute_chapter("profiling")
+    assert seconds < 120, f"the profiling chapter took {seconds:.0f} s (budget 120 s)"

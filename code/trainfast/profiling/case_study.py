@@ -15,7 +15,8 @@ training scripts slow. :class:`Fixes` switches the cures on, one flag each:
    hand-written softmax attention;
 7. ``compile``: ``torch.compile`` of the loss (forward, and through AOTAutograd the backward);
 8. ``cuda_graphs``: ``torch.compile(mode="reduce-overhead")``, which records the compiled
-   kernels into CUDA graphs and replays them with one launch (CUDA only; needs ``compile``).
+   forward and backward kernels into CUDA graphs and replays each with one launch (CUDA only;
+   needs ``compile``; the optimizer step stays outside the graphs).
 
 :func:`compare_fixes` builds one run per set of fixes and times them side by side; the chapter
 plots the result as a waterfall. Every fix changes how the same arithmetic is executed, not
@@ -307,9 +308,9 @@ def compare_fixes(
     (:func:`~trainfast.profiling.benchmark_side_by_side`). Every variant trains the same number
     of steps on the same batches, so the loss curves can be compared step by step.
 
-    A row has the variant's name, its fixes, ``step_ms`` (median), ``iqr_ms``, ``speedup`` (the
-    first variant's step time over this one's), ``first_step_s``, and ``loss_deviation`` from
-    the first variant's curve with its ``tolerance`` (the largest of its fixes').
+    A row has the variant's name, its fixes, ``step_ms`` (median), ``iqr_ms``, ``samples``,
+    ``speedup`` (the first variant's step time over this one's), ``first_step_s``, and
+    ``loss_deviation`` from the first variant's curve with its :func:`loss_tolerance`.
     """
     if not variants:
         raise ValueError("Invalid variants: nothing to compare")
@@ -334,6 +335,7 @@ def compare_fixes(
             "fixes": ", ".join(fixes.enabled) or "none",
             "step_ms": step * 1e3,
             "iqr_ms": timings[name].iqr / steps_per_sample * 1e3,
+            "samples": len(timings[name].samples),
             "speedup": timings[baseline].median / steps_per_sample / step,
             "first_step_s": first_step[name],
             "loss_deviation": loss_deviation(curves[name], curves[baseline]),

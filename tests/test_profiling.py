@@ -16,6 +16,7 @@ import trainfast
 from trainfast.profiling import Timing, benchmark, benchmark_side_by_side, profile_steps, timestamp
 from trainfast.profiling.case_study import (
     FIXES,
+    LOSS_HORIZON,
     LOSS_TOLERANCE,
     CaseStudy,
     CaseStudyConfig,
@@ -260,7 +261,7 @@ def test_token_windows_tokenize_on_the_fly_and_cover_the_text_once():
 
 # --- the case study's fixes keep the loss curve ----------------------------------------------
 
-STEPS = 20  # two passes over the data loader's queue of prefetched batches, and some training
+STEPS = LOSS_HORIZON  # the horizon the tolerances are stated for
 
 
 @pytest.fixture(scope="module")

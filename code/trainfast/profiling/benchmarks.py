@@ -39,6 +39,7 @@ def case_study_record(device: torch.device, quick: bool = False) -> Record:
     """
     from trainfast.accounting import TransformerShape
     from trainfast.profiling.case_study import (
+        LOSS_HORIZON,
         CaseStudyConfig,
         Fixes,
         compare_fixes,
@@ -67,7 +68,7 @@ def case_study_record(device: torch.device, quick: bool = False) -> Record:
         f"tokens of Python's docs, {config.workers} loader worker(s) when on) with each fix "
         "added to the ones before, timed side by side in one run (median of rounds); speedup is "
         "over the baseline; loss_deviation is the largest relative difference from the "
-        "baseline's loss curve."
+        f"baseline's loss over the first {LOSS_HORIZON} steps."
         + (" Quick smoke test: compile left out, tiny model." if quick else "")
     )
     units = {"step_ms": "ms", "iqr_ms": "ms", "speedup": "x", "first_step_s": "s"}

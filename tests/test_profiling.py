@@ -519,3 +519,15 @@ def test_chapter_executes_within_its_budget():
 
     seconds = chapters.execute_chapter("profiling")
     assert seconds < 120, f"the profiling chapter took {seconds:.0f} s (budget 120 s)"
+
+
+def test_paired_sign_test_counts_rounds_and_gives_the_binomial_tail():
+    from trainfast.profiling.timing import paired_sign_test
+
+    before = [10.0] * 15
+    assert paired_sign_test(before, [9.0] * 12 + [11.0] * 3) == (12, pytest.approx(2 * 576 / 2**15))
+    assert paired_sign_test(before, [11.0] * 12 + [9.0] * 3) == (3, pytest.approx(2 * 576 / 2**15))
+    assert paired_sign_test(before, [9.0] * 8 + [11.0] * 7)[1] == 1.0  # an even split
+    assert paired_sign_test([1.0] * 5, [1.0] * 5)[1] == 1.0  # ties are no evidence
+    with pytest.raises(ValueError, match="Invalid samples: 2 and 1"):
+        paired_sign_test([1.0, 2.0], [1.0])

@@ -316,7 +316,8 @@ def compare_fixes(
     (:func:`~trainfast.profiling.benchmark_side_by_side`). Every variant trains the same number
     of steps on the same batches, so the loss curves can be compared step by step.
 
-    A row has the variant's name, its fixes, ``step_ms`` (median), ``iqr_ms``, ``samples``,
+    A row has the variant's name, its fixes, ``step_ms`` (median), ``iqr_ms``, ``samples`` and
+    ``samples_ms`` (every sample, per step, in round order, for paired comparisons),
     ``speedup`` (the first variant's step time over this one's), ``first_step_s``, and
     ``loss_deviation`` from the first variant's curve over the first :data:`LOSS_HORIZON` steps,
     with its :func:`loss_tolerance`. The curves returned are whole.
@@ -345,6 +346,7 @@ def compare_fixes(
             "step_ms": step * 1e3,
             "iqr_ms": timings[name].iqr / steps_per_sample * 1e3,
             "samples": len(timings[name].samples),
+            "samples_ms": [t / steps_per_sample * 1e3 for t in timings[name].samples],
             "speedup": timings[baseline].median / steps_per_sample / step,
             "first_step_s": first_step[name],
             "loss_deviation": loss_deviation(

@@ -28,9 +28,10 @@ for timelines (when did each pipeline stage start?) rather than durations of a f
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,6 +45,7 @@ __all__ = [
     "benchmark_side_by_side",
     "cuda_event_samples",
     "host_clock_samples",
+    "paired_sign_test",
     "timestamp",
 ]
 
@@ -286,3 +288,23 @@ def host_clock_samples(
                 fn()
             samples[name].append((timestamp(device) - start) / numbers[name])
     return samples
+
+
+def paired_sign_test(before: Sequence[float], after: Sequence[float]) -> tuple[int, float]:
+    """Is ``after`` faster than ``before``, sample for sample? ``(faster, p_value)``.
+
+    For samples taken side by side (:func:`benchmark_side_by_side`: sample ``i`` of each
+    function comes from the same round), compare each pair: ``faster`` counts the rounds in
+    which ``after`` took less time. The two-sided sign-test p-value is the probability of a
+    count at least that lopsided if neither were faster (ties count half each way). Pairing
+    cancels what the rounds share, such as a busy moment of the machine, and the test assumes
+    nothing about the shape of the distribution. A small p-value with ``faster`` above half the
+    pairs says ``after`` is faster; below half, slower.
+    """
+    if len(before) != len(after) or not before:
+        raise ValueError(f"Invalid samples: {len(before)} and {len(after)} (need equal, > 0)")
+    n = len(before)
+    wins = sum(1.0 if a < b else 0.5 if a == b else 0.0 for b, a in zip(before, after, strict=True))
+    extreme = math.ceil(max(wins, n - wins))  # as or more lopsided than observed
+    tail = sum(math.comb(n, k) for k in range(extreme, n + 1)) / 2**n
+    return int(round(wins)), min(1.0, 2 * tail)

@@ -113,7 +113,7 @@ def flash_attention_forward(
         q_tile = q[..., q_start : q_start + tile_queries, :].to(dtype)  # (..., Tq, d)
         rows = torch.arange(q_start, q_start + q_tile.shape[-2], device=q.device)
         m = torch.full(q_tile.shape[:-1], float("-inf"), dtype=dtype, device=q.device)  # (..., Tq)
-        l = torch.zeros_like(m)
+        row_sum = torch.zeros_like(m)  # l in the papers
         acc = torch.zeros_like(q_tile)  # (..., Tq, d), unnormalised output
         # causal: key j is seen by query i only if j <= i, so later key tiles are skipped
         key_stop = min(n_keys, q_start + q_tile.shape[-2]) if is_causal else n_keys
@@ -127,11 +127,11 @@ def flash_attention_forward(
             m_new = torch.maximum(m, s.amax(dim=-1))
             p = torch.exp(s - m_new.unsqueeze(-1))  # (..., Tq, Tk)
             rescale = torch.exp(m - m_new)  # shrinks what was accumulated under the old maximum
-            l = l * rescale + p.sum(dim=-1)
+            row_sum = row_sum * rescale + p.sum(dim=-1)
             acc = acc * rescale.unsqueeze(-1) + p @ v_tile
             m = m_new
-        out[..., q_start : q_start + tile_queries, :] = (acc / l.unsqueeze(-1)).to(q.dtype)
-        lse[..., q_start : q_start + tile_queries] = m + torch.log(l)
+        out[..., q_start : q_start + tile_queries, :] = (acc / row_sum.unsqueeze(-1)).to(q.dtype)
+        lse[..., q_start : q_start + tile_queries] = m + torch.log(row_sum)
     return out, lse
 
 

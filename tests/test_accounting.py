@@ -1,0 +1,461 @@
+"""Tests of trainfast.accounting and trainfast.transformer: every formula against the real module.
+
+Parameter counts against ``numel()``, FLOPs against ``FlopCounterMode``, activation bytes against
+the tensors autograd saves, optimizer-state bytes against real optimizers. Where formula and
+measurement differ, the test names the difference and computes it. Tiny shapes, one thread.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from trainfast.accounting import (
+    GPUS,
+    OPTIMIZER_MOMENTS,
+    PRECISION_RECIPES,
+    PRESET_SHAPES,
+    MemoryBreakdown,
+    PrecisionRecipe,
+    TransformerShape,
+    activation_bytes,
+    bytes_per_parameter,
+    checkpointed_layer_bytes,
+    counted_flops,
+    gpu_spec,
+    linear_training_flops,
+    matmul_flops,
+    model_activation_bytes,
+    model_flops_utilization,
+    parameter_count,
+    saved_tensor_bytes,
+    training_flops,
+    training_memory,
+    training_run_seconds,
+    zero_memory,
+)
+from trainfast.optim.state import state_bytes_table
+from trainfast.transformer import Transformer, random_batch
+
+TINY = PRESET_SHAPES["tiny"]
+# odd sizes on purpose: d_ff not 4 d_model, one head, a vocabulary that is no power of two
+SHAPES = [
+    TINY,
+    TransformerShape(
+        vocab_size=97, d_model=24, n_layers=1, n_heads=1, d_ff=40, seq_len=9, batch_size=3
+    ),
+    TransformerShape(
+        vocab_size=50, d_model=16, n_layers=3, n_heads=2, d_ff=64, seq_len=12, batch_size=1
+    ),
+]
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _model(shape: TransformerShape, seed: int = 0, **options) -> Transformer:
+    torch.manual_seed(seed)
+    return Transformer(shape, **options)
+
+
+def _saved(model: Transformer, shape: TransformerShape) -> int:
+    tokens, targets = random_batch(shape)
+    not_activations = [*model.parameters(), *model.buffers()]
+    return saved_tensor_bytes(lambda: model.loss(tokens, targets), exclude=not_activations)
+
+
+def _unmodelled(
+    shape: TransformerShape, layer_norms: int, stat_bytes: int, scalar_bytes: int
+) -> int:
+    """What autograd saves that the formulas leave out, on CPU: each LayerNorm's mean and 1/std
+    per token (in the activations' dtype on CPU), the token ids, position ids and targets
+    (int64), and the loss's 0-dim total weight."""
+    ids = 8 * (2 * shape.tokens + shape.seq_len)
+    return layer_norms * 2 * shape.tokens * stat_bytes + ids + scalar_bytes
+
+
+# --------------------------------------------------------------------------- shapes
+
+
+def test_shape_validation_names_the_value():
+    with pytest.raises(ValueError, match="d_model: 0"):
+        TransformerShape(10, 0, 1, 1, 4, 4, 1)
+    with pytest.raises(ValueError, match="batch_size: 1.5"):
+        TransformerShape(10, 8, 1, 1, 4, 4, 1.5)
+    with pytest.raises(ValueError, match="n_layers: True"):
+        TransformerShape(10, 8, True, 1, 4, 4, 1)
+    with pytest.raises(ValueError, match="n_heads: 3"):
+        TransformerShape(10, 8, 1, 3, 4, 4, 1)
+    shape = TransformerShape.gpt_like(d_model=64, n_layers=2, n_heads=4, seq_len=32)
+    assert (shape.d_ff, shape.vocab_size, shape.batch_size) == (256, 50_304, 1)
+    assert (shape.head_dim, shape.tokens) == (16, 32)
+
+
+def test_parameter_count_is_exact():
+    for shape in SHAPES:
+        model = Transformer(shape)
+        assert parameter_count(shape) == sum(p.numel() for p in model.parameters())
+    for name, shape in PRESET_SHAPES.items():  # the big ones on the meta device: no memory
+        with torch.device("meta"):
+            model = Transformer(shape)
+        assert parameter_count(shape) == sum(p.numel() for p in model.parameters()), name
+    assert parameter_count(PRESET_SHAPES["gpt2-small"]) == 124_439_808  # GPT-2's "124M"
+
+
+# --------------------------------------------------------------------------- FLOPs
+
+
+def _attention_flops(shape: TransformerShape) -> int:
+    """Forward FLOPs of QK^T and PV in all layers."""
+    s = shape.seq_len
+    per_layer = shape.batch_size * shape.n_heads * 2 * matmul_flops(s, shape.head_dim, s)
+    return shape.n_layers * per_layer
+
+
+def _count_step(model: nn.Module, shape: TransformerShape) -> int:
+    tokens, targets = random_batch(shape)
+    return counted_flops(lambda: model.loss(tokens, targets).backward())
+
+
+def test_training_flops_match_the_flop_counter_exactly():
+    for shape in SHAPES:
+        assert _count_step(_model(shape), shape) == training_flops(shape)
+
+
+def test_six_n_d_is_the_leading_term():
+    for shape in [*SHAPES, *PRESET_SHAPES.values()]:
+        h, f = shape.d_model, shape.d_ff
+        matmul_weights = shape.n_layers * (4 * h * h + 2 * h * f) + shape.vocab_size * h
+        attention = 12 * shape.n_layers * shape.seq_len * h * shape.tokens
+        assert training_flops(shape) == 6 * matmul_weights * shape.tokens + attention
+        assert attention == 3 * _attention_flops(shape)
+    # GPT-2 small: attention adds s / (6h) = 1024 / 4608 to the matmul weights' 6 N D
+    gpt2 = PRESET_SHAPES["gpt2-small"]
+    per_token = training_flops(gpt2) / gpt2.tokens
+    assert 6.8 < per_token / parameter_count(gpt2) < 6.9
+
+
+def test_flop_counter_with_fused_attention_and_checkpointing():
+    shape = TINY
+    # On CPU the counter has no formula for the fused flash kernel (torch 2.14): attention is
+    # missing. Should one be added, it would count 2 forward + 5 backward matmuls (7/6 of ours).
+    counted = _count_step(_model(shape, attention="sdpa"), shape)
+    attention = 3 * _attention_flops(shape)
+    assert counted in (training_flops(shape) - attention, training_flops(shape) + attention // 6)
+    # Checkpointing recomputes each block's forward in backward, stopping early after the last
+    # tensor backward needs: the MLP's down projection is not rerun.
+    counted = _count_step(_model(shape, checkpointing=True), shape)
+    h, f, tokens = shape.d_model, shape.d_ff, shape.tokens
+    block_forward = (
+        matmul_flops(tokens, h, 3 * h) + matmul_flops(tokens, h, h) + matmul_flops(tokens, h, f)
+    ) + _attention_flops(shape) // shape.n_layers
+    assert counted == training_flops(shape) + shape.n_layers * block_forward
+
+
+def test_a_two_layer_mlp_does_not_pay_six_n_d():
+    batch, d_in, d_hidden, d_out = 8, 64, 32, 10
+    model = nn.Sequential(nn.Linear(d_in, d_hidden), nn.ReLU(), nn.Linear(d_hidden, d_out))
+    x, y = torch.randn(batch, d_in), torch.randint(0, d_out, (batch,))
+    counted = counted_flops(lambda: F.cross_entropy(model(x), y).backward())
+    predicted = linear_training_flops(batch, d_in, d_hidden, input_grad=False)
+    predicted += linear_training_flops(batch, d_hidden, d_out)
+    assert counted == predicted
+    weights = d_in * d_hidden + d_hidden * d_out
+    assert 6 * weights * batch - counted == 2 * d_in * d_hidden * batch  # the skipped dX
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_flop_counter_with_fused_attention_on_cuda():
+    shape = TINY
+    model = _model(shape, attention="sdpa").cuda()
+    tokens, targets = random_batch(shape, device="cuda")
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        counted = counted_flops(lambda: model.loss(tokens, targets).backward())
+    # the fused backward recomputes QK^T: 2 forward + 5 backward matmuls instead of 2 + 4
+    assert counted == training_flops(shape) + 3 * _attention_flops(shape) // 6
+
+
+# --------------------------------------------------------------------------- activations
+
+
+def test_saved_tensor_bytes_counts_storages_once():
+    x = torch.randn(4, 8, requires_grad=True)
+    assert saved_tensor_bytes(lambda: x.exp()) == 4 * 8 * 4  # exp saves its result
+    assert saved_tensor_bytes(lambda: x * x) == 4 * 8 * 4  # x twice, one storage
+    assert saved_tensor_bytes(lambda: x * x, exclude=[x]) == 0
+    y = torch.randn(4, 16, requires_grad=True)
+    halves = y.split(8, dim=1)  # two views of one storage
+    assert saved_tensor_bytes(lambda: halves[0] * halves[1]) == 4 * 16 * 4
+
+
+@pytest.mark.parametrize("attention", ["manual", "sdpa"])
+def test_activation_bytes_match_saved_tensors(attention):
+    for shape in SHAPES:
+        measured = _saved(_model(shape, attention=attention), shape)
+        formula = model_activation_bytes(shape, value_bytes=4, attention=attention)
+        unmodelled = _unmodelled(shape, 2 * shape.n_layers + 1, stat_bytes=4, scalar_bytes=4)
+        assert measured == formula + unmodelled, shape
+        assert unmodelled < 0.1 * formula  # mostly LayerNorm statistics: 1 / (4h) of a layer
+
+
+def test_activation_bytes_with_checkpointing():
+    for attention in ("manual", "sdpa"):
+        shape = TINY
+        measured = _saved(_model(shape, attention=attention, checkpointing=True), shape)
+        formula = model_activation_bytes(
+            shape, value_bytes=4, attention=attention, checkpointing=True
+        )
+        # saved in the forward: every block's input, and the head; the recomputed layer is the
+        # one layer of activations the formula adds for the backward
+        recomputed = activation_bytes(shape, value_bytes=4, attention=attention)
+        assert measured == formula - recomputed + _unmodelled(shape, 1, 4, 4)
+        assert checkpointed_layer_bytes(shape, value_bytes=4) == shape.tokens * shape.d_model * 4
+        assert formula < model_activation_bytes(shape, value_bytes=4, attention=attention)
+
+
+def test_activation_bytes_scale_with_the_value_size():
+    shape = TINY
+    measured = _saved(_model(shape).to(torch.bfloat16), shape)
+    formula = model_activation_bytes(shape, value_bytes=2)
+    assert measured == formula + _unmodelled(shape, 2 * shape.n_layers + 1, 2, 2)
+
+
+def test_dropout_masks_cost_a_full_value_on_cpu():
+    shape = TINY
+    measured = _saved(_model(shape, dropout=0.1), shape)
+    formula = model_activation_bytes(shape, value_bytes=4, dropout=True)
+    # the formula counts CUDA's 1-byte masks; CPU dropout keeps a 4-byte scaled mask instead
+    masks = shape.n_layers * (
+        2 * shape.tokens * shape.d_model + shape.n_heads * shape.seq_len * shape.tokens
+    )
+    masks += shape.tokens * shape.d_model  # the embedding dropout
+    assert measured == formula + 3 * masks + _unmodelled(shape, 2 * shape.n_layers + 1, 4, 4)
+
+
+def test_autocast_keeps_more_than_two_bytes_per_value():
+    """The 'amp' recipe counts 2-byte activations; autocast (here on CPU) also keeps the residual
+    stream in fp32 at every LayerNorm input, the log-probabilities in fp32, and a bf16 copy of
+    every matmul weight for backward."""
+    shape, model = TINY, _model(TINY)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        measured = _saved(model, shape)
+    formula = model_activation_bytes(
+        shape, value_bytes=PRECISION_RECIPES["amp"].activation_bytes_per_value
+    )
+    h, f, layer_norms = shape.d_model, shape.d_ff, 2 * shape.n_layers + 1
+    residual = layer_norms * shape.tokens * h * 2  # 4 bytes instead of 2
+    log_probs = shape.tokens * shape.vocab_size * 2  # 4 bytes instead of 2
+    weight_copies = 2 * (shape.n_layers * (4 * h * h + 2 * h * f) + shape.vocab_size * h)
+    extra = residual + log_probs + weight_copies + _unmodelled(shape, layer_norms, 4, 4)
+    assert formula < measured <= formula + extra
+
+
+def test_korthikanti_formula_and_parallel_splits():
+    shape = TransformerShape.gpt_like(d_model=4096, n_layers=32, n_heads=32, seq_len=4096)
+    s, b, h, a = shape.seq_len, shape.batch_size, shape.d_model, shape.n_heads
+    paper = s * b * h * (34 + 5 * a * s / h)
+    assert activation_bytes(shape, dropout=True) == pytest.approx(paper, rel=1e-12)
+    for t in (2, 8):
+        tp = s * b * h * (10 + 24 / t + 5 * a * s / (h * t))
+        assert activation_bytes(shape, t, dropout=True) == pytest.approx(tp, rel=1e-12)
+        sp = activation_bytes(shape, t, sequence_parallel=True, dropout=True)
+        assert sp == pytest.approx(paper / t, rel=1e-12)
+        assert checkpointed_layer_bytes(shape, t, True) == 2 * s * b * h / t
+    # fused attention: no probabilities, an fp32 log-sum-exp per head and token instead
+    assert activation_bytes(shape, attention="sdpa") == s * b * (32 * h + 4 * a)
+    with pytest.raises(ValueError, match="attention: 'flash'"):
+        activation_bytes(shape, attention="flash")
+    with pytest.raises(ValueError, match="tensor: 0"):
+        activation_bytes(shape, 0)
+
+
+# --------------------------------------------------------------------------- model state
+
+
+def test_bytes_per_parameter_of_the_standard_recipes():
+    adam = {name: bytes_per_parameter(name, "adam").total for name in PRECISION_RECIPES}
+    assert adam == {"fp32": 16, "amp": 16, "bf16-mixed": 16, "bf16-no-master": 12, "pure-bf16": 8}
+    assert bytes_per_parameter("bf16-mixed", "adamw") == MemoryBreakdown(2, 2, 4, 8, 0)
+    assert bytes_per_parameter("fp32", "sgd").total == 8
+    assert bytes_per_parameter("pure-bf16", "muon").optimizer_state == 2
+    fp8 = PrecisionRecipe("fp8-example", 1, 2, 4, 4, 1.03125)  # fractional: scales per block
+    assert bytes_per_parameter(fp8, "adam").total == 15
+    with pytest.raises(ValueError, match="Unknown optimizer: 'lamb'"):
+        bytes_per_parameter("fp32", "lamb")
+    with pytest.raises(ValueError, match="Unknown recipe: 'fp64'"):
+        bytes_per_parameter("fp64", "adam")
+    with pytest.raises(ValueError, match="gradient_bytes: -2"):
+        PrecisionRecipe("broken", 2, -2, 0, 4, 2)
+
+
+def test_optimizer_state_agrees_with_the_measured_table():
+    """The optimizers chapter measures state bytes on real optimizers; we predict them."""
+    rows = {(r["optimizer"], r["configuration"]): r for r in state_bytes_table()}
+    bf16_rows = {(r["optimizer"], r["configuration"]): r for r in state_bytes_table(torch.bfloat16)}
+    same = {
+        ("SGD", "momentum=0"): "sgd",
+        ("SGD", "momentum=0.9"): "momentum",
+        ("RMSprop", "default"): "rmsprop",
+        ("Adam", "default"): "adam",
+        ("AdamW", "default"): "adamw",
+        ("Muon", "hidden weights only"): "muon",
+    }
+    for key, optimizer in same.items():
+        for table, recipe in ((rows, "fp32"), (bf16_rows, "pure-bf16")):
+            predicted = bytes_per_parameter(recipe, optimizer).optimizer_state
+            # measured adds Adam's and RMSprop's 4-byte step count per tensor: 0.001 B here
+            assert table[key]["state_bytes_per_param"] == pytest.approx(predicted, abs=0.01), key
+    assert set(same.values()) == set(OPTIMIZER_MOMENTS)
+
+
+def test_zero_memory_is_the_same_arithmetic():
+    n = parameter_count(TINY)
+    for stage in range(4):
+        zero = zero_memory(n, 8, stage)
+        ours = training_memory(
+            TINY, recipe="bf16-mixed", optimizer="adam", zero_stage=stage, world_size=8
+        )
+        assert zero.total == pytest.approx(ours.total - ours.activations, rel=1e-12)
+    assert zero_memory(7.5e9, 64, 0).total == 16 * 7.5e9
+    with pytest.raises(ValueError, match="stage: 4"):
+        zero_memory(1e9, 8, 4)
+    with pytest.raises(ValueError, match="world_size: 0"):
+        zero_memory(1e9, 0, 1)
+
+
+def test_training_memory_by_part():
+    shape = PRESET_SHAPES["llama2-7b-like"]
+    n = parameter_count(shape)
+    memory = training_memory(shape, recipe="bf16-mixed", optimizer="adamw")
+    assert (memory.parameters, memory.gradients, memory.master_weights) == (2 * n, 2 * n, 4 * n)
+    assert memory.optimizer_state == 8 * n
+    assert memory.activations == model_activation_bytes(shape, value_bytes=2)
+    assert memory.total == 16 * n + memory.activations
+    checkpointed = training_memory(
+        shape, recipe="bf16-mixed", optimizer="adamw", checkpointing=True
+    )
+    assert checkpointed.activations < memory.activations / 10
+    sharded = training_memory(
+        shape, recipe="bf16-mixed", optimizer="adamw", zero_stage=3, world_size=8
+    )
+    assert sharded.total - sharded.activations == pytest.approx(16 * n / 8)
+    custom = PrecisionRecipe("fp32-by-hand", 4, 4, 0, 4, 4)
+    assert training_memory(TINY, recipe=custom, optimizer="sgd") == training_memory(
+        TINY, recipe="fp32", optimizer="sgd"
+    )
+    with pytest.raises(ValueError, match="Unknown optimizer: 'adafactor'"):
+        training_memory(shape, recipe="fp32", optimizer="adafactor")
+    with pytest.raises(ValueError, match="attention: 'flash'"):
+        training_memory(shape, recipe="fp32", optimizer="adam", attention="flash")
+
+
+# --------------------------------------------------------------------------- hardware, MFU
+
+
+def test_gpu_table():
+    h100 = gpu_spec("NVIDIA H100 80GB HBM3")
+    assert h100 is GPUS["H100 SXM 80GB"]
+    assert h100.peak_flops["bf16"] == 989.4e12 and h100.peak_flops["fp8"] == 1978.9e12
+    assert (h100.sm_count, h100.hbm_bytes_per_s, h100.l2_bytes) == (132, 3.35e12, 50 * 1024**2)
+    assert h100.ridge_intensity("bf16") == pytest.approx(295.3, abs=0.1)
+    assert gpu_spec("NVIDIA H200") is GPUS["H200 SXM 141GB"]
+    assert gpu_spec("NVIDIA A100-SXM4-80GB") is GPUS["A100 SXM 80GB"]
+    for other in ("NVIDIA H100 PCIe", "NVIDIA A100-SXM4-40GB", "NVIDIA H200 NVL", "cpu"):
+        assert gpu_spec(other) is None, other
+    for spec in GPUS.values():
+        assert {"fp32", "tf32", "bf16", "fp16"} <= set(spec.peak_flops)
+        assert spec.peak_flops["bf16"] == 2 * spec.peak_flops["tf32"]  # dense tensor cores
+    assert "fp8" not in GPUS["A100 SXM 80GB"].peak_flops
+    with pytest.raises(ValueError, match="dtype for A100 SXM 80GB: 'fp8'"):
+        GPUS["A100 SXM 80GB"].ridge_intensity("fp8")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_table_agrees_with_the_device():
+    spec = gpu_spec(torch.cuda.get_device_name())
+    if spec is None:
+        pytest.skip(f"{torch.cuda.get_device_name()} is not in the table")
+    properties = torch.cuda.get_device_properties(0)
+    assert properties.multi_processor_count == spec.sm_count
+    assert 0.9 < properties.total_memory / spec.memory_bytes < 1.15
+    if hasattr(properties, "L2_cache_size"):
+        assert properties.L2_cache_size == spec.l2_bytes
+
+
+def test_mfu_and_run_time():
+    assert model_flops_utilization(4e14, 1.0, 1e15) == pytest.approx(0.4)
+    shape = PRESET_SHAPES["llama2-7b-like"]
+    per_token = training_flops(shape) / shape.tokens
+    seconds = training_run_seconds(per_token, 2e12, n_gpus=1024, peak_flops=989.4e12, mfu=0.4)
+    assert seconds == pytest.approx(per_token * 2e12 / (1024 * 989.4e12 * 0.4))
+    assert 1 < seconds / 86_400 < 3  # 2T tokens of a 7B model: days on a thousand H100s
+    with pytest.raises(ValueError, match="mfu: 1.5"):
+        training_run_seconds(1.0, 1.0, n_gpus=1, peak_flops=1.0, mfu=1.5)
+    with pytest.raises(ValueError, match="n_gpus: 0"):
+        training_run_seconds(1.0, 1.0, n_gpus=0, peak_flops=1.0, mfu=0.5)
+    with pytest.raises(ValueError, match="seconds_per_step: 0"):
+        model_flops_utilization(1.0, 0, 1.0)
+    with pytest.raises(ValueError, match="peak_flops: nan"):
+        model_flops_utilization(1.0, 1.0, math.nan)
+
+
+# --------------------------------------------------------------------------- the transformer
+
+
+def test_manual_and_sdpa_attention_give_the_same_numbers():
+    shape = SHAPES[1]
+    manual, fused = _model(shape), _model(shape, attention="sdpa")
+    fused.load_state_dict(manual.state_dict())
+    tokens, targets = random_batch(shape, seed=3)
+    losses = [model.loss(tokens, targets) for model in (manual, fused)]
+    for loss in losses:
+        loss.backward()
+    torch.testing.assert_close(losses[0], losses[1], rtol=1e-5, atol=1e-6)
+    for (name, a), b in zip(manual.named_parameters(), fused.parameters(), strict=True):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_checkpointing_gives_the_same_gradients():
+    shape = TINY
+    plain, checkpointed = _model(shape), _model(shape, checkpointing=True)
+    tokens, targets = random_batch(shape)
+    for model in (plain, checkpointed):
+        model.loss(tokens, targets).backward()
+    for a, b in zip(plain.parameters(), checkpointed.parameters(), strict=True):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-5, atol=1e-7)
+
+
+def test_transformer_basics():
+    shape = TINY
+    model = _model(shape, dropout=0.1)
+    tokens, targets = random_batch(shape)
+    assert tokens.shape == targets.shape == (shape.batch_size, shape.seq_len)
+    assert torch.equal(tokens[:, 1:], targets[:, :-1])  # targets are the next tokens
+    assert model(tokens).shape == (shape.batch_size, shape.seq_len, shape.vocab_size)
+    assert model(tokens[:, :5]).shape == (shape.batch_size, 5, shape.vocab_size)
+    assert model.lm_head.weight is model.token_embedding.weight
+    model.eval()
+    with torch.no_grad():  # a random model is near uniform: loss about log(vocab)
+        assert abs(model.loss(tokens, targets).item() - math.log(shape.vocab_size)) < 0.1
+        # causal: the logits of position i do not depend on later tokens
+        changed = tokens.clone()
+        changed[:, -1] = (changed[:, -1] + 1) % shape.vocab_size
+        torch.testing.assert_close(model(tokens)[:, :-1], model(changed)[:, :-1])
+    with pytest.raises(ValueError, match="sequence length: 17"):
+        model(torch.zeros(1, 17, dtype=torch.long))
+    with pytest.raises(ValueError, match="attention: 'flash'"):
+        Transformer(shape, attention="flash")
+    with pytest.raises(ValueError, match="dropout: 1.0"):
+        Transformer(shape, dropout=1.0)
+    assert dataclasses.replace(shape, batch_size=4).tokens == 4 * shape.seq_len

@@ -1,0 +1,473 @@
+"""The mixed-precision chapter: formats against torch.finfo, our GradScaler step for step against
+torch's, recipes, FP8, numerics, exercise checks, and the chapter itself."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import chapters
+import pytest
+import torch
+from torch import nn
+from trainfast import optim as ours
+from trainfast.precision import (
+    FORMAT_NAMES,
+    GradScaler,
+    autocast_policy,
+    decompose,
+    float_format,
+    fp8_matmul,
+    from_fp8,
+    matmul_error,
+    representable_values,
+    round_mantissa,
+    round_to_tf32,
+    running_sum,
+    softmax_naive,
+    softmax_stable,
+    to_fp8,
+    train_recipe,
+    updated_scale,
+)
+from trainfast.precision import exercises as ex
+
+torch.set_num_threads(1)
+
+# --- formats -----------------------------------------------------------------------------------
+
+WITH_DTYPE = [name for name in FORMAT_NAMES if float_format(name).dtype is not None]
+
+
+@pytest.mark.parametrize("name", WITH_DTYPE)
+def test_every_format_property_matches_torch_finfo(name):
+    fmt = float_format(name)
+    info = torch.finfo(fmt.dtype)
+    assert fmt.bits == info.bits
+    assert fmt.max == info.max
+    assert fmt.min_normal == info.smallest_normal == info.tiny
+    assert fmt.eps == info.eps
+    # finfo has no subnormal minimum: it is the bit pattern 0...01, and half of it rounds to 0
+    one = torch.tensor([1], dtype={8: torch.uint8, 16: torch.int16, 32: torch.int32}[fmt.bits])
+    assert one.view(fmt.dtype).item() == fmt.min_subnormal
+    assert torch.tensor(fmt.min_subnormal / 2).to(fmt.dtype).item() == 0.0
+    assert torch.tensor(fmt.min_subnormal).to(fmt.dtype).item() == fmt.min_subnormal
+    # the bias is the stored exponent of 1.0
+    _, exponent, _ = decompose(torch.ones(1, dtype=fmt.dtype))
+    assert exponent.item() == fmt.bias
+
+
+def test_float_format_accepts_dtypes_names_and_aliases_and_rejects_others():
+    assert float_format(torch.bfloat16) is float_format("bf16") is float_format("torch.bfloat16")
+    assert float_format("e4m3").name == "float8_e4m3fn"
+    assert float_format("tf32").dtype is None
+    with pytest.raises(ValueError, match="'fp12'.*float32, tf32, float16"):
+        float_format("fp12")
+    with pytest.raises(ValueError, match="torch.int32"):
+        float_format(torch.int32)
+
+
+def test_tf32_rounding_keeps_10_mantissa_bits_with_ties_to_even_and_its_limits():
+    tf32 = float_format("tf32")
+    x = torch.tensor([1 + 2.0**-10, 1 + 2.0**-11, 1 + 3 * 2.0**-11, 1 + 2.0**-11 + 2.0**-20, -(1 + 2.0**-11)])
+    expected = torch.tensor([1 + 2.0**-10, 1.0, 1 + 2.0**-9, 1 + 2.0**-10, -1.0])
+    assert torch.equal(round_to_tf32(x), expected)
+    assert round_to_tf32(torch.tensor(tf32.max)).item() == tf32.max
+    assert round_to_tf32(torch.tensor(torch.finfo(torch.float32).max)).item() == math.inf  # rounds up
+    assert round_to_tf32(torch.tensor(tf32.min_subnormal)).item() == tf32.min_subnormal
+    assert round_to_tf32(torch.tensor(tf32.min_subnormal / 2)).item() == 0.0  # a tie: to even, 0
+    assert tf32.eps == 2.0**-10 and tf32.max == (2 - 2.0**-10) * 2.0**127
+    values = torch.randn(10_000) * torch.exp2(torch.randint(-120, 120, (10_000,)).float())
+    values = values[values.abs() >= tf32.min_normal]  # subnormals have a fixed spacing: cases above
+    bits = round_to_tf32(values).view(torch.int32)
+    assert torch.all(bits & 0x1FFF == 0), "the 13 dropped mantissa bits must be zero"
+    # nearest: no other TF32 value is closer than the chosen one
+    error = (round_to_tf32(values).double() - values.double()).abs()
+    ulp = torch.exp2(torch.floor(torch.log2(values.abs().double())) - 10)
+    assert torch.all(error <= ulp / 2 * (1 + 1e-12))
+
+
+def test_round_mantissa_with_7_bits_is_torch_bfloat16_rounding_bit_for_bit():
+    x = torch.randn(200_000) * torch.exp2(torch.randint(-140, 128, (200_000,)).float())
+    ties = torch.tensor([1 + 2.0**-8, 1 + 3 * 2.0**-8, 2.0**-130 + 2.0**-140])
+    x = torch.cat([x, ties, torch.tensor([0.0, -0.0, math.inf, -math.inf, 3.39e38, 3.4e38])])
+    assert torch.equal(round_mantissa(x, 7), x.bfloat16().float())
+    nan = round_mantissa(torch.tensor([math.nan]), 10)
+    assert torch.isnan(nan).all()
+    with pytest.raises(ValueError, match="float64"):
+        round_mantissa(torch.ones(2, dtype=torch.float64), 7)
+    with pytest.raises(ValueError, match="mantissa_bits: 24"):
+        round_mantissa(torch.ones(2), 24)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16, torch.bfloat16,
+                                   torch.float8_e4m3fn, torch.float8_e5m2])
+def test_decompose_fields_rebuild_every_value(dtype):
+    x = (torch.randn(500) * 4).to(dtype)
+    x = x[torch.isfinite(x.float()) & (x.float() != 0)]
+    sign, exponent, mantissa = decompose(x)
+    if dtype == torch.float64:
+        bias, m = 1023, 52
+    else:
+        bias, m = float_format(dtype).bias, float_format(dtype).mantissa_bits
+    normal = exponent > 0
+    lead = normal.double()
+    value = (-1.0) ** sign.double() * torch.exp2(torch.clamp(exponent, min=1).double() - bias) * (lead + mantissa.double() / 2**m)
+    assert torch.equal(value, x.double())
+    assert decompose(torch.tensor([-0.0]))[0].item() == 1
+
+
+def test_representable_values_counts_and_matches_casting():
+    assert len(representable_values("e4m3", 1, 2)) == 8
+    assert len(representable_values("e5m2", 1, 2)) == 4
+    assert len(representable_values(torch.float16, 1, 2)) == 1024
+    assert representable_values("e4m3", 1, 500)[-1] == 448.0
+    for name in ("e4m3", "e5m2"):
+        values = torch.tensor(representable_values(name, 1e-4, 1e5))
+        assert torch.equal(values.to(float_format(name).dtype).float(), values.float())
+    with pytest.raises(ValueError, match="low=2"):
+        representable_values("e4m3", 2, 1)
+
+
+# --- GradScaler against torch.amp.GradScaler ---------------------------------------------------
+
+
+def _model(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 4))
+
+
+def _groups(model: nn.Module, split: bool) -> list:
+    if not split:
+        return list(model.parameters())
+    return [{"params": model[0].parameters()}, {"params": model[2].parameters(), "lr": 0.05}]
+
+
+OPTIMIZERS = {
+    "trainfast SGD single": lambda p: ours.SGD(p, lr=0.1, momentum=0.9, foreach=False),
+    "trainfast SGD foreach": lambda p: ours.SGD(p, lr=0.1, momentum=0.9, foreach=True),
+    "trainfast AdamW single": lambda p: ours.AdamW(p, lr=1e-2, foreach=False),
+    "trainfast AdamW foreach": lambda p: ours.AdamW(p, lr=1e-2, foreach=True),
+    "torch SGD": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9),
+    "torch AdamW": lambda p: torch.optim.AdamW(p, lr=1e-2),
+}
+
+
+def _run(scaler_class, make_optimizer, *, split: bool, clip: bool, poison: dict[int, float],
+         steps: int = 24, **settings):
+    model = _model()
+    optimizer = make_optimizer(_groups(model, split))
+    scaler = scaler_class("cpu", **settings)
+    generator = torch.Generator().manual_seed(1)
+    scales, stepped = [], []
+    calls = {"n": 0}
+    original_step = optimizer.step
+
+    def counting_step(*args, **kwargs):
+        calls["n"] += 1
+        return original_step(*args, **kwargs)
+
+    optimizer.step = counting_step
+    for step in range(steps):
+        x = torch.randn(32, 8, generator=generator)
+        y = torch.randn(32, 4, generator=generator)
+        optimizer.zero_grad()
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = nn.functional.mse_loss(model(x).float(), y)
+        scaler.scale(loss).backward()
+        if step in poison:  # an inf or NaN, as an overflow would produce
+            model[2].weight.grad[0, 0] = poison[step]
+        if clip:
+            scaler.unscale_(optimizer)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+        before = calls["n"]
+        scaler.step(optimizer)
+        stepped.append(calls["n"] > before)
+        scaler.update()
+        scales.append(scaler.get_scale())
+    return scales, stepped, [p.detach().clone() for p in model.parameters()], scaler.state_dict()
+
+
+@pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
+@pytest.mark.parametrize(("split", "clip"), [(False, False), (True, True)])
+def test_our_scaler_matches_torch_step_for_step(optimizer, split, clip):
+    # 2^20 overflows fp16 in the first steps and again after some growths: real skips, plus
+    # injected ones; growth_interval=3 makes the scale grow several times in 24 steps
+    settings = dict(init_scale=2.0**20, growth_interval=3)
+    poison = {12: math.inf, 17: math.nan}
+    mine = _run(GradScaler, OPTIMIZERS[optimizer], split=split, clip=clip, poison=poison, **settings)
+    theirs = _run(torch.amp.GradScaler, OPTIMIZERS[optimizer], split=split, clip=clip, poison=poison, **settings)
+    assert mine[0] == theirs[0], "scale trajectory"
+    assert mine[1] == theirs[1], "which steps were skipped"
+    skips = mine[1].count(False)
+    growths = sum(b > a for a, b in zip(mine[0], mine[0][1:], strict=False))
+    assert skips >= 5 and growths >= 3, f"the run must exercise both rules ({skips} skips, {growths} growths)"
+    for a, b in zip(mine[2], theirs[2], strict=True):
+        assert torch.equal(a, b), "final parameters"
+    assert mine[3] == theirs[3], "state_dict"
+
+
+def test_updated_scale_grows_after_the_interval_and_never_to_infinity():
+    assert updated_scale(4.0, 0, True, growth_factor=2, backoff_factor=0.5, growth_interval=2) == (2.0, 0)
+    assert updated_scale(4.0, 0, False, growth_factor=2, backoff_factor=0.5, growth_interval=2) == (4.0, 1)
+    assert updated_scale(4.0, 1, False, growth_factor=2, backoff_factor=0.5, growth_interval=2) == (8.0, 0)
+    big = float(torch.finfo(torch.float32).max)
+    assert updated_scale(big, 0, False, growth_factor=2, backoff_factor=0.5, growth_interval=1) == (big, 0)
+
+
+def test_unscaling_twice_or_after_step_and_stepping_twice_raise_runtime_error():
+    model = _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = GradScaler("cpu")
+    scaler.scale(model(torch.randn(2, 8)).sum()).backward()
+    scaler.unscale_(optimizer)
+    with pytest.raises(RuntimeError, match="already been called"):
+        scaler.unscale_(optimizer)
+    scaler.step(optimizer)
+    with pytest.raises(RuntimeError, match="after step"):
+        scaler.unscale_(optimizer)
+    with pytest.raises(RuntimeError, match="step\\(\\) has already been called"):
+        scaler.step(optimizer)
+    with pytest.raises(RuntimeError, match="Closure"):
+        scaler.update()
+        scaler.step(optimizer, closure=lambda: None)
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [({"init_scale": 0.0}, "init_scale: 0.0"), ({"init_scale": -1.0}, "init_scale: -1.0"),
+     ({"growth_factor": 1.0}, "growth_factor: 1.0"), ({"backoff_factor": 1.0}, "backoff_factor: 1.0"),
+     ({"backoff_factor": 0.0}, "backoff_factor: 0.0"), ({"growth_interval": 0}, "growth_interval: 0")],
+)
+def test_invalid_scaler_arguments_raise_value_error_naming_the_value(settings, message):
+    with pytest.raises(ValueError, match=message):
+        GradScaler("cpu", **settings)
+
+
+def test_state_dict_round_trips_and_loads_torchs_and_disabled_scaler_passes_through():
+    torch_scaler = torch.amp.GradScaler("cpu", init_scale=1024.0, growth_interval=7)
+    scaler = GradScaler("cpu")
+    scaler.load_state_dict(torch_scaler.state_dict())
+    assert scaler.state_dict() == torch_scaler.state_dict()
+    with pytest.raises(RuntimeError, match="empty"):
+        scaler.load_state_dict({})
+    off = GradScaler("cpu", enabled=False)
+    loss = torch.tensor(3.0)
+    assert off.scale(loss) is loss and off.get_scale() == 1.0 and off.state_dict() == {}
+    assert not off.is_enabled()
+    with pytest.warns(UserWarning, match="CUDA is not available"):
+        if not torch.cuda.is_available():
+            assert not GradScaler("cuda").is_enabled()
+        else:
+            warnings.warn("CUDA is not available (placeholder: a GPU is present)", UserWarning, stacklevel=1)
+
+
+def test_fp16_gradients_are_refused_as_in_torch():
+    weight = nn.Parameter(torch.ones(3, dtype=torch.float16))
+    optimizer = torch.optim.SGD([weight], lr=0.1)
+    scaler = GradScaler("cpu")
+    scaler.scale(weight.float().sum()).backward()
+    with pytest.raises(ValueError, match="FP16 gradients"):
+        scaler.unscale_(optimizer)
+
+
+# --- recipes -----------------------------------------------------------------------------------
+
+
+def _digits():
+    from trainfast.datasets import digits
+
+    return digits("train").tensors
+
+
+def test_fp16_without_a_scaler_loses_its_gradients_and_the_scaler_keeps_them():
+    x, y = _digits()
+    adam = lambda p: torch.optim.Adam(p, lr=3e-3, eps=1e-12)  # noqa: E731
+    runs = {name: train_recipe(name, x, y, adam, steps=20, loss_divisor=2.0**16)
+            for name in ("fp32", "fp16 autocast + scaler", "fp16 autocast, no scaler")}
+    assert min(runs["fp16 autocast, no scaler"].zero_gradients[1:]) > 0.5
+    assert max(runs["fp16 autocast + scaler"].zero_gradients) < 0.2
+    assert runs["fp16 autocast + scaler"].losses[-1] == pytest.approx(runs["fp32"].losses[-1], rel=0.02)
+    no_scaler, fp32 = runs["fp16 autocast, no scaler"].losses, runs["fp32"].losses
+    assert fp32[-1] < fp32[0] - 0.5 and no_scaler[-1] > no_scaler[0] - 0.1  # it barely moves
+
+
+def test_pure_bf16_rounds_away_updates_that_master_weights_keep():
+    x, y = _digits()
+    sgd = lambda p: torch.optim.SGD(p, lr=0.01, momentum=0.9)  # noqa: E731
+    master = train_recipe("bf16 autocast", x, y, sgd, steps=10)
+    pure = train_recipe("pure bf16", x, y, sgd, steps=10)
+    assert max(master.lost_updates) < 0.01  # float32 rounds away only the tiniest updates
+    assert min(pure.lost_updates) > 0.3
+    with pytest.raises(ValueError, match="steps=0"):
+        train_recipe("fp32", x, y, sgd, steps=0)
+
+
+# --- FP8 and numerics ---------------------------------------------------------------------------
+
+
+def test_fp8_per_tensor_scaling_maps_amax_to_the_largest_value_and_round_trips():
+    x = torch.randn(1000) * 1e-3
+    x8, scale = to_fp8(x)
+    assert x8.dtype == torch.float8_e4m3fn and x8.float().abs().max().item() == 448.0
+    assert torch.allclose(from_fp8(x8, scale), x, rtol=2.0**-4, atol=x.abs().max().item() * 2.0**-9)
+    zeros8, zero_scale = to_fp8(torch.zeros(4))
+    assert zero_scale.item() == 1.0 and not torch.isnan(zeros8.float()).any()
+    with pytest.raises(ValueError, match="Unsupported FP8 dtype"):
+        to_fp8(x, torch.float16)
+
+
+def test_fp8_matmul_emulation_equals_torch_scaled_mm_on_this_device():
+    a, b = torch.randn(32, 64), torch.randn(64, 48)
+    ours_out = fp8_matmul(a, b, out_dtype=torch.float32)
+    a8, sa = to_fp8(a)
+    b8, sb = to_fp8(b)
+    try:
+        theirs = torch._scaled_mm(a8, b8.t().contiguous().t(), scale_a=sa.reciprocal(),
+                                  scale_b=sb.reciprocal(), out_dtype=torch.float32)
+    except (RuntimeError, NotImplementedError) as error:
+        pytest.skip(f"torch._scaled_mm does not run on this CPU build: {error}")
+    theirs = theirs[0] if isinstance(theirs, tuple) else theirs
+    assert torch.allclose(ours_out, theirs, rtol=1e-5, atol=1e-4)
+    exact = a @ b
+    assert (ours_out - exact).norm() / exact.norm() < 0.08  # e4m3's 3 mantissa bits
+    with pytest.raises(ValueError, match="\\(M, K\\) @ \\(K, N\\)"):
+        fp8_matmul(a, a)
+
+
+def test_numerics_helpers():
+    assert running_sum(0.01, 1000, torch.float32)[-1].item() == pytest.approx(10.0, abs=1e-3)
+    assert running_sum(0.01, 1000, torch.bfloat16)[-1].item() < 5  # stagnates
+    logits = torch.tensor([[1000.0, 999.0, 0.0]])
+    assert torch.isnan(softmax_naive(logits)).any()
+    assert torch.allclose(softmax_stable(logits), torch.softmax(logits, -1))
+    x = torch.randn(4, 7)
+    assert torch.allclose(softmax_stable(x), torch.softmax(x, -1))
+    errors = {mode: matmul_error(64, 256, 64, mode)["relative_error"] for mode in ("fp32", "tf32", "bf16")}
+    assert errors["fp32"] < 1e-6 < errors["tf32"] < errors["bf16"] < 1e-2
+    with pytest.raises(ValueError, match="'fp64'"):
+        matmul_error(2, 2, 2, "fp64")
+
+
+def test_autocast_policy_on_cpu_casts_matmuls_down_and_losses_up():
+    policy = {row["op"]: row["policy"] for row in autocast_policy("cpu", torch.bfloat16)}
+    assert policy["matmul"] == policy["linear"] == "lower precision"
+    assert policy["mse_loss"] == "float32"
+    assert policy["add"] == "input dtype"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_paths_tf32_policy_and_fp8():
+    tf32 = matmul_error(512, 1024, 512, "tf32", device="cuda")
+    fp32 = matmul_error(512, 1024, 512, "fp32", device="cuda")
+    assert not tf32["emulated"] and fp32["relative_error"] < 1e-5 < tf32["relative_error"] < 2e-3
+    policy = {row["op"]: row["policy"] for row in autocast_policy("cuda", torch.float16)}
+    assert policy["matmul"] == "lower precision" and policy["softmax"] == "float32"
+    a, b = torch.randn(64, 128, device="cuda"), torch.randn(128, 32, device="cuda")
+    out = fp8_matmul(a, b, out_dtype=torch.float32)
+    assert ((out - a @ b).norm() / (a @ b).norm()).item() < 0.08
+
+
+# --- exercise checks: pass the reference, catch a wrong answer ----------------------------------
+
+
+def _limits(e, m, has_infinity):
+    bias = 2 ** (e - 1) - 1
+    top = (2 - 2.0**-m) * 2.0 ** (2**e - 2 - bias) if has_infinity else (2 - 2.0 ** (1 - m)) * 2.0 ** (2**e - 1 - bias)
+    return top, 2.0 ** (1 - bias), 2.0 ** (1 - bias - m), 2.0**-m
+
+
+def test_format_limits_check(capsys):
+    ex.check_format_limits(_limits)
+    assert "All 6 cases passed" in capsys.readouterr().out
+
+    def ieee_only(e, m, has_infinity):  # forgets that e4m3fn has no infinity
+        return _limits(e, m, True)
+
+    with pytest.raises(AssertionError, match="float8_e4m3fn.*max = 240"):
+        ex.check_format_limits(ieee_only)
+
+
+def test_rounding_check(capsys):
+    ex.check_rounding(round_mantissa)
+    assert "All 3 cases passed" in capsys.readouterr().out
+
+    def truncate(x, bits):  # round toward zero: wrong
+        return (x.view(torch.int32) & ~((1 << (23 - bits)) - 1)).view(torch.float32)
+
+    def ties_away(x, bits):  # round half away from zero: wrong only on ties
+        drop = 23 - bits
+        return ((x.view(torch.int32) + (1 << (drop - 1))) & ~((1 << drop) - 1)).view(torch.float32)
+
+    with pytest.raises(AssertionError, match="7 mantissa bits"):
+        ex.check_rounding(truncate)
+    with pytest.raises(AssertionError, match="values differ"):
+        ex.check_rounding(ties_away)
+
+
+def test_scale_update_check(capsys):
+    def reference(scale, tracker, found, growth, backoff, interval):
+        return updated_scale(scale, tracker, found, growth_factor=growth, backoff_factor=backoff,
+                             growth_interval=interval)
+
+    ex.check_scale_update(reference)
+    assert "All 3 cases passed" in capsys.readouterr().out
+
+    def no_reset(scale, tracker, found, growth, backoff, interval):  # forgets to reset the tracker
+        if found:
+            return scale * backoff, tracker
+        return (scale * growth, 0) if tracker + 1 >= interval else (scale, tracker + 1)
+
+    with pytest.raises(AssertionError, match="overflow at steps 0, 1 and 7"):
+        ex.check_scale_update(no_reset)
+
+
+def test_fp8_quantize_check(capsys):
+    ex.check_fp8_quantize(to_fp8)
+    assert "All 4 cases passed" in capsys.readouterr().out
+
+    def no_clamp_no_guard(x):  # divides by amax = 0 and does not saturate
+        scale = 448.0 / x.abs().max()
+        return (x * scale).to(torch.float8_e4m3fn), scale
+
+    with pytest.raises(AssertionError, match="all zeros: x_fp8 contains NaN"):
+        ex.check_fp8_quantize(no_clamp_no_guard)
+
+    def fixed_scale(x):  # one scale for every tensor: tiny values flush to zero
+        return x.clamp(-448, 448).to(torch.float8_e4m3fn), torch.tensor(1.0)
+
+    with pytest.raises(AssertionError, match="normal values: amax maps to"):
+        ex.check_fp8_quantize(fixed_scale)
+
+
+def _stochastic(x, generator):
+    bits = x.view(torch.int32)
+    noise = torch.randint(0, 1 << 16, x.shape, generator=generator, dtype=torch.int32)
+    return ((bits + noise) & ~0xFFFF).view(torch.float32).bfloat16()
+
+
+def test_stochastic_rounding_check(capsys):
+    ex.check_stochastic_rounding(_stochastic)
+    assert "All 5 cases passed" in capsys.readouterr().out
+    with pytest.raises(AssertionError, match="biased"):
+        ex.check_stochastic_rounding(lambda x, g: x.bfloat16())  # round-to-nearest: biased
+
+    def two_ulps(x, generator):  # noise over two ulps: not a neighbour
+        noise = torch.randint(0, 1 << 17, x.shape, generator=generator, dtype=torch.int32)
+        return ((x.view(torch.int32) + noise) & ~0xFFFF).view(torch.float32).bfloat16()
+
+    with pytest.raises(AssertionError, match="not a neighbour"):
+        ex.check_stochastic_rounding(two_ulps)
+
+
+# --- the chapter ---------------------------------------------------------------------------------
+
+
+def test_listings_are_the_packages_own_code():
+    assert chapters.listing_problems("mixed_precision") == []
+
+
+@pytest.mark.chapter
+def test_chapter_executes():
+    chapters.execute_chapter("mixed_precision")

@@ -29,6 +29,15 @@ __all__ = ["BENCHMARKS", "main", "run_benchmark"]
 BENCHMARKS: dict[str, str] = {
     "optimizer-step-time": "trainfast.optim.benchmark:step_time_record",
     "all-reduce-time": "trainfast.distributed.benchmark:all_reduce_record",
+    "copy-bandwidth": "trainfast.kernels.benchmarks:copy_record",
+    "matmul-tiles": "trainfast.kernels.benchmarks:matmul_record",
+    "attention-forward": "trainfast.kernels.benchmarks:attention_record",
+    "roofline": "trainfast.kernels.benchmarks:roofline_record",
+    "strided-access": "trainfast.kernels.benchmarks:strided_record",
+    "host-transfers": "trainfast.kernels.benchmarks:host_transfer_record",
+    "activation-checkpointing": "trainfast.kernels.checkpointing:checkpointing_record",
+    "caching-allocator": "trainfast.kernels.allocator:allocator_rounding_record",
+    "allocator-snapshot": "trainfast.kernels.allocator:allocator_snapshot_record",
 }
 
 

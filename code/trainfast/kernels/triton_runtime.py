@@ -3,10 +3,12 @@
 Triton compiles a kernel for a GPU. With the environment variable ``TRITON_INTERPRET=1`` it
 runs the kernel's Python body instead, on NumPy arrays on the host, one program instance at a
 time: hundreds of times slower, but exact enough to test a kernel on a laptop. Triton reads the
-variable when a kernel is *decorated* (``@triton.jit`` returns an ``InterpretedFunction`` or a
-``JITFunction`` right there, in every version from 3.0 to 3.8), not when ``triton`` is imported.
-So the rule that matters is: the variable must be set before the module that *defines* a kernel
-is imported. That ``torch.compile`` or anything else imported ``triton`` earlier does no harm.
+variable when a function is *decorated*: ``@triton.jit`` returns an ``InterpretedFunction`` or a
+``JITFunction`` right there (in every version from 3.0 to 3.8). That concerns our kernels, and
+also Triton's own standard library (``tl.max``, ``tl.sum``, ``tl.cdiv``, ... are ``@triton.jit``
+functions too), decorated when ``triton.language`` is first imported. So on a CPU the variable
+must be set before *anything* imports Triton, and torch imports it behind your back
+(``torch.utils.flop_counter`` and ``torch.compile`` do).
 
 Every Triton module of :mod:`trainfast.kernels` imports this module first, which decides once
 per process:
@@ -16,12 +18,21 @@ per process:
   notebook cell afterwards) run on CPU tensors;
 * unset, and a CUDA device: left unset, kernels are compiled.
 
+If interpreting and Triton was already imported without the interpreter, its standard library
+cannot run in the interpreter ("Cannot call @triton.jit'd outside of the scope of a kernel").
+This module then imports Triton's Python modules afresh (keeping its compiled extension), so
+that ``tl.max`` and friends are interpreted too; whoever imported the old copy (torch) keeps it,
+and on a machine without a GPU never runs a Triton kernel with it. :func:`interpreter_repaired`
+says whether that happened. If even that fails, the import raises an ``ImportError`` that says
+to set ``TRITON_INTERPRET=1`` first thing.
+
 The failure that remains possible is a kernel decorated in one mode and called in the other:
-CPU tensors handed to a compiled kernel (``TRITON_INTERPRET`` was ``0`` or unset when our
-kernel modules were imported on a machine with a GPU). Triton's own error is obscure ("Pointer
-argument cannot be accessed from Triton"), so :func:`check_launch` raises a ``ValueError`` that
-says what happened and what to do. It also refuses bfloat16 under the interpreter, which
-computes it wrongly (NumPy has no bfloat16; dot products come back as garbage or NaN).
+CPU tensors handed to a compiled kernel (``TRITON_INTERPRET=0`` on a CPU-only machine, or our
+kernels imported on a GPU machine and called with CPU tensors). Triton's own error is obscure
+("Pointer argument cannot be accessed from Triton"), so :func:`check_launch` raises a
+``ValueError`` that says what happened and what to do. It also refuses bfloat16 under the
+interpreter, which computes it wrongly (NumPy has no bfloat16; a 32×32 dot product comes back
+off by 1e10).
 
 ``import trainfast.kernels`` does not import this module: only the Triton kernels need it.
 Without the ``triton`` package it raises an ``ImportError`` saying how to get it.
@@ -29,13 +40,16 @@ Without the ``triton`` package it raises an ``ImportError`` saying how to get it
 
 from __future__ import annotations
 
+import importlib
 import os
+import sys
 
 import torch
 
 __all__ = [
     "INTERPRETER_VARIABLE",
     "check_launch",
+    "interpreter_repaired",
     "interpreting",
     "is_interpreted",
     "tl",
@@ -52,7 +66,43 @@ def _decide_mode() -> None:
         os.environ[INTERPRETER_VARIABLE] = "1"
 
 
+def interpreting() -> bool:
+    """True if kernels decorated now run in Triton's CPU interpreter (``TRITON_INTERPRET=1``)."""
+    return os.environ.get(INTERPRETER_VARIABLE, "0").strip().lower() in ("1", "true", "on", "yes")
+
+
+def is_interpreted(kernel: object) -> bool:
+    """True if ``kernel`` (a ``@triton.jit`` function) was decorated in interpreter mode."""
+    return type(kernel).__name__ == "InterpretedFunction"
+
+
+def _standard_library_compiled() -> bool:
+    """True if ``triton.language`` was imported with its ``@triton.jit`` functions compiled."""
+    standard = sys.modules.get("triton.language.standard")
+    return standard is not None and not is_interpreted(getattr(standard, "cdiv", None))
+
+
+def _reimport_triton() -> None:
+    """Import Triton's Python modules afresh (the compiled extension ``triton._C`` stays)."""
+    for name in [n for n in sys.modules if n == "triton" or n.startswith("triton.")]:
+        if not name.startswith("triton._C"):
+            del sys.modules[name]
+    importlib.import_module("triton.language")
+
+
 _decide_mode()
+_REPAIRED = False
+if interpreting() and _standard_library_compiled():
+    try:
+        _reimport_triton()
+        _REPAIRED = True
+    except Exception as error:  # pragma: no cover - depends on Triton's internals
+        raise ImportError(
+            f"Triton was imported before {INTERPRETER_VARIABLE}=1 was set (torch imports it for "
+            "FlopCounterMode and torch.compile), so its standard library cannot run in the "
+            f"interpreter, and importing it afresh failed ({error!r}). Set "
+            f"{INTERPRETER_VARIABLE}=1 in the environment before starting Python."
+        ) from error
 
 try:
     import triton
@@ -65,14 +115,9 @@ except ImportError as error:  # pragma: no cover - triton ships with torch's Lin
     ) from error
 
 
-def interpreting() -> bool:
-    """True if kernels decorated now run in Triton's CPU interpreter (``TRITON_INTERPRET=1``)."""
-    return os.environ.get(INTERPRETER_VARIABLE, "0").strip().lower() in ("1", "true", "on", "yes")
-
-
-def is_interpreted(kernel: object) -> bool:
-    """True if ``kernel`` (a ``@triton.jit`` function) was decorated in interpreter mode."""
-    return type(kernel).__name__ == "InterpretedFunction"
+def interpreter_repaired() -> bool:
+    """True if this process imported Triton afresh for the interpreter (see the module's notes)."""
+    return _REPAIRED
 
 
 def triton_version() -> tuple[int, int]:

@@ -553,3 +553,269 @@ def test_gpu_cuda_bias_gelu_matches_reference(dtype):
     torch.testing.assert_close(got[1].float(), want[1].float(), atol=tolerance["atol"] * 64, rtol=tolerance["rtol"] * 8)
     if dtype == torch.float64:
         torch.library.opcheck(torch.ops.trainfast_kernels.bias_gelu.default, (x, bias))
+
+
+# --- the roofline, bandwidth, the allocator, checkpointing -----------------------------------
+
+
+def test_roofline_arithmetic():
+    from trainfast.kernels.roofline import Roofline, elementwise_cost, matmul_cost, reduction_cost
+
+    roofline = Roofline(peak_flops=1000.0, bytes_per_s=100.0)
+    assert roofline.ridge == 10.0
+    assert roofline.attainable(2.0) == 200.0 and roofline.attainable(50.0) == 1000.0
+    assert roofline.bound(9.9) == "memory" and roofline.bound(10.0) == "compute"
+    assert elementwise_cost("add", 1000, inputs=2).intensity == pytest.approx(1 / 12)
+    assert reduction_cost("sum", 1001).bytes == 1002 * 4
+    square = matmul_cost(4096, 4096, 4096, element_bytes=2)
+    assert square.flops == 2 * 4096**3 and square.intensity == pytest.approx(4096 / 3)
+    with pytest.raises(ValueError, match="Invalid roofline"):
+        Roofline(0.0, 1.0)
+
+
+def test_measured_roofline_rows_and_the_roofline_taken_from_them():
+    from trainfast.kernels.roofline import measure_roofline, roofline_from_rows
+
+    rows = measure_roofline(torch.device("cpu"), n=1 << 16, matmul_sizes=(64,), repeats=2)
+    assert [r["operation"] for r in rows] == ["copy", "x + y", "sum(x)", "matrix-vector 256x256", "matmul 64x64x64"]
+    assert all(r["seconds"] > 0 and r["flops_per_s"] == r["flops"] / r["seconds"] for r in rows)
+    assert rows[-1]["intensity"] == pytest.approx(2 * 64**3 / (3 * 64 * 64 * 4))
+    # the ceilings: the fastest matmul and the copy (timings are noisy here, the rule is not)
+    synthetic = [dict(r, flops_per_s=speed, bytes_per_s=bandwidth) for r, speed, bandwidth in
+                 zip(rows, [0.0, 5.0, 6.0, 7.0, 90.0], [40.0, 30.0, 20.0, 10.0, 1.0], strict=True)]  # fmt: skip
+    roofline = roofline_from_rows(synthetic)
+    assert (roofline.peak_flops, roofline.bytes_per_s) == (90.0, 40.0)
+    with pytest.raises(ValueError, match="No 'copy' row"):
+        roofline_from_rows(synthetic[1:])
+
+
+def test_bandwidth_measurements_return_rows():
+    from trainfast.kernels.bandwidth import (
+        cache_sizes,
+        copy_bandwidth,
+        host_transfer_costs,
+        strided_bandwidth,
+    )
+
+    copies = copy_bandwidth(torch.device("cpu"), [4096, 1 << 20])
+    assert [r["bytes"] for r in copies] == [4096, 1 << 20] and all(r["gb_per_s"] > 0 for r in copies)
+    strided = strided_bandwidth(torch.device("cpu"), [1, 4], n=1 << 12)
+    assert [r["touched_bytes"] for r in strided] == [1 << 14, 1 << 16]
+    host = host_transfer_costs(torch.device("cpu"))
+    assert [r["operation"] for r in host] == ["100 x sum(), one sync", "100 x sum() + .item()"]
+    assert all(isinstance(size, int) and size > 0 for size in cache_sizes().values())
+
+
+ALLOCATOR_CASES = [  # (request, block, segment), from CUDACachingAllocator.cpp's rules
+    (0, 0, 0), (1, 512, 2 << 20), (512, 512, 2 << 20), (513, 1024, 2 << 20), (1 << 20, 1 << 20, 2 << 20),
+    ((1 << 20) + 1, (1 << 20) + 512, 20 << 20), ((10 << 20) - 1, 10 << 20, 10 << 20),
+    (10 << 20, 10 << 20, 10 << 20), ((10 << 20) + 1, (10 << 20) + 512, 12 << 20),
+    (50_000_000, 50_000_384, 24 * (2 << 20)),
+]
+
+
+def test_allocator_rounding_rules():
+    from trainfast.kernels.allocator import block_bytes, segment_bytes
+
+    for nbytes, block, segment in ALLOCATOR_CASES:
+        assert (block_bytes(nbytes), segment_bytes(nbytes)) == (block, segment), nbytes
+    with pytest.raises(ValueError, match="Invalid nbytes: -1"):
+        block_bytes(-1)
+
+
+def _fake_snapshot():
+    """A snapshot shaped like torch.cuda.memory._snapshot()'s: one 2 MiB segment, two blocks."""
+    frame = {"filename": "/long/path/to/train.py", "line": 7, "name": "step"}
+    cpp = {"filename": "c10/cuda/CUDACachingAllocator.cpp", "line": 1, "name": "malloc"}
+    return {
+        "segments": [{
+            "device": 0, "address": 1 << 30, "total_size": 2 << 20, "stream": 0, "segment_type": "small",
+            "allocated_size": 1024, "active_size": 1024, "requested_size": 1000,
+            "blocks": [
+                {"address": 1 << 30, "size": 1024, "requested_size": 1000, "state": "active_allocated", "frames": [cpp, frame, frame]},
+                {"address": (1 << 30) + 1024, "size": (2 << 20) - 1024, "requested_size": 0, "state": "inactive", "frames": []},
+            ],
+        }],
+        "device_traces": [[
+            {"action": "segment_alloc", "addr": 1 << 30, "size": 2 << 20, "stream": 0, "time_us": 1, "frames": [frame]},
+            {"action": "alloc", "addr": 1 << 30, "size": 1024, "stream": 0, "time_us": 2, "frames": [cpp, frame]},
+            {"action": "alloc", "addr": (1 << 30) + 1024, "size": 512, "stream": 0, "time_us": 3, "frames": [frame]},
+            {"action": "free_requested", "addr": (1 << 30) + 1024, "size": 512, "stream": 0, "time_us": 4, "frames": []},
+            {"action": "free_completed", "addr": (1 << 30) + 1024, "size": 512, "stream": 0, "time_us": 5, "frames": []},
+        ]],
+    }  # fmt: skip
+
+
+def test_trimmed_snapshot_is_small_json_and_memory_viz_reads_it():
+    import json
+
+    from trainfast.kernels.allocator import memory_timeline, segment_summary, trim_snapshot
+
+    trimmed = trim_snapshot(_fake_snapshot())
+    assert json.loads(json.dumps(trimmed)) == trimmed
+    assert trimmed["segments"][0]["blocks"][0]["frames"] == [{"filename": "train.py", "line": 7, "name": "step"}]
+    summary = segment_summary(trimmed)
+    assert "segments: 1" in summary and "total_reserved: 2.0MiB" in summary
+    timeline = memory_timeline(trimmed)
+    assert timeline["allocated"] == [0, 1024, 1536, 1024] and timeline["reserved"] == [2 << 20] * 4
+
+
+def test_checkpointing_trades_memory_for_compute():
+    from trainfast.accounting import TransformerShape
+    from trainfast.kernels.checkpointing import checkpointing_costs
+
+    shape = TransformerShape(vocab_size=64, d_model=32, n_layers=2, n_heads=2, d_ff=64, seq_len=16, batch_size=2)
+    off, on = checkpointing_costs(shape, device=torch.device("cpu"), attention="manual", repeats=1)
+    assert (off["checkpointing"], on["checkpointing"]) == (False, True)
+    assert on["saved_bytes"] < off["saved_bytes"] / 2
+    assert off["counted_flops"] == off["model_flops"] < on["counted_flops"]
+    assert off["predicted_bytes"] <= off["saved_bytes"] <= off["predicted_bytes"] * 1.1
+
+
+def test_target_ratios_name_the_ratio_and_the_verdict():
+    from trainfast.kernels.benchmarks import target_ratios
+    from trainfast.records import make_record
+
+    rows = [
+        {"implementation": "torch copy_", "bytes": 1 << 30, "gb_per_s": 3000.0, "ratio_to_torch": 1.0},
+        {"implementation": "triton copy_kernel", "bytes": 1 << 30, "gb_per_s": 2820.0, "ratio_to_torch": 0.94},
+        {"implementation": "triton copy_kernel", "bytes": 1 << 20, "gb_per_s": 10.0, "ratio_to_torch": 0.1},
+    ]
+    record = make_record("copy-bandwidth", "test", rows)
+    record.environment.update(device="cuda", device_name="Some GPU")
+    (line,) = target_ratios([record])
+    assert line.endswith("0.94 on Some GPU (cuda); target >= 0.90: met")
+    rows[1]["ratio_to_torch"] = 0.5
+    assert target_ratios([record])[0].endswith("target >= 0.90: NOT met")
+    record.environment["device"] = "cpu"
+    assert "not measured on Some GPU (cpu)" in target_ratios([record])[0]
+
+
+# --- the exercises: each check passes the right answer and catches a wrong one ----------------
+
+
+def test_exercise_checks_pass_right_answers_and_catch_wrong_ones(capsys):
+    import math
+
+    from trainfast.kernels.exercises import (
+        check_causal_key_tiles,
+        check_matmul_intensity,
+        check_segment_bytes,
+        check_softmax_merge,
+    )
+
+    check_matmul_intensity(lambda m, k, n, e: 2 * m * k * n / ((m * k + k * n + m * n) * e))
+    with pytest.raises(AssertionError, match=r"cases failed; first: \(4096, 4096\) @ \(4096, 4096\)"):
+        check_matmul_intensity(lambda m, k, n, e: 2 * m * k * n / ((m * k + k * n) * e))  # forgot C
+
+    check_softmax_merge(merge_softmax_stats)
+
+    def naive(max_a, sum_a, max_b, sum_b):  # no guard for an empty part: -inf - -inf is NaN
+        new_max = torch.maximum(max_a, max_b)
+        return new_max, sum_a * torch.exp(max_a - new_max) + sum_b * torch.exp(max_b - new_max)
+
+    naive(*softmax_stats(torch.randn(2, 4)), *softmax_stats(torch.randn(2, 4)))  # fine on ordinary parts
+    with pytest.raises(AssertionError, match="first part empty"):
+        check_softmax_merge(lambda *args: naive(*args) if not torch.isinf(args[0]).all() else
+                            (args[2], args[3] * float("nan")))  # fmt: skip
+    def unshifted(max_a, sum_a, max_b, sum_b):  # right in exact arithmetic, but exp(1000) overflows
+        new_max = torch.maximum(max_a, max_b)
+        return new_max, (sum_a * torch.exp(max_a) + sum_b * torch.exp(max_b)) * torch.exp(-new_max)
+
+    with pytest.raises(AssertionError, match=r"1 of 4 cases failed; first: maxima 1000 apart"):
+        check_softmax_merge(unshifted)
+
+    check_causal_key_tiles(lambda q, bq, n, bk: list(range(0, min(n, q + bq), bk)))
+    with pytest.raises(AssertionError, match="cases failed"):
+        check_causal_key_tiles(lambda q, bq, n, bk: list(range(0, min(n, q), bk)))  # misses the diagonal tile
+
+    def reserve(nbytes):
+        size = 512 * math.ceil(nbytes / 512)
+        if size <= 1 << 20:
+            return 2 << 20
+        return 20 << 20 if size < 10 << 20 else (2 << 20) * math.ceil(size / (2 << 20))
+
+    check_segment_bytes(reserve)
+    with pytest.raises(AssertionError, match="cases failed"):
+        check_segment_bytes(lambda nbytes: 512 * math.ceil(nbytes / 512))  # the block, not the segment
+    assert "FAILED" in capsys.readouterr().out
+
+
+def test_triton_exercise_check_passes_a_kernel_and_catches_a_missing_mask():
+    from trainfast.kernels.exercises import check_triton_axpb
+    from trainfast.kernels.triton_runtime import tl, triton
+
+    @triton.jit
+    def axpb_kernel(x_ptr, y_ptr, n, a, b, BLOCK: tl.constexpr, MASKED: tl.constexpr):
+        offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        if MASKED:
+            x = tl.load(x_ptr + offsets, mask=offsets < n)
+            tl.store(y_ptr + offsets, (a * x.to(tl.float32) + b).to(x.dtype), mask=offsets < n)
+        else:
+            x = tl.load(x_ptr + offsets)
+            tl.store(y_ptr + offsets, (a * x.to(tl.float32) + b).to(x.dtype))
+
+    def launcher(masked):
+        def axpb(x, a, b, out):
+            axpb_kernel[(triton.cdiv(x.numel(), 256),)](x, out, x.numel(), a, b, BLOCK=256, MASKED=masked)
+
+        return axpb
+
+    check_triton_axpb(launcher(True))
+    with pytest.raises(AssertionError, match=r"first: 1 elements of torch.float32: wrote 255 values past the end"):
+        check_triton_axpb(launcher(False))
+    with pytest.raises(AssertionError, match=r"4 of 4 cases failed.*raised"):
+        check_triton_axpb(lambda x, a, b, out: out.copy_(a * x + b).nonexistent)
+
+
+# --- the chapter -----------------------------------------------------------------------------
+
+
+def test_listings_resolve_to_package_code():
+    import chapters
+
+    assert chapters.listing_problems("memory_hierarchy") == []
+
+
+@pytest.mark.chapter
+def test_chapter_executes_within_its_budget():
+    import chapters
+
+    seconds = chapters.execute_chapter("memory_hierarchy")
+    assert seconds < 120, f"the chapter took {seconds:.0f} s, over its 120 s budget"
+
+
+# --- on a GPU: the allocator and the benchmarks ------------------------------------------------
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_allocator_rounding_matches_the_rules():
+    from trainfast.kernels.allocator import allocator_rounding_record
+
+    record = allocator_rounding_record(torch.device("cuda"), quick=True)
+    for row in record.rows:
+        assert row["allocated_bytes"] == row["predicted_block_bytes"], row
+        assert row["reserved_bytes"] == row["predicted_segment_bytes"], row
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_snapshot_and_benchmarks_run_quick():
+    import json
+
+    from trainfast.kernels import benchmarks
+    from trainfast.kernels.allocator import (
+        allocator_snapshot_record,
+        memory_timeline,
+        segment_summary,
+    )
+
+    record = allocator_snapshot_record(torch.device("cuda"), quick=True)
+    assert [row["expandable_segments"] for row in record.rows] == [False, True]
+    snapshot = record.rows[0]["snapshot"]
+    assert json.loads(json.dumps(snapshot)) == snapshot and "segments:" in segment_summary(snapshot)
+    assert max(memory_timeline(snapshot)["allocated"]) > 0
+    for run in (benchmarks.copy_record, benchmarks.matmul_record, benchmarks.attention_record,
+                benchmarks.roofline_record, benchmarks.strided_record, benchmarks.host_transfer_record):  # fmt: skip
+        assert run(torch.device("cuda"), True).rows

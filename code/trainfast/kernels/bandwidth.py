@@ -65,7 +65,8 @@ def copy_bandwidth(
         src = torch.randn(n, device=device).to(dtype)
         dst = torch.empty_like(src)
         number, repeats = _repeats_for(2 * n * element)
-        timing = benchmark(lambda: dst.copy_(src), warmup=2, repeats=repeats, device=device, number=number)
+        timing = benchmark(lambda dst=dst, src=src: dst.copy_(src), warmup=2, repeats=repeats,
+                           device=device, number=number)  # fmt: skip
         rows.append({
             "implementation": "torch copy_", "bytes": n * element, "seconds": timing.median,
             "gb_per_s": 2 * n * element / timing.median / 1e9,

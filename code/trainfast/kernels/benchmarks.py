@@ -271,7 +271,10 @@ def _attention_contenders(q, k, v, is_causal: bool, cuda: bool) -> list[tuple[st
 
     contenders: list[tuple[str, str, Any, Any]] = [("sdpa (default)", "", default, default)]
     if cuda:
-        from trainfast.kernels.attention_triton import FlashAttentionTriton, flash_attention_triton_forward
+        from trainfast.kernels.attention_triton import (
+            FlashAttentionTriton,
+            flash_attention_triton_forward,
+        )
 
         def flash_backend() -> Any:
             with _sdpa_flash_backend():

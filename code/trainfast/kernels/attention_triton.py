@@ -6,7 +6,7 @@ memory), never writing an ``n_queries × n_keys`` matrix to main memory:
 * :func:`flash_forward_kernel`: one program per tile of queries (and per batch × head) walks
   over the key tiles with the online softmax, then writes the output tile and the
   log-sum-exp ``L``. Key tiles that no mask touches are processed by a loop without masking
-  (:func:`_attend_key_tiles` with ``MASKED=False``); only the last tile and, with the causal
+  (:func:`attend_key_tiles` with ``MASKED=False``); only the last tile and, with the causal
   mask, the tiles that straddle the diagonal pay for the masks. Exponentials are base 2
   (``exp2``, one instruction on NVIDIA GPUs), with ``log2 e`` folded into the scale.
 * :func:`flash_backward_dkdv_kernel`: one program per tile of keys walks over the query tiles,
@@ -37,6 +37,7 @@ from trainfast.kernels.triton_runtime import check_launch, is_interpreted, tl, t
 __all__ = [
     "AttentionTiles",
     "FlashAttentionTriton",
+    "attend_key_tiles",
     "default_attention_tiles",
     "flash_attention_triton_backward",
     "flash_attention_triton_forward",
@@ -83,7 +84,7 @@ def _backward_tiles(head_dim: int, dtype: torch.dtype, interpreted: bool) -> Att
 
 
 @triton.jit
-def _attend_key_tiles(
+def attend_key_tiles(
     acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
     offs_q, offs_d, n_keys, start, stop, qk_scale,
     BLOCK_K: tl.constexpr, HEAD_DIM: tl.constexpr, MASKED: tl.constexpr,
@@ -147,12 +148,12 @@ def flash_forward_kernel(
         unmasked_stop = (n_keys // BLOCK_K) * BLOCK_K
     k_base = k_ptr + batch * stride_kb
     v_base = v_ptr + batch * stride_vb
-    acc, l_i, m_i = _attend_key_tiles(
+    acc, l_i, m_i = attend_key_tiles(
         acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
         offs_q, offs_d, n_keys, 0, unmasked_stop, qk_scale,
         BLOCK_K, HEAD_DIM, False, IS_CAUSAL, DOT_PRECISION,
     )  # fmt: skip
-    acc, l_i, m_i = _attend_key_tiles(
+    acc, l_i, m_i = attend_key_tiles(
         acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
         offs_q, offs_d, n_keys, unmasked_stop, stop, qk_scale,
         BLOCK_K, HEAD_DIM, True, IS_CAUSAL, DOT_PRECISION,

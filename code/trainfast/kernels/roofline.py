@@ -170,13 +170,14 @@ def plot_roofline(
 ) -> Any:
     """Draw each roofline (log-log) and the measured ``(label, intensity, flops_per_s)`` points.
 
-    Returns the matplotlib axes. The first roofline's ridge is marked.
+    Returns the matplotlib axes. The first roofline's ridge is marked; the legend sits below the
+    axes (make the figure about 1.4 times as tall as wide, and call ``tight_layout``).
     """
     import matplotlib.pyplot as plt
     import numpy as np
 
     if ax is None:
-        _, ax = plt.subplots(figsize=(7.5, 5))
+        _, ax = plt.subplots(figsize=(7.5, 8))
     intensities = [p[1] for p in points] + [r.ridge for r in rooflines.values()]
     low = min(intensities + [0.05]) / 4
     high = max(intensities + [100.0]) * 4
@@ -193,5 +194,5 @@ def plot_roofline(
         ax.plot(intensity, flops, markers[i % len(markers)], markersize=7, label=label)
     ax.set(xscale="log", yscale="log", xlabel="arithmetic intensity (FLOPs per byte of memory traffic)",
            ylabel="achieved FLOP/s", title=title)  # fmt: skip
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2)
     return ax

@@ -303,24 +303,29 @@ def test_triton_kernels_reject_what_they_cannot_run():
     from trainfast.kernels import copy_tensor, matmul
     from trainfast.kernels.tiled_matmul import MatmulTiles
 
-    q = torch.randn(1, 8, 256)
+    def randn(*shape, dtype=torch.float32):
+        return torch.randn(*shape, device=DEVICE, dtype=dtype)
+
+    q = randn(1, 8, 256)
     with pytest.raises(ValueError, match=r"head dimension 256.*16 to 128.*implementation='tiled'"):
         flash_attention(q, q, q, implementation="triton")
-    q = torch.randn(1, 8, 8)
+    q = randn(1, 8, 8)
     with pytest.raises(ValueError, match=r"head dimension 8"):
         flash_attention(q, q, q, implementation="triton")
     with pytest.raises(ValueError, match=r"needs a contiguous tensor.*strides \(1, 5\)"):
-        copy_tensor(torch.randn(3, 5).T)
+        copy_tensor(randn(3, 5).T)
     with pytest.raises(ValueError, match=r"Invalid block_size: 100"):
-        copy_tensor(torch.randn(5), block_size=100)
+        copy_tensor(randn(5), block_size=100)
     with pytest.raises(ValueError, match=r"Inner dimensions differ.*\(3, 4\).*\(5, 6\)"):
-        matmul(torch.randn(3, 4), torch.randn(5, 6))
+        matmul(randn(3, 4), randn(5, 6))
     with pytest.raises(ValueError, match=r"Invalid block_k: 24"):
         MatmulTiles(64, 64, 24)
     with pytest.raises(ValueError, match=r"one dtype"):
-        matmul(torch.randn(4, 4), torch.randn(4, 4, dtype=torch.float16))
+        matmul(randn(4, 4), randn(4, 4, dtype=torch.float16))
     with pytest.raises(ValueError, match=r"Unsupported dtype torch.float64"):
-        matmul(torch.randn(4, 4, dtype=torch.float64), torch.randn(4, 4, dtype=torch.float64))
+        matmul(randn(4, 4, dtype=torch.float64), randn(4, 4, dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"one device"):
+        matmul(randn(4, 4), torch.randn(4, 4, device="meta"))
 
 
 @pytest.mark.skipif(CUDA, reason="the interpreter's refusal of bfloat16; GPUs run it")
@@ -539,14 +544,14 @@ def test_gpu_cuda_bias_gelu_matches_reference(dtype):
     x = torch.randn(64, 1000, device="cuda", dtype=dtype, requires_grad=True)
     bias = torch.randn(1000, device="cuda", dtype=dtype, requires_grad=True)
     out = bias_gelu(x, bias)
-    expected = bias_gelu_reference(x.float(), bias.float())
-    tolerance = TOLERANCE.get(dtype, TOLERANCE[torch.float32])
-    torch.testing.assert_close(out.float(), expected, **tolerance)
+    expected = bias_gelu_reference(x.double(), bias.double())
+    tolerance = TOLERANCE[dtype]
+    torch.testing.assert_close(out.double(), expected, **tolerance)
     grad = torch.randn_like(out)
     got = torch.autograd.grad(out, (x, bias), grad)
     want = torch.autograd.grad(bias_gelu_reference(x, bias), (x, bias), grad)
-    torch.testing.assert_close(got[0].float(), want[0].float(), **tolerance)
-    torch.testing.assert_close(got[1].float(), want[1].float(), atol=tolerance["atol"] * 64, rtol=tolerance["rtol"] * 8)
+    torch.testing.assert_close(got[0].double(), want[0].double(), **tolerance)
+    torch.testing.assert_close(got[1].double(), want[1].double(), atol=tolerance["atol"] * 64, rtol=tolerance["rtol"] * 8)
     if dtype == torch.float64:
         torch.library.opcheck(torch.ops.trainfast_kernels.bias_gelu.default, (x, bias))
 

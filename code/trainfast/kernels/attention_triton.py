@@ -253,13 +253,13 @@ def _dot_precision(dtype: torch.dtype) -> str:
 
 def _check(q: Tensor, k: Tensor, v: Tensor) -> None:
     validate_attention_inputs(q, k, v)
-    check_launch(flash_forward_kernel, q, k, v)
     head_dim = q.shape[-1]
     if not MIN_HEAD_DIM <= head_dim <= MAX_HEAD_DIM:
         raise ValueError(
             f"Unsupported head dimension {head_dim} for the Triton kernels "
             f"(need {MIN_HEAD_DIM} to {MAX_HEAD_DIM}); use implementation='tiled'"
         )
+    check_launch(flash_forward_kernel, q, k, v)
 
 
 def flash_attention_triton_forward(

@@ -146,13 +146,6 @@ def check_launch(kernel: object, *tensors: torch.Tensor) -> None:
         raise ValueError(f"All tensors must have one dtype, got {sorted(map(str, dtypes))}")
     (device,), (dtype,) = devices, dtypes
     interpreted = is_interpreted(kernel)
-    if device.type != "cuda" and not interpreted:
-        raise ValueError(
-            f"Tensors on {device} need Triton's interpreter, but this kernel was compiled for "
-            f"the GPU: {INTERPRETER_VARIABLE} was not '1' when trainfast's Triton modules were "
-            f"imported. Set {INTERPRETER_VARIABLE}=1 before importing them (a new process), or "
-            "move the tensors to the GPU."
-        )
     if interpreted and dtype not in _INTERPRETER_DTYPES:
         reason = " (the interpreter computes bfloat16 wrongly)" if dtype == torch.bfloat16 else ""
         raise ValueError(
@@ -162,4 +155,11 @@ def check_launch(kernel: object, *tensors: torch.Tensor) -> None:
     if not interpreted and dtype not in _GPU_DTYPES:
         raise ValueError(
             f"Unsupported dtype {dtype}; the Triton kernels take {[str(d) for d in _GPU_DTYPES]}"
+        )
+    if device.type != "cuda" and not interpreted:
+        raise ValueError(
+            f"Tensors on {device} need Triton's interpreter, but this kernel was compiled for "
+            f"the GPU: {INTERPRETER_VARIABLE} was not '1' when trainfast's Triton modules were "
+            f"imported. Set {INTERPRETER_VARIABLE}=1 before importing them (a new process), or "
+            "move the tensors to the GPU."
         )

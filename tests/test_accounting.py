@@ -459,3 +459,13 @@ def test_transformer_basics():
     with pytest.raises(ValueError, match="dropout: 1.0"):
         Transformer(shape, dropout=1.0)
     assert dataclasses.replace(shape, batch_size=4).tokens == 4 * shape.seq_len
+
+
+def test_old_import_paths_reach_the_one_home():
+    from trainfast import accounting
+    from trainfast.distributed import layout, zero
+
+    assert layout.TransformerShape is accounting.TransformerShape
+    assert layout.activation_bytes is accounting.activation_bytes
+    assert zero.zero_memory is accounting.zero_memory
+    assert zero.ZeroMemory is accounting.MemoryBreakdown

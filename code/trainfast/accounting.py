@@ -51,6 +51,7 @@ __all__ = [
     "model_activation_bytes",
     "model_flops_utilization",
     "parameter_count",
+    "plot_memory",
     "saved_tensor_bytes",
     "training_flops",
     "training_memory",
@@ -661,3 +662,49 @@ def training_run_seconds(
     if isinstance(mfu, bool) or not isinstance(mfu, (int, float)) or not 0 < mfu <= 1:
         raise ValueError(f"Invalid mfu: {mfu!r} (expected 0 < mfu <= 1)")
     return flops_per_token * tokens / (n_gpus * peak_flops * mfu)
+
+
+# ----------------------------------------------------------------------------- drawing
+
+
+def plot_memory(
+    breakdowns: Mapping[str, MemoryBreakdown],
+    *,
+    title: str = "Training memory per device, by part",
+    xlabel: str = "configuration",
+    device: GPUSpec | None = None,
+    ax: Any = None,
+) -> tuple[Any, Any]:
+    """The calculator, drawn: one stacked bar per configuration, one colour per part, in GB.
+
+    ``breakdowns`` maps a bar's label to its :class:`MemoryBreakdown` (from
+    :func:`training_memory` or :func:`zero_memory`), e.g. one per recipe, ZeRO stage or
+    checkpointing choice. Parts that are 0 in every bar are left out; each bar is labelled with
+    its total; ``device`` draws its memory as a dashed line. Returns ``(figure, axes)``; draws
+    into ``ax`` if given. Needs matplotlib (imported here, not with the module).
+    """
+    import matplotlib.pyplot as plt
+
+    if not breakdowns:
+        raise ValueError("Nothing to draw: breakdowns is empty")
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(max(5.0, 1.2 * len(breakdowns) + 3.0), 4.0))
+    else:
+        fig = ax.figure
+    labels = list(breakdowns)
+    tops = [0.0] * len(labels)
+    for field in fields(MemoryBreakdown):
+        values = [getattr(breakdowns[label], field.name) / 1e9 for label in labels]
+        if any(values):
+            ax.bar(labels, values, bottom=tops, label=field.name.replace("_", " "))
+            tops = [top + value for top, value in zip(tops, values, strict=True)]
+    for x, top in enumerate(tops):
+        ax.annotate(f"{top:.1f}", (x, top), ha="center", va="bottom", fontsize=9)
+    if device is not None:
+        memory = device.memory_bytes / 1e9
+        ax.axhline(memory, color="black", linestyle="--", label=f"{device.name}: {memory:.0f} GB")
+    ax.set(title=title, xlabel=xlabel, ylabel="memory (GB)")
+    ax.margins(y=0.15)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.tight_layout()
+    return fig, ax

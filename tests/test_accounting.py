@@ -528,3 +528,11 @@ def test_memory_calculator_drawing(tmp_path):
     plt.close(fig)
     with pytest.raises(ValueError, match="breakdowns is empty"):
         plot_memory({})
+
+
+def test_matmul_parameter_count_is_the_n_of_six_n_d():
+    from trainfast.accounting import PRESET_SHAPES, matmul_parameter_count, training_flops
+
+    for shape in PRESET_SHAPES.values():
+        attention = 12 * shape.n_layers * shape.seq_len * shape.d_model * shape.tokens
+        assert training_flops(shape) == 6 * matmul_parameter_count(shape) * shape.tokens + attention

@@ -48,6 +48,7 @@ __all__ = [
     "gpu_spec",
     "linear_training_flops",
     "matmul_flops",
+    "matmul_parameter_count",
     "model_activation_bytes",
     "model_flops_utilization",
     "parameter_count",
@@ -155,6 +156,17 @@ def parameter_count(shape: TransformerShape) -> int:
     layer_norms = 2 * 2 * h
     embeddings = shape.vocab_size * h + shape.seq_len * h
     return embeddings + shape.n_layers * (attention + mlp + layer_norms) + 2 * h
+
+
+def matmul_parameter_count(shape: TransformerShape) -> int:
+    """The parameters that take part in matrix products: ``L (4 h^2 + 2 h f) + V h``.
+
+    The ``N`` of the 6·N·D rule (:func:`training_flops`): the QKV, output and MLP weights of
+    every layer and the (tied) embedding, which the LM head multiplies. Biases, LayerNorm gains
+    and the position embedding are parameters too, but no matmul uses them.
+    """
+    h, f = shape.d_model, shape.d_ff
+    return shape.n_layers * (4 * h * h + 2 * h * f) + shape.vocab_size * h
 
 
 # ----------------------------------------------------------------------------- FLOPs

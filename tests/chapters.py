@@ -9,6 +9,14 @@ Three rules from the book's conventions (README, "Writing a chapter"):
    function or class under a name the package already exports (that would be a hand copy).
 2. (In each chapter's own test module) every hand-written implementation matches torch.
 3. The chapter executes top to bottom as a notebook on CPU; :func:`execute_chapter` times it.
+
+Each chapter is executed once per ``.ci/run``: ``make book`` executes every chapter into
+jupyter-cache, and :func:`execute_chapter` takes that executed notebook instead of running the
+chapter again, but only when it is provably current: the cache's stamp of the watched sources
+(``code/trainfast``, ``book/records``; see ``book/_ext/build_support.py``) equals their hash now,
+and the cache holds a notebook whose code cells and cell metadata equal the chapter's now
+(jupyter-cache's own match). Otherwise, as on a fresh clone running ``make test`` alone, it
+executes the chapter itself. Either way a cell that raised fails the test.
 """
 
 from __future__ import annotations
@@ -17,18 +25,21 @@ import ast
 import importlib
 import pkgutil
 import re
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import nbformat
 import trainfast
+import yaml
 from myst_nb.core.read import read_myst_markdown_notebook
 from nbclient import NotebookClient
 
 ROOT = Path(__file__).resolve().parents[1]
 BOOK = ROOT / "book"
 PACKAGE = ROOT / "code" / "trainfast"
+EXECUTION_CACHE = ROOT / "_build" / ".jupyter_cache"
 
 #: (chapter, seconds) for every chapter executed in this session; printed by conftest.py.
 EXECUTION_TIMES: list[tuple[str, float]] = []
@@ -163,11 +174,75 @@ def listing_problems(name: str) -> list[str]:
     return problems
 
 
-def execute_chapter(name: str, timeout: int = 1800) -> float:
-    """Execute chapter ``name`` as a notebook in ``book/`` on this machine; return seconds."""
+def read_chapter(name: str) -> nbformat.NotebookNode:
+    """Chapter ``name`` as a notebook, read as the book build reads it."""
     path = chapter_path(name)
-    notebook = read_myst_markdown_notebook(path.read_text(), path=path)
-    notebook = nbformat.from_dict(notebook)
+    return nbformat.from_dict(read_myst_markdown_notebook(path.read_text(), path=path))
+
+
+def _watched_sources_are_current(cache: Path) -> bool:
+    """True if the cache's stamp equals the hash of the watched sources as they are now."""
+    sys.path.insert(0, str(BOOK / "_ext"))
+    try:
+        import build_support
+    finally:
+        sys.path.remove(str(BOOK / "_ext"))
+    stamp = cache / build_support.STAMP_NAME
+    if not stamp.exists():
+        return False
+    config = yaml.safe_load((ROOT / "_config.yml").read_text())
+    watched = [ROOT / p for p in config["sphinx"]["config"]["build_support_watch"]]
+    return stamp.read_text().strip() == build_support.source_hash(watched)
+
+
+def executed_by_the_build(
+    name: str, cache: Path | None = None
+) -> tuple[nbformat.NotebookNode, float] | None:
+    """The notebook ``make book`` executed for chapter ``name``, if it is provably current.
+
+    Returns ``(executed notebook, seconds the build took)``, or None when there is no cache,
+    the package or records changed since it was filled, or no cached notebook matches the
+    chapter's cells as they are now. ``cache`` defaults to the book build's.
+    """
+    cache = cache if cache is not None else EXECUTION_CACHE
+    if not (cache / "global.db").exists() or not _watched_sources_are_current(cache):
+        return None
+    from jupyter_cache import get_cache
+
+    jcache = get_cache(cache)
+    try:
+        record = jcache.match_cache_notebook(read_chapter(name))
+        bundle = jcache.get_cache_bundle(record.pk)
+    except KeyError:
+        return None
+    return bundle.nb, float(record.data.get("execution_seconds") or 0.0)
+
+
+def cell_errors(notebook: nbformat.NotebookNode) -> list[str]:
+    """``ename: evalue`` of every error output in an executed notebook."""
+    return [
+        f"{output.get('ename')}: {output.get('evalue')}"
+        for cell in notebook.cells
+        if cell.cell_type == "code"
+        for output in cell.get("outputs", [])
+        if output.get("output_type") == "error"
+    ]
+
+
+def execute_chapter(name: str, timeout: int = 1800) -> float:
+    """Execute chapter ``name`` as a notebook in ``book/`` (or take the build's); return seconds.
+
+    See the module docstring for when the book build's execution is taken instead.
+    """
+    cached = executed_by_the_build(name)
+    if cached is not None:
+        notebook, seconds = cached
+        errors = cell_errors(notebook)
+        if errors:
+            raise AssertionError(f"chapter {name!r} raised in the book build: {errors[0]}")
+        EXECUTION_TIMES.append((f"{name} (executed by make book)", seconds))
+        return seconds
+    notebook = read_chapter(name)
     client = NotebookClient(
         notebook, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(BOOK)}}
     )

@@ -32,6 +32,7 @@ from trainfast.accounting import (
     model_activation_bytes,
     model_flops_utilization,
     parameter_count,
+    plot_memory,
     saved_tensor_bytes,
     training_flops,
     training_memory,
@@ -459,3 +460,79 @@ def test_transformer_basics():
     with pytest.raises(ValueError, match="dropout: 1.0"):
         Transformer(shape, dropout=1.0)
     assert dataclasses.replace(shape, batch_size=4).tokens == 4 * shape.seq_len
+
+
+def test_old_import_paths_reach_the_one_home():
+    from trainfast import accounting
+    from trainfast.distributed import layout, zero
+
+    assert layout.TransformerShape is accounting.TransformerShape
+    assert layout.activation_bytes is accounting.activation_bytes
+    assert zero.zero_memory is accounting.zero_memory
+    assert zero.ZeroMemory is accounting.MemoryBreakdown
+
+
+# --------------------------------------------------------------------------- the drawing
+
+
+def test_memory_calculator_drawing(tmp_path):
+    matplotlib = pytest.importorskip("matplotlib")
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shape = PRESET_SHAPES["llama2-7b-like"]
+    bars = {
+        name: training_memory(shape, recipe=name, optimizer="adamw") for name in PRECISION_RECIPES
+    }
+    bars["bf16-mixed\n+ checkpointing"] = training_memory(
+        shape, recipe="bf16-mixed", optimizer="adamw", checkpointing=True
+    )
+    bars["bf16-mixed\n+ ZeRO-3 on 8"] = training_memory(
+        shape,
+        recipe="bf16-mixed",
+        optimizer="adamw",
+        checkpointing=True,
+        zero_stage=3,
+        world_size=8,
+    )
+    fig, ax = plot_memory(
+        bars,
+        title="Llama-2-7B-like, one 4,096-token sequence, AdamW",
+        xlabel="precision recipe and memory savings",
+        device=GPUS["H100 SXM 80GB"],
+    )
+    path = tmp_path / "memory.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    assert path.stat().st_size > 10_000
+    assert ax.get_title() and "GB" in ax.get_ylabel() and ax.get_xlabel()
+    legend = [text.get_text() for text in ax.get_legend().get_texts()]
+    assert legend == [
+        "H100 SXM 80GB: 80 GB",
+        "parameters",
+        "gradients",
+        "master weights",
+        "optimizer state",
+        "activations",
+    ]
+    # each bar's stacked parts reach its total
+    tops = {}
+    for patch in ax.patches:
+        x = round(patch.get_x() + patch.get_width() / 2)
+        tops[x] = max(tops.get(x, 0.0), patch.get_y() + patch.get_height())
+    for x, breakdown in enumerate(bars.values()):
+        assert tops[x] == pytest.approx(breakdown.total / 1e9)
+    # ZeRO's model state has no master weights or activations: those parts are left out
+    fig, ax = plot_memory({f"stage {k}": zero_memory(7.5e9, 64, k) for k in range(4)})
+    assert len(ax.get_legend().get_texts()) == 3
+    plt.close(fig)
+    with pytest.raises(ValueError, match="breakdowns is empty"):
+        plot_memory({})
+
+
+def test_matmul_parameter_count_is_the_n_of_six_n_d():
+    from trainfast.accounting import PRESET_SHAPES, matmul_parameter_count, training_flops
+
+    for shape in PRESET_SHAPES.values():
+        attention = 12 * shape.n_layers * shape.seq_len * shape.d_model * shape.tokens
+        assert training_flops(shape) == 6 * matmul_parameter_count(shape) * shape.tokens + attention

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import chapters
+import nbformat
+import pytest
 
 PACKAGE = chapters.PACKAGE
 
@@ -78,3 +80,64 @@ def pick_device():
                 "unexecuted Python block", "unexecuted Python block", "defines 'pick_device'"]
     for problem, fragment in zip(problems, expected, strict=True):
         assert fragment in problem
+
+
+# --- one execution per chapter: the build's executed notebook, only when provably current ---
+
+
+def _cache_with(tmp_path, monkeypatch, notebook, *, stamp: str | None = None):
+    """A jupyter-cache in tmp_path holding ``notebook`` (as if executed) and a watched-sources stamp."""
+    import sys
+
+    from jupyter_cache import get_cache
+    from jupyter_cache.base import CacheBundleIn
+
+    monkeypatch.setattr(chapters, "BOOK", tmp_path)
+    cache_dir = tmp_path / "cache"
+    jcache = get_cache(cache_dir)
+    jcache.cache_notebook_bundle(
+        CacheBundleIn(notebook, str(tmp_path / "demo.md"), data={"execution_seconds": 4.5}),
+        check_validity=False, overwrite=True,
+    )  # fmt: skip
+    sys.path.insert(0, str(chapters.ROOT / "book" / "_ext"))
+    import build_support
+
+    sys.path.remove(str(chapters.ROOT / "book" / "_ext"))
+    watched = [chapters.ROOT / "code" / "trainfast", chapters.ROOT / "book" / "records"]
+    current = build_support.source_hash(watched)
+    (cache_dir / build_support.STAMP_NAME).write_text((stamp or current) + "\n")
+    return cache_dir
+
+
+def _demo(tmp_path, body: str = "```{code-cell} ipython3\nx = 1\n```\n"):
+    (tmp_path / "demo.md").write_text(FRONT + body)
+
+
+def test_the_builds_execution_is_taken_only_when_sources_and_package_are_current(tmp_path, monkeypatch):
+    _demo(tmp_path)
+    monkeypatch.setattr(chapters, "BOOK", tmp_path)
+    executed = chapters.read_chapter("demo")
+    executed.cells[0].outputs = [nbformat.v4.new_output("stream", name="stdout", text="ok\n")]
+    cache = _cache_with(tmp_path, monkeypatch, executed)
+    notebook, seconds = chapters.executed_by_the_build("demo", cache)
+    assert seconds == 4.5 and notebook.cells[0].outputs[0]["text"] == "ok\n"
+    # the chapter changed since the build: no match, so it must be executed again
+    _demo(tmp_path, "```{code-cell} ipython3\nx = 2\n```\n")
+    assert chapters.executed_by_the_build("demo", cache) is None
+    # the package changed since the build: the stamp no longer matches
+    _demo(tmp_path)
+    stale = _cache_with(tmp_path, monkeypatch, executed, stamp="0" * 64)
+    assert chapters.executed_by_the_build("demo", stale) is None
+    assert chapters.executed_by_the_build("demo", tmp_path / "no-cache") is None
+
+
+def test_an_error_in_the_builds_execution_is_reported(tmp_path, monkeypatch):
+    _demo(tmp_path)
+    monkeypatch.setattr(chapters, "BOOK", tmp_path)
+    executed = chapters.read_chapter("demo")
+    executed.cells[0].outputs = [nbformat.v4.new_output("error", ename="ValueError", evalue="boom",
+                                                         traceback=[])]
+    assert chapters.cell_errors(executed) == ["ValueError: boom"]
+    monkeypatch.setattr(chapters, "EXECUTION_CACHE", _cache_with(tmp_path, monkeypatch, executed))
+    with pytest.raises(AssertionError, match="raised in the book build: ValueError: boom"):
+        chapters.execute_chapter("demo")

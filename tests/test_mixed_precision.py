@@ -335,6 +335,15 @@ def test_fp8_matmul_emulation_equals_torch_scaled_mm_on_this_device():
         fp8_matmul(a, a)
 
 
+def test_the_playbooks_fp8_recipes_add_up_to_its_totals():
+    from trainfast.accounting import bytes_per_parameter
+    from trainfast.precision import FP8_RECIPES
+
+    assert len(FP8_RECIPES) == 6
+    for recipe, stated in FP8_RECIPES:
+        assert bytes_per_parameter(recipe, "adamw").total == stated, recipe.name
+
+
 def test_numerics_helpers():
     assert running_sum(0.01, 1000, torch.float32)[-1].item() == pytest.approx(10.0, abs=1e-3)
     assert running_sum(0.01, 1000, torch.bfloat16)[-1].item() < 5  # stagnates

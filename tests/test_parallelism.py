@@ -401,10 +401,10 @@ def test_cost_model():
 
 
 def test_layout_calculator():
-    small = TransformerShape(n_layers=12, hidden=768, n_heads=12, seq_len=1024)
+    small = TransformerShape.gpt_like(n_layers=12, d_model=768, n_heads=12, seq_len=1024)
     choice = propose_layout(small, 80e9, 8)
     assert (choice.data, choice.tensor, choice.pipeline, choice.zero_stage) == (8, 1, 1, 0)
-    big = TransformerShape(n_layers=32, hidden=4096, n_heads=32, seq_len=4096)
+    big = TransformerShape.gpt_like(n_layers=32, d_model=4096, n_heads=32, seq_len=4096)
     choice = propose_layout(big, 80e9, 8)
     assert choice is not None and choice.total_bytes <= 0.8 * 80e9
     assert choice.tensor * choice.pipeline > 1 or choice.zero_stage > 0  # plain DP does not fit

@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 import torch
@@ -48,9 +48,11 @@ __all__ = [
     "gpu_spec",
     "linear_training_flops",
     "matmul_flops",
+    "matmul_parameter_count",
     "model_activation_bytes",
     "model_flops_utilization",
     "parameter_count",
+    "plot_memory",
     "saved_tensor_bytes",
     "training_flops",
     "training_memory",
@@ -88,8 +90,8 @@ class TransformerShape:
     batch_size: int
 
     def __post_init__(self) -> None:
-        for field in fields(self):
-            _positive(field.name, getattr(self, field.name))
+        for size in fields(self):
+            _positive(size.name, getattr(self, size.name))
         if self.d_model % self.n_heads:
             raise ValueError(
                 f"Invalid n_heads: {self.n_heads} (must divide d_model = {self.d_model})"
@@ -127,7 +129,7 @@ PRESET_SHAPES: dict[str, TransformerShape] = {
     # Radford et al. 2019, "Language Models are Unsupervised Multitask Learners", Table 2 (the
     # 117M row, 124M counted exactly), vocabulary 50,257, context 1,024
     "gpt2-small": TransformerShape(50_257, 768, 12, 12, 3_072, 1_024, 1),
-    # ibid., the 1542M row: 48 layers, width 1,600, 25 heads of 64
+    # ibid., the 1542M row: 48 layers, width 1,600; 25 heads of 64 in the released model
     "gpt2-xl": TransformerShape(50_257, 1_600, 48, 25, 6_400, 1_024, 1),
     # Touvron et al. 2023, "Llama 2", 7B: width 4,096, 32 layers and heads, context 4,096,
     # vocabulary 32,000. Its SwiGLU MLP (3 matrices of 4,096 x 11,008) becomes our GELU MLP of
@@ -154,6 +156,17 @@ def parameter_count(shape: TransformerShape) -> int:
     layer_norms = 2 * 2 * h
     embeddings = shape.vocab_size * h + shape.seq_len * h
     return embeddings + shape.n_layers * (attention + mlp + layer_norms) + 2 * h
+
+
+def matmul_parameter_count(shape: TransformerShape) -> int:
+    """The parameters that take part in matrix products: ``L (4 h^2 + 2 h f) + V h``.
+
+    The ``N`` of the 6·N·D rule (:func:`training_flops`): the QKV, output and MLP weights of
+    every layer and the (tied) embedding, which the LM head multiplies. Biases, LayerNorm gains
+    and the position embedding are parameters too, but no matmul uses them.
+    """
+    h, f = shape.d_model, shape.d_ff
+    return shape.n_layers * (4 * h * h + 2 * h * f) + shape.vocab_size * h
 
 
 # ----------------------------------------------------------------------------- FLOPs
@@ -365,10 +378,10 @@ class PrecisionRecipe:
     activation_bytes_per_value: float
 
     def __post_init__(self) -> None:
-        for field in fields(self)[1:]:
-            value = getattr(self, field.name)
+        for part in fields(self)[1:]:
+            value = getattr(self, part.name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-                raise ValueError(f"Invalid {field.name}: {value!r} (expected a number >= 0)")
+                raise ValueError(f"Invalid {part.name}: {value!r} (expected a number >= 0)")
         if self.weight_bytes == 0 or self.activation_bytes_per_value == 0:
             raise ValueError(f"Invalid recipe {self.name!r}: weights and activations need bytes")
 
@@ -434,7 +447,7 @@ class MemoryBreakdown:
 
     @property
     def total(self) -> float:
-        return sum(getattr(self, field.name) for field in fields(self))
+        return sum(getattr(self, part.name) for part in fields(self))
 
 
 def bytes_per_parameter(recipe: str | PrecisionRecipe, optimizer: str) -> MemoryBreakdown:
@@ -537,7 +550,7 @@ class GPUSpec:
 
     name: str
     memory_bytes: float
-    peak_flops: Mapping[str, float]
+    peak_flops: Mapping[str, float] = field(hash=False)  # a dict: the spec stays hashable
     hbm_bytes_per_s: float
     l2_bytes: int
     shared_memory_per_sm_bytes: int
@@ -555,9 +568,10 @@ class GPUSpec:
 
 
 _TERA, _KIB, _MIB = 1e12, 1024, 1024**2
-#: Sources: NVIDIA H100 Tensor Core GPU Architecture whitepaper (2022), Table 3, "H100 SXM5"
-#: column, and the H100 datasheet; NVIDIA H200 datasheet (2024); NVIDIA A100 Tensor Core GPU
-#: Architecture whitepaper (2020), Table 1, and the A100 datasheet (80GB SXM column).
+#: Sources: NVIDIA H100 Tensor Core GPU Architecture whitepaper (2022; its table comparing A100,
+#: H100 SXM5 and H100 PCIe, "H100 SXM5" column) and the H100 datasheet (SXM column); the NVIDIA
+#: H200 datasheet (2024, SXM column); the NVIDIA A100 Tensor Core GPU Architecture whitepaper
+#: (2020) and the A100 datasheet (80GB SXM column).
 GPUS: dict[str, GPUSpec] = {
     "H100 SXM 80GB": GPUSpec(
         name="H100 SXM 80GB",
@@ -661,3 +675,49 @@ def training_run_seconds(
     if isinstance(mfu, bool) or not isinstance(mfu, (int, float)) or not 0 < mfu <= 1:
         raise ValueError(f"Invalid mfu: {mfu!r} (expected 0 < mfu <= 1)")
     return flops_per_token * tokens / (n_gpus * peak_flops * mfu)
+
+
+# ----------------------------------------------------------------------------- drawing
+
+
+def plot_memory(
+    breakdowns: Mapping[str, MemoryBreakdown],
+    *,
+    title: str = "Training memory per device, by part",
+    xlabel: str = "configuration",
+    device: GPUSpec | None = None,
+    ax: Any = None,
+) -> tuple[Any, Any]:
+    """The calculator, drawn: one stacked bar per configuration, one colour per part, in GB.
+
+    ``breakdowns`` maps a bar's label to its :class:`MemoryBreakdown` (from
+    :func:`training_memory` or :func:`zero_memory`), e.g. one per recipe, ZeRO stage or
+    checkpointing choice. Parts that are 0 in every bar are left out; each bar is labelled with
+    its total; ``device`` draws its memory as a dashed line. Returns ``(figure, axes)``; draws
+    into ``ax`` if given. Needs matplotlib (imported here, not with the module).
+    """
+    import matplotlib.pyplot as plt
+
+    if not breakdowns:
+        raise ValueError("Nothing to draw: breakdowns is empty")
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(max(5.0, 1.2 * len(breakdowns) + 3.0), 4.0))
+    else:
+        fig = ax.figure
+    labels = list(breakdowns)
+    tops = [0.0] * len(labels)
+    for part in fields(MemoryBreakdown):
+        values = [getattr(breakdowns[label], part.name) / 1e9 for label in labels]
+        if any(values):
+            ax.bar(labels, values, bottom=tops, label=part.name.replace("_", " "))
+            tops = [top + value for top, value in zip(tops, values, strict=True)]
+    for x, top in enumerate(tops):
+        ax.annotate(f"{top:.1f}", (x, top), ha="center", va="bottom", fontsize=9)
+    if device is not None:
+        memory = device.memory_bytes / 1e9
+        ax.axhline(memory, color="black", linestyle="--", label=f"{device.name}: {memory:.0f} GB")
+    ax.set(title=title, xlabel=xlabel, ylabel="memory (GB)")
+    ax.margins(y=0.15)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.tight_layout()
+    return fig, ax

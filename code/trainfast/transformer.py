@@ -56,16 +56,11 @@ class CausalSelfAttention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, seq, d_model = x.shape
         head_dim = d_model // self.n_heads
+        split_heads = (batch, seq, self.n_heads, head_dim)
         q, k, v = self.qkv(x).split(d_model, dim=2)  # 3 x (batch, seq, d_model)
-        q = q.view(batch, seq, self.n_heads, head_dim).transpose(
-            1, 2
-        )  # (batch, heads, seq, head_dim)
-        k = k.view(batch, seq, self.n_heads, head_dim).transpose(
-            1, 2
-        )  # (batch, heads, seq, head_dim)
-        v = v.view(batch, seq, self.n_heads, head_dim).transpose(
-            1, 2
-        )  # (batch, heads, seq, head_dim)
+        q = q.view(split_heads).transpose(1, 2)  # (batch, heads, seq, head_dim)
+        k = k.view(split_heads).transpose(1, 2)  # (batch, heads, seq, head_dim)
+        v = v.view(split_heads).transpose(1, 2)  # (batch, heads, seq, head_dim)
         if self.attention == "manual":
             scores = q @ k.transpose(-2, -1) / math.sqrt(head_dim)  # (batch, heads, seq, seq)
             scores = scores.masked_fill(self.future[:seq, :seq], float("-inf"))
@@ -155,9 +150,8 @@ class Transformer(nn.Module):
                 f"Invalid sequence length: {seq} (the model's is {self.shape.seq_len})"
             )
         positions = torch.arange(seq, device=tokens.device)  # (seq,)
-        x = self.token_embedding(tokens) + self.position_embedding(
-            positions
-        )  # (batch, seq, d_model)
+        # (batch, seq, d_model): token embeddings plus position embeddings, broadcast over batch
+        x = self.token_embedding(tokens) + self.position_embedding(positions)
         x = self.dropout(x)
         for block in self.blocks:
             if self.checkpointing and torch.is_grad_enabled():
@@ -180,7 +174,6 @@ def random_batch(
     Enough to measure time, FLOPs and memory, which do not depend on the token values.
     """
     generator = torch.Generator().manual_seed(seed)
-    ids = torch.randint(
-        shape.vocab_size, (shape.batch_size, shape.seq_len + 1), generator=generator
-    )  # (batch, seq + 1)
+    size = (shape.batch_size, shape.seq_len + 1)  # (batch, seq + 1): inputs, then one more
+    ids = torch.randint(shape.vocab_size, size, generator=generator)
     return ids[:, :-1].clone().to(device), ids[:, 1:].clone().to(device)  # two separate tensors

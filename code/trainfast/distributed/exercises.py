@@ -12,9 +12,9 @@ import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from trainfast.accounting import zero_memory
 from trainfast.distributed.collectives import ring_chunks
 from trainfast.distributed.pipeline import one_f_one_b_schedule, peak_activations
-from trainfast.distributed.zero import zero_memory
 
 __all__ = [
     "check_function",

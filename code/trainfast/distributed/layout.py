@@ -9,17 +9,21 @@ parallelism up to stage 2); then tensor parallelism inside a node; then pipeline
 
 Memory per device is model state plus activations:
 
-* model state (mixed-precision Adam, :func:`~trainfast.distributed.zero.zero_memory`) of the
+* model state (mixed-precision Adam, :func:`~trainfast.accounting.zero_memory`) of the
   parameters this device's tensor and pipeline slice holds, sharded over the data-parallel
   group by the ZeRO stage;
-* activations of one micro-batch per layer, ``s b h (34 + 5 a s / h)`` bytes without
-  recomputation (Korthikanti et al., 2022, "Reducing Activation Recomputation in Large
-  Transformer Models"), for the ``L / p`` layers of a stage, times the ``p`` micro-batches a
-  1F1B stage keeps alive, so ``L`` layers' worth in all. Tensor parallelism divides the
-  attention and MLP parts by ``t``; sequence parallelism divides the rest (layer norms,
-  dropout) too, giving ``s b h (34 + 5 a s / h) / t``. With full recomputation a layer keeps
-  only its input, ``2 s b h`` bytes (over ``t`` with sequence parallelism), and one layer's full
-  activations exist at a time during backward.
+* activations of one micro-batch per layer (:func:`~trainfast.accounting.activation_bytes`
+  with 2-byte values and dropout, ``s b h (34 + 5 a s / h)`` bytes without recomputation:
+  Korthikanti et al., 2022, "Reducing Activation Recomputation in Large Transformer Models"),
+  for the ``L / p`` layers of a stage, times the ``p`` micro-batches a 1F1B stage keeps alive,
+  so ``L`` layers' worth in all. Tensor parallelism divides the attention and MLP parts by
+  ``t``; sequence parallelism divides the rest (layer norms, dropout) too, giving
+  ``s b h (34 + 5 a s / h) / t``. With full recomputation a layer keeps only its input,
+  ``2 s b h`` bytes (over ``t`` with sequence parallelism), and one layer's full activations
+  exist at a time during backward.
+
+:class:`~trainfast.accounting.TransformerShape` and ``activation_bytes`` are imported here from
+:mod:`trainfast.accounting`, the book's one home for this arithmetic, so old imports still work.
 
 It ignores the embedding's activations, communication buffers, fragmentation and the CUDA
 context; real runs need headroom (``reserve``).
@@ -29,7 +33,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trainfast.distributed.zero import zero_memory
+from trainfast.accounting import (
+    TransformerShape,
+    activation_bytes,
+    checkpointed_layer_bytes,
+    parameter_count,
+    zero_memory,
+)
 
 __all__ = [
     "LayoutChoice",
@@ -38,34 +48,6 @@ __all__ = [
     "layout_choices",
     "propose_layout",
 ]
-
-
-@dataclass(frozen=True)
-class TransformerShape:
-    """A GPT-style decoder: layers, hidden size, heads, sequence length, vocabulary, micro-batch."""
-
-    n_layers: int
-    hidden: int
-    n_heads: int
-    seq_len: int
-    vocab: int = 50_304
-    micro_batch: int = 1
-
-    @property
-    def n_params(self) -> int:
-        """``12 L h^2`` in the blocks plus ``V h`` in the (tied) embedding."""
-        return 12 * self.n_layers * self.hidden**2 + self.vocab * self.hidden
-
-
-def activation_bytes(
-    shape: TransformerShape, tensor: int = 1, sequence_parallel: bool = False
-) -> float:
-    """Activation bytes of one layer and one micro-batch (fp16, no recomputation)."""
-    s, b, h, a = shape.seq_len, shape.micro_batch, shape.hidden, shape.n_heads
-    attention_scores = 5 * a * s / h  # softmax input/output and dropout mask, split by heads
-    if sequence_parallel:
-        return s * b * h * (34 + attention_scores) / tensor
-    return s * b * h * (10 + (24 + attention_scores) / tensor)
 
 
 @dataclass(frozen=True)
@@ -117,12 +99,12 @@ def layout_choices(
                 continue
             data = n_devices // (tensor * pipeline)
             for stage in (0, 1, 2, 3) if data > 1 else (0,):
-                state = zero_memory(shape.n_params / (tensor * pipeline), data, stage).total
+                state = zero_memory(parameter_count(shape) / (tensor * pipeline), data, stage).total
                 layers_alive = shape.n_layers  # (L / p) layers x p micro-batches under 1F1B
-                full = activation_bytes(shape, tensor, sequence_parallel)
+                full = activation_bytes(shape, tensor, sequence_parallel, dropout=True)
                 if recompute:
-                    kept = 2 * shape.seq_len * shape.micro_batch * shape.hidden
-                    activations = layers_alive * kept / (tensor if sequence_parallel else 1) + full
+                    kept = checkpointed_layer_bytes(shape, tensor, sequence_parallel)
+                    activations = layers_alive * kept + full
                 else:
                     activations = layers_alive * full
                 choices.append(LayoutChoice(data, tensor, pipeline, stage, state, activations))

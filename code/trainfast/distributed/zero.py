@@ -8,7 +8,9 @@ Memory Optimizations Toward Training Trillion Parameter Models") partition them 
 * stage 3 also shards the parameters (gathered layer by layer when needed); PyTorch's
   ``FullyShardedDataParallel`` (FSDP) is this stage.
 
-:func:`zero_memory` is the paper's per-rank arithmetic. :class:`ZeroOptimizer` is a working
+:func:`~trainfast.accounting.zero_memory`, the paper's per-rank arithmetic, lives with the rest of
+the book's resource arithmetic in :mod:`trainfast.accounting` (imported here too, for the old
+import path). :class:`ZeroOptimizer` is a working
 stage-1 optimizer on our collectives: gradients are *reduce-scattered* (each rank receives the
 mean of its own 1/N slice), each rank steps an ordinary optimizer on its slice, and the updated
 slices are *all-gathered* back into the model. Reduce-scatter plus all-gather is exactly the ring
@@ -26,6 +28,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from trainfast.accounting import MemoryBreakdown, zero_memory
 from trainfast.distributed.collectives import all_gather, reduce_scatter
 from trainfast.distributed.data_parallel import (
     DataParallelConfig,
@@ -36,46 +39,11 @@ from trainfast.distributed.data_parallel import (
 )
 from trainfast.distributed.launch import rank_device
 
+#: The old name of what :func:`zero_memory` returns (its ``optimizer_states`` part is now
+#: :class:`~trainfast.accounting.MemoryBreakdown`'s ``optimizer_state``).
+ZeroMemory = MemoryBreakdown
+
 __all__ = ["ShardedResult", "ZeroMemory", "ZeroOptimizer", "train_sharded", "zero_memory"]
-
-
-@dataclass(frozen=True)
-class ZeroMemory:
-    """Bytes of model state one rank holds."""
-
-    parameters: float
-    gradients: float
-    optimizer_states: float
-
-    @property
-    def total(self) -> float:
-        return self.parameters + self.gradients + self.optimizer_states
-
-
-def zero_memory(
-    n_params: float,
-    world_size: int,
-    stage: int,
-    param_bytes: float = 2,
-    grad_bytes: float = 2,
-    optimizer_bytes: float = 12,
-) -> ZeroMemory:
-    """Per-rank model-state memory for ZeRO ``stage`` 0 (plain data parallel) to 3.
-
-    Defaults are the paper's mixed-precision Adam: fp16 parameters and gradients (2 + 2 bytes)
-    and ``K = 12`` bytes of fp32 master weights, momentum and variance per parameter.
-    Activations, buffers and fragmentation are not model state and are not counted.
-    """
-    if stage not in (0, 1, 2, 3):
-        raise ValueError(f"Invalid stage: {stage!r} (expected 0, 1, 2 or 3)")
-    if world_size < 1:
-        raise ValueError(f"Invalid world_size: {world_size!r} (expected >= 1)")
-    shard = 1.0 / world_size
-    return ZeroMemory(
-        parameters=n_params * param_bytes * (shard if stage >= 3 else 1.0),
-        gradients=n_params * grad_bytes * (shard if stage >= 2 else 1.0),
-        optimizer_states=n_params * optimizer_bytes * (shard if stage >= 1 else 1.0),
-    )
 
 
 class ZeroOptimizer:

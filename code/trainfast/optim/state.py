@@ -4,6 +4,8 @@ Training memory is weights + gradients + optimizer state + activations. The stat
 the choice of optimizer decides: none for plain SGD, one copy of the weights for momentum or
 Muon, two for Adam. The numbers here are measured from the real state tensors, not looked up,
 so they stay true for any optimizer and configuration, ours or ``torch.optim``'s.
+:func:`trainfast.accounting.bytes_per_parameter` predicts the same numbers from the number of
+moments each optimizer keeps; ``tests/test_accounting.py`` checks that the two agree.
 
 Counting: every tensor in ``optimizer.state`` counts, including Adam's and RMSprop's step
 counts. Those are one 4-byte scalar per parameter *tensor*, so they add ``4 * n_tensors /

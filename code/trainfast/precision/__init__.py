@@ -15,11 +15,19 @@ from trainfast.precision.formats import (
     FloatFormat,
     decompose,
     float_format,
+    format_from_bits,
     representable_values,
     round_mantissa,
     round_to_tf32,
 )
-from trainfast.precision.fp8 import fp8_matmul, fp8_scale, from_fp8, has_fp8_tensor_cores, to_fp8
+from trainfast.precision.fp8 import (
+    FP8_RECIPES,
+    fp8_matmul,
+    fp8_scale,
+    from_fp8,
+    has_fp8_tensor_cores,
+    to_fp8,
+)
 from trainfast.precision.loss_scaling import GradScaler, unscale_grads_, updated_scale
 from trainfast.precision.numerics import (
     autocast_policy,
@@ -38,6 +46,7 @@ from trainfast.precision.recipes import (
 
 __all__ = [
     "FORMAT_NAMES",
+    "FP8_RECIPES",
     "RECIPES",
     "FloatFormat",
     "GradScaler",
@@ -46,6 +55,7 @@ __all__ = [
     "autocast_policy",
     "decompose",
     "float_format",
+    "format_from_bits",
     "fp8_matmul",
     "fp8_scale",
     "from_fp8",

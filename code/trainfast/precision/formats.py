@@ -31,6 +31,7 @@ __all__ = [
     "FloatFormat",
     "decompose",
     "float_format",
+    "format_from_bits",
     "representable_values",
     "round_mantissa",
     "round_to_tf32",
@@ -58,14 +59,22 @@ class FloatFormat:
         return self.sign_bits + self.exponent_bits + self.mantissa_bits
 
 
-def _layout(name: str, exponent_bits: int, mantissa_bits: int, *, has_infinity: bool = True,
-            dtype: torch.dtype | None = None) -> FloatFormat:
-    """Derive a :class:`FloatFormat` from its field widths (see the module docstring)."""
+def format_from_bits(
+    name: str,
+    exponent_bits: int,
+    mantissa_bits: int,
+    *,
+    has_infinity: bool = True,
+    dtype: torch.dtype | None = None,
+) -> FloatFormat:
+    """A :class:`FloatFormat` derived from its field widths (see the module docstring)."""
     e, m = exponent_bits, mantissa_bits
+    if e < 2 or m < 1:
+        raise ValueError(f"Invalid layout: exponent_bits={e}, mantissa_bits={m} (need >= 2, >= 1)")
     bias = 2 ** (e - 1) - 1
     if has_infinity:  # the all-ones exponent is reserved for inf and NaN
         largest = (2 - 2.0**-m) * 2.0 ** (2**e - 2 - bias)
-    else:  # only the all-ones pattern is NaN: the top exponent keeps all but one mantissa value
+    else:  # only all-ones is NaN: the top exponent keeps all mantissas but one
         largest = (2 - 2.0 ** (1 - m)) * 2.0 ** (2**e - 1 - bias)
     return FloatFormat(
         name=name,
@@ -83,12 +92,12 @@ def _layout(name: str, exponent_bits: int, mantissa_bits: int, *, has_infinity: 
 
 
 _FORMATS: dict[str, FloatFormat] = {
-    "float32": _layout("float32", 8, 23, dtype=torch.float32),
-    "tf32": _layout("tf32", 8, 10),
-    "float16": _layout("float16", 5, 10, dtype=torch.float16),
-    "bfloat16": _layout("bfloat16", 8, 7, dtype=torch.bfloat16),
-    "float8_e4m3fn": _layout("float8_e4m3fn", 4, 3, has_infinity=False, dtype=torch.float8_e4m3fn),
-    "float8_e5m2": _layout("float8_e5m2", 5, 2, dtype=torch.float8_e5m2),
+    "float32": format_from_bits("float32", 8, 23, dtype=torch.float32),
+    "tf32": format_from_bits("tf32", 8, 10),
+    "float16": format_from_bits("float16", 5, 10, dtype=torch.float16),
+    "bfloat16": format_from_bits("bfloat16", 8, 7, dtype=torch.bfloat16),
+    "float8_e4m3fn": format_from_bits("float8_e4m3fn", 4, 3, has_infinity=False, dtype=torch.float8_e4m3fn),
+    "float8_e5m2": format_from_bits("float8_e5m2", 5, 2, dtype=torch.float8_e5m2),
 }
 _ALIASES = {"fp32": "float32", "fp16": "float16", "half": "float16", "bf16": "bfloat16",
             "e4m3": "float8_e4m3fn", "fp8_e4m3": "float8_e4m3fn",

@@ -20,9 +20,29 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["fp8_matmul", "fp8_scale", "from_fp8", "has_fp8_tensor_cores", "to_fp8"]
+from trainfast.accounting import PrecisionRecipe
+
+__all__ = ["FP8_RECIPES", "fp8_matmul", "fp8_scale", "from_fp8", "has_fp8_tensor_cores", "to_fp8"]
 
 _FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+#: Model-state recipes of FP8 training as the Ultra-Scale Playbook's table summarises them (Tazi et
+#: al. 2025, "The Ultra-Scale Playbook", section "FP8 pretraining"), each with the total bytes per
+#: parameter the table states. To fit :class:`~trainfast.accounting.PrecisionRecipe`, gradients
+#: include the higher-precision copy that gradient accumulation keeps, and the two Adam moments,
+#: when stored differently (FP8-LM: FP8 and FP16), are averaged. Activation bytes: the GEMMs'
+#: input precision. Sources of the rows: FP8-LM, Peng et al. 2023; DeepSeek-V3, DeepSeek-AI 2024;
+#: Transformer Engine, NVIDIA; Nanotron, Hugging Face.
+FP8_RECIPES: list[tuple[PrecisionRecipe, float]] = [
+    # name, weights, gradients (+ accumulated), master weights, bytes per moment, GEMM inputs
+    (PrecisionRecipe("BF16 + FP32 master + FP32 grad accumulation", 2, 2 + 4, 4, 4, 2), 20),
+    (PrecisionRecipe("BF16 + FP32 master", 2, 2, 4, 4, 2), 16),
+    (PrecisionRecipe("Transformer Engine (FP8 GEMMs)", 4, 4, 0, 4, 1), 16),
+    (PrecisionRecipe("FP8-LM O3", 1, 1 + 2, 2, (1 + 2) / 2, 1), 9),
+    (PrecisionRecipe("DeepSeek-V3", 1, 2 + 4, 4, 2, 1), 15),
+    (PrecisionRecipe("Nanotron FP8", 1, 1 + 4, 2, 1, 1), 10),
+]
 
 
 def _check_fp8(dtype: torch.dtype) -> None:
@@ -38,12 +58,14 @@ def fp8_scale(amax: Tensor, dtype: torch.dtype = torch.float8_e4m3fn) -> Tensor:
     return torch.where(usable, torch.finfo(dtype).max / torch.where(usable, amax, 1.0), 1.0)
 
 
-def to_fp8(x: Tensor, dtype: torch.dtype = torch.float8_e4m3fn) -> tuple[Tensor, Tensor]:
-    """Cast ``x`` to FP8 with per-tensor current scaling; returns ``(x_fp8, scale)``.
+def to_fp8(
+    x: Tensor, dtype: torch.dtype = torch.float8_e4m3fn
+) -> tuple[Tensor, Tensor]:
+    """Cast ``x`` to FP8 with per-tensor current scaling: ``(x_fp8, scale)``.
 
-    ``x_fp8 = saturate(x * scale)`` with ``scale = fp8_scale(amax(x))``; recover ``x`` (up to
-    FP8 rounding) with :func:`from_fp8`. The clamp matters for e4m3fn: it has no infinity, so
-    an unclamped overflow would become NaN.
+    ``x_fp8 = saturate(x * scale)``, ``scale = fp8_scale(amax(x))``; recover
+    ``x`` (up to FP8 rounding) with :func:`from_fp8`. The clamp matters for
+    e4m3fn: it has no infinity, so an overflow would become NaN.
     """
     scale = fp8_scale(x.detach().abs().amax(), dtype)
     largest = torch.finfo(dtype).max

@@ -55,9 +55,9 @@ def updated_scale(
 ) -> tuple[float, int]:
     """One step of the dynamic-scaling rule: the new ``(scale, growth_tracker)``.
 
-    ``growth_tracker`` counts consecutive steps without inf/NaN. The products are taken in
-    float64 and rounded to float32, as ``torch._amp_update_scale_`` does; a scale that would
-    grow to infinity stays where it is.
+    ``growth_tracker`` counts consecutive steps without inf/NaN. Products are
+    taken in float64 and rounded to float32, as ``torch._amp_update_scale_``
+    does; a scale that would grow to infinity stays where it is.
     """
     if found_inf:
         return _float32(scale * backoff_factor), 0
@@ -68,10 +68,11 @@ def updated_scale(
 
 
 def unscale_grads_(grads: Iterable[Tensor], inv_scale: float) -> bool:
-    """Multiply every gradient by ``inv_scale`` in place; True if any held an inf or NaN.
+    """Multiply each gradient by ``inv_scale`` in place; True if any had inf/NaN.
 
-    Like ``torch._amp_foreach_non_finite_check_and_unscale_``, it unscales all of them even when
-    one is non-finite (the step will be skipped anyway) and reads the flag once at the end.
+    Like torch's ``_amp_foreach_non_finite_check_and_unscale_``, it unscales
+    them all even when one is non-finite (that step is skipped anyway) and
+    reads the flag once, at the end.
     """
     found_inf = None
     for grad in grads:

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from trainfast.precision.formats import round_to_tf32
+from trainfast.precision.fp8 import fp8_matmul, has_fp8_tensor_cores
 
 __all__ = [
     "AUTOCAST_OPS",
@@ -56,10 +57,10 @@ def softmax_naive(logits: Tensor, dim: int = -1) -> Tensor:
 
 
 def softmax_stable(logits: Tensor, dim: int = -1) -> Tensor:
-    """Softmax with the maximum subtracted first: every exponent is <= 0, so nothing overflows.
+    """Softmax with the maximum subtracted first: no exponent is positive.
 
-    ``softmax(x) = softmax(x - c)`` for any constant ``c``; with ``c = max(x)`` the largest term is
-    ``exp(0) = 1`` and the denominator is at least 1.
+    ``softmax(x) = softmax(x - c)`` for any constant ``c``; with ``c = max(x)``
+    the largest term is ``exp(0) = 1`` and the denominator is at least 1.
     """
     shifted = logits - logits.amax(dim=dim, keepdim=True)
     exps = shifted.exp()
@@ -67,7 +68,7 @@ def softmax_stable(logits: Tensor, dim: int = -1) -> Tensor:
 
 
 #: Precision modes of a float32 matrix product, as :func:`matmul_error` names them.
-MATMUL_MODES = ("fp32", "tf32", "bf16", "fp16")
+MATMUL_MODES = ("fp32", "tf32", "bf16", "fp16", "fp8")
 
 
 def matmul_error(
@@ -83,7 +84,9 @@ def matmul_error(
       (the tensor cores round the inputs to 10 mantissa bits); elsewhere emulated by rounding the inputs with
       :func:`round_to_tf32` and multiplying in float32;
     * ``bf16`` / ``fp16``: inputs cast to that dtype and multiplied by the device's own kernel
-      (float32 accumulation on GPUs and in oneDNN; the result is rounded to 16 bits).
+      (float32 accumulation on GPUs and in oneDNN; the result is rounded to 16 bits);
+    * ``fp8``: :func:`~trainfast.precision.fp8.fp8_matmul`, both inputs in e4m3 with per-tensor
+      scales, a float32 result (real FP8 tensor cores where the GPU has them, else emulated).
 
     Returns ``{"mode", "m", "k", "n", "device", "emulated", "relative_error"}``.
     """
@@ -94,7 +97,7 @@ def matmul_error(
     a = torch.randn(m, k, generator=generator)
     b = torch.randn(k, n, generator=generator)
     reference = a.double() @ b.double()
-    emulated = mode == "tf32" and device.type != "cuda"
+    emulated = (mode == "tf32" and device.type != "cuda") or (mode == "fp8" and not has_fp8_tensor_cores(device))
     a_dev, b_dev = a.to(device), b.to(device)
     if mode in ("fp32", "tf32") and device.type == "cuda":
         previous = torch.get_float32_matmul_precision()
@@ -107,6 +110,8 @@ def matmul_error(
         product = round_to_tf32(a_dev) @ round_to_tf32(b_dev)
     elif mode == "fp32":
         product = a_dev @ b_dev
+    elif mode == "fp8":
+        product = fp8_matmul(a_dev, b_dev, out_dtype=torch.float32)
     else:
         dtype = torch.bfloat16 if mode == "bf16" else torch.float16
         product = a_dev.to(dtype) @ b_dev.to(dtype)

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
@@ -64,25 +65,27 @@ def training_step(
     scaler: GradScaler | None = None,
     loss_divisor: float = 1.0,
 ) -> Tensor:
-    """One step of ``recipe``: forward under autocast, (scaled) backward, (skippable) update.
+    """One step of ``recipe``: autocast forward, (scaled) backward, update.
 
-    The loss is computed in float32 in every recipe (autocast does that for cross-entropy; for
-    pure bf16 we upcast the logits), then divided by ``loss_divisor`` before backward, which
-    makes every gradient that many times smaller: :func:`train_recipe` explains why. Returns the
-    undivided loss, detached.
+    The loss is the cross-entropy of ``model(inputs)``, ``(batch, classes)`` or
+    ``(batch, seq, vocab)`` logits, in float32 in every recipe (autocast does
+    that for cross-entropy; for pure bf16 we upcast the logits), divided by
+    ``loss_divisor`` before backward: :func:`train_recipe` explains why.
+    Returns the undivided loss, detached.
     """
     optimizer.zero_grad(set_to_none=True)
-    inputs = inputs.to(recipe.param_dtype)
+    if inputs.is_floating_point():  # token ids stay integers
+        inputs = inputs.to(recipe.param_dtype)
     with torch.autocast(
         inputs.device.type,
         dtype=recipe.autocast_dtype or torch.float32,
         enabled=recipe.autocast_dtype is not None,
     ):
-        logits = model(inputs)
-        loss = nn.functional.cross_entropy(logits.float(), targets)
+        logits = model(inputs).float()  # (batch, classes) or (batch, seq, vocab)
+        loss = F.cross_entropy(logits.flatten(0, -2), targets.flatten())
     if scaler is not None:
         scaler.scale(loss / loss_divisor).backward()
-        scaler.step(optimizer)  # skips optimizer.step() if a gradient is inf/NaN
+        scaler.step(optimizer)  # skips optimizer.step() on an inf/NaN gradient
         scaler.update()
     else:
         (loss / loss_divisor).backward()
@@ -183,7 +186,7 @@ def activation_gradients(
         if isinstance(module, nn.Linear)
     ]
     try:
-        loss = nn.functional.cross_entropy(model(inputs), targets) / loss_divisor
+        loss = F.cross_entropy(model(inputs), targets) / loss_divisor
         loss.backward()
     finally:
         for handle in handles:

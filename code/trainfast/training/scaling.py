@@ -21,6 +21,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
+from trainfast.accounting import counted_flops
 from trainfast.training.arguments import TrainingArguments
 from trainfast.training.data import ImageData, load_images, take_fraction
 from trainfast.training.trainer import Trainer
@@ -88,19 +89,17 @@ def training_flops(
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = nn.functional.cross_entropy,
 ) -> float:
     """FLOPs of one forward and backward pass per example, counted by torch's
-    ``FlopCounterMode`` on the batch ``inputs`` (matrix multiplies and convolutions;
-    element-wise work is ignored, as is customary). For a layer inside a network this is the
-    familiar 6 FLOPs per weight and example: 2 forward, 2 for the weight gradient, 2 for the
-    input gradient; the first layer skips the last 2, since its input needs no gradient."""
-    from torch.utils.flop_counter import FlopCounterMode
-
+    ``FlopCounterMode`` on the batch ``inputs`` (:func:`trainfast.accounting.counted_flops`:
+    matrix multiplies and convolutions; element-wise work is ignored, as is customary). For a
+    layer inside a network this is the familiar 6 FLOPs per weight and example: 2 forward, 2 for
+    the weight gradient, 2 for the input gradient; the first layer skips the last 2, since its
+    input needs no gradient."""
     was_training = model.training
     model.train()
-    with FlopCounterMode(display=False) as counter:
-        loss_fn(model(inputs), targets).backward()
+    flops = counted_flops(lambda: loss_fn(model(inputs), targets).backward())
     model.zero_grad(set_to_none=True)
     model.train(was_training)
-    return counter.get_total_flops() / len(targets)
+    return flops / len(targets)
 
 
 @dataclass(frozen=True)

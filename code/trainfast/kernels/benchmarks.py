@@ -1,0 +1,401 @@
+"""The chapter's measurements, as ``python -m trainfast.measure`` benchmarks.
+
+Each function takes ``(device, quick)`` and returns a :class:`~trainfast.records.Record`. On a GPU
+the Triton kernels run compiled and are compared, in the same run, with what PyTorch ships:
+
+=====================  ==================================================  ===========
+benchmark              measures                                            target
+=====================  ==================================================  ===========
+``copy-bandwidth``     Triton copy vs ``torch`` copy, by size               ≥ 0.90
+``matmul-tiles``       tiled Triton matmul vs ``torch.matmul`` at 4096³,    ≥ 0.75
+                       fp16 and bf16, over a sweep of tile sizes
+``attention-forward``  Triton flash-attention forward vs                    ≥ 0.60
+                       ``scaled_dot_product_attention``, bf16, seq 4096
+``roofline``           elementwise ops, a reduction, matmuls: FLOP/s and    (none)
+                       intensity, with the measured ridge
+``strided-access``     bandwidth of reads ``stride`` elements apart         (none)
+``host-transfers``     ``.item()``, pageable and pinned copies              (none)
+=====================  ==================================================  ===========
+
+:func:`target_ratios` reads the three ratios back from records and prints them beside their
+targets (each benchmark prints its own when it finishes). On a CPU the Triton kernels run in
+the interpreter, whose timings measure the interpreter, not the hardware: those benchmarks then
+time the PyTorch side only (the cache hierarchy, the roofline, the tiled PyTorch attention),
+and run the Triton kernels once at a tiny size to prove they work.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from trainfast.accounting import saved_tensor_bytes
+from trainfast.device import describe_environment
+from trainfast.kernels.attention import FlashAttention, attention_reference
+from trainfast.kernels.bandwidth import copy_bandwidth, host_transfer_costs, strided_bandwidth
+from trainfast.kernels.roofline import measure_roofline, roofline_from_rows
+from trainfast.profiling import benchmark
+from trainfast.records import Record, make_record
+
+__all__ = [
+    "TARGETS",
+    "attention_record",
+    "copy_record",
+    "host_transfer_record",
+    "matmul_record",
+    "roofline_record",
+    "strided_record",
+    "target_ratios",
+]
+
+#: benchmark name -> (what is compared, the ratio's target on an H100)
+TARGETS = {
+    "copy-bandwidth": ("Triton copy / torch copy, bandwidth at the largest size", 0.90),
+    "matmul-tiles": ("tiled Triton matmul / torch.matmul, FLOP/s at 4096³ (best tiles)", 0.75),
+    "attention-forward": ("Triton flash forward / SDPA, FLOP/s at seq 4096 (worst case)", 0.60),
+}
+
+
+def _record(name: str, description: str, rows: list[dict[str, Any]], device: torch.device,
+            units: dict[str, str]) -> Record:  # fmt: skip
+    record = make_record(name, description, rows, units=units, environment=describe_environment(device))
+    for line in target_ratios([record]):
+        print(line)
+    return record
+
+
+# --- copy --------------------------------------------------------------------------------------
+
+_COPY_CONFIGS = [(1024, 4), (2048, 8), (4096, 8), (8192, 16)]  # (block_size, num_warps)
+
+
+def copy_record(device: torch.device, quick: bool) -> Record:
+    """Copy bandwidth by size; on CUDA, ``torch`` beside the Triton kernel in four configurations.
+
+    Sizes span the caches and main memory: 16 KiB to 256 MiB on a CPU (to 8 MiB quick),
+    1 MiB to 2 GiB on a GPU (to 64 MiB quick).
+    """
+    if device.type == "cuda":
+        sizes = [1 << p for p in range(20, 27 if quick else 32, 2)]
+    else:
+        sizes = [1 << p for p in range(14, 24 if quick else 29)]
+    rows = [dict(row, config="") for row in copy_bandwidth(device, sizes)]
+    if device.type == "cuda":
+        from trainfast.kernels.elementwise import copy_tensor
+
+        torch_speed = {row["bytes"]: row["gb_per_s"] for row in rows}
+        for nbytes in sizes:
+            x = torch.randn(nbytes // 4, device=device)
+            for block_size, num_warps in _COPY_CONFIGS:
+                timing = benchmark(lambda x=x, b=block_size, w=num_warps: copy_tensor(x, block_size=b, num_warps=w),
+                                   warmup=3, repeats=10, device=device)  # fmt: skip
+                speed = 2 * nbytes / timing.median / 1e9
+                rows.append({"implementation": "triton copy_kernel", "bytes": nbytes,
+                             "seconds": timing.median, "gb_per_s": speed,
+                             "config": f"BLOCK_SIZE={block_size}, num_warps={num_warps}"})  # fmt: skip
+        for row in rows:
+            row["ratio_to_torch"] = row["gb_per_s"] / torch_speed[row["bytes"]]
+    else:
+        _prove_triton_copy_runs()
+        for row in rows:
+            row["ratio_to_torch"] = 1.0
+    return _record(
+        "copy-bandwidth",
+        "Copy bandwidth (bytes read + written per second) by tensor size, float32; median of "
+        "repeats, warm caches (the working set is 2x the size).",
+        rows, device, {"bytes": "bytes", "seconds": "s", "gb_per_s": "GB/s"},
+    )  # fmt: skip
+
+
+def _prove_triton_copy_runs() -> None:
+    from trainfast.kernels.elementwise import copy_tensor
+
+    x = torch.randn(1000)
+    if not torch.equal(copy_tensor(x), x):  # pragma: no cover - the tests check this too
+        raise AssertionError("the Triton copy kernel gave a wrong result")
+
+
+# --- matmul ------------------------------------------------------------------------------------
+
+
+def _tile_sweep() -> list[Any]:
+    from trainfast.kernels.tiled_matmul import MatmulTiles
+
+    return [
+        MatmulTiles(32, 32, 32, group_m=8, num_warps=2, num_stages=3),
+        MatmulTiles(64, 64, 32, group_m=8, num_warps=4, num_stages=4),
+        MatmulTiles(128, 64, 32, group_m=8, num_warps=4, num_stages=4),
+        MatmulTiles(128, 128, 32, group_m=8, num_warps=4, num_stages=4),
+        MatmulTiles(128, 128, 64, group_m=8, num_warps=8, num_stages=3),
+        MatmulTiles(64, 256, 32, group_m=8, num_warps=4, num_stages=4),
+        MatmulTiles(128, 256, 64, group_m=8, num_warps=8, num_stages=3),
+        MatmulTiles(256, 128, 64, group_m=8, num_warps=8, num_stages=3),
+        MatmulTiles(128, 256, 64, group_m=1, num_warps=8, num_stages=3),  # no grouping: L2 reuse lost
+    ]
+
+
+def _is_out_of_resources(error: Exception) -> bool:
+    return type(error).__name__ == "OutOfResources"
+
+
+def matmul_record(device: torch.device, quick: bool) -> Record:
+    """``torch.matmul`` and the tiled Triton matmul over a sweep of tile sizes.
+
+    On CUDA at 4096³ (2048³ quick) in float16 and bfloat16; tiles that need more shared memory
+    than the GPU has are recorded with no time. On a CPU, the interpreter at 64³ in float32.
+    """
+    from trainfast.kernels.tiled_matmul import MatmulTiles, matmul, tile_traffic_bytes
+
+    if device.type == "cuda":
+        size, dtypes, sweep, repeats = (2048 if quick else 4096), [torch.float16, torch.bfloat16], _tile_sweep(), 10
+    else:
+        size, dtypes, repeats = 64, [torch.float32], 3
+        sweep = [MatmulTiles(16, 16, 16, num_stages=1), MatmulTiles(32, 32, 32, num_stages=1),
+                 MatmulTiles(64, 64, 32, num_stages=1)]  # fmt: skip
+    flops = 2 * size**3
+    rows = []
+    for dtype in dtypes:
+        a = torch.randn(size, size, device=device).to(dtype)
+        b = torch.randn(size, size, device=device).to(dtype)
+        element = a.element_size()
+        reference = benchmark(lambda a=a, b=b: torch.matmul(a, b), warmup=3, repeats=repeats, device=device)
+        base = {"size": size, "dtype": str(dtype).removeprefix("torch.")}
+        rows.append(base | {"implementation": "torch.matmul", "tiles": "", "shared_memory_bytes": None,
+                            "traffic_bytes": None, "seconds": reference.median,
+                            "tflops": flops / reference.median / 1e12, "ratio_to_torch": 1.0})  # fmt: skip
+        for tiles in sweep:
+            row = base | {
+                "implementation": "triton matmul_kernel",
+                "tiles": f"{tiles.block_m}x{tiles.block_n}x{tiles.block_k}, group {tiles.group_m}, "
+                         f"{tiles.num_warps} warps, {tiles.num_stages} stages",
+                "shared_memory_bytes": tiles.shared_memory_bytes(element),
+                "traffic_bytes": tile_traffic_bytes(size, size, size, tiles, element),
+                "seconds": None, "tflops": None, "ratio_to_torch": None,
+            }  # fmt: skip
+            try:
+                timing = benchmark(lambda a=a, b=b, t=tiles: matmul(a, b, tiles=t), warmup=3,
+                                   repeats=repeats, device=device)  # fmt: skip
+            except Exception as error:  # noqa: BLE001 - only the one kind is expected, re-raised otherwise
+                if not _is_out_of_resources(error):
+                    raise
+            else:
+                row |= {"seconds": timing.median, "tflops": flops / timing.median / 1e12,
+                        "ratio_to_torch": reference.median / timing.median}  # fmt: skip
+            rows.append(row)
+    where = ("compiled" if device.type == "cuda"
+             else "interpreted on the CPU (the Triton timings measure Triton's interpreter)")  # fmt: skip
+    return _record(
+        "matmul-tiles",
+        f"Square matmuls of size {size}: torch.matmul and the tiled Triton kernel ({where}) for "
+        "each tile configuration; traffic_bytes is what the tiling reads and writes with no cache.",
+        rows, device,
+        {"seconds": "s", "tflops": "TFLOP/s", "shared_memory_bytes": "bytes", "traffic_bytes": "bytes"},
+    )  # fmt: skip
+
+
+# --- attention ---------------------------------------------------------------------------------
+
+
+def _attention_tile_sweep() -> list[Any]:
+    from trainfast.kernels.attention_triton import AttentionTiles
+
+    return [AttentionTiles(64, 64, 4, 3), AttentionTiles(128, 64, 4, 3), AttentionTiles(128, 64, 8, 3),
+            AttentionTiles(128, 128, 8, 2), AttentionTiles(128, 32, 4, 4)]  # fmt: skip
+
+
+def _sdpa_flash_backend() -> Any:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel(SDPBackend.FLASH_ATTENTION)
+
+
+def attention_record(device: torch.device, quick: bool) -> Record:
+    """Attention forward: Triton flash attention vs ``scaled_dot_product_attention``.
+
+    On CUDA: bfloat16, batch 4 (2 quick), sequence 4096 (2048 quick), model width 2048 as 32
+    heads of 64 or 16 heads of 128, causal and not; SDPA with its default backend choice and
+    with the FlashAttention backend forced. FLOPs are ``4·b·h·n²·d``, halved for causal. On a CPU
+    (float32, 4 heads of 64, sequence 256, 64 quick): the tiled PyTorch FlashAttention, the
+    textbook attention and SDPA, with the bytes each saves for the backward pass.
+    """
+    rows = []
+    cuda = device.type == "cuda"
+    batch, seq = ((2, 2048) if quick else (4, 4096)) if cuda else (1, 64 if quick else 256)
+    dtype = torch.bfloat16 if cuda else torch.float32
+    for head_dim in (64, 128) if cuda else (64,):
+        heads = 2048 // head_dim if cuda else 4
+        for is_causal in (False, True):
+            q, k, v = (torch.randn(batch, heads, seq, head_dim, device=device).to(dtype) for _ in range(3))
+            flops = 4 * batch * heads * seq * seq * head_dim / (2 if is_causal else 1)
+            base = {"seq": seq, "heads": heads, "head_dim": head_dim, "causal": is_causal,
+                    "dtype": str(dtype).removeprefix("torch.")}  # fmt: skip
+            for name, config, run, differentiable in _attention_contenders(q, k, v, is_causal, cuda):
+                try:
+                    timing = benchmark(run, warmup=3, repeats=10 if cuda else 5, device=device)
+                except Exception as error:  # noqa: BLE001
+                    if not _is_out_of_resources(error):
+                        raise
+                    continue
+                saved = saved_tensor_bytes(lambda f=differentiable, args=(q, k, v): _with_grad(f, args))
+                rows.append(base | {"implementation": name, "config": config, "seconds": timing.median,
+                                    "tflops": flops / timing.median / 1e12, "saved_bytes": saved})  # fmt: skip
+            sdpa = next(r["seconds"] for r in rows[::-1] if r["implementation"] == "sdpa (default)")
+            for row in rows:
+                if row["head_dim"] == head_dim and row["causal"] == is_causal:
+                    row["ratio_to_sdpa"] = sdpa / row["seconds"]
+    return _record(
+        "attention-forward",
+        f"Attention forward, batch {batch}, {dtype}: median seconds and TFLOP/s "
+        "(4·b·h·n²·d, halved when causal); saved_bytes is what the forward keeps for backward.",
+        rows, device, {"seconds": "s", "tflops": "TFLOP/s", "saved_bytes": "bytes"},
+    )  # fmt: skip
+
+
+def _with_grad(run: Any, args: tuple[torch.Tensor, ...]) -> None:
+    for t in args:
+        t.requires_grad_(True)
+    try:
+        run()
+    finally:
+        for t in args:
+            t.requires_grad_(False)
+
+
+def _attention_contenders(q, k, v, is_causal: bool, cuda: bool) -> list[tuple[str, str, Any, Any]]:
+    """(name, config, the timed forward, the differentiable call whose saved bytes are counted)."""
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def default() -> Any:
+        return sdpa(q, k, v, is_causal=is_causal)
+
+    contenders: list[tuple[str, str, Any, Any]] = [("sdpa (default)", "", default, default)]
+    if cuda:
+        from trainfast.kernels.attention_triton import (
+            FlashAttentionTriton,
+            flash_attention_triton_forward,
+        )
+
+        def flash_backend() -> Any:
+            with _sdpa_flash_backend():
+                return sdpa(q, k, v, is_causal=is_causal)
+
+        def triton_function() -> Any:
+            return FlashAttentionTriton.apply(q, k, v, is_causal)
+
+        contenders.append(("sdpa (flash backend)", "", flash_backend, flash_backend))
+        for tiles in _attention_tile_sweep():
+            config = f"{tiles.block_q}x{tiles.block_k}, {tiles.num_warps} warps, {tiles.num_stages} stages"
+            contenders.append(("triton flash_forward_kernel", config,
+                               lambda t=tiles: flash_attention_triton_forward(q, k, v, is_causal, t),
+                               triton_function))  # fmt: skip
+    else:
+
+        def tiled() -> Any:
+            return FlashAttention.apply(q, k, v, is_causal)
+
+        def textbook() -> Any:
+            return attention_reference(q, k, v, is_causal)
+
+        contenders += [
+            ("tiled FlashAttention (PyTorch)", f"{FlashAttention.tile_queries}x{FlashAttention.tile_keys}",
+             tiled, tiled),
+            ("textbook attention", "", textbook, textbook),
+        ]  # fmt: skip
+    return contenders
+
+
+# --- the memory hierarchy ----------------------------------------------------------------------
+
+
+def roofline_record(device: torch.device, quick: bool) -> Record:
+    """Roofline points: copy, add, sum, matrix-vector and square matmuls, with the measured ridge.
+
+    CUDA: bfloat16 (float32 for the elementwise ops would halve nothing of interest), vectors of
+    2^28 elements (2^24 quick), matmuls 256 to 8192. CPU: float32, vectors of 2^25 elements
+    (2^20 quick: in cache), matmuls 16 to 2048 (512 quick).
+    """
+    if device.type == "cuda":
+        rows = measure_roofline(device, dtype=torch.bfloat16, n=1 << (24 if quick else 28),
+                                matmul_sizes=(256, 512, 1024, 2048, 4096, 8192)[: 4 if quick else 6])  # fmt: skip
+    else:
+        rows = measure_roofline(device, dtype=torch.float32, n=1 << (20 if quick else 25),
+                                matmul_sizes=(16, 64, 256, 512, 1024, 2048)[: 4 if quick else 6])  # fmt: skip
+    roofline = roofline_from_rows(rows)
+    for row in rows:
+        row["bound"] = roofline.bound(row["intensity"])
+        row["fraction_of_roof"] = row["flops_per_s"] / roofline.attainable(row["intensity"]) if row["flops"] else None
+    return _record(
+        "roofline",
+        f"Achieved FLOP/s and arithmetic intensity (minimum traffic) of common operations; the "
+        f"measured roofline is the fastest matmul ({roofline.peak_flops / 1e9:,.0f} GFLOP/s) and "
+        f"the copy ({roofline.bytes_per_s / 1e9:,.1f} GB/s), ridge {roofline.ridge:.1f} FLOPs/byte.",
+        rows, device, {"seconds": "s", "flops_per_s": "FLOP/s", "bytes_per_s": "bytes/s",
+                       "intensity": "FLOPs/byte", "bytes": "bytes"},
+    )  # fmt: skip
+
+
+def strided_record(device: torch.device, quick: bool) -> Record:
+    """Useful bandwidth of reads ``stride`` float32 elements apart, 1 to 64 (1 to 16 quick)."""
+    n = 1 << (16 if quick else (22 if device.type == "cuda" else 20))
+    strides = [1, 2, 4, 8, 16] + ([] if quick else [32, 64])
+    rows = strided_bandwidth(device, strides, n=n)
+    return _record(
+        "strided-access",
+        f"Copy of {n:,} float32 elements read with a stride into a contiguous tensor; useful "
+        "bandwidth counts only the elements copied (read + written).",
+        rows, device, {"seconds": "s", "useful_gb_per_s": "GB/s", "touched_bytes": "bytes"},
+    )  # fmt: skip
+
+
+def host_transfer_record(device: torch.device, quick: bool) -> Record:
+    """``.item()`` after every kernel, and host-device copies from pageable and pinned memory."""
+    rows = host_transfer_costs(device, nbytes=(32 << 20) if quick else (256 << 20))
+    return _record(
+        "host-transfers",
+        "Seconds per small kernel with one sync at the end or a .item() after each (host clock), "
+        "and copies between host and device (CUDA only).",
+        rows, device, {"seconds": "s", "gb_per_s": "GB/s", "bytes": "bytes"},
+    )  # fmt: skip
+
+
+# --- the targets -------------------------------------------------------------------------------
+
+
+def _target_ratio(record: Record) -> float | None:
+    rows = record.rows
+    if record.name == "copy-bandwidth":
+        largest = max(r["bytes"] for r in rows)
+        ratios = [r["ratio_to_torch"] for r in rows if r["bytes"] == largest and r["implementation"] != "torch copy_"]
+        return max(ratios) if ratios else None
+    if record.name == "matmul-tiles":
+        per_dtype = {}
+        for r in rows:
+            if r["implementation"] != "torch.matmul" and r["ratio_to_torch"] is not None:
+                per_dtype[r["dtype"]] = max(per_dtype.get(r["dtype"], 0.0), r["ratio_to_torch"])
+        return min(per_dtype.values()) if per_dtype else None
+    if record.name == "attention-forward":
+        best: dict[tuple, float] = {}
+        for r in rows:
+            if r["implementation"].startswith("triton"):
+                key = (r["head_dim"], r["causal"])
+                best[key] = max(best.get(key, 0.0), r["ratio_to_sdpa"])
+        return min(best.values()) if best else None
+    return None
+
+
+def target_ratios(records: list[Record]) -> list[str]:
+    """One line per target benchmark among ``records``: measured ratio beside the H100 target."""
+    lines = []
+    for record in records:
+        if record.name not in TARGETS:
+            continue
+        what, target = TARGETS[record.name]
+        ratio = _target_ratio(record)
+        device = f"{record.environment['device_name']} ({record.environment['device']})"
+        if record.environment["device"] != "cuda" or ratio is None:
+            lines.append(f"{record.name}: {what}: not measured on {device} (needs a CUDA GPU); target >= {target:.2f}")
+        else:
+            verdict = "met" if ratio >= target else "NOT met"
+            lines.append(f"{record.name}: {what}: {ratio:.2f} on {device}; target >= {target:.2f}: {verdict}")
+    return lines

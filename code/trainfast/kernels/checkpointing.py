@@ -1,0 +1,120 @@
+"""Activation checkpointing, measured: the memory it saves and the compute it costs.
+
+A training step keeps, for the backward pass, the tensors each operation saves: the
+*activations*. With activation checkpointing (Chen et al., 2016; ``torch.utils.checkpoint``)
+a block keeps only its input and runs its forward again during the backward pass. Memory per
+block drops from everything the block saves to one ``(batch, seq, d_model)`` tensor, plus one
+block's activations at a time during the backward; the price is a second forward of every
+block, about a third more FLOPs for a step (forward 2, backward 4, recompute 2 per weight and
+token).
+
+:func:`checkpointing_costs` measures both on the book's transformer
+(:class:`trainfast.transformer.Transformer`, which has the switch) beside what
+:mod:`trainfast.accounting` predicts; :func:`checkpointing_record` is the benchmark.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from trainfast.accounting import (
+    Attention,
+    TransformerShape,
+    counted_flops,
+    model_activation_bytes,
+    saved_tensor_bytes,
+    training_flops,
+)
+from trainfast.device import describe_environment
+from trainfast.profiling import benchmark
+from trainfast.records import Record, make_record
+
+__all__ = ["checkpointing_costs", "checkpointing_record"]
+
+
+def checkpointing_costs(
+    shape: TransformerShape,
+    *,
+    device: torch.device,
+    attention: Attention = "sdpa",
+    dtype: torch.dtype = torch.float32,
+    repeats: int = 5,
+) -> list[dict[str, Any]]:
+    """One row per setting (checkpointing off, on): time, FLOPs and activation memory of a step.
+
+    ``step_seconds`` is the median of forward + backward (:func:`trainfast.profiling.benchmark`);
+    ``counted_flops`` what ``FlopCounterMode`` counts for the step (recomputation included);
+    ``saved_bytes`` the bytes autograd keeps after the forward (parameters excluded), measured
+    with :func:`trainfast.accounting.saved_tensor_bytes`; ``predicted_bytes`` the formula of
+    :func:`trainfast.accounting.model_activation_bytes` (with checkpointing it adds the one
+    block recomputed during backward, which is not alive after the forward); on CUDA
+    ``peak_step_bytes`` is the peak memory of the step above the model's own.
+    """
+    from trainfast.transformer import Transformer, random_batch
+
+    rows = []
+    tokens, targets = random_batch(shape, device=device)
+    for checkpointing in (False, True):
+        torch.manual_seed(0)
+        model = Transformer(shape, attention=attention, checkpointing=checkpointing).to(device, dtype)
+
+        def step(model: torch.nn.Module = model) -> None:
+            model.loss(tokens, targets).backward()
+            model.zero_grad(set_to_none=True)
+
+        timing = benchmark(step, warmup=1, repeats=repeats, device=device)
+        flops = counted_flops(step)
+        saved = saved_tensor_bytes(lambda model=model: model.loss(tokens, targets),
+                                   exclude=list(model.parameters()) + list(model.buffers()))  # fmt: skip
+        peak = None
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+            before = torch.cuda.memory_allocated(device)
+            torch.cuda.reset_peak_memory_stats(device)
+            step()
+            torch.cuda.synchronize(device)
+            peak = torch.cuda.max_memory_allocated(device) - before
+        rows.append({
+            "checkpointing": checkpointing,
+            "step_seconds": timing.median,
+            "counted_flops": flops,
+            "model_flops": training_flops(shape),
+            "saved_bytes": saved,
+            "predicted_bytes": model_activation_bytes(
+                shape, value_bytes=torch.tensor([], dtype=dtype).element_size(), attention=attention,
+                checkpointing=checkpointing,
+            ),
+            "peak_step_bytes": peak,
+        })  # fmt: skip
+        del model
+    return rows
+
+
+def checkpointing_record(device: torch.device, quick: bool) -> Record:
+    """The benchmark: a GPT-2-small-like model on a GPU (bf16, SDPA attention, batch 8 of 1024
+    tokens), a small one on a CPU (float32, attention written out so that ``FlopCounterMode``
+    counts all of it, 4 layers of width 256, batch 4 of 256); tiny with ``quick``."""
+    if device.type == "cuda":
+        shape = TransformerShape(50_304, 768, 12, 12, 3_072, 1_024, 8 if not quick else 2)
+        dtype, attention = torch.bfloat16, "sdpa"
+    else:
+        shape = TransformerShape(2_048, 256, 4, 4, 1_024, 256, 4)
+        dtype, attention = torch.float32, "manual"
+    if quick:
+        shape = replace(shape, n_layers=2, seq_len=min(shape.seq_len, 128))
+    rows = checkpointing_costs(shape, device=device, attention=attention, dtype=dtype,
+                               repeats=3 if quick else 7)  # fmt: skip
+    return make_record(
+        "activation-checkpointing",
+        f"One training step (forward + backward) of the book's transformer, {shape.n_layers} layers "
+        f"of width {shape.d_model}, batch {shape.batch_size} x {shape.seq_len} tokens, "
+        f"{str(dtype).removeprefix('torch.')}, {attention} attention; with and without "
+        "checkpointing every block.",
+        rows,
+        units={"step_seconds": "s", "saved_bytes": "bytes", "predicted_bytes": "bytes",
+               "peak_step_bytes": "bytes"},  # fmt: skip
+        environment=describe_environment(device),
+    )

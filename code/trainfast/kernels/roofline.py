@@ -1,0 +1,198 @@
+"""The roofline model: is an operation limited by arithmetic or by memory traffic?
+
+An operation that does ``F`` floating-point operations and moves ``B`` bytes between main memory
+and the chip has *arithmetic intensity* ``I = F / B`` (FLOPs per byte). On a device that
+computes at most ``P`` FLOP/s and moves at most ``W`` bytes/s, it can run no faster than
+``min(P, I · W)`` FLOP/s (Williams, Waterman and Patterson, 2009). The two limits meet at the
+*ridge* ``I* = P / W``: below it an operation is memory-bound (more FLOP/s needs less traffic,
+i.e. fusion), above it compute-bound (more FLOP/s needs faster arithmetic, e.g. lower precision).
+
+:class:`Roofline` holds the two limits (take them from measurements, :func:`measure_roofline`
+does, or from a datasheet, :class:`trainfast.accounting.GPUSpec`); :class:`OpCost` holds what an
+operation does, with the *minimum* traffic (every operand read once, every result written
+once: what a perfect cache would achieve). :func:`measure_roofline` times elementwise ops,
+reductions and matrix products on a device and returns them as points for :func:`plot_roofline`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from trainfast.accounting import matmul_flops
+from trainfast.profiling import benchmark
+
+__all__ = [
+    "OpCost",
+    "Roofline",
+    "elementwise_cost",
+    "matmul_cost",
+    "measure_roofline",
+    "plot_roofline",
+    "reduction_cost",
+    "roofline_from_rows",
+]
+
+
+@dataclass(frozen=True)
+class Roofline:
+    """A device's two ceilings: ``peak_flops`` (FLOP/s) and ``bytes_per_s`` (memory bandwidth)."""
+
+    peak_flops: float
+    bytes_per_s: float
+
+    def __post_init__(self) -> None:
+        if not (self.peak_flops > 0 and self.bytes_per_s > 0):
+            raise ValueError(f"Invalid roofline: {self} (both ceilings must be positive)")
+
+    @property
+    def ridge(self) -> float:
+        """The intensity (FLOPs per byte) where the memory ceiling meets the compute ceiling."""
+        return self.peak_flops / self.bytes_per_s
+
+    def attainable(self, intensity: float) -> float:
+        """The most FLOP/s an operation of this ``intensity`` can reach: ``min(P, I · W)``."""
+        return min(self.peak_flops, intensity * self.bytes_per_s)
+
+    def bound(self, intensity: float) -> str:
+        """``"memory"`` below the ridge, ``"compute"`` at or above it."""
+        return "memory" if intensity < self.ridge else "compute"
+
+
+@dataclass(frozen=True)
+class OpCost:
+    """What an operation does: ``flops`` and the minimum ``bytes`` it moves to and from memory."""
+
+    name: str
+    flops: float
+    bytes: float
+
+    @property
+    def intensity(self) -> float:
+        return self.flops / self.bytes
+
+
+def elementwise_cost(
+    name: str, n: int, *, inputs: int, outputs: int = 1, flops_per_element: float = 1,
+    element_bytes: int = 4,
+) -> OpCost:  # fmt: skip
+    """An elementwise op on ``n`` elements: ``inputs`` tensors read, ``outputs`` written."""
+    return OpCost(name, flops_per_element * n, (inputs + outputs) * n * element_bytes)
+
+
+def reduction_cost(name: str, n: int, *, element_bytes: int = 4) -> OpCost:
+    """A sum of ``n`` elements: ``n - 1`` additions, ``n`` elements read, one written."""
+    return OpCost(name, n - 1, (n + 1) * element_bytes)
+
+
+def matmul_cost(m: int, k: int, n: int, *, element_bytes: int = 4) -> OpCost:
+    """``(m, k) @ (k, n)``: ``2mkn`` FLOPs, and each of A, B, C moved once."""
+    return OpCost(f"matmul {m}x{k}x{n}", matmul_flops(m, k, n), (m * k + k * n + m * n) * element_bytes)
+
+
+def _operations(
+    device: torch.device, dtype: torch.dtype, n: int, matmul_sizes: Sequence[int]
+) -> list[tuple[OpCost, Callable[[], Any]]]:
+    """The measured operations, each with its cost and a closure that runs it once."""
+    size = torch.tensor([], dtype=dtype).element_size()
+    x, y = torch.randn(n, device=device, dtype=dtype), torch.randn(n, device=device, dtype=dtype)
+    out = torch.empty_like(x)
+    ops: list[tuple[OpCost, Callable[[], Any]]] = [
+        (elementwise_cost("copy", n, inputs=1, flops_per_element=0, element_bytes=size),
+         lambda: out.copy_(x)),
+        (elementwise_cost("x + y", n, inputs=2, element_bytes=size),
+         lambda: torch.add(x, y, out=out)),
+        (reduction_cost("sum(x)", n, element_bytes=size), lambda: x.sum()),
+    ]  # fmt: skip
+    side = int(n**0.5)
+    matrix, vector = x[: side * side].view(side, side), y[:side].view(side, 1)
+    gemv = matmul_cost(side, side, 1, element_bytes=size)
+    ops.append((OpCost(f"matrix-vector {side}x{side}", gemv.flops, gemv.bytes), lambda: matrix @ vector))
+    for m in matmul_sizes:
+        a = torch.randn(m, m, device=device, dtype=dtype)
+        b = torch.randn(m, m, device=device, dtype=dtype)
+        c = torch.empty(m, m, device=device, dtype=dtype)
+        ops.append((matmul_cost(m, m, m, element_bytes=size), lambda a=a, b=b, c=c: torch.mm(a, b, out=c)))
+    return ops
+
+
+def measure_roofline(
+    device: torch.device,
+    *,
+    dtype: torch.dtype = torch.float32,
+    n: int = 1 << 24,
+    matmul_sizes: Sequence[int] = (16, 64, 256, 1024),
+    repeats: int = 7,
+) -> list[dict[str, Any]]:
+    """Time elementwise ops, a reduction, a matrix-vector product and square matmuls on ``device``.
+
+    Returns one row per operation: its FLOPs, minimum bytes, intensity, median seconds (the
+    package's one timer, :func:`trainfast.profiling.benchmark`) and achieved FLOP/s and bytes/s.
+    The vectors have ``n`` elements (make them much larger than the last-level cache to measure
+    main memory). :func:`roofline_from_rows` turns the rows into the measured :class:`Roofline`.
+    """
+    rows = []
+    for cost, run in _operations(device, dtype, n, matmul_sizes):
+        timing = benchmark(run, warmup=2, repeats=repeats, device=device,
+                           number=max(1, int(2e6 // max(cost.bytes, 1))))  # fmt: skip
+        seconds = timing.median
+        rows.append({
+            "operation": cost.name,
+            "dtype": str(dtype).removeprefix("torch."),
+            "flops": cost.flops,
+            "bytes": cost.bytes,
+            "intensity": cost.intensity,
+            "seconds": seconds,
+            "flops_per_s": cost.flops / seconds,
+            "bytes_per_s": cost.bytes / seconds,
+        })  # fmt: skip
+    return rows
+
+
+def roofline_from_rows(rows: Sequence[dict[str, Any]]) -> Roofline:
+    """The measured roofline: the fastest matmul's FLOP/s and the copy's bytes/s."""
+    peak = max(r["flops_per_s"] for r in rows if r["operation"].startswith("matmul"))
+    copies = [r["bytes_per_s"] for r in rows if r["operation"] == "copy"]
+    if not copies:
+        raise ValueError("No 'copy' row to take the bandwidth from")
+    return Roofline(peak_flops=peak, bytes_per_s=max(copies))
+
+
+def plot_roofline(
+    rooflines: dict[str, Roofline],
+    points: Sequence[tuple[str, float, float]] = (),
+    *,
+    ax: Any = None,
+    title: str = "Roofline",
+) -> Any:
+    """Draw each roofline (log-log) and the measured ``(label, intensity, flops_per_s)`` points.
+
+    Returns the matplotlib axes. The first roofline's ridge is marked; the legend sits below the
+    axes (make the figure about 1.4 times as tall as wide, and call ``tight_layout``).
+    """
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7.5, 8))
+    intensities = [p[1] for p in points] + [r.ridge for r in rooflines.values()]
+    low = min(intensities + [0.05]) / 4
+    high = max(intensities + [100.0]) * 4
+    grid = np.logspace(np.log10(low), np.log10(high), 200)
+    for i, (label, roofline) in enumerate(rooflines.items()):
+        style = "-" if i == 0 else "--"
+        ax.plot(grid, [roofline.attainable(x) for x in grid], style, color="k" if i == 0 else "0.5",
+                label=f"{label}: {roofline.peak_flops / 1e9:,.0f} GFLOP/s, {roofline.bytes_per_s / 1e9:,.1f} GB/s")  # fmt: skip
+    first = next(iter(rooflines.values()), None)
+    if first is not None:
+        ax.axvline(first.ridge, color="0.7", linestyle=":", label=f"ridge: {first.ridge:.1f} FLOPs/byte")
+    markers = "osD^v<>ph*"
+    for i, (label, intensity, flops) in enumerate(points):
+        ax.plot(intensity, flops, markers[i % len(markers)], markersize=7, label=label)
+    ax.set(xscale="log", yscale="log", xlabel="arithmetic intensity (FLOPs per byte of memory traffic)",
+           ylabel="achieved FLOP/s", title=title)  # fmt: skip
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2)
+    return ax

@@ -1,0 +1,176 @@
+"""A tiled matrix multiplication in Triton, beside its reference ``torch.matmul``.
+
+``C = A @ B`` with ``A`` of shape (M, K) and ``B`` of shape (K, N). Each program computes one
+``BLOCK_M × BLOCK_N`` tile of ``C``: it walks along K in steps of ``BLOCK_K``, loads a tile of
+``A`` and a tile of ``B`` into on-chip memory, multiplies them on the tensor cores
+(``tl.dot``) and accumulates in float32 registers. Every element of ``A`` is then read from
+main memory N / BLOCK_N times instead of N times, every element of ``B`` M / BLOCK_M times:
+bigger tiles mean less traffic, until they no longer fit in shared memory and registers
+(:func:`tile_traffic_bytes` does the arithmetic; the chapter measures it).
+
+Programs are launched in *grouped* order (``GROUP_M`` row-tiles at a time, the trick of
+Triton's matmul tutorial): programs that run at the same time share tiles of ``A`` and ``B``,
+which then come from the L2 cache instead of main memory.
+
+The kernel uses plain pointer arithmetic, not ``tl.make_block_ptr`` (deprecated in Triton 3.8
+and removed after it), and works on Triton 3.0 to 3.8. Out-of-range rows and columns are
+handled by wrapping the load offsets (``% M``) and masking the store, out-of-range K by masked
+loads that read zeros.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from trainfast.kernels.triton_runtime import check_launch, is_interpreted, tl, triton
+
+__all__ = ["MatmulTiles", "default_tiles", "matmul", "matmul_kernel", "tile_traffic_bytes"]
+
+
+@dataclass(frozen=True)
+class MatmulTiles:
+    """Tile sizes and launch settings of :func:`matmul_kernel`.
+
+    ``block_m``, ``block_n``, ``block_k`` are powers of two, at least 16 (``tl.dot``'s minimum);
+    ``group_m`` row-tiles are scheduled together for L2 reuse; ``num_warps`` warps of 32
+    threads share a tile; ``num_stages`` tiles of A and B are in flight in shared memory at once
+    (software pipelining), which costs ``num_stages × (block_m + block_n) × block_k`` elements of
+    shared memory.
+    """
+
+    block_m: int = 128
+    block_n: int = 256
+    block_k: int = 64
+    group_m: int = 8
+    num_warps: int = 8
+    num_stages: int = 3
+
+    def __post_init__(self) -> None:
+        for name in ("block_m", "block_n", "block_k"):
+            value = getattr(self, name)
+            if value < 16 or value & (value - 1):
+                raise ValueError(f"Invalid {name}: {value} (need a power of two, at least 16)")
+        if self.group_m < 1 or self.num_warps < 1 or self.num_stages < 1:
+            raise ValueError(f"Invalid tiles: {self} (group_m, num_warps, num_stages must be >= 1)")
+
+    def shared_memory_bytes(self, element_bytes: int) -> int:
+        """Bytes of shared memory the pipelined A and B tiles need."""
+        return self.num_stages * (self.block_m + self.block_n) * self.block_k * element_bytes
+
+
+def default_tiles(dtype: torch.dtype, interpreted: bool) -> MatmulTiles:
+    """Tiles for ``dtype``: large for 16-bit types on a GPU, smaller for float32, small when
+    interpreted (fewer, smaller programs run faster on the host)."""
+    if interpreted:
+        return MatmulTiles(32, 32, 32, group_m=4, num_warps=4, num_stages=1)
+    if dtype == torch.float32:  # 4-byte tiles: the 16-bit tiles would overflow shared memory
+        return MatmulTiles(64, 64, 32, group_m=8, num_warps=4, num_stages=3)
+    return MatmulTiles()
+
+
+@triton.jit
+def matmul_kernel(
+    a_ptr, b_ptr, c_ptr, M, N, K,
+    stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    """One BLOCK_M × BLOCK_N tile of C = A @ B per program, accumulated in float32."""
+    # Which tile of C: programs go down GROUP_M rows of tiles before moving right (L2 reuse).
+    pid = tl.program_id(axis=0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    num_pid_in_group = GROUP_M * num_pid_n
+    group_id = pid // num_pid_in_group
+    first_pid_m = group_id * GROUP_M
+    group_size_m = min(num_pid_m - first_pid_m, GROUP_M)
+    pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
+    pid_n = (pid % num_pid_in_group) // group_size_m
+
+    # Pointers to the first K-tile of A (BLOCK_M, BLOCK_K) and of B (BLOCK_K, BLOCK_N).
+    offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M  # wrap: rows past M are never stored
+    offs_n = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak
+    b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn
+
+    accumulator = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        k_left = K - k * BLOCK_K  # the last K-tile may be partial: read zeros past K
+        a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
+        b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
+        accumulator = tl.dot(a, b, accumulator, input_precision=DOT_PRECISION)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+
+    c = accumulator.to(c_ptr.dtype.element_ty)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    c_ptrs = c_ptr + rows[:, None] * stride_cm + cols[None, :] * stride_cn
+    tl.store(c_ptrs, c, mask=(rows[:, None] < M) & (cols[None, :] < N))
+
+
+def _dot_precision(dtype: torch.dtype) -> str:
+    """"ieee" for float32 unless torch allows TF32 for matmuls (as torch.matmul decides)."""
+    if dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32:
+        return "ieee"
+    return "tf32"  # Triton's default; ignored for 16-bit inputs
+
+
+def matmul(
+    a: Tensor,
+    b: Tensor,
+    *,
+    implementation: Literal["triton", "torch"] = "triton",
+    tiles: MatmulTiles | None = None,
+) -> Tensor:
+    """``a @ b`` for 2-D ``a`` (M, K) and ``b`` (K, N), by :func:`matmul_kernel` or ``torch.matmul``.
+
+    Any strides work (the kernel takes them as arguments), so ``b.T`` needs no copy. ``tiles``
+    defaults to :func:`default_tiles` for the dtype and mode. The output has the inputs' dtype;
+    products are accumulated in float32.
+    """
+    if implementation == "torch":
+        return torch.matmul(a, b)
+    if implementation != "triton":
+        raise ValueError(f"Unknown implementation: {implementation!r} (expected 'triton' or 'torch')")
+    if a.ndim != 2 or b.ndim != 2:
+        raise ValueError(f"matmul takes 2-D matrices, got shapes {tuple(a.shape)} and {tuple(b.shape)}")
+    if a.shape[1] != b.shape[0]:
+        raise ValueError(
+            f"Inner dimensions differ: a is {tuple(a.shape)}, b is {tuple(b.shape)} "
+            f"({a.shape[1]} != {b.shape[0]})"
+        )
+    check_launch(matmul_kernel, a, b)
+    tiles = tiles or default_tiles(a.dtype, is_interpreted(matmul_kernel))
+    (M, K), (_, N) = a.shape, b.shape
+    c = torch.empty((M, N), dtype=a.dtype, device=a.device)
+    if M == 0 or N == 0:
+        return c
+    if K == 0:
+        return c.zero_()
+    grid = (triton.cdiv(M, tiles.block_m) * triton.cdiv(N, tiles.block_n),)
+    matmul_kernel[grid](
+        a, b, c, M, N, K,
+        a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
+        BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
+        GROUP_M=tiles.group_m, DOT_PRECISION=_dot_precision(a.dtype),
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+    )  # fmt: skip
+    return c
+
+
+def tile_traffic_bytes(m: int, n: int, k: int, tiles: MatmulTiles, element_bytes: int) -> int:
+    """Bytes a tiled ``(m, k) @ (k, n)`` reads from and writes to main memory, with no cache.
+
+    Each of the ``ceil(m / block_m) × ceil(n / block_n)`` programs reads a ``block_m × k`` strip
+    of A and a ``k × block_n`` strip of B and writes its tile of C once. An L2 cache (and the
+    grouped launch order) cuts the reads further; this is the upper bound that tiling controls.
+    """
+    tiles_m, tiles_n = -(-m // tiles.block_m), -(-n // tiles.block_n)
+    reads = tiles_m * tiles_n * (tiles.block_m + tiles.block_n) * k
+    return (reads + m * n) * element_bytes

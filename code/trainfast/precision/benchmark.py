@@ -1,0 +1,263 @@
+"""The mixed-precision chapter's measurements, as ``python -m trainfast.measure`` benchmarks.
+
+* ``matmul-throughput`` (:func:`matmul_throughput_record`): TFLOP/s of ``torch.matmul`` per
+  dtype (fp32 with TF32 off, TF32, fp16, bf16, and FP8 through ``torch._scaled_mm`` where the GPU
+  has FP8 tensor cores) and shape (aligned squares, a dimension off by one, a GPT-2 LM head with
+  the raw 50,257-token vocabulary and the padded 50,304), against the datasheet peak and the
+  best figure of the run. The largest bf16 square is also timed as a bare loop of back-to-back
+  products, to show what the harness costs.
+* ``precision-step-time`` (:func:`step_time_record`): one training step of the book's
+  transformer under each recipe: time, tokens/s, model FLOPs utilisation, and peak memory
+  measured by the caching allocator beside the memory :mod:`trainfast.accounting` predicts.
+* ``autocast-policy`` (:func:`autocast_policy_record`): which dtype autocast gives each op, on
+  the device it ran on (CPU and CUDA policies differ).
+* ``matmul-error`` (:func:`matmul_error_record`): a product's relative error against float64 per
+  precision mode (TF32 and FP8 real on a GPU that has them, emulated elsewhere).
+
+All timing goes through :func:`trainfast.profiling.benchmark` (CUDA events on a GPU).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from trainfast.accounting import TransformerShape, gpu_spec, training_flops, training_memory
+from trainfast.device import describe_environment
+from trainfast.precision.fp8 import has_fp8_tensor_cores, to_fp8
+from trainfast.precision.loss_scaling import GradScaler
+from trainfast.precision.numerics import MATMUL_MODES, autocast_policy, matmul_error
+from trainfast.precision.recipes import RECIPES, training_step
+from trainfast.profiling import benchmark
+from trainfast.records import Record, make_record
+
+__all__ = [
+    "autocast_policy_record",
+    "matmul_error_record",
+    "matmul_throughput",
+    "matmul_throughput_record",
+    "step_time_record",
+]
+
+#: dtype name -> (storage dtype, float32 matmul precision, datasheet key)
+_MATMUL_DTYPES: dict[str, tuple[torch.dtype, str, str]] = {
+    "fp32": (torch.float32, "highest", "fp32"),
+    "tf32": (torch.float32, "high", "tf32"),
+    "fp16": (torch.float16, "highest", "fp16"),
+    "bf16": (torch.bfloat16, "highest", "bf16"),
+}
+
+
+def _matmul_fn(m: int, k: int, n: int, name: str, device: torch.device) -> Callable[[], object]:
+    """A function that runs one ``(m, k) @ (k, n)`` product in ``name``'s format, inputs ready."""
+    generator = torch.Generator().manual_seed(0)
+    a = torch.randn(m, k, generator=generator).to(device)  # random data, never zeros
+    b = torch.randn(k, n, generator=generator).to(device)
+    if name == "fp8":
+        a8, scale_a = to_fp8(a)
+        b8, scale_b = to_fp8(b)
+        b8 = b8.t().contiguous().t()  # column-major, as _scaled_mm wants
+        inv_a, inv_b = scale_a.reciprocal(), scale_b.reciprocal()
+        return lambda: torch._scaled_mm(a8, b8, scale_a=inv_a, scale_b=inv_b, out_dtype=torch.bfloat16)
+    dtype = _MATMUL_DTYPES[name][0]
+    a, b = a.to(dtype), b.to(dtype)
+    return lambda: a @ b
+
+
+def matmul_throughput(
+    shapes: list[tuple[str, int, int, int]],
+    dtypes: list[str],
+    device: torch.device,
+    *,
+    warmup: int = 3,
+    repeats: int = 10,
+) -> list[dict[str, Any]]:
+    """TFLOP/s of each ``(label, m, k, n)`` shape in each dtype; one row per pair.
+
+    ``fp8`` rows need FP8 tensor cores and dimensions that are multiples of 16 (other shapes
+    are left out). ``of_peak`` is the fraction of the datasheet's dense peak for the dtype
+    (None where :func:`~trainfast.accounting.gpu_spec` does not know the device);
+    ``of_best`` the fraction of the best figure of the same dtype in this run.
+    """
+    spec = gpu_spec(describe_environment(device).device_name) if device.type == "cuda" else None
+    rows = []
+    for name in dtypes:
+        if name == "fp8" and not has_fp8_tensor_cores(device):
+            continue
+        precision = _MATMUL_DTYPES.get(name, (None, "highest", "fp8"))[1]
+        previous = torch.get_float32_matmul_precision()
+        torch.set_float32_matmul_precision(precision)
+        try:
+            for label, m, k, n in shapes:
+                if name == "fp8" and any(size % 16 for size in (m, k, n)):
+                    continue
+                timing = benchmark(_matmul_fn(m, k, n, name, device), warmup=warmup, repeats=repeats, device=device)
+                tflops = 2 * m * k * n / timing.median / 1e12
+                peak = spec.peak_flops.get(_MATMUL_DTYPES.get(name, (None, None, "fp8"))[2]) if spec else None
+                rows.append({"shape": label, "m": m, "k": k, "n": n, "dtype": name,
+                             "median_ms": timing.median * 1e3, "tflops": tflops,
+                             "of_peak": tflops * 1e12 / peak if peak else None})  # fmt: skip
+        finally:
+            torch.set_float32_matmul_precision(previous)
+    for row in rows:
+        best = max(r["tflops"] for r in rows if r["dtype"] == row["dtype"])
+        row["of_best"] = row["tflops"] / best
+    return rows
+
+
+def _bare_loop(size: int, name: str, device: torch.device, calls: int, repeats: int) -> float:
+    """TFLOP/s of the same product timed as ``calls`` back-to-back launches per sample."""
+    run = _matmul_fn(size, size, size, name, device)
+
+    def loop() -> None:
+        for _ in range(calls):
+            run()
+
+    timing = benchmark(loop, warmup=1, repeats=repeats, device=device)
+    return 2 * size**3 / (timing.median / calls) / 1e12
+
+
+def matmul_throughput_record(device: torch.device, quick: bool) -> Record:
+    """``matmul-throughput``: see the module docstring. Sizes by device and ``quick``."""
+    if device.type == "cuda":
+        sizes = [1024, 4096] if quick else [1024, 2048, 4096, 8192]
+        odd = [("square, K = 4095", 4096, 4095, 4096)]
+        head = [(f"LM head, vocab {v}", 8192, 768, v) for v in (50257, 50304)]
+        runs = [(["fp32", "tf32", "fp16", "bf16", "fp8"], sizes, odd + head)]
+        repeats, calls = (5 if quick else 20), 20
+    else:  # CPU: fp32, and bf16 only at sizes its slow kernels can afford
+        sizes = [64, 128] if quick else [256, 512, 1024]
+        odd = [("square, K = 127", 128, 127, 128)] if quick else [("square, K = 511", 512, 511, 512)]
+        head = [] if quick else [(f"LM head, vocab {v}", 256, 128, v) for v in (50257, 50304)]
+        runs = [(["fp32"], sizes, odd + head), (["bf16"], [s for s in sizes if s <= 512], odd)]
+        repeats, calls = (3 if quick else 5), 3
+    rows = []
+    for dtypes, squares, others in runs:
+        shapes = [(f"square {s}", s, s, s) for s in squares] + others
+        rows += matmul_throughput(shapes, dtypes, device, repeats=repeats)
+    for row in rows:
+        row["timing"] = "harness"
+    largest = max(r["m"] for r in rows if r["dtype"] == "bf16" and r["shape"].startswith("square "))
+    harness = next(r for r in rows if r["dtype"] == "bf16" and r["shape"] == f"square {largest}")
+    bare_tflops = _bare_loop(largest, "bf16", device, calls, repeats)
+    rows.append(dict(harness, timing=f"bare loop of {calls}", median_ms=2 * largest**3 / bare_tflops / 1e9,
+                     tflops=bare_tflops, of_peak=harness["of_peak"] and harness["of_peak"] * bare_tflops / harness["tflops"],
+                     of_best=None))  # fmt: skip
+    print(f"matmul-throughput: bf16 {largest}^3 through the harness reaches "
+          f"{harness['tflops'] / bare_tflops:.1%} of a bare loop of {calls} products ({bare_tflops:.3g} TFLOP/s)")
+    return make_record(
+        "matmul-throughput",
+        "TFLOP/s of torch.matmul per dtype and shape (fp32 with TF32 off; FP8 via torch._scaled_mm "
+        "with per-tensor scales), random inputs, median of timings with CUDA events on a GPU; "
+        "of_peak: fraction of the datasheet dense peak; of_best: of the best of that dtype in "
+        "this run. The last row times the largest bf16 square as a bare loop of back-to-back calls.",
+        rows,
+        units={"median_ms": "ms", "tflops": "TFLOP/s"},
+        environment=describe_environment(device),
+    )
+
+
+# --- training steps per recipe --------------------------------------------------------------------
+
+
+#: Accounting's memory recipe for each training recipe (autocast keeps fp32 weights: "amp").
+_MEMORY_RECIPE = {"fp32": "fp32", "tf32": "fp32", "bf16 autocast": "amp",
+                  "fp16 autocast + scaler": "amp", "pure bf16": "pure-bf16"}  # fmt: skip
+
+
+def _step_row(shape: TransformerShape, recipe_name: str, device: torch.device, repeats: int) -> dict[str, Any]:
+    from trainfast.transformer import Transformer, random_batch
+
+    recipe = RECIPES["fp32" if recipe_name == "tf32" else recipe_name]
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high" if recipe_name == "tf32" else "highest")
+    try:
+        torch.manual_seed(0)
+        model = Transformer(shape, attention="sdpa").to(device=device, dtype=recipe.param_dtype)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
+        scaler = GradScaler(device.type) if recipe.loss_scaling else None
+        tokens, targets = random_batch(shape, device=device)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        losses: list[float] = []
+        timing = benchmark(
+            lambda: losses.append(training_step(model, optimizer, tokens, targets, recipe, scaler)),
+            warmup=2, repeats=repeats, device=device,
+        )  # fmt: skip
+        row: dict[str, Any] = {"recipe": recipe_name, "step_ms": timing.median * 1e3,
+                               "iqr_ms": timing.iqr * 1e3, "tokens_per_s": shape.tokens / timing.median}  # fmt: skip
+        spec = gpu_spec(describe_environment(device).device_name) if device.type == "cuda" else None
+        peak_key = {"fp32": "fp32", "tf32": "tf32"}.get(recipe_name, "bf16")
+        row["mfu"] = training_flops(shape) / timing.median / spec.peak_flops[peak_key] if spec else None
+        predicted = training_memory(shape, recipe=_MEMORY_RECIPE[recipe_name], optimizer="adamw", attention="sdpa")
+        row["predicted_gb"] = predicted.total / 1e9
+        row["peak_memory_gb"] = torch.cuda.max_memory_allocated(device) / 1e9 if device.type == "cuda" else None
+        row["final_loss"] = float(losses[-1])
+        return row
+    finally:
+        torch.set_float32_matmul_precision(previous)
+
+
+def step_time_record(device: torch.device, quick: bool) -> Record:
+    """``precision-step-time``: one AdamW training step of the transformer under each recipe."""
+    if device.type == "cuda":
+        shape = TransformerShape.gpt_like(d_model=768, n_layers=12 if not quick else 2, n_heads=12,
+                                          seq_len=1024, batch_size=8)  # fmt: skip
+        recipes = ["fp32", "tf32", "bf16 autocast", "fp16 autocast + scaler", "pure bf16"]
+        repeats = 3 if quick else 10
+    else:
+        shape = TransformerShape.gpt_like(d_model=32 if quick else 64, n_layers=2, n_heads=4,
+                                          seq_len=16 if quick else 64, vocab_size=256, batch_size=4)  # fmt: skip
+        recipes = ["fp32", "bf16 autocast", "fp16 autocast + scaler", "pure bf16"]
+        repeats = 2 if quick else 5
+    rows = [_step_row(shape, name, device, repeats) for name in recipes]
+    baseline = rows[0]["step_ms"]
+    for row in rows:
+        row["speedup_vs_fp32"] = baseline / row["step_ms"]
+    if device.type != "cuda":
+        for row in rows:
+            del row["peak_memory_gb"], row["mfu"]
+    fields = ", ".join(f"{f.name}={getattr(shape, f.name)}" for f in dataclasses.fields(shape))
+    return make_record(
+        "precision-step-time",
+        f"One training step (AdamW, SDPA attention) of the book's transformer ({fields}) per "
+        "precision recipe: median time, tokens/s, model FLOPs utilisation against the recipe's "
+        "datasheet peak, the memory trainfast.accounting predicts and, on a GPU, the peak the "
+        "caching allocator measured.",
+        rows,
+        units={"step_ms": "ms", "iqr_ms": "ms", "predicted_gb": "GB", "peak_memory_gb": "GB"},
+        environment=describe_environment(device),
+    )
+
+
+def autocast_policy_record(device: torch.device, quick: bool) -> Record:
+    """``autocast-policy``: :func:`~trainfast.precision.numerics.autocast_policy` for fp16 and bf16."""
+    rows = []
+    for dtype in (torch.float16, torch.bfloat16):
+        low = str(dtype).removeprefix("torch.")
+        for row in autocast_policy(device, dtype):
+            rows.append({"op": row["op"], "autocast dtype": low, "from float32 inputs": row["from float32 inputs"],
+                         "from 16-bit inputs": row[f"from {low} inputs"], "policy": row["policy"]})  # fmt: skip
+    return make_record(
+        "autocast-policy",
+        "The dtype torch.autocast gives each op on this device, from float32 and from 16-bit inputs.",
+        rows,
+        environment=describe_environment(device),
+    )
+
+
+def matmul_error_record(device: torch.device, quick: bool) -> Record:
+    """``matmul-error``: relative error against float64 per precision mode and inner size K."""
+    size = 256 if device.type != "cuda" else 1024
+    ks = [64, 256] if quick else [256, 1024, 4096]
+    rows = [matmul_error(size, k, size, mode, device=device) for k in ks for mode in MATMUL_MODES]
+    return make_record(
+        "matmul-error",
+        f"Relative Frobenius error of a ({size}, K) @ (K, {size}) product of standard normal "
+        "matrices against float64, per precision mode (emulated: rounding done in software).",
+        rows,
+        environment=describe_environment(device),
+    )

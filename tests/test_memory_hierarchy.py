@@ -1,0 +1,822 @@
+"""The memory-hierarchy chapter: every kernel against its PyTorch reference, and the chapter.
+
+Triton kernels run here through Triton's CPU interpreter (``TRITON_INTERPRET=1``, set by
+``trainfast.kernels.triton_runtime`` on a machine without CUDA), at small sizes; the same tests
+run compiled on a GPU, and ``@pytest.mark.gpu`` tests add bfloat16 and GPU-sized cases. The C++
+operator is compiled once per machine (cached under ``TORCH_EXTENSIONS_DIR``).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+import torch.nn.functional as F
+from trainfast.kernels import (
+    FlashAttention,
+    attention_reference,
+    bias_gelu,
+    bias_gelu_reference,
+    flash_attention,
+    merge_attention_outputs,
+    merge_softmax_stats,
+    online_softmax,
+    softmax_stats,
+)
+
+CUDA = torch.cuda.is_available()
+gpu = pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+DEVICE = torch.device("cuda" if CUDA else "cpu")
+
+# Tolerances against a float64 reference: float32 rounding, and float16/bfloat16 inputs and
+# outputs (the kernels accumulate in float32; the error is the rounding of the 16-bit output).
+TOLERANCE = {
+    torch.float64: {"atol": 1e-10, "rtol": 1e-10},
+    torch.float32: {"atol": 2e-5, "rtol": 2e-5},
+    torch.float16: {"atol": 4e-3, "rtol": 4e-3},
+    torch.bfloat16: {"atol": 3e-2, "rtol": 3e-2},
+}
+
+
+def _qkv(shape_q, shape_k, dtype, device=DEVICE, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    q = torch.randn(shape_q, generator=generator).to(device, dtype).requires_grad_()
+    k = torch.randn(shape_k, generator=generator).to(device, dtype).requires_grad_()
+    v = torch.randn(shape_k, generator=generator).to(device, dtype).requires_grad_()
+    return q, k, v
+
+
+def _assert_matches_sdpa(attend, q, k, v, is_causal, dtype):
+    """Output and gradients of ``attend`` against float64 SDPA on the same inputs."""
+    out = attend(q, k, v, is_causal)
+    grad_out = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), grad_out)
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    expected = F.scaled_dot_product_attention(q64, k64, v64, is_causal=is_causal)
+    expected_grads = torch.autograd.grad(expected, (q64, k64, v64), grad_out.double())
+    assert out.dtype == dtype and out.shape == q.shape
+    tolerance = TOLERANCE[dtype]
+    torch.testing.assert_close(out.double(), expected, **tolerance)
+    # gradients sum over the sequence: allow a few roundings more
+    for name, grad, reference in zip("qkv", grads, expected_grads, strict=True):
+        scale = 1 + reference.abs().max().item()
+        torch.testing.assert_close(
+            grad.double(), reference, atol=tolerance["atol"] * 4 * scale, rtol=tolerance["rtol"] * 4,
+            msg=lambda m, name=name: f"d{name}: {m}",
+        )
+
+
+# --- online softmax and the merges ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("block_size", [1, 7, 128, 1000])
+def test_online_softmax_matches_torch(block_size):
+    x = torch.randn(3, 5, 301, dtype=torch.float64) * 20  # large values: the running max matters
+    torch.testing.assert_close(online_softmax(x, block_size=block_size), torch.softmax(x, dim=-1))
+    running_max, running_sum = softmax_stats(x, block_size=block_size)
+    torch.testing.assert_close(running_max, x.amax(dim=-1))
+    torch.testing.assert_close(running_max + running_sum.log(), torch.logsumexp(x, dim=-1))
+
+
+def test_online_softmax_survives_values_that_overflow_exp():
+    x = torch.tensor([[1000.0, 999.0, -1000.0]])
+    assert torch.isinf(torch.exp(x)).any()  # the naive formula would give NaN
+    torch.testing.assert_close(online_softmax(x, block_size=1), torch.softmax(x, dim=-1))
+
+
+def test_merge_softmax_stats_is_order_free_and_has_an_identity():
+    x = torch.randn(4, 90, dtype=torch.float64)
+    parts = [softmax_stats(x[:, i : i + 30]) for i in (0, 30, 60)]
+    left = merge_softmax_stats(*merge_softmax_stats(*parts[0], *parts[1]), *parts[2])
+    right = merge_softmax_stats(*parts[0], *merge_softmax_stats(*parts[2], *parts[1]))
+    torch.testing.assert_close(left, right)
+    torch.testing.assert_close(left, softmax_stats(x))
+    empty = (torch.full((4,), float("-inf"), dtype=torch.float64), torch.zeros(4, dtype=torch.float64))
+    torch.testing.assert_close(merge_softmax_stats(*empty, *parts[0]), parts[0])
+    both_empty = merge_softmax_stats(*empty, *empty)
+    assert not torch.isnan(both_empty[1]).any() and (both_empty[1] == 0).all()
+    with pytest.raises(ValueError, match="block_size: 0"):
+        softmax_stats(x, block_size=0)
+
+
+def _attention_and_lse(q, k, v):
+    scores = q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5
+    return torch.softmax(scores, dim=-1) @ v, torch.logsumexp(scores, dim=-1)
+
+
+def test_merge_attention_outputs_equals_attention_over_all_keys():
+    q, k, v = (t.detach().double() for t in _qkv((2, 9, 16), (2, 40, 16), torch.float64, "cpu"))
+    out_a, lse_a = _attention_and_lse(q, k[:, :25], v[:, :25])
+    out_b, lse_b = _attention_and_lse(q, k[:, 25:], v[:, 25:])
+    merged, lse = merge_attention_outputs(out_a, lse_a, out_b, lse_b)
+    expected, expected_lse = _attention_and_lse(q, k, v)
+    torch.testing.assert_close(merged, expected)
+    torch.testing.assert_close(lse, expected_lse)
+    # a part in which a query saw no key (lse = -inf, output NaN) leaves the other part unchanged
+    nothing = torch.full_like(lse_a, float("-inf"))
+    merged, lse = merge_attention_outputs(out_a, lse_a, torch.full_like(out_b, float("nan")), nothing)
+    torch.testing.assert_close(merged, out_a)
+    torch.testing.assert_close(lse, lse_a)
+
+
+def test_flash_attention_lse_merges_like_ring_attention():
+    """Flash attention over two key blocks, merged, equals flash attention over all keys."""
+    q, k, v = (t.detach() for t in _qkv((2, 3, 20, 32), (2, 3, 50, 32), torch.float64, "cpu"))
+    from trainfast.kernels.attention import flash_attention_forward
+
+    out_a, lse_a = flash_attention_forward(q, k[..., :30, :], v[..., :30, :], tile_queries=8, tile_keys=8)
+    out_b, lse_b = flash_attention_forward(q, k[..., 30:, :], v[..., 30:, :], tile_queries=8, tile_keys=8)
+    merged, _ = merge_attention_outputs(out_a, lse_a, out_b, lse_b)
+    torch.testing.assert_close(merged, F.scaled_dot_product_attention(q, k, v))
+
+
+# --- flash attention, tiled in PyTorch -----------------------------------------------------
+
+# (n_queries, n_keys, head_dim): multiples of the tile and not, more queries than keys, fewer
+ATTENTION_SHAPES = [(37, 37, 16), (20, 50, 24), (50, 20, 64), (1, 1, 32), (64, 64, 128)]
+
+
+@pytest.fixture
+def small_tiles(monkeypatch):
+    monkeypatch.setattr(FlashAttention, "tile_queries", 16)
+    monkeypatch.setattr(FlashAttention, "tile_keys", 8)
+
+
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("shape", ATTENTION_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_tiled_flash_attention_matches_sdpa(small_tiles, shape, dtype, is_causal):
+    n_queries, n_keys, head_dim = shape
+    q, k, v = _qkv((2, 3, n_queries, head_dim), (2, 3, n_keys, head_dim), dtype)
+    _assert_matches_sdpa(flash_attention, q, k, v, is_causal, dtype)
+
+
+def test_tiled_flash_attention_gradcheck_float64(monkeypatch):
+    monkeypatch.setattr(FlashAttention, "tile_queries", 4)
+    monkeypatch.setattr(FlashAttention, "tile_keys", 3)
+    q, k, v = _qkv((1, 1, 9, 16), (1, 1, 7, 16), torch.float64, "cpu")
+    for is_causal in (False, True):
+        assert torch.autograd.gradcheck(
+            lambda q, k, v, is_causal=is_causal: FlashAttention.apply(q, k, v, is_causal),
+            (q, k, v), fast_mode=True,
+        )
+
+
+def test_causal_convention_is_sdpas_top_left_mask():
+    """With 2 queries and 5 keys, query 0 sees key 0 only and query 1 keys 0 and 1 (SDPA's rule)."""
+    q = torch.zeros(1, 2, 16, dtype=torch.float64)
+    k = torch.zeros(1, 5, 16, dtype=torch.float64)
+    v = torch.arange(5, dtype=torch.float64).reshape(1, 5, 1).expand(1, 5, 16).contiguous()
+    expected = torch.tensor([0.0, 0.5], dtype=torch.float64)  # uniform weights over visible keys
+    torch.testing.assert_close(F.scaled_dot_product_attention(q, k, v, is_causal=True)[0, :, 0], expected)
+    torch.testing.assert_close(flash_attention(q, k, v, is_causal=True)[0, :, 0], expected)
+    torch.testing.assert_close(attention_reference(q, k, v, is_causal=True)[0, :, 0], expected)
+
+
+def _saved_shapes(out):
+    return [tuple(t.shape) for t in out.grad_fn.saved_tensors]
+
+
+def test_flash_attention_saves_only_inputs_output_and_logsumexp(small_tiles):
+    q, k, v = _qkv((2, 3, 40, 16), (2, 3, 56, 16), torch.float32)
+    out = flash_attention(q, k, v, is_causal=True)
+    assert _saved_shapes(out) == [(2, 3, 40, 16), (2, 3, 56, 16), (2, 3, 56, 16), (2, 3, 40, 16), (2, 3, 40)]
+    assert all(t.numel() < 40 * 56 for t in out.grad_fn.saved_tensors[4:])
+    # the textbook version saves the 40 × 56 probabilities (at least once)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.shape) or t, lambda t: t):
+        attention_reference(q, k, v, is_causal=True)
+    assert (2, 3, 40, 56) in saved
+
+
+# --- flash attention in Triton (interpreted on CPU) -----------------------------------------
+
+TRITON_CASES = [  # (n_queries, n_keys, head_dim, dtype, is_causal)
+    (37, 37, 16, torch.float32, False),
+    (37, 37, 16, torch.float32, True),
+    (20, 50, 24, torch.float16, True),
+    (50, 20, 32, torch.float32, True),
+    (50, 20, 32, torch.float16, False),
+    (70, 33, 80, torch.float32, True),
+    (33, 70, 128, torch.float16, True),
+    (1, 1, 64, torch.float32, False),
+]
+
+
+@pytest.mark.parametrize(
+    "case", TRITON_CASES, ids=lambda c: f"{c[0]}x{c[1]}x{c[2]}-{str(c[3])[6:]}-{'causal' if c[4] else 'full'}"
+)
+def test_triton_flash_attention_matches_sdpa(case):
+    from trainfast.kernels import FlashAttentionTriton
+
+    n_queries, n_keys, head_dim, dtype, is_causal = case
+    q, k, v = _qkv((2, 2, n_queries, head_dim), (2, 2, n_keys, head_dim), dtype)
+    _assert_matches_sdpa(FlashAttentionTriton.apply, q, k, v, is_causal, dtype)
+
+
+def test_triton_flash_attention_saves_the_same_tensors_as_the_tiled_one():
+    q, k, v = _qkv((1, 2, 40, 16), (1, 2, 24, 16), torch.float32)
+    triton_out = flash_attention(q, k, v, implementation="triton")
+    tiled_out = flash_attention(q, k, v, implementation="tiled")
+    assert _saved_shapes(triton_out) == _saved_shapes(tiled_out) == [
+        (1, 2, 40, 16), (1, 2, 24, 16), (1, 2, 24, 16), (1, 2, 40, 16), (1, 2, 40)
+    ]  # fmt: skip
+    torch.testing.assert_close(triton_out.grad_fn.saved_tensors[4], tiled_out.grad_fn.saved_tensors[4])
+
+
+# --- copy and matmul ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape", [(0,), (1,), (1000,), (3, 4097), (2, 3, 5, 7)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_copy_kernel_matches_clone(shape, dtype):
+    from trainfast.kernels import copy_tensor
+
+    x = torch.randn(shape).to(DEVICE, dtype)
+    for block_size in (64, 1024):
+        y = copy_tensor(x, block_size=block_size)
+        assert torch.equal(y, x.clone()) and y.dtype == x.dtype
+        assert x.numel() == 0 or y.data_ptr() != x.data_ptr()
+    assert torch.equal(copy_tensor(x, implementation="torch"), x)
+
+
+@pytest.mark.parametrize("mkn", [(33, 47, 65), (64, 64, 64), (1, 17, 5), (100, 16, 3)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_tiled_matmul_matches_torch_matmul(mkn, dtype):
+    from trainfast.kernels import matmul
+
+    m, k, n = mkn
+    generator = torch.Generator().manual_seed(1)
+    a = torch.randn(m, k, generator=generator).to(DEVICE, dtype)
+    b = torch.randn(k, n, generator=generator).to(DEVICE, dtype)
+    expected = a.double() @ b.double()
+    tolerance = TOLERANCE[dtype]
+    torch.testing.assert_close(matmul(a, b).double(), expected, atol=tolerance["atol"] * k**0.5 * 2, rtol=tolerance["rtol"])
+    # strided input without a copy: b.T of a (n, k) matrix
+    torch.testing.assert_close(
+        matmul(a, b.T.contiguous().T).double(), expected, atol=tolerance["atol"] * k**0.5 * 2, rtol=tolerance["rtol"]
+    )
+    torch.testing.assert_close(matmul(a, b, implementation="torch"), torch.matmul(a, b))
+
+
+def test_tile_traffic_shrinks_with_bigger_tiles():
+    from trainfast.kernels.tiled_matmul import MatmulTiles, tile_traffic_bytes
+
+    small = tile_traffic_bytes(4096, 4096, 4096, MatmulTiles(32, 32, 32), element_bytes=2)
+    large = tile_traffic_bytes(4096, 4096, 4096, MatmulTiles(128, 256, 64), element_bytes=2)
+    # 32×32 tiles: every program reads (32 + 32)·K elements; 128×256: (128 + 256)·K for 32x the area
+    assert small == (128 * 128 * 64 * 4096 + 4096 * 4096) * 2
+    assert large == (32 * 16 * 384 * 4096 + 4096 * 4096) * 2
+    assert small / large > 5
+
+
+# --- bad input --------------------------------------------------------------------------------
+
+
+def _bad_attention_inputs():
+    q = torch.randn(2, 8, 16)
+    return [
+        ((q, torch.randn(2, 8, 32), torch.randn(2, 8, 32)), r"Mismatched head dimensions: q 16, k 32, v 32"),
+        ((q, torch.randn(3, 8, 16), torch.randn(3, 8, 16)), r"same leading dimensions.*\(2,\).*\(3,\)"),
+        ((q, torch.randn(2, 8, 16), torch.randn(2, 9, 16)), r"k has 8 keys but v has 9 values"),
+        ((q.int(), q.int(), q.int()), r"Unsupported dtype for q: torch.int32"),
+        ((q, q.double(), q), r"must share a dtype"),
+        ((torch.randn(16), q, q), r"q must be \(\.\.\., sequence, head_dim\), got shape \(16,\)"),
+        ((torch.randn(2, 0, 16), q, q), r"at least one query and one key, got 0 and 8"),
+    ]
+
+
+@pytest.mark.parametrize("implementation", ["tiled", "triton"])
+def test_attention_rejects_bad_input_naming_the_problem(implementation):
+    for args, message in _bad_attention_inputs():
+        with pytest.raises(ValueError, match=message):
+            flash_attention(*args, implementation=implementation)
+    with pytest.raises(ValueError, match="Unknown implementation: 'cuda'"):
+        flash_attention(*_bad_attention_inputs()[0][0][:1] * 3, implementation="cuda")
+
+
+def test_triton_kernels_reject_what_they_cannot_run():
+    from trainfast.kernels import copy_tensor, matmul
+    from trainfast.kernels.tiled_matmul import MatmulTiles
+
+    def randn(*shape, dtype=torch.float32):
+        return torch.randn(*shape, device=DEVICE, dtype=dtype)
+
+    q = randn(1, 8, 256)
+    with pytest.raises(ValueError, match=r"head dimension 256.*16 to 128.*implementation='tiled'"):
+        flash_attention(q, q, q, implementation="triton")
+    q = randn(1, 8, 8)
+    with pytest.raises(ValueError, match=r"head dimension 8"):
+        flash_attention(q, q, q, implementation="triton")
+    with pytest.raises(ValueError, match=r"needs a contiguous tensor.*strides \(1, 5\)"):
+        copy_tensor(randn(3, 5).T)
+    with pytest.raises(ValueError, match=r"Invalid block_size: 100"):
+        copy_tensor(randn(5), block_size=100)
+    with pytest.raises(ValueError, match=r"Inner dimensions differ.*\(3, 4\).*\(5, 6\)"):
+        matmul(randn(3, 4), randn(5, 6))
+    with pytest.raises(ValueError, match=r"Invalid block_k: 24"):
+        MatmulTiles(64, 64, 24)
+    with pytest.raises(ValueError, match=r"one dtype"):
+        matmul(randn(4, 4), randn(4, 4, dtype=torch.float16))
+    with pytest.raises(ValueError, match=r"Unsupported dtype torch.float64"):
+        matmul(randn(4, 4, dtype=torch.float64), randn(4, 4, dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"one device"):
+        matmul(randn(4, 4), torch.randn(4, 4, device="meta"))
+
+
+@pytest.mark.skipif(CUDA, reason="the interpreter's refusal of bfloat16; GPUs run it")
+def test_interpreter_refuses_bfloat16_clearly():
+    from trainfast.kernels import copy_tensor, matmul
+
+    x = torch.randn(32, 32, dtype=torch.bfloat16)
+    for call in (lambda: copy_tensor(x), lambda: matmul(x, x),
+                 lambda: flash_attention(x[None], x[None], x[None], implementation="triton")):  # fmt: skip
+        with pytest.raises(ValueError, match=r"torch.bfloat16 in Triton's interpreter \(the interpreter computes bfloat16 wrongly\)"):
+            call()
+
+
+# --- how Triton is loaded: the interpreter, and what happens when it cannot be used ----------
+
+
+def _run_python(code: str, **env: str) -> subprocess.CompletedProcess:
+    environment = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    environment.update(env)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+        env=environment, timeout=300,
+    )  # fmt: skip
+
+
+def test_import_trainfast_kernels_needs_no_triton_and_sets_nothing():
+    result = _run_python("""
+        import os, sys
+        sys.modules["triton"] = None  # as if triton were not installed
+        import trainfast.kernels as kernels
+        print(os.environ.get("TRITON_INTERPRET"), callable(kernels.flash_attention))
+        try:
+            kernels.copy_tensor
+        except ImportError as error:
+            print("ImportError:", error)
+    """)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == "None True"
+    assert "need the `triton` package" in lines[1]
+
+
+@pytest.mark.skipif(CUDA, reason="CPU-only behaviour")
+def test_interpreter_works_even_after_torch_imported_triton():
+    """FlopCounterMode (and torch.compile) import triton before TRITON_INTERPRET is set; its
+    standard library (tl.cdiv, tl.max, tl.sum) is then compiled-only, and the runtime imports
+    Triton afresh so that our kernels, which call it, still run in the interpreter."""
+    result = _run_python("""
+        import os, sys, torch
+        from torch.utils.flop_counter import FlopCounterMode  # imports triton
+        assert "triton" in sys.modules and "TRITON_INTERPRET" not in os.environ
+        from trainfast.kernels import flash_attention, matmul
+        from trainfast.kernels.triton_runtime import interpreter_repaired
+        a, b = torch.randn(40, 30), torch.randn(30, 20)
+        q = torch.randn(1, 2, 20, 16)
+        expected = torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+        print(os.environ["TRITON_INTERPRET"], interpreter_repaired(),
+              torch.allclose(matmul(a, b), a @ b, atol=1e-5),
+              torch.allclose(flash_attention(q, q, q, True, implementation="triton"), expected, atol=1e-5))
+    """)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["1", "True", "True", "True"]
+
+
+@pytest.mark.skipif(CUDA, reason="CPU-only behaviour")
+def test_cpu_tensors_with_compiled_kernels_fail_with_a_clear_error():
+    result = _run_python("""
+        import torch
+        from trainfast.kernels import copy_tensor
+        try:
+            copy_tensor(torch.randn(10))
+        except ValueError as error:
+            print(error)
+    """, TRITON_INTERPRET="0")
+    assert result.returncode == 0, result.stderr
+    assert "need Triton's interpreter" in result.stdout and "TRITON_INTERPRET=1" in result.stdout
+
+
+# --- the C++ operator -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cpp_op():
+    from trainfast.kernels.custom_ops import load_bias_gelu
+
+    return load_bias_gelu("cpu")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_cpp_bias_gelu_matches_reference(cpp_op, dtype):
+    x = torch.randn(3, 5, 70, dtype=dtype, requires_grad=True)
+    bias = torch.randn(70, dtype=dtype, requires_grad=True)
+    out = bias_gelu(x, bias)
+    expected = bias_gelu_reference(x, bias)
+    torch.testing.assert_close(out, expected)
+    grad = torch.randn_like(out)
+    torch.testing.assert_close(
+        torch.autograd.grad(out, (x, bias), grad), torch.autograd.grad(expected, (x, bias), grad)
+    )
+
+
+def test_cpp_bias_gelu_gradcheck_and_opcheck(cpp_op):
+    x = torch.randn(4, 6, dtype=torch.float64, requires_grad=True)
+    bias = torch.randn(6, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(bias_gelu, (x, bias))
+    # fake tensor, schema, autograd registration and AOT dispatch checks of torch.library
+    torch.library.opcheck(torch.ops.trainfast_kernels.bias_gelu.default, (x, bias))
+    torch.library.opcheck(torch.ops.trainfast_kernels.bias_gelu.default, (x.detach().float(), bias.detach().float()))
+
+
+def test_cpp_bias_gelu_under_torch_compile(cpp_op):
+    """Dynamo traces through the op with its fake implementation, in one graph (no breaks).
+
+    The ``aot_eager`` backend runs AOTAutograd (forward and backward graphs, from the fake and
+    autograd registrations) without inductor's code generation, which costs ~40 s on this CPU.
+    """
+    torch._dynamo.reset()
+
+    def block(x, bias):
+        return bias_gelu(x, bias) * 2.0
+
+    compiled = torch.compile(block, fullgraph=True, backend="aot_eager")
+    x = torch.randn(8, 16, requires_grad=True)
+    bias = torch.randn(16, requires_grad=True)
+    out = compiled(x, bias)
+    torch.testing.assert_close(out, 2 * bias_gelu_reference(x, bias))
+    out.sum().backward()
+    expected = torch.autograd.grad(block(x, bias).sum(), x)[0]
+    torch.testing.assert_close(x.grad, expected)
+
+
+def test_cpp_bias_gelu_rejects_bad_input():
+    x = torch.randn(4, 6)
+    bad = [
+        ((x, torch.randn(5)), r"bias must be 1-D with x's last dimension, got x \(4, 6\), bias \(5,\)"),
+        ((x, torch.randn(6, dtype=torch.float64)), r"share device and dtype"),
+        ((x.half(), torch.randn(6).half()), r"Unsupported dtype torch.float16 on cpu"),
+        ((torch.randn(6, 4).T, torch.randn(6)), r"must be contiguous"),
+    ]
+    for args, message in bad:
+        with pytest.raises(ValueError, match=message):
+            bias_gelu(*args)
+    with pytest.raises(ValueError, match="Unknown implementation: 'cuda'"):
+        bias_gelu(x, torch.randn(6), implementation="cuda")
+
+
+def test_cpp_build_is_cached_across_processes(cpp_op):
+    """A fresh process finds the compiled library in the cache and does not compile again."""
+    from trainfast.kernels.custom_ops import build_in_subprocess
+
+    warm = build_in_subprocess()
+    assert not warm.compiled, f"rebuilt instead of loading from {warm.directory}"
+    assert warm.directory == cpp_op.directory and os.path.isdir(warm.directory)
+
+
+# --- on a GPU ---------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("shape", [(300, 300, 64), (128, 700, 128), (700, 128, 96), (1024, 1024, 16)])
+def test_gpu_triton_flash_attention_matches_sdpa(shape, dtype, is_causal):
+    from trainfast.kernels import FlashAttentionTriton
+
+    n_queries, n_keys, head_dim = shape
+    q, k, v = _qkv((2, 4, n_queries, head_dim), (2, 4, n_keys, head_dim), dtype, device="cuda")
+    _assert_matches_sdpa(FlashAttentionTriton.apply, q, k, v, is_causal, dtype)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gpu_tiled_flash_attention_matches_sdpa(dtype):
+    q, k, v = _qkv((2, 4, 200, 64), (2, 4, 300, 64), dtype, device="cuda")
+    _assert_matches_sdpa(flash_attention, q, k, v, True, dtype)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_gpu_matmul_and_copy_match_torch(dtype):
+    from trainfast.kernels import copy_tensor, matmul
+    from trainfast.kernels.tiled_matmul import MatmulTiles
+
+    a = torch.randn(1000, 700, device="cuda", dtype=dtype)
+    b = torch.randn(700, 1200, device="cuda", dtype=dtype)
+    expected = a.double() @ b.double()
+    atol = TOLERANCE[dtype]["atol"] * 700**0.5 * 4
+    for tiles in (None, MatmulTiles(64, 64, 32, num_warps=4, num_stages=4)):
+        torch.testing.assert_close(matmul(a, b, tiles=tiles).double(), expected, atol=atol, rtol=TOLERANCE[dtype]["rtol"])
+    x = torch.randn(10_000_019, device="cuda", dtype=dtype)
+    assert torch.equal(copy_tensor(x, block_size=4096, num_warps=8), x)
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_compiled_kernels_refuse_cpu_tensors():
+    from trainfast.kernels import copy_tensor
+
+    with pytest.raises(ValueError, match="need Triton's interpreter"):
+        copy_tensor(torch.randn(10))
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float64])
+def test_gpu_cuda_bias_gelu_matches_reference(dtype):
+    from torch.utils.cpp_extension import CUDA_HOME
+    from trainfast.kernels.custom_ops import load_bias_gelu
+
+    if CUDA_HOME is None:
+        pytest.skip("no CUDA toolkit (nvcc) to compile the CUDA operator")
+    load_bias_gelu("cuda")
+    x = torch.randn(64, 1000, device="cuda", dtype=dtype, requires_grad=True)
+    bias = torch.randn(1000, device="cuda", dtype=dtype, requires_grad=True)
+    out = bias_gelu(x, bias)
+    expected = bias_gelu_reference(x.double(), bias.double())
+    tolerance = TOLERANCE[dtype]
+    torch.testing.assert_close(out.double(), expected, **tolerance)
+    grad = torch.randn_like(out)
+    got = torch.autograd.grad(out, (x, bias), grad)
+    want = torch.autograd.grad(bias_gelu_reference(x, bias), (x, bias), grad)
+    torch.testing.assert_close(got[0].double(), want[0].double(), **tolerance)
+    torch.testing.assert_close(got[1].double(), want[1].double(), atol=tolerance["atol"] * 64, rtol=tolerance["rtol"] * 8)
+    if dtype == torch.float64:
+        torch.library.opcheck(torch.ops.trainfast_kernels.bias_gelu.default, (x, bias))
+
+
+# --- the roofline, bandwidth, the allocator, checkpointing -----------------------------------
+
+
+def test_roofline_arithmetic():
+    from trainfast.kernels.roofline import Roofline, elementwise_cost, matmul_cost, reduction_cost
+
+    roofline = Roofline(peak_flops=1000.0, bytes_per_s=100.0)
+    assert roofline.ridge == 10.0
+    assert roofline.attainable(2.0) == 200.0 and roofline.attainable(50.0) == 1000.0
+    assert roofline.bound(9.9) == "memory" and roofline.bound(10.0) == "compute"
+    assert elementwise_cost("add", 1000, inputs=2).intensity == pytest.approx(1 / 12)
+    assert reduction_cost("sum", 1001).bytes == 1002 * 4
+    square = matmul_cost(4096, 4096, 4096, element_bytes=2)
+    assert square.flops == 2 * 4096**3 and square.intensity == pytest.approx(4096 / 3)
+    with pytest.raises(ValueError, match="Invalid roofline"):
+        Roofline(0.0, 1.0)
+
+
+def test_measured_roofline_rows_and_the_roofline_taken_from_them():
+    from trainfast.kernels.roofline import measure_roofline, roofline_from_rows
+
+    rows = measure_roofline(torch.device("cpu"), n=1 << 16, matmul_sizes=(64,), repeats=2)
+    assert [r["operation"] for r in rows] == ["copy", "x + y", "sum(x)", "matrix-vector 256x256", "matmul 64x64x64"]
+    assert all(r["seconds"] > 0 and r["flops_per_s"] == r["flops"] / r["seconds"] for r in rows)
+    assert rows[-1]["intensity"] == pytest.approx(2 * 64**3 / (3 * 64 * 64 * 4))
+    # the ceilings: the fastest matmul and the copy (timings are noisy here, the rule is not)
+    synthetic = [dict(r, flops_per_s=speed, bytes_per_s=bandwidth) for r, speed, bandwidth in
+                 zip(rows, [0.0, 5.0, 6.0, 7.0, 90.0], [40.0, 30.0, 20.0, 10.0, 1.0], strict=True)]  # fmt: skip
+    roofline = roofline_from_rows(synthetic)
+    assert (roofline.peak_flops, roofline.bytes_per_s) == (90.0, 40.0)
+    with pytest.raises(ValueError, match="No 'copy' row"):
+        roofline_from_rows(synthetic[1:])
+
+
+def test_bandwidth_measurements_return_rows():
+    from trainfast.kernels.bandwidth import (
+        cache_sizes,
+        copy_bandwidth,
+        host_transfer_costs,
+        strided_bandwidth,
+    )
+
+    copies = copy_bandwidth(torch.device("cpu"), [4096, 1 << 20])
+    assert [r["bytes"] for r in copies] == [4096, 1 << 20] and all(r["gb_per_s"] > 0 for r in copies)
+    strided = strided_bandwidth(torch.device("cpu"), [1, 4], n=1 << 12)
+    assert [r["touched_bytes"] for r in strided] == [1 << 14, 1 << 16]
+    host = host_transfer_costs(torch.device("cpu"))
+    assert [r["operation"] for r in host] == ["100 x sum(), one sync", "100 x sum() + .item()"]
+    assert all(isinstance(size, int) and size > 0 for size in cache_sizes().values())
+
+
+ALLOCATOR_CASES = [  # (request, block, segment), from CUDACachingAllocator.cpp's rules
+    (0, 0, 0), (1, 512, 2 << 20), (512, 512, 2 << 20), (513, 1024, 2 << 20), (1 << 20, 1 << 20, 2 << 20),
+    ((1 << 20) + 1, (1 << 20) + 512, 20 << 20), ((10 << 20) - 1, 10 << 20, 10 << 20),
+    (10 << 20, 10 << 20, 10 << 20), ((10 << 20) + 1, (10 << 20) + 512, 12 << 20),
+    (50_000_000, 50_000_384, 24 * (2 << 20)),
+]
+
+
+def test_allocator_rounding_rules():
+    from trainfast.kernels.allocator import block_bytes, segment_bytes
+
+    for nbytes, block, segment in ALLOCATOR_CASES:
+        assert (block_bytes(nbytes), segment_bytes(nbytes)) == (block, segment), nbytes
+    with pytest.raises(ValueError, match="Invalid nbytes: -1"):
+        block_bytes(-1)
+
+
+def _fake_snapshot():
+    """A snapshot shaped like torch.cuda.memory._snapshot()'s: one 2 MiB segment, two blocks."""
+    frame = {"filename": "/long/path/to/train.py", "line": 7, "name": "step"}
+    cpp = {"filename": "c10/cuda/CUDACachingAllocator.cpp", "line": 1, "name": "malloc"}
+    return {
+        "segments": [{
+            "device": 0, "address": 1 << 30, "total_size": 2 << 20, "stream": 0, "segment_type": "small",
+            "allocated_size": 1024, "active_size": 1024, "requested_size": 1000,
+            "blocks": [
+                {"address": 1 << 30, "size": 1024, "requested_size": 1000, "state": "active_allocated", "frames": [cpp, frame, frame]},
+                {"address": (1 << 30) + 1024, "size": (2 << 20) - 1024, "requested_size": 0, "state": "inactive", "frames": []},
+            ],
+        }],
+        "device_traces": [[
+            {"action": "segment_alloc", "addr": 1 << 30, "size": 2 << 20, "stream": 0, "time_us": 1, "frames": [frame]},
+            {"action": "alloc", "addr": 1 << 30, "size": 1024, "stream": 0, "time_us": 2, "frames": [cpp, frame]},
+            {"action": "alloc", "addr": (1 << 30) + 1024, "size": 512, "stream": 0, "time_us": 3, "frames": [frame]},
+            {"action": "free_requested", "addr": (1 << 30) + 1024, "size": 512, "stream": 0, "time_us": 4, "frames": []},
+            {"action": "free_completed", "addr": (1 << 30) + 1024, "size": 512, "stream": 0, "time_us": 5, "frames": []},
+        ]],
+    }  # fmt: skip
+
+
+def test_trimmed_snapshot_is_small_json_and_memory_viz_reads_it():
+    import json
+
+    from trainfast.kernels.allocator import memory_timeline, segment_summary, trim_snapshot
+
+    trimmed = trim_snapshot(_fake_snapshot())
+    assert json.loads(json.dumps(trimmed)) == trimmed
+    assert trimmed["segments"][0]["blocks"][0]["frames"] == [{"filename": "train.py", "line": 7, "name": "step"}]
+    summary = segment_summary(trimmed)
+    assert "segments: 1" in summary and "total_reserved: 2.0MiB" in summary
+    timeline = memory_timeline(trimmed)
+    assert timeline["allocated"] == [0, 1024, 1536, 1024] and timeline["reserved"] == [2 << 20] * 4
+
+
+def test_checkpointing_trades_memory_for_compute():
+    from trainfast.accounting import TransformerShape
+    from trainfast.kernels.checkpointing import checkpointing_costs
+
+    shape = TransformerShape(vocab_size=64, d_model=32, n_layers=2, n_heads=2, d_ff=64, seq_len=16, batch_size=2)
+    off, on = checkpointing_costs(shape, device=torch.device("cpu"), attention="manual", repeats=1)
+    assert (off["checkpointing"], on["checkpointing"]) == (False, True)
+    assert on["saved_bytes"] < off["saved_bytes"] / 2
+    assert off["counted_flops"] == off["model_flops"] < on["counted_flops"]
+    assert off["predicted_bytes"] <= off["saved_bytes"] <= off["predicted_bytes"] * 1.1
+
+
+def test_target_ratios_name_the_ratio_and_the_verdict():
+    from trainfast.kernels.benchmarks import target_ratios
+    from trainfast.records import make_record
+
+    rows = [
+        {"implementation": "torch copy_", "bytes": 1 << 30, "gb_per_s": 3000.0, "ratio_to_torch": 1.0},
+        {"implementation": "triton copy_kernel", "bytes": 1 << 30, "gb_per_s": 2820.0, "ratio_to_torch": 0.94},
+        {"implementation": "triton copy_kernel", "bytes": 1 << 20, "gb_per_s": 10.0, "ratio_to_torch": 0.1},
+    ]
+    record = make_record("copy-bandwidth", "test", rows)
+    record.environment.update(device="cuda", device_name="Some GPU")
+    (line,) = target_ratios([record])
+    assert line.endswith("0.94 on Some GPU (cuda); target >= 0.90: met")
+    rows[1]["ratio_to_torch"] = 0.5
+    assert target_ratios([record])[0].endswith("target >= 0.90: NOT met")
+    record.environment["device"] = "cpu"
+    assert "not measured on Some GPU (cpu)" in target_ratios([record])[0]
+
+
+# --- the exercises: each check passes the right answer and catches a wrong one ----------------
+
+
+def test_exercise_checks_pass_right_answers_and_catch_wrong_ones(capsys):
+    import math
+
+    from trainfast.kernels.exercises import (
+        check_causal_key_tiles,
+        check_matmul_intensity,
+        check_segment_bytes,
+        check_softmax_merge,
+    )
+
+    check_matmul_intensity(lambda m, k, n, e: 2 * m * k * n / ((m * k + k * n + m * n) * e))
+    with pytest.raises(AssertionError, match=r"cases failed; first: \(4096, 4096\) @ \(4096, 4096\)"):
+        check_matmul_intensity(lambda m, k, n, e: 2 * m * k * n / ((m * k + k * n) * e))  # forgot C
+
+    check_softmax_merge(merge_softmax_stats)
+
+    def naive(max_a, sum_a, max_b, sum_b):  # no guard for an empty part: -inf - -inf is NaN
+        new_max = torch.maximum(max_a, max_b)
+        return new_max, sum_a * torch.exp(max_a - new_max) + sum_b * torch.exp(max_b - new_max)
+
+    naive(*softmax_stats(torch.randn(2, 4)), *softmax_stats(torch.randn(2, 4)))  # fine on ordinary parts
+    with pytest.raises(AssertionError, match="first part empty"):
+        check_softmax_merge(lambda *args: naive(*args) if not torch.isinf(args[0]).all() else
+                            (args[2], args[3] * float("nan")))  # fmt: skip
+    def unshifted(max_a, sum_a, max_b, sum_b):  # right in exact arithmetic, but exp(1000) overflows
+        new_max = torch.maximum(max_a, max_b)
+        return new_max, (sum_a * torch.exp(max_a) + sum_b * torch.exp(max_b)) * torch.exp(-new_max)
+
+    with pytest.raises(AssertionError, match=r"1 of 4 cases failed; first: maxima 1000 apart"):
+        check_softmax_merge(unshifted)
+
+    check_causal_key_tiles(lambda q, bq, n, bk: list(range(0, min(n, q + bq), bk)))
+    with pytest.raises(AssertionError, match="cases failed"):
+        check_causal_key_tiles(lambda q, bq, n, bk: list(range(0, min(n, q), bk)))  # misses the diagonal tile
+
+    def reserve(nbytes):
+        size = 512 * math.ceil(nbytes / 512)
+        if size <= 1 << 20:
+            return 2 << 20
+        return 20 << 20 if size < 10 << 20 else (2 << 20) * math.ceil(size / (2 << 20))
+
+    check_segment_bytes(reserve)
+    with pytest.raises(AssertionError, match="cases failed"):
+        check_segment_bytes(lambda nbytes: 512 * math.ceil(nbytes / 512))  # the block, not the segment
+    assert "FAILED" in capsys.readouterr().out
+
+
+def test_triton_exercise_check_passes_a_kernel_and_catches_a_missing_mask():
+    from trainfast.kernels.exercises import check_triton_axpb
+    from trainfast.kernels.triton_runtime import tl, triton
+
+    @triton.jit
+    def axpb_kernel(x_ptr, y_ptr, n, a, b, BLOCK: tl.constexpr, MASKED: tl.constexpr):
+        offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        if MASKED:
+            x = tl.load(x_ptr + offsets, mask=offsets < n)
+            tl.store(y_ptr + offsets, (a * x.to(tl.float32) + b).to(x.dtype), mask=offsets < n)
+        else:
+            x = tl.load(x_ptr + offsets)
+            tl.store(y_ptr + offsets, (a * x.to(tl.float32) + b).to(x.dtype))
+
+    def launcher(masked):
+        def axpb(x, a, b, out):
+            axpb_kernel[(triton.cdiv(x.numel(), 256),)](x, out, x.numel(), a, b, BLOCK=256, MASKED=masked)
+
+        return axpb
+
+    check_triton_axpb(launcher(True))
+    with pytest.raises(AssertionError, match=r"first: 1 elements of torch.float32: wrote 255 values past the end"):
+        check_triton_axpb(launcher(False))
+    with pytest.raises(AssertionError, match=r"4 of 4 cases failed.*raised"):
+        check_triton_axpb(lambda x, a, b, out: out.copy_(a * x + b).nonexistent)
+
+
+# --- the chapter -----------------------------------------------------------------------------
+
+
+def test_listings_resolve_to_package_code():
+    import chapters
+
+    assert chapters.listing_problems("memory_hierarchy") == []
+
+
+@pytest.mark.chapter
+def test_chapter_executes_within_its_budget():
+    import chapters
+
+    seconds = chapters.execute_chapter("memory_hierarchy")
+    assert seconds < 120, f"the chapter took {seconds:.0f} s, over its 120 s budget"
+
+
+# --- on a GPU: the allocator and the benchmarks ------------------------------------------------
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_allocator_rounding_matches_the_rules():
+    from trainfast.kernels.allocator import allocator_rounding_record
+
+    record = allocator_rounding_record(torch.device("cuda"), quick=True)
+    for row in record.rows:
+        assert row["allocated_bytes"] == row["predicted_block_bytes"], row
+        assert row["reserved_bytes"] == row["predicted_segment_bytes"], row
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_snapshot_and_benchmarks_run_quick():
+    import json
+
+    from trainfast.kernels import benchmarks
+    from trainfast.kernels.allocator import (
+        allocator_snapshot_record,
+        memory_timeline,
+        segment_summary,
+    )
+
+    record = allocator_snapshot_record(torch.device("cuda"), quick=True)
+    assert [row["expandable_segments"] for row in record.rows] == [False, True]
+    snapshot = record.rows[0]["snapshot"]
+    assert json.loads(json.dumps(snapshot)) == snapshot and "segments:" in segment_summary(snapshot)
+    assert max(memory_timeline(snapshot)["allocated"]) > 0
+    for run in (benchmarks.copy_record, benchmarks.matmul_record, benchmarks.attention_record,
+                benchmarks.roofline_record, benchmarks.strided_record, benchmarks.host_transfer_record):  # fmt: skip
+        assert run(torch.device("cuda"), True).rows

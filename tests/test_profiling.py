@@ -141,10 +141,6 @@ ALLOWED_CLOCKS = {
     ("distributed/launch.py", "monotonic"): "deadlines of the launcher's timeouts, not a measurement",
     ("distributed/launch.py", "time.time"): "a rank's failure date, to tell which failed first",
     ("records.py", "datetime.now"): "the date a record was created, not a duration",
-    # Debt, not an exception: the kernels chapter times its one-off C++ build with its own clock.
-    # It is a measurement and belongs on timestamp() or benchmark(build, warmup=0, repeats=1);
-    # the kernels code is outside the profiling branch, so its owner moves it (then delete this).
-    ("kernels/custom_ops.py", "perf_counter"): "PENDING: the C++ build timer of kernels",
 }
 
 

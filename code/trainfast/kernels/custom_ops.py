@@ -32,12 +32,13 @@ import json
 import os
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
 from torch import Tensor
+
+from trainfast.profiling.timing import timestamp
 
 __all__ = [
     "CPP_SOURCE",
@@ -239,7 +240,7 @@ def _build(name: str, cuda: bool) -> BuildInfo:
         # of 25-34 s on a 2-core CPU (torch 2.14).
         options["no_implicit_headers"] = True
     before = _library_mtime(name)
-    start = time.perf_counter()
+    start = timestamp()  # a one-off build: one timestamp before, one after
     load_inline(
         name=name,
         cpp_sources="" if cuda else CPP_SOURCE,
@@ -249,7 +250,7 @@ def _build(name: str, cuda: bool) -> BuildInfo:
         verbose=False,
         **options,
     )
-    seconds = time.perf_counter() - start
+    seconds = timestamp() - start
     return BuildInfo(name, build_directory(name), seconds, compiled=_library_mtime(name) != before)
 
 

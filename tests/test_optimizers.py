@@ -364,6 +364,32 @@ def test_bad_input_raises_naming_the_value(build: Callable[[], Optimizer], messa
         build()
 
 
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda p: SGD([p], lr=0.1, momentum=0.9),
+        lambda p: RMSprop([p], lr=0.1),
+        lambda p: Adam([p], lr=0.1),
+        lambda p: AdamW([p], lr=0.1),
+        lambda p: Muon([{"params": [p], "use_muon": True}]),
+        lambda p: Muon([{"params": [p], "use_muon": False}]),
+    ],
+    ids=["SGD", "RMSprop", "Adam", "AdamW", "Muon", "Muon-AdamW"],
+)
+def test_sparse_gradient_refused_with_one_message(build: Callable[[Tensor], Optimizer]) -> None:
+    weight = nn.Parameter(torch.randn(3, 2))
+    optimizer = build(weight)
+    weight.grad = torch.randn(3, 2).to_sparse()
+    name = type(optimizer).__name__
+    with pytest.raises(
+        ValueError,
+        match=rf"^{name} does not support sparse gradients \(got one "
+        r"for a parameter of shape \(3, 2\)\)",
+    ):
+        optimizer.step()
+    assert len(optimizer.state) == 0  # refused before any state was created
+
+
 def test_muon_copy_keeps_its_group_defaults() -> None:
     optimizer = Muon(_weights(), lr=0.03, adamw_lr=1e-3)
     clone = copy.deepcopy(optimizer)
@@ -765,7 +791,11 @@ def test_weight_decay_groups_leave_out_biases_norms_and_embeddings() -> None:
     decay, no_decay = weight_decay_groups(model, weight_decay=0.1)
     assert {id(p) for p in decay["params"]} == {id(model[1].weight), id(model[3].weight)}
     assert {id(p) for p in no_decay["params"]} == {
-        id(model[0].weight), id(model[1].bias), id(model[2].weight), id(model[2].bias), id(model[3].bias)
+        id(model[0].weight),
+        id(model[1].bias),
+        id(model[2].weight),
+        id(model[2].bias),
+        id(model[3].bias),
     }
     optimizer = AdamW(weight_decay_groups(model, 0.1), lr=1e-3)
     assert [g["weight_decay"] for g in optimizer.param_groups] == [0.1, 0.0]

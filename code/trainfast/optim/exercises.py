@@ -56,10 +56,21 @@ def check_momentum_step(step: MomentumStep, *, steps: int = 5, seed: int = 0) ->
                 param.add_(buffer, alpha=-lr)
             else:
                 step(param, grad.clone(), buffer, lr, momentum, dampening)
-            sgd([reference], [grad], reference_buffers, lr=lr, weight_decay=0.0, momentum=momentum,
-                dampening=dampening, nesterov=False, maximize=False)
+            sgd(
+                [reference],
+                [grad],
+                reference_buffers,
+                lr=lr,
+                weight_decay=0.0,
+                momentum=momentum,
+                dampening=dampening,
+                nesterov=False,
+                maximize=False,
+            )
             problem = _difference("param", param, reference) or _difference(
-                "buffer", buffer, reference_buffers[0]  # type: ignore[arg-type]
+                "buffer",
+                buffer,
+                reference_buffers[0],  # type: ignore[arg-type]
             )
             if problem:
                 break
@@ -84,9 +95,22 @@ def check_adam_step(step: AdamStep, *, steps: int = 5, seed: int = 0) -> None:
         for t in range(1, steps + 1):
             grad = torch.randn(5, generator=generator)
             step(param, grad.clone(), exp_avg, exp_avg_sq, t, lr, beta1, beta2, eps)
-            adam([reference], [grad], [ref_avg], [ref_avg_sq], [], [ref_step], lr=lr, beta1=beta1,
-                 beta2=beta2, eps=eps, weight_decay=0.0, amsgrad=False, maximize=False,
-                 decoupled_weight_decay=False)
+            adam(
+                [reference],
+                [grad],
+                [ref_avg],
+                [ref_avg_sq],
+                [],
+                [ref_step],
+                lr=lr,
+                beta1=beta1,
+                beta2=beta2,
+                eps=eps,
+                weight_decay=0.0,
+                amsgrad=False,
+                maximize=False,
+                decoupled_weight_decay=False,
+            )
             problem = (
                 _difference(f"exp_avg at t={t}", exp_avg, ref_avg)
                 or _difference(f"exp_avg_sq at t={t}", exp_avg_sq, ref_avg_sq)
@@ -98,7 +122,9 @@ def check_adam_step(step: AdamStep, *, steps: int = 5, seed: int = 0) -> None:
     report(results)
 
 
-def check_decay_groups(optimizer: torch.optim.Optimizer, model: nn.Module, weight_decay: float) -> None:
+def check_decay_groups(
+    optimizer: torch.optim.Optimizer, model: nn.Module, weight_decay: float
+) -> None:
     """Check that ``optimizer`` decays exactly the weight matrices of ``model``.
 
     Every parameter must appear in exactly one group; weight matrices (2-D or more, outside

@@ -867,3 +867,183 @@ def test_chapter_executes_on_cpu() -> None:
 
     seconds = chapters.execute_chapter("optimizers")
     print(f"optimizers chapter executed in {seconds:.1f} s")
+
+
+def _sgd_trajectory(fn, xy, lr, momentum, n_iters, *, keep_start: bool = True):
+    point = xy.detach().clone().requires_grad_(True)
+    optimizer = torch.optim.SGD([point], lr=lr, momentum=momentum)
+    path = [point.detach().clone()] if keep_start else []
+    for _ in range(n_iters):
+        optimizer.zero_grad()
+        fn(point[0], point[1]).backward()
+        optimizer.step()
+        path.append(point.detach().clone())
+    return torch.stack(path)
+
+
+def test_opt_fn_check_passes_a_right_answer_and_catches_wrong_ones(capsys) -> None:
+    from trainfast.optim.exercises import check_opt_fn_with_sgd
+
+    check_opt_fn_with_sgd(_sgd_trajectory)
+    assert "All 4 cases passed." in capsys.readouterr().out
+    with pytest.raises(AssertionError, match=r"shape \(20, 2\), expected \(21, 2\)"):
+        check_opt_fn_with_sgd(lambda *a: _sgd_trajectory(*a, keep_start=False))
+    with pytest.raises(AssertionError, match="momentum=0.9"):  # momentum ignored
+        check_opt_fn_with_sgd(lambda fn, xy, lr, momentum, n: _sgd_trajectory(fn, xy, lr, 0.0, n))
+
+    def in_place(fn, xy, lr, momentum, n_iters):
+        path = _sgd_trajectory(fn, xy, lr, momentum, n_iters)
+        xy.copy_(path[-1])
+        return path
+
+    with pytest.raises(AssertionError, match="modified in place"):
+        check_opt_fn_with_sgd(in_place)
+
+
+class _Scratch:
+    """A from-scratch SGD/RMSprop/Adam with one switchable bug, to test the exercise checks."""
+
+    def __init__(self, params, lr, bug=None, **settings):
+        self.params, self.lr, self.bug, self.t = list(params), lr, bug, 0
+        self.settings = settings
+        self.state = [{} for _ in self.params]
+
+    @torch.no_grad()
+    def step(self):
+        self.t += 1
+        for param, state in zip(self.params, self.state, strict=True):
+            self.update(param, param.grad, state, **self.settings)
+
+    def decayed(self, param, grad, weight_decay):
+        return grad if self.bug == "no decay" else grad + weight_decay * param
+
+
+class _ScratchSGD(_Scratch):
+    def update(self, param, grad, state, momentum=0.0, weight_decay=0.0):
+        grad = self.decayed(param, grad, weight_decay)
+        if momentum:
+            mix = 1 - momentum if self.bug == "averaged buffer" else 1.0
+            buffer = state.get("buffer")
+            state["buffer"] = grad.clone() if buffer is None else momentum * buffer + mix * grad
+            grad = state["buffer"]
+        param -= self.lr * grad
+
+
+class _ScratchRMSprop(_Scratch):
+    def update(self, param, grad, state, alpha=0.99, eps=1e-8, weight_decay=0.0, momentum=0.0):
+        grad = self.decayed(param, grad, weight_decay)
+        v = state["v"] = alpha * state.get("v", torch.zeros_like(param)) + (1 - alpha) * grad**2
+        denom = (v + eps).sqrt() if self.bug == "eps inside" else v.sqrt() + eps
+        update = grad / denom
+        if momentum:
+            update = state["b"] = momentum * state.get("b", torch.zeros_like(param)) + update
+        param -= self.lr * update
+
+
+class _ScratchAdam(_Scratch):
+    def update(self, param, grad, state, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
+        (beta1, beta2), t = betas, self.t
+        grad = self.decayed(param, grad, weight_decay)
+        m = state["m"] = beta1 * state.get("m", torch.zeros_like(param)) + (1 - beta1) * grad
+        v = state["v"] = beta2 * state.get("v", torch.zeros_like(param)) + (1 - beta2) * grad**2
+        if self.bug != "no bias correction":
+            m, v = m / (1 - beta1**t), v / (1 - beta2**t)
+        param -= self.lr * m / (v.sqrt() + eps)
+
+
+@pytest.mark.parametrize(
+    "check_name,scratch,bug,first_failure",
+    [
+        ("check_sgd", _ScratchSGD, "no decay", "weight_decay=0.1"),
+        ("check_sgd", _ScratchSGD, "averaged buffer", "momentum=0.9"),
+        ("check_rmsprop", _ScratchRMSprop, "eps inside", "lr=0.01"),
+        ("check_rmsprop", _ScratchRMSprop, "no decay", "weight_decay=0.1"),
+        ("check_adam", _ScratchAdam, "no bias correction", "lr=0.01"),
+        ("check_adam", _ScratchAdam, "no decay", "weight_decay=0.1"),
+    ],
+)
+def test_from_scratch_checks_pass_a_right_answer_and_catch_a_bug(
+    capsys, check_name: str, scratch: type, bug: str, first_failure: str
+) -> None:
+    from trainfast.optim import exercises
+
+    check = getattr(exercises, check_name)
+    check(scratch)
+    assert "All 3 cases passed." in capsys.readouterr().out
+    buggy = type(
+        scratch.__name__,
+        (scratch,),
+        {"__init__": lambda self, p, lr, **s: scratch.__init__(self, p, lr, bug=bug, **s)},
+    )
+    with pytest.raises(AssertionError, match=rf"first: {buggy.__name__}\(.*{first_failure}"):
+        check(buggy)
+
+
+class _ScratchGroups:
+    def __init__(self, params, bug=None, **defaults):
+        self.groups = []
+        for group in params:
+            merged = {"momentum": 0.0, "weight_decay": 0.0, **defaults, **group}
+            if bug == "defaults win":
+                merged = {"momentum": 0.0, "weight_decay": 0.0, **group, **defaults}
+            if "lr" not in merged and bug != "no lr check":
+                raise ValueError("no lr")
+            merged["params"] = list(merged["params"])
+            self.groups.append(merged)
+        self.optimizers = [
+            _ScratchSGD(
+                g["params"],
+                g.get("lr", 0.1),
+                momentum=g["momentum"],
+                weight_decay=g["weight_decay"],
+            )
+            for g in self.groups
+        ]
+
+    def step(self):
+        for optimizer in self.optimizers:
+            optimizer.step()
+
+
+def test_param_groups_check_passes_a_right_answer_and_catches_wrong_ones(capsys) -> None:
+    from trainfast.optim.exercises import check_sgd_param_groups
+
+    check_sgd_param_groups(_ScratchGroups)
+    check_sgd_param_groups(SGD)  # ours; torch.optim.SGD falls back to lr=1e-3 instead of raising
+    assert capsys.readouterr().out.count("All 3 cases passed.") == 2
+    with pytest.raises(AssertionError, match="first: three groups, defaults {'lr': 0.1}"):
+        check_sgd_param_groups(lambda p, **d: _ScratchGroups(p, bug="defaults win", **d))
+    with pytest.raises(AssertionError, match="1 of 3 cases failed; first: a group without lr"):
+        check_sgd_param_groups(lambda p, **d: _ScratchGroups(p, bug="no lr check", **d))
+
+
+def test_decay_rule_check_passes_the_package_rule_and_catches_wrong_ones(capsys) -> None:
+    from trainfast.optim.exercises import check_decay_rule
+    from trainfast.optim.groups import NO_DECAY_MODULES
+
+    check_decay_rule(
+        lambda m, name, p: not isinstance(m, NO_DECAY_MODULES) and not name.endswith("bias")
+    )
+    assert "All 21 cases passed." in capsys.readouterr().out
+    with pytest.raises(AssertionError, match="first: embedding \\+ LayerNorm \\+ head: 0.weight"):
+        check_decay_rule(lambda m, name, p: p.ndim >= 2 and not isinstance(m, nn.LayerNorm))
+    with pytest.raises(AssertionError, match="in_proj_bias"):
+        check_decay_rule(lambda m, name, p: not isinstance(m, NO_DECAY_MODULES) and name != "bias")
+
+
+def test_every_exercise_check_runs_in_a_hidden_solution_cell() -> None:
+    import chapters
+    from trainfast.optim import exercises
+
+    notebook = chapters.read_chapter("optimizers")
+    solutions = [
+        cell.source
+        for cell in notebook.cells
+        if cell.cell_type == "code" and "solution" in cell.metadata.get("tags", [])
+    ]
+    assert len(solutions) >= 5
+    for cell in notebook.cells:
+        tags = cell.metadata.get("tags", [])
+        assert "solution" not in tags or "hide-input" in tags, cell.source[:60]
+    for name in exercises.__all__:
+        assert any(f"{name}(" in source for source in solutions), f"{name} runs in no solution cell"

@@ -9,6 +9,7 @@ import copy
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -1047,3 +1048,66 @@ def test_every_exercise_check_runs_in_a_hidden_solution_cell() -> None:
         assert "solution" not in tags or "hide-input" in tags, cell.source[:60]
     for name in exercises.__all__:
         assert any(f"{name}(" in source for source in solutions), f"{name} runs in no solution cell"
+
+
+# --- honest comparisons: intervals, verdicts, tuning on validation ---
+
+
+def test_mean_interval_matches_scipy_student_t() -> None:
+    stats = pytest.importorskip("scipy.stats")
+    from trainfast.optim.comparison import mean_interval
+
+    for values in ([0.91, 0.93, 0.95], [1.0, 2.0, 4.0, 8.0, 16.0]):
+        interval = mean_interval(values)
+        low, high = stats.t.interval(
+            0.95, len(values) - 1, loc=np.mean(values), scale=stats.sem(values)
+        )
+        assert (interval.low, interval.high) == pytest.approx((low, high), rel=1e-3)
+        assert interval.mean == pytest.approx(np.mean(values))
+    with pytest.raises(ValueError, match=r"\[0.9\]"):
+        mean_interval([0.9])
+
+
+def test_verdict_says_inside_the_noise_only_when_the_interval_holds_zero() -> None:
+    from trainfast.optim.comparison import verdict
+
+    noisy = verdict("A", [0.90, 0.95, 0.91], "B", [0.92, 0.91, 0.93], "points")
+    assert "inside the noise" in noisy
+    clear = verdict("A", [0.90, 0.91, 0.92], "B", [0.95, 0.955, 0.97], "points")
+    assert clear.startswith("B is ahead of A by 0.048 points (95% interval 0.041 to 0.056")
+    with pytest.raises(ValueError, match="3 values against 2"):
+        verdict("A", [1, 2, 3], "B", [1, 2], "points")
+
+
+def test_tune_then_repeat_selects_on_validation_and_reports_fresh_seeds() -> None:
+    from trainfast.loop import History
+    from trainfast.optim.comparison import Run, tune_then_repeat
+
+    calls = []
+
+    def run(lr: float, seed: int) -> Run:
+        calls.append((lr, seed))
+        # lr 0.1 wins on validation, lr 1.0 would win on test: the test score must not be used
+        validation, test = {0.01: (0.5, 0.5), 0.1: (0.9, 0.6), 1.0: (0.7, 0.99)}[lr]
+        return Run(lr, seed, validation, test + seed / 100, History())
+
+    tuned = tune_then_repeat(run, [0.01, 0.1, 1.0], seeds=(1, 2))
+    assert tuned.best_lr == 0.1
+    assert calls == [(0.01, 0), (0.1, 0), (1.0, 0), (0.1, 1), (0.1, 2)]
+    assert tuned.test_accuracies == pytest.approx([0.61, 0.62])
+    with pytest.raises(ValueError, match="tuning seed 0"):
+        tune_then_repeat(run, [0.1], seeds=(0, 1))
+
+
+def test_digits_splits_hold_validation_out_of_training() -> None:
+    pytest.importorskip("sklearn")
+    from trainfast.datasets import digits
+    from trainfast.optim.comparison import digits_splits
+
+    train_part, validation, test = digits_splits(validation_fraction=0.25)
+    assert len(train_part) + len(validation) == len(digits("train"))
+    assert len(validation) == round(0.25 * len(digits("train")))
+    assert not set(train_part.indices) & set(validation.indices)
+    assert len(test) == len(digits("test"))
+    with pytest.raises(ValueError, match="validation_fraction: 1.5"):
+        digits_splits(1.5)

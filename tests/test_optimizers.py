@@ -1111,3 +1111,55 @@ def test_digits_splits_hold_validation_out_of_training() -> None:
     assert len(test) == len(digits("test"))
     with pytest.raises(ValueError, match="validation_fraction: 1.5"):
         digits_splits(1.5)
+
+
+def test_verdict_for_a_loss_names_the_lower_one() -> None:
+    from trainfast.optim.comparison import verdict
+
+    sentence = verdict("A", [0.5, 0.52, 0.51], "B", [0.6, 0.63, 0.61], "nats", lower_is_better=True)
+    assert sentence.startswith("A is lower than B by 0.1 nats (95% interval 0.0")
+    flipped = verdict("B", [0.6, 0.63, 0.61], "A", [0.5, 0.52, 0.51], "nats", lower_is_better=True)
+    assert flipped == sentence
+
+
+#: Constants the optimizers chapter may type: units and formats (4 bytes, 8×8 pixels, 95%
+#: intervals), tile sizes (64 to 256 rows, multiples of 8), published settings (β₂ = 0.95 and
+#: its 20-step horizon, Gemma 2's caps 30 and 50), the batch sizes the studies are keyed by
+#: (1, 8, 64), exercise specifications (weight decay 0.1, defaults 0, counting from 1).
+OPTIMIZERS_CONSTANTS = {"0", "0.1", "0.95", "1", "2", "4", "8", "20", "30", "50", "64", "95", "256"}
+
+
+def test_chapter_prose_types_no_number_that_code_produced() -> None:
+    import chapters
+
+    assert chapters.typed_numbers("optimizers", allow=OPTIMIZERS_CONSTANTS) == []
+
+
+def test_numbers_in_prose_skips_code_math_roles_and_names() -> None:
+    from chapters import numbers_in_prose
+
+    page = "\n".join([
+        "---",
+        "kernelspec: {version: 3}",
+        "---",
+        "# Title",
+        "(label-2)=",
+        "**3. An exercise.** After 300 steps, {glue:text}`loss:.2f` and {cite}`kingma2015adam`.",
+        "Inline `x = 5` and $x^2 + 7$ and float32, GPT-2, 2-D, 124M, [link](https://a.b/c/9).",
+        "```{code-cell} ipython3",
+        "steps = 300",
+        "```",
+        "$$",
+        "\\theta_1 = 42",
+        "$$",
+        ":::{note}",
+        "A note with 12 inside.",
+        ":::",
+        "We measured 0.75 here, with 32 lanes.",
+    ])  # fmt: skip
+    found = numbers_in_prose(page, allow={"32"})
+    assert [entry.split(" in ")[0] for entry in found] == [
+        "line 6: 300",
+        "line 15: 12",
+        "line 17: 0.75",
+    ]

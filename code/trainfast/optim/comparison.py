@@ -90,11 +90,20 @@ def paired_difference(a: Sequence[float], b: Sequence[float]) -> Interval:
     return mean_interval([x - y for x, y in zip(a, b, strict=True)])
 
 
-def verdict(name_a: str, a: Sequence[float], name_b: str, b: Sequence[float], unit: str) -> str:
+def verdict(
+    name_a: str,
+    a: Sequence[float],
+    name_b: str,
+    b: Sequence[float],
+    unit: str,
+    *,
+    lower_is_better: bool = False,
+) -> str:
     """A sentence comparing paired results ``a`` and ``b``, computed from their interval.
 
     If the 95% interval of the paired difference contains zero, the sentence says the
-    difference is inside the noise of the repeats; otherwise it names the one ahead.
+    difference is inside the noise of the repeats; otherwise it names the one ahead (the higher,
+    or with ``lower_is_better`` the lower, as for a loss) and the interval of its advantage.
     """
     diff = paired_difference(a, b)
     if diff.contains(0.0):
@@ -103,10 +112,13 @@ def verdict(name_a: str, a: Sequence[float], name_b: str, b: Sequence[float], un
             f"the difference between {name_a} and {name_b}, {diff.mean:+.2g} {unit} ({where}), "
             "is inside the noise"
         )
-    if diff.mean < 0:  # state the interval of the leader's advantage
-        name_a, name_b, diff = name_b, name_a, paired_difference(b, a)
-    where = f"95% interval {diff.low:.2g} to {diff.high:.2g} {unit}, {diff.n} seeds"
-    return f"{name_a} is ahead of {name_b} by {diff.mean:.2g} {unit} ({where})"
+    a_ahead = (diff.mean < 0) if lower_is_better else (diff.mean > 0)
+    if not a_ahead:
+        name_a, name_b, a, b = name_b, name_a, b, a
+    advantage = paired_difference(b, a) if lower_is_better else paired_difference(a, b)
+    where = f"95% interval {advantage.low:.2g} to {advantage.high:.2g} {unit}, {advantage.n} seeds"
+    word = "lower than" if lower_is_better else "ahead of"
+    return f"{name_a} is {word} {name_b} by {advantage.mean:.2g} {unit} ({where})"
 
 
 @dataclass

@@ -27,6 +27,7 @@ import pkgutil
 import re
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -251,3 +252,61 @@ def execute_chapter(name: str, timeout: int = 1800) -> float:
     seconds = time.perf_counter() - start
     EXECUTION_TIMES.append((name, seconds))
     return seconds
+
+
+_PROSE_DIRECTIVES = {"note", "tip", "warning", "important", "admonition", "seealso", "caution"}
+_ROLE = re.compile(r"\{[\w:-]+\}`[^`]*`")  # {glue:text}`x:.1f`, {cite}`key`, {ref}`label`
+_NUMBER = re.compile(r"(?<![\w.\-/])\d+(?:[.,]\d+)*(?![\w]|-\w)")
+
+
+def typed_numbers(name: str, allow: Iterable[str] = ()) -> list[str]:
+    """Numbers typed by hand in chapter ``name``'s prose, as ``"line N: number in 'context'"``.
+
+    Prose is what remains after removing front matter, fenced blocks (code cells, listings,
+    bibliographies; the text of admonitions stays), display and inline math, inline code,
+    roles (glue, citations, references), link targets, labels and exercise numbers
+    (``**3. Title.**``). A number written into a name (``float32``, ``GPT-2``, ``2-D``,
+    ``124M``) is not counted. Every other number must be glued from a cell, or be a constant
+    listed in ``allow`` (compared as written, e.g. ``"32"`` or ``"0.9"``). Opt-in per chapter:
+    a chapter's test calls this and asserts the result is empty.
+    """
+    return numbers_in_prose(chapter_path(name).read_text(), allow)
+
+
+def numbers_in_prose(page: str, allow: Iterable[str] = ()) -> list[str]:
+    """:func:`typed_numbers` for the text of a MyST page."""
+    allowed = set(allow)
+    lines = page.splitlines()
+    found: list[str] = []
+    fence: str | None = None
+    in_front_matter = bool(lines) and lines[0].strip() == "---"
+    in_math = False
+    for number, line in enumerate(lines, start=1):
+        stripped = line.strip()
+        if in_front_matter:
+            in_front_matter = number == 1 or stripped != "---"
+            continue
+        if fence is not None:
+            if _is_closing(line, fence):
+                fence = None
+            continue
+        match = _FENCE.match(stripped)
+        if match and match.group("info").strip():
+            directive = re.match(r"\{([\w:-]+)\}", match.group("info").strip())
+            if not (directive and directive.group(1) in _PROSE_DIRECTIVES):
+                fence = match.group("fence")
+            continue
+        if stripped.startswith("$$"):
+            in_math = not (in_math or (len(stripped) > 2 and stripped.endswith("$$")))
+            continue
+        if in_math or re.match(r"^\(.+\)=$", stripped) or stripped.startswith("<!--"):
+            continue
+        text = re.sub(r"^\*\*\d+\.", "**", stripped)  # exercise numbers
+        text = _ROLE.sub(" ", text)
+        text = re.sub(r"`[^`]*`", " ", text)  # inline code
+        text = re.sub(r"\$[^$]*\$", " ", text)  # inline math
+        text = re.sub(r"\]\([^)]*\)", "]", text)  # link targets
+        for token in _NUMBER.findall(text):
+            if token not in allowed:
+                found.append(f"line {number}: {token} in {stripped[:80]!r}")
+    return found

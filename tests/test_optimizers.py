@@ -9,6 +9,7 @@ import copy
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -362,6 +363,32 @@ BAD_INPUT = [
 def test_bad_input_raises_naming_the_value(build: Callable[[], Optimizer], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         build()
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda p: SGD([p], lr=0.1, momentum=0.9),
+        lambda p: RMSprop([p], lr=0.1),
+        lambda p: Adam([p], lr=0.1),
+        lambda p: AdamW([p], lr=0.1),
+        lambda p: Muon([{"params": [p], "use_muon": True}]),
+        lambda p: Muon([{"params": [p], "use_muon": False}]),
+    ],
+    ids=["SGD", "RMSprop", "Adam", "AdamW", "Muon", "Muon-AdamW"],
+)
+def test_sparse_gradient_refused_with_one_message(build: Callable[[Tensor], Optimizer]) -> None:
+    weight = nn.Parameter(torch.randn(3, 2))
+    optimizer = build(weight)
+    weight.grad = torch.randn(3, 2).to_sparse()
+    name = type(optimizer).__name__
+    with pytest.raises(
+        ValueError,
+        match=rf"^{name} does not support sparse gradients \(got one "
+        r"for a parameter of shape \(3, 2\)\)",
+    ):
+        optimizer.step()
+    assert len(optimizer.state) == 0  # refused before any state was created
 
 
 def test_muon_copy_keeps_its_group_defaults() -> None:
@@ -765,7 +792,11 @@ def test_weight_decay_groups_leave_out_biases_norms_and_embeddings() -> None:
     decay, no_decay = weight_decay_groups(model, weight_decay=0.1)
     assert {id(p) for p in decay["params"]} == {id(model[1].weight), id(model[3].weight)}
     assert {id(p) for p in no_decay["params"]} == {
-        id(model[0].weight), id(model[1].bias), id(model[2].weight), id(model[2].bias), id(model[3].bias)
+        id(model[0].weight),
+        id(model[1].bias),
+        id(model[2].weight),
+        id(model[2].bias),
+        id(model[3].bias),
     }
     optimizer = AdamW(weight_decay_groups(model, 0.1), lr=1e-3)
     assert [g["weight_decay"] for g in optimizer.param_groups] == [0.1, 0.0]
@@ -837,3 +868,298 @@ def test_chapter_executes_on_cpu() -> None:
 
     seconds = chapters.execute_chapter("optimizers")
     print(f"optimizers chapter executed in {seconds:.1f} s")
+
+
+def _sgd_trajectory(fn, xy, lr, momentum, n_iters, *, keep_start: bool = True):
+    point = xy.detach().clone().requires_grad_(True)
+    optimizer = torch.optim.SGD([point], lr=lr, momentum=momentum)
+    path = [point.detach().clone()] if keep_start else []
+    for _ in range(n_iters):
+        optimizer.zero_grad()
+        fn(point[0], point[1]).backward()
+        optimizer.step()
+        path.append(point.detach().clone())
+    return torch.stack(path)
+
+
+def test_opt_fn_check_passes_a_right_answer_and_catches_wrong_ones(capsys) -> None:
+    from trainfast.optim.exercises import check_opt_fn_with_sgd
+
+    check_opt_fn_with_sgd(_sgd_trajectory)
+    assert "All 4 cases passed." in capsys.readouterr().out
+    with pytest.raises(AssertionError, match=r"shape \(20, 2\), expected \(21, 2\)"):
+        check_opt_fn_with_sgd(lambda *a: _sgd_trajectory(*a, keep_start=False))
+    with pytest.raises(AssertionError, match="momentum=0.9"):  # momentum ignored
+        check_opt_fn_with_sgd(lambda fn, xy, lr, momentum, n: _sgd_trajectory(fn, xy, lr, 0.0, n))
+
+    def in_place(fn, xy, lr, momentum, n_iters):
+        path = _sgd_trajectory(fn, xy, lr, momentum, n_iters)
+        xy.copy_(path[-1])
+        return path
+
+    with pytest.raises(AssertionError, match="modified in place"):
+        check_opt_fn_with_sgd(in_place)
+
+
+class _Scratch:
+    """A from-scratch SGD/RMSprop/Adam with one switchable bug, to test the exercise checks."""
+
+    def __init__(self, params, lr, bug=None, **settings):
+        self.params, self.lr, self.bug, self.t = list(params), lr, bug, 0
+        self.settings = settings
+        self.state = [{} for _ in self.params]
+
+    @torch.no_grad()
+    def step(self):
+        self.t += 1
+        for param, state in zip(self.params, self.state, strict=True):
+            self.update(param, param.grad, state, **self.settings)
+
+    def decayed(self, param, grad, weight_decay):
+        return grad if self.bug == "no decay" else grad + weight_decay * param
+
+
+class _ScratchSGD(_Scratch):
+    def update(self, param, grad, state, momentum=0.0, weight_decay=0.0):
+        grad = self.decayed(param, grad, weight_decay)
+        if momentum:
+            mix = 1 - momentum if self.bug == "averaged buffer" else 1.0
+            buffer = state.get("buffer")
+            state["buffer"] = grad.clone() if buffer is None else momentum * buffer + mix * grad
+            grad = state["buffer"]
+        param -= self.lr * grad
+
+
+class _ScratchRMSprop(_Scratch):
+    def update(self, param, grad, state, alpha=0.99, eps=1e-8, weight_decay=0.0, momentum=0.0):
+        grad = self.decayed(param, grad, weight_decay)
+        v = state["v"] = alpha * state.get("v", torch.zeros_like(param)) + (1 - alpha) * grad**2
+        denom = (v + eps).sqrt() if self.bug == "eps inside" else v.sqrt() + eps
+        update = grad / denom
+        if momentum:
+            update = state["b"] = momentum * state.get("b", torch.zeros_like(param)) + update
+        param -= self.lr * update
+
+
+class _ScratchAdam(_Scratch):
+    def update(self, param, grad, state, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0):
+        (beta1, beta2), t = betas, self.t
+        grad = self.decayed(param, grad, weight_decay)
+        m = state["m"] = beta1 * state.get("m", torch.zeros_like(param)) + (1 - beta1) * grad
+        v = state["v"] = beta2 * state.get("v", torch.zeros_like(param)) + (1 - beta2) * grad**2
+        if self.bug != "no bias correction":
+            m, v = m / (1 - beta1**t), v / (1 - beta2**t)
+        param -= self.lr * m / (v.sqrt() + eps)
+
+
+@pytest.mark.parametrize(
+    "check_name,scratch,bug,first_failure",
+    [
+        ("check_sgd", _ScratchSGD, "no decay", "weight_decay=0.1"),
+        ("check_sgd", _ScratchSGD, "averaged buffer", "momentum=0.9"),
+        ("check_rmsprop", _ScratchRMSprop, "eps inside", "lr=0.01"),
+        ("check_rmsprop", _ScratchRMSprop, "no decay", "weight_decay=0.1"),
+        ("check_adam", _ScratchAdam, "no bias correction", "lr=0.01"),
+        ("check_adam", _ScratchAdam, "no decay", "weight_decay=0.1"),
+    ],
+)
+def test_from_scratch_checks_pass_a_right_answer_and_catch_a_bug(
+    capsys, check_name: str, scratch: type, bug: str, first_failure: str
+) -> None:
+    from trainfast.optim import exercises
+
+    check = getattr(exercises, check_name)
+    check(scratch)
+    assert "All 3 cases passed." in capsys.readouterr().out
+    buggy = type(
+        scratch.__name__,
+        (scratch,),
+        {"__init__": lambda self, p, lr, **s: scratch.__init__(self, p, lr, bug=bug, **s)},
+    )
+    with pytest.raises(AssertionError, match=rf"first: {buggy.__name__}\(.*{first_failure}"):
+        check(buggy)
+
+
+class _ScratchGroups:
+    def __init__(self, params, bug=None, **defaults):
+        self.groups = []
+        for group in params:
+            merged = {"momentum": 0.0, "weight_decay": 0.0, **defaults, **group}
+            if bug == "defaults win":
+                merged = {"momentum": 0.0, "weight_decay": 0.0, **group, **defaults}
+            if "lr" not in merged and bug != "no lr check":
+                raise ValueError("no lr")
+            merged["params"] = list(merged["params"])
+            self.groups.append(merged)
+        self.optimizers = [
+            _ScratchSGD(
+                g["params"],
+                g.get("lr", 0.1),
+                momentum=g["momentum"],
+                weight_decay=g["weight_decay"],
+            )
+            for g in self.groups
+        ]
+
+    def step(self):
+        for optimizer in self.optimizers:
+            optimizer.step()
+
+
+def test_param_groups_check_passes_a_right_answer_and_catches_wrong_ones(capsys) -> None:
+    from trainfast.optim.exercises import check_sgd_param_groups
+
+    check_sgd_param_groups(_ScratchGroups)
+    check_sgd_param_groups(SGD)  # ours; torch.optim.SGD falls back to lr=1e-3 instead of raising
+    assert capsys.readouterr().out.count("All 3 cases passed.") == 2
+    with pytest.raises(AssertionError, match="first: three groups, defaults {'lr': 0.1}"):
+        check_sgd_param_groups(lambda p, **d: _ScratchGroups(p, bug="defaults win", **d))
+    with pytest.raises(AssertionError, match="1 of 3 cases failed; first: a group without lr"):
+        check_sgd_param_groups(lambda p, **d: _ScratchGroups(p, bug="no lr check", **d))
+
+
+def test_decay_rule_check_passes_the_package_rule_and_catches_wrong_ones(capsys) -> None:
+    from trainfast.optim.exercises import check_decay_rule
+    from trainfast.optim.groups import NO_DECAY_MODULES
+
+    check_decay_rule(
+        lambda m, name, p: not isinstance(m, NO_DECAY_MODULES) and not name.endswith("bias")
+    )
+    assert "All 21 cases passed." in capsys.readouterr().out
+    with pytest.raises(AssertionError, match="first: embedding \\+ LayerNorm \\+ head: 0.weight"):
+        check_decay_rule(lambda m, name, p: p.ndim >= 2 and not isinstance(m, nn.LayerNorm))
+    with pytest.raises(AssertionError, match="in_proj_bias"):
+        check_decay_rule(lambda m, name, p: not isinstance(m, NO_DECAY_MODULES) and name != "bias")
+
+
+def test_every_exercise_check_runs_in_a_hidden_solution_cell() -> None:
+    import chapters
+    from trainfast.optim import exercises
+
+    notebook = chapters.read_chapter("optimizers")
+    solutions = [
+        cell.source
+        for cell in notebook.cells
+        if cell.cell_type == "code" and "solution" in cell.metadata.get("tags", [])
+    ]
+    assert len(solutions) >= 5
+    for cell in notebook.cells:
+        tags = cell.metadata.get("tags", [])
+        assert "solution" not in tags or "hide-input" in tags, cell.source[:60]
+    for name in exercises.__all__:
+        assert any(f"{name}(" in source for source in solutions), f"{name} runs in no solution cell"
+
+
+# --- honest comparisons: intervals, verdicts, tuning on validation ---
+
+
+def test_mean_interval_matches_scipy_student_t() -> None:
+    stats = pytest.importorskip("scipy.stats")
+    from trainfast.optim.comparison import mean_interval
+
+    for values in ([0.91, 0.93, 0.95], [1.0, 2.0, 4.0, 8.0, 16.0]):
+        interval = mean_interval(values)
+        low, high = stats.t.interval(
+            0.95, len(values) - 1, loc=np.mean(values), scale=stats.sem(values)
+        )
+        assert (interval.low, interval.high) == pytest.approx((low, high), rel=1e-3)
+        assert interval.mean == pytest.approx(np.mean(values))
+    with pytest.raises(ValueError, match=r"\[0.9\]"):
+        mean_interval([0.9])
+
+
+def test_verdict_says_inside_the_noise_only_when_the_interval_holds_zero() -> None:
+    from trainfast.optim.comparison import verdict
+
+    noisy = verdict("A", [0.90, 0.95, 0.91], "B", [0.92, 0.91, 0.93], "points")
+    assert "inside the noise" in noisy
+    clear = verdict("A", [0.90, 0.91, 0.92], "B", [0.95, 0.955, 0.97], "points")
+    assert clear.startswith("B is ahead of A by 0.048 points (95% interval 0.041 to 0.056")
+    with pytest.raises(ValueError, match="3 values against 2"):
+        verdict("A", [1, 2, 3], "B", [1, 2], "points")
+
+
+def test_tune_then_repeat_selects_on_validation_and_reports_fresh_seeds() -> None:
+    from trainfast.loop import History
+    from trainfast.optim.comparison import Run, tune_then_repeat
+
+    calls = []
+
+    def run(lr: float, seed: int) -> Run:
+        calls.append((lr, seed))
+        # lr 0.1 wins on validation, lr 1.0 would win on test: the test score must not be used
+        validation, test = {0.01: (0.5, 0.5), 0.1: (0.9, 0.6), 1.0: (0.7, 0.99)}[lr]
+        return Run(lr, seed, validation, test + seed / 100, History())
+
+    tuned = tune_then_repeat(run, [0.01, 0.1, 1.0], seeds=(1, 2))
+    assert tuned.best_lr == 0.1
+    assert calls == [(0.01, 0), (0.1, 0), (1.0, 0), (0.1, 1), (0.1, 2)]
+    assert tuned.test_accuracies == pytest.approx([0.61, 0.62])
+    with pytest.raises(ValueError, match="tuning seed 0"):
+        tune_then_repeat(run, [0.1], seeds=(0, 1))
+
+
+def test_digits_splits_hold_validation_out_of_training() -> None:
+    pytest.importorskip("sklearn")
+    from trainfast.datasets import digits
+    from trainfast.optim.comparison import digits_splits
+
+    train_part, validation, test = digits_splits(validation_fraction=0.25)
+    assert len(train_part) + len(validation) == len(digits("train"))
+    assert len(validation) == round(0.25 * len(digits("train")))
+    assert not set(train_part.indices) & set(validation.indices)
+    assert len(test) == len(digits("test"))
+    with pytest.raises(ValueError, match="validation_fraction: 1.5"):
+        digits_splits(1.5)
+
+
+def test_verdict_for_a_loss_names_the_lower_one() -> None:
+    from trainfast.optim.comparison import verdict
+
+    sentence = verdict("A", [0.5, 0.52, 0.51], "B", [0.6, 0.63, 0.61], "nats", lower_is_better=True)
+    assert sentence.startswith("A is lower than B by 0.1 nats (95% interval 0.0")
+    flipped = verdict("B", [0.6, 0.63, 0.61], "A", [0.5, 0.52, 0.51], "nats", lower_is_better=True)
+    assert flipped == sentence
+
+
+#: Constants the optimizers chapter may type: units and formats (4 bytes, 8×8 pixels, 95%
+#: intervals), tile sizes (64 to 256 rows, multiples of 8), published settings (β₂ = 0.95 and
+#: its 20-step horizon, Gemma 2's caps 30 and 50), the batch sizes the studies are keyed by
+#: (1, 8, 64), exercise specifications (weight decay 0.1, defaults 0, counting from 1).
+OPTIMIZERS_CONSTANTS = {"0", "0.1", "0.95", "1", "2", "4", "8", "20", "30", "50", "64", "95", "256"}
+
+
+def test_chapter_prose_types_no_number_that_code_produced() -> None:
+    import chapters
+
+    assert chapters.typed_numbers("optimizers", allow=OPTIMIZERS_CONSTANTS) == []
+
+
+def test_numbers_in_prose_skips_code_math_roles_and_names() -> None:
+    from chapters import numbers_in_prose
+
+    page = "\n".join([
+        "---",
+        "kernelspec: {version: 3}",
+        "---",
+        "# Title",
+        "(label-2)=",
+        "**3. An exercise.** After 300 steps, {glue:text}`loss:.2f` and {cite}`kingma2015adam`.",
+        "Inline `x = 5` and $x^2 + 7$ and float32, GPT-2, 2-D, 124M, [link](https://a.b/c/9).",
+        "```{code-cell} ipython3",
+        "steps = 300",
+        "```",
+        "$$",
+        "\\theta_1 = 42",
+        "$$",
+        ":::{note}",
+        "A note with 12 inside.",
+        ":::",
+        "We measured 0.75 here, with 32 lanes.",
+    ])  # fmt: skip
+    found = numbers_in_prose(page, allow={"32"})
+    assert [entry.split(" in ")[0] for entry in found] == [
+        "line 6: 300",
+        "line 15: 12",
+        "line 17: 0.75",
+    ]

@@ -28,6 +28,7 @@ __all__ = ["BENCHMARKS", "main", "run_benchmark"]
 #: benchmark name -> "module:function"; the function takes (device, quick) and returns a Record.
 BENCHMARKS: dict[str, str] = {
     "optimizer-step-time": "trainfast.optim.benchmark:step_time_record",
+    "muon-vs-adamw": "trainfast.optim.comparison:muon_vs_adamw_record",
     "all-reduce-time": "trainfast.distributed.benchmark:all_reduce_record",
     "matmul-throughput": "trainfast.precision.benchmark:matmul_throughput_record",
     "precision-step-time": "trainfast.precision.benchmark:step_time_record",

@@ -1,16 +1,23 @@
-"""Hyperparameter checks shared by every optimizer in :mod:`trainfast.optim`.
+"""What every optimizer in :mod:`trainfast.optim` shares: hyperparameter checks and gathering.
 
 A negative learning rate or a ``beta`` of 1 does not crash an optimizer: it silently trains
 badly. So, as ``torch.optim`` does, we refuse such values at construction, with a message that
 names the value (``ValueError: Invalid learning rate: -1.0``). Unlike ``torch.optim``, we also
 check every parameter group as it is added, since a group's settings override the constructor's.
+
+:meth:`CheckedOptimizer.gather_group` is the other shared piece, torch's ``_init_group``
+pattern: collect a group's parameters that have a gradient, refuse sparse gradients with one
+message, and create each parameter's state lazily before its first step. Each optimizer's
+``step`` is then "gather, then call the functional update", and the optimizer files differ only
+in their math.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
+from torch import Tensor
 from torch.optim import Optimizer
 from torch.optim.optimizer import required
 
@@ -84,3 +91,40 @@ class CheckedOptimizer(Optimizer):
         except ValueError:
             self.param_groups.pop()  # leave the optimizer as it was
             raise
+
+    def gather_group(
+        self,
+        group: dict[str, Any],
+        init_state: Callable[[dict[str, Any], Tensor], None] | None = None,
+    ) -> tuple[list[Tensor], list[Tensor], list[dict[str, Any]]]:
+        """The parameters of ``group`` that have a gradient, their gradients and their states.
+
+        A parameter without a gradient is skipped (it takes no step). A sparse gradient raises
+        ``ValueError``: every optimizer here is written for dense tensors. ``init_state(state,
+        param)`` fills a parameter's empty state dict before its first step (lazily, as
+        ``torch.optim`` does, so the state has the parameter's device and dtype). Without
+        ``init_state`` the states are only read: a parameter with none gets an empty dict that
+        is not stored, so ``state_dict()`` stays as torch's (plain SGD keeps no state at all).
+        """
+        params: list[Tensor] = []
+        grads: list[Tensor] = []
+        states: list[dict[str, Any]] = []
+        for p in group["params"]:
+            if p.grad is None:
+                continue
+            if p.grad.is_sparse:
+                raise ValueError(
+                    f"{type(self).__name__} does not support sparse gradients (got one for a "
+                    f"parameter of shape {tuple(p.shape)}); use torch.optim.SparseAdam or a "
+                    "dense gradient"
+                )
+            if init_state is None:  # read the state, never create it (SGD may keep none)
+                state = self.state.get(p, {})
+            else:
+                state = self.state[p]
+                if len(state) == 0:
+                    init_state(state, p)
+            params.append(p)
+            grads.append(p.grad)
+            states.append(state)
+        return params, grads, states

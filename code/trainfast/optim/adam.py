@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from functools import partial
 from typing import Any, cast
 
 import torch
@@ -244,27 +245,15 @@ class Adam(CheckedOptimizer):
                 loss = closure()
 
         for group in self.param_groups:
-            params: list[Tensor] = []
-            grads: list[Tensor] = []
-            exp_avgs: list[Tensor] = []
-            exp_avg_sqs: list[Tensor] = []
-            max_exp_avg_sqs: list[Tensor] = []
-            state_steps: list[Tensor] = []
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                if p.grad.is_sparse:
-                    raise ValueError("Adam does not support sparse gradients")
-                params.append(p)
-                grads.append(p.grad)
-                state = self.state[p]
-                if len(state) == 0:
-                    init_adam_state(state, p, group["amsgrad"])
-                exp_avgs.append(state["exp_avg"])
-                exp_avg_sqs.append(state["exp_avg_sq"])
-                if group["amsgrad"]:
-                    max_exp_avg_sqs.append(state["max_exp_avg_sq"])
-                state_steps.append(state["step"])
+            params, grads, states = self.gather_group(
+                group, partial(init_adam_state, amsgrad=group["amsgrad"])
+            )
+            exp_avgs = [state["exp_avg"] for state in states]
+            exp_avg_sqs = [state["exp_avg_sq"] for state in states]
+            max_exp_avg_sqs = (
+                [state["max_exp_avg_sq"] for state in states] if group["amsgrad"] else []
+            )
+            state_steps = [state["step"] for state in states]
 
             beta1, beta2 = group["betas"]
             adam(

@@ -57,9 +57,7 @@ def weight_decay_groups(model: nn.Module, weight_decay: float) -> list[dict[str,
     return [group for group in groups if group["params"]]
 
 
-def layerwise_lr_groups(
-    layers: list[nn.Module], lr: float, decay: float
-) -> list[dict[str, Any]]:
+def layerwise_lr_groups(layers: list[nn.Module], lr: float, decay: float) -> list[dict[str, Any]]:
     """One group per layer, the last with ``lr`` and each earlier one ``decay`` times smaller.
 
     ``layers`` are in forward order; layer ``i`` of ``n`` gets ``lr * decay ** (n - 1 - i)``.

@@ -14,6 +14,7 @@ gains are trained with AdamW; :class:`Muon` does both in one optimizer, like Kel
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any, cast
 
 import torch
@@ -26,6 +27,7 @@ from trainfast.optim.adam import adam, init_adam_state
 
 __all__ = [
     "Muon",
+    "init_muon_state",
     "muon",
     "muon_param_groups",
     "muon_update",
@@ -194,6 +196,11 @@ def _multi_tensor_muon(
         torch._foreach_add_(device_params, updates, alpha=-lr)
 
 
+def init_muon_state(state: dict[str, Any], param: Tensor) -> None:
+    """Create Muon's state for the matrix ``param``: one momentum buffer, zero at the start."""
+    state["momentum_buffer"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+
+
 class Muon(CheckedOptimizer):
     """Muon for 2-D hidden weights and AdamW for everything else, in one optimizer.
 
@@ -289,18 +296,12 @@ class Muon(CheckedOptimizer):
                 loss = closure()
 
         for group in self.param_groups:
-            params = [p for p in group["params"] if p.grad is not None]
-            grads = [p.grad for p in params]
             if group["use_muon"]:
-                for p in params:
-                    if "momentum_buffer" not in self.state[p]:
-                        self.state[p]["momentum_buffer"] = torch.zeros_like(
-                            p, memory_format=torch.preserve_format
-                        )
+                params, grads, states = self.gather_group(group, init_muon_state)
                 muon(
                     params,
                     grads,
-                    [self.state[p]["momentum_buffer"] for p in params],
+                    [state["momentum_buffer"] for state in states],
                     lr=group["lr"],
                     momentum=group["momentum"],
                     nesterov=group["nesterov"],
@@ -309,10 +310,9 @@ class Muon(CheckedOptimizer):
                     foreach=group["foreach"],
                 )
             else:
-                for p in params:
-                    if len(self.state[p]) == 0:
-                        init_adam_state(self.state[p], p, amsgrad=False)
-                states = [self.state[p] for p in params]
+                params, grads, states = self.gather_group(
+                    group, partial(init_adam_state, amsgrad=False)
+                )
                 beta1, beta2 = group["betas"]
                 adam(
                     params,

@@ -11,14 +11,17 @@ momentum and weight decay. For smoothing constant :math:`\alpha`:
     d_t &= g_t / (\sqrt{v_t - \bar g_t^2} + \epsilon) \quad (\bar g_t = 0 \text{ if not centred}) \\
     \theta_t &= \theta_{t-1} - \gamma \, (b_t = \mu b_{t-1} + d_t \text{ with momentum, else } d_t)
 
-Note :math:`\epsilon` is added outside the square root, and there is no bias correction: the
-first steps divide by a small :math:`\sqrt{v_t}` and are large. Adam fixes both.
+Note :math:`\epsilon` is added outside the square root (Adam does the same, outside
+:math:`\sqrt{\hat v_t}`), and there is no bias correction: :math:`v_0 = 0`, so the first
+steps divide by a small :math:`\sqrt{v_t}` and are large. Adam adds the bias correction (and
+momentum on the gradient itself); where :math:`\epsilon` sits it leaves as it is.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import cast
+from functools import partial
+from typing import Any, cast
 
 import torch
 from torch import Tensor
@@ -27,7 +30,7 @@ from torch.optim.optimizer import ParamsT, required
 from trainfast.optim._foreach import group_by_device_and_dtype
 from trainfast.optim._validate import CheckedOptimizer, check_hyperparameters
 
-__all__ = ["RMSprop", "rmsprop"]
+__all__ = ["RMSprop", "init_rmsprop_state", "rmsprop"]
 
 
 def rmsprop(
@@ -164,6 +167,22 @@ def _multi_tensor_rmsprop(
             torch._foreach_addcdiv_(device_params, device_grads, avg, value=-lr)
 
 
+def init_rmsprop_state(
+    state: dict[str, Any], param: Tensor, *, momentum: bool, centered: bool
+) -> None:
+    """Create RMSprop's state for ``param`` in ``state`` (once: before its first step).
+
+    The step count is a scalar on the CPU (read as a number, not a kernel), as in
+    ``torch.optim.RMSprop``; the averages have the parameter's shape, dtype, device and layout.
+    """
+    state["step"] = torch.tensor(0.0)
+    state["square_avg"] = torch.zeros_like(param, memory_format=torch.preserve_format)  # v_0
+    if momentum:
+        state["momentum_buffer"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+    if centered:
+        state["grad_avg"] = torch.zeros_like(param, memory_format=torch.preserve_format)  # ḡ_0
+
+
 class RMSprop(CheckedOptimizer):
     """RMSprop: ``torch.optim.RMSprop``'s algorithm, arguments and defaults, written out in
     :func:`rmsprop`.
@@ -212,35 +231,18 @@ class RMSprop(CheckedOptimizer):
                 loss = closure()
 
         for group in self.param_groups:
-            params: list[Tensor] = []
-            grads: list[Tensor] = []
-            square_avgs: list[Tensor] = []
-            grad_avgs: list[Tensor] = []
-            momentum_buffer_list: list[Tensor] = []
-            state_steps: list[Tensor] = []
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                if p.grad.is_sparse:
-                    raise ValueError("RMSprop does not support sparse gradients")
-                params.append(p)
-                grads.append(p.grad)
-                state = self.state[p]
-                if len(state) == 0:  # lazy initialisation, as torch.optim does
-                    state["step"] = torch.tensor(0.0)  # on the CPU: read as a number, not a kernel
-                    state["square_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                    if group["momentum"] > 0:
-                        state["momentum_buffer"] = torch.zeros_like(
-                            p, memory_format=torch.preserve_format
-                        )
-                    if group["centered"]:
-                        state["grad_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                square_avgs.append(state["square_avg"])
-                state_steps.append(state["step"])
-                if group["momentum"] > 0:
-                    momentum_buffer_list.append(state["momentum_buffer"])
-                if group["centered"]:
-                    grad_avgs.append(state["grad_avg"])
+            params, grads, states = self.gather_group(
+                group,
+                partial(
+                    init_rmsprop_state, momentum=group["momentum"] > 0, centered=group["centered"]
+                ),
+            )
+            square_avgs = [state["square_avg"] for state in states]
+            grad_avgs = [state["grad_avg"] for state in states] if group["centered"] else []
+            momentum_buffer_list = (
+                [state["momentum_buffer"] for state in states] if group["momentum"] > 0 else []
+            )
+            state_steps = [state["step"] for state in states]
 
             rmsprop(
                 params,

@@ -182,21 +182,10 @@ class SGD(CheckedOptimizer):
                 loss = closure()
 
         for group in self.param_groups:
-            params: list[Tensor] = []
-            grads: list[Tensor] = []
-            momentum_buffer_list: list[Tensor | None] = []
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                if p.grad.is_sparse:
-                    raise ValueError(
-                        "SGD here does not support sparse gradients; use torch.optim.SGD"
-                    )
-                params.append(p)
-                grads.append(p.grad)
-                if group["momentum"] != 0:
-                    momentum_buffer_list.append(self.state[p].get("momentum_buffer"))
-
+            params, grads, states = self.gather_group(group)  # SGD's state starts empty
+            momentum_buffer_list: list[Tensor | None] = (
+                [state.get("momentum_buffer") for state in states] if group["momentum"] != 0 else []
+            )
             sgd(
                 params,
                 grads,

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from trainfast.distributed import spawn
+from trainfast.distributed import SpawnError, spawn
+from trainfast.distributed.context_parallel import ring_attention_worker, ring_block_kind
 from trainfast.distributed.exchange_parity import all_to_all_sizes, exchange_parity_worker
 
 WORLD_SIZES = [1, 2, 3, 4]
@@ -34,3 +35,31 @@ def test_all_to_all_blocks_are_uneven_and_some_empty():
     sizes = [[all_to_all_sizes(s, r, 7) for r in range(4)] for s in range(4)]
     assert len({size for row in sizes for size in row}) > 2
     assert min(size for row in sizes for size in row) == 0
+
+
+# ---------------------------------------------------------------------- context parallelism
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_ring_attention_matches_full_attention(world_size):
+    results = spawn(ring_attention_worker, world_size, (2, 3, 24, 8), world_size, timeout=120)
+    for rank, pairs in enumerate(results):
+        assert len(pairs) == 8  # output, dq, dk, dv for causal and not
+        for name, (ours, theirs) in pairs.items():
+            assert ours.shape == (2, 3, 24 // world_size, 8), name
+            torch.testing.assert_close(
+                ours, theirs, rtol=1e-10, atol=1e-12, msg=f"rank {rank} {name}"
+            )
+
+
+def test_ring_attention_causal_schedule_skips_future_blocks():
+    for world_size in (1, 2, 4):
+        for rank in range(world_size):
+            kinds = [ring_block_kind(rank, s, world_size, True) for s in range(world_size)]
+            assert kinds.count("diagonal") == 1 and kinds.count("full") == rank
+            assert all(
+                ring_block_kind(rank, s, world_size, False) == "full" for s in range(world_size)
+            )
+
+
+def test_ring_attention_rejects_uneven_sequence():
+    with pytest.raises(SpawnError, match=r"Invalid seq: 10"):
+        spawn(ring_attention_worker, 3, (1, 1, 10, 4), timeout=60)

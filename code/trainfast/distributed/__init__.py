@@ -21,6 +21,7 @@ from trainfast.distributed.collectives import (
     reduce_scatter,
     ring_all_reduce,
     ring_chunks,
+    ring_shift,
     scatter,
 )
 from trainfast.distributed.launch import (
@@ -47,6 +48,7 @@ __all__ = [
     "reduce_scatter",
     "ring_all_reduce",
     "ring_chunks",
+    "ring_shift",
     "scatter",
     "spawn",
 ]

@@ -36,6 +36,7 @@ __all__ = [
     "reduce_scatter",
     "ring_all_reduce",
     "ring_chunks",
+    "ring_shift",
     "scatter",
 ]
 
@@ -381,3 +382,18 @@ def all_to_all(output_list: list[torch.Tensor], input_list: list[torch.Tensor]) 
         incoming = torch.empty_like(output_list[source], memory_format=torch.contiguous_format)
         _exchange(input_list[to].contiguous(), incoming, to=to, source=source)
         output_list[source].copy_(incoming)
+
+
+def ring_shift(tensor: torch.Tensor) -> torch.Tensor:
+    """Send ``tensor`` to the right neighbour and return the left neighbour's (same shape).
+
+    One step of every ring algorithm, as a function: ring attention passes key and value blocks
+    around with it. With one rank it returns ``tensor`` itself.
+    """
+    rank, world_size = _world()
+    if world_size == 1:
+        return tensor
+    send = tensor.contiguous()
+    incoming = torch.empty_like(send)
+    _exchange(send, incoming, to=(rank + 1) % world_size, source=(rank - 1) % world_size)
+    return incoming

@@ -6,11 +6,22 @@ compares with one process (or with ``torch.distributed``); several cases share o
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from trainfast.distributed import SpawnError, spawn
 from trainfast.distributed.context_parallel import ring_attention_worker, ring_block_kind
 from trainfast.distributed.exchange_parity import all_to_all_sizes, exchange_parity_worker
+from trainfast.distributed.moe import (
+    ExpertParallelMoE,
+    MoEConfig,
+    capacity_mask,
+    expert_capacity,
+    expert_parallel_worker,
+    load_balancing_loss,
+    router_z_loss,
+)
 
 WORLD_SIZES = [1, 2, 3, 4]
 
@@ -63,3 +74,67 @@ def test_ring_attention_causal_schedule_skips_future_blocks():
 def test_ring_attention_rejects_uneven_sequence():
     with pytest.raises(SpawnError, match=r"Invalid seq: 10"):
         spawn(ring_attention_worker, 3, (1, 1, 10, 4), timeout=60)
+
+
+# ---------------------------------------------------------------------- mixture of experts
+@pytest.mark.parametrize(
+    "world_size, config",
+    [
+        (1, MoEConfig()),
+        (2, MoEConfig(capacity_factor=1.0)),
+        (3, MoEConfig(n_experts=6, top_k=1, capacity_factor=None)),
+        (4, MoEConfig(n_experts=8, top_k=2, capacity_factor=0.8)),
+    ],
+)
+def test_expert_parallel_moe_matches_one_process(world_size, config):
+    results = spawn(expert_parallel_worker, world_size, config, 24, world_size, timeout=120)
+    experts_seen = set()
+    for rank, pairs in enumerate(results):
+        for name, (ours, theirs) in pairs.items():
+            assert ours.shape == theirs.shape, f"rank {rank} {name}"
+            torch.testing.assert_close(
+                ours, theirs, rtol=1e-5, atol=1e-6, msg=f"rank {rank} {name}"
+            )
+            if name.endswith("0.weight grad"):
+                experts_seen.add(int(name.split()[1]))
+                assert ours.abs().sum() > 0, f"rank {rank} {name}: no token reached the expert"
+    assert experts_seen == set(range(config.n_experts))  # each expert on exactly one rank
+    dropped = sum(int((~pairs["kept"][0]).sum()) for pairs in results)
+    if config.capacity_factor is None:
+        assert dropped == 0
+    if config.capacity_factor == 0.8:
+        assert dropped > 0  # a capacity below the mean load must drop tokens
+
+
+def test_capacity_mask_queues_first_choices_first():
+    experts = torch.tensor([[0, 1], [0, 2], [1, 0], [0, 1]])  # (tokens, k)
+    kept = capacity_mask(experts, 3, capacity=2)
+    # expert 0's queue: tokens 0, 1, 3 (first choices), then token 2 (second choice): 3 and 2 drop
+    # expert 1's queue: token 2 (first choice), then tokens 0 and 3 (second choices): 3 drops
+    assert kept.tolist() == [[True, True], [True, True], [True, False], [False, False]]
+    assert expert_capacity(24, 4, 2, 1.25) == 15 and expert_capacity(24, 4, 2, None) == 24
+
+
+def test_balancing_loss_is_one_when_uniform_and_e_when_collapsed():
+    n_experts = 4
+    uniform = torch.full((8, n_experts), 1 / n_experts)
+    spread = torch.arange(8).remainder(n_experts)[:, None]
+    assert load_balancing_loss(uniform, spread, n_experts).item() == pytest.approx(1.0)
+    collapsed = torch.zeros(8, n_experts)
+    collapsed[:, 0] = 1.0
+    assert load_balancing_loss(
+        collapsed, torch.zeros(8, 1, dtype=torch.int64), n_experts
+    ).item() == pytest.approx(4.0)
+    logits = torch.tensor([[0.0, 0.0], [10.0, 10.0]])
+    assert router_z_loss(logits).item() == pytest.approx(
+        (math.log(2) ** 2 + (10 + math.log(2)) ** 2) / 2
+    )
+
+
+def test_moe_rejects_bad_config():
+    with pytest.raises(ValueError, match="Invalid top_k: 5"):
+        MoEConfig(n_experts=4, top_k=5)
+    with pytest.raises(ValueError, match="Invalid capacity_factor: 0"):
+        MoEConfig(capacity_factor=0)
+    with pytest.raises(ValueError, match="Invalid n_experts: 4"):
+        ExpertParallelMoE(MoEConfig(n_experts=4), 0, 3)

@@ -10,6 +10,7 @@ import math
 
 import pytest
 import torch
+from trainfast.accounting import TransformerShape
 from trainfast.distributed import SpawnError, spawn
 from trainfast.distributed.context_parallel import ring_attention_worker, ring_block_kind
 from trainfast.distributed.exchange_parity import all_to_all_sizes, exchange_parity_worker
@@ -22,6 +23,7 @@ from trainfast.distributed.moe import (
     load_balancing_loss,
     router_z_loss,
 )
+from trainfast.distributed.sequence_parallel import sequence_parallel_worker
 
 WORLD_SIZES = [1, 2, 3, 4]
 
@@ -138,3 +140,35 @@ def test_moe_rejects_bad_config():
         MoEConfig(capacity_factor=0)
     with pytest.raises(ValueError, match="Invalid n_experts: 4"):
         ExpertParallelMoE(MoEConfig(n_experts=4), 0, 3)
+
+
+# ------------------------------------------- tensor parallel attention, sequence parallelism
+BLOCK = TransformerShape(
+    vocab_size=8, d_model=24, n_layers=1, n_heads=4, d_ff=48, seq_len=12, batch_size=2
+)
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+def test_tensor_and_sequence_parallel_block_match_dense(world_size):
+    results = spawn(sequence_parallel_worker, world_size, BLOCK, world_size, timeout=120)
+    for rank, result in enumerate(results):
+        for mode in ("tp", "sp"):
+            pairs = result[mode]["pairs"]
+            assert len(pairs) == 12
+            for name, (ours, theirs) in pairs.items():
+                assert ours.shape == theirs.shape, f"rank {rank} {mode} {name}"
+                torch.testing.assert_close(
+                    ours, theirs, rtol=1e-5, atol=1e-5, msg=f"rank {rank} {mode} {name}"
+                )
+        tp, sp, dense = result["tp"], result["sp"], result["dense"]
+        assert tp["sent_bytes"] == sp["sent_bytes"]  # all-reduce = reduce-scatter + all-gather
+        if world_size == 1:
+            assert (
+                tp["sent_bytes"] == 0
+                and sp["saved_bytes"] == tp["saved_bytes"] == dense["saved_bytes"]
+            )
+        else:
+            # two all-reduces forward, two backward, of (batch, seq, d_model) float32, ring traffic
+            activation = 4 * BLOCK.batch_size * BLOCK.seq_len * BLOCK.d_model
+            assert tp["sent_bytes"] == 4 * 2 * (world_size - 1) * activation // world_size
+            assert sp["saved_bytes"] < tp["saved_bytes"] < dense["saved_bytes"]

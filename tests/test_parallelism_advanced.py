@@ -23,7 +23,9 @@ from trainfast.distributed.moe import (
     load_balancing_loss,
     router_z_loss,
 )
+from trainfast.distributed.pipeline import PipelineConfig
 from trainfast.distributed.sequence_parallel import sequence_parallel_worker
+from trainfast.distributed.torch_apis import torch_apis_worker
 
 WORLD_SIZES = [1, 2, 3, 4]
 
@@ -172,3 +174,29 @@ def test_tensor_and_sequence_parallel_block_match_dense(world_size):
             activation = 4 * BLOCK.batch_size * BLOCK.seq_len * BLOCK.d_model
             assert tp["sent_bytes"] == 4 * 2 * (world_size - 1) * activation // world_size
             assert sp["saved_bytes"] < tp["saved_bytes"] < dense["saved_bytes"]
+
+
+# ----------------------------------------------------------------------- torch's own APIs
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+def test_torch_apis_match_one_process_and_ours(world_size):
+    config = PipelineConfig(width=24, layers_per_stage=2, batch_size=12, n_micro=4)
+    results = spawn(torch_apis_worker, world_size, config, timeout=300)
+    for rank, result in enumerate(results):
+        assert set(result) == {
+            "DTensor + parallelize_module",
+            "torch.distributed.pipelining",
+            "fully_shard",
+        }
+        for api, gaps in result.items():
+            assert gaps["vs one process"] < 1e-6, f"rank {rank} {api}: {gaps}"
+            assert gaps.get("vs ours", 0.0) < 1e-6, f"rank {rank} {api}: {gaps}"
+        assert "vs ours" in result["torch.distributed.pipelining"]
+
+
+def test_torch_apis_need_pairs_of_linears():
+    with pytest.raises(SpawnError, match="Invalid layers_per_stage: 3"):
+        spawn(
+            torch_apis_worker,
+            1,
+            PipelineConfig(width=8, layers_per_stage=3, batch_size=4, n_micro=2),
+        )

@@ -14,6 +14,7 @@ from trainfast.accounting import TransformerShape
 from trainfast.distributed import SpawnError, spawn
 from trainfast.distributed.context_parallel import ring_attention_worker, ring_block_kind
 from trainfast.distributed.exchange_parity import all_to_all_sizes, exchange_parity_worker
+from trainfast.distributed.exercises_advanced import check_capacity_mask, check_causal_ring_work
 from trainfast.distributed.moe import (
     ExpertParallelMoE,
     MoEConfig,
@@ -200,3 +201,20 @@ def test_torch_apis_need_pairs_of_linears():
             1,
             PipelineConfig(width=8, layers_per_stage=3, batch_size=4, n_micro=2),
         )
+
+
+# ------------------------------------------------------------------------------- exercises
+def test_exercise_checks_pass_right_answers_and_fail_wrong_ones(capsys):
+    check_capacity_mask(capacity_mask)
+    check_causal_ring_work(lambda rank, world_size: rank + 1)
+    assert "All 5 cases passed." in capsys.readouterr().out
+
+    def no_priority(experts, n_experts, capacity):  # queues token by token, not choice by choice
+        one_hot = torch.nn.functional.one_hot(experts.reshape(-1), n_experts)
+        position = (one_hot.cumsum(0) * one_hot).sum(1) - 1
+        return (position < capacity).reshape(experts.shape)
+
+    with pytest.raises(AssertionError, match="cases failed; first: .*top-2"):
+        check_capacity_mask(no_priority)
+    with pytest.raises(AssertionError, match="cases failed; first: rank 0 of 2"):
+        check_causal_ring_work(lambda rank, world_size: world_size)  # forgot the mask

@@ -311,7 +311,11 @@ def expert_parallel_worker(
 
 
 def expert_load_run(
-    aux_loss_weight: float, steps: int = 150, config: MoEConfig | None = None, seed: int = 0
+    aux_loss_weight: float,
+    steps: int = 100,
+    tokens: int = 128,
+    config: MoEConfig | None = None,
+    seed: int = 0,
 ) -> Tensor:
     """Train a small MoE on a toy regression; return each step's load (steps, E) per expert.
 
@@ -331,8 +335,8 @@ def expert_load_run(
     optimizer = torch.optim.Adam(moe.parameters(), lr=3e-3)
     loads = []
     for _ in range(steps):
-        which = torch.randint(0, len(centres), (256,), generator=generator)
-        x = centres[which] + torch.randn(256, config.d_model, generator=generator)
+        which = torch.randint(0, len(centres), (tokens,), generator=generator)
+        x = centres[which] + torch.randn(tokens, config.d_model, generator=generator)
         with torch.no_grad():
             target = teacher(x)
         result = moe(x)

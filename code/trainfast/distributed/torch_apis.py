@@ -47,7 +47,7 @@ def _loss(output: Tensor, target: Tensor) -> Tensor:
 
 
 def torch_tensor_parallel(model: nn.Sequential, world_size: int) -> nn.Sequential:
-    """Megatron pairs with ``parallelize_module``: odd linears column-wise, even ones row-wise."""
+    """Megatron pairs with ``parallelize_module``: 1st, 3rd, ... linear column-wise, the next row-wise."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,

@@ -13,7 +13,11 @@ import torch
 from trainfast.accounting import TransformerShape
 from trainfast.distributed import SpawnError, spawn
 from trainfast.distributed.context_parallel import ring_attention_worker, ring_block_kind
-from trainfast.distributed.exchange_parity import all_to_all_sizes, exchange_parity_worker
+from trainfast.distributed.exchange_parity import (
+    all_to_all_sizes,
+    exchange_error_worker,
+    exchange_parity_worker,
+)
 from trainfast.distributed.exercises_advanced import check_capacity_mask, check_causal_ring_work
 from trainfast.distributed.moe import (
     ExpertParallelMoE,
@@ -45,6 +49,20 @@ def test_gather_scatter_all_to_all_match_torch(world_size):
         )
         for name, (ours, theirs) in rank_results.items():
             assert ours.shape == theirs.shape and torch.equal(ours, theirs), f"rank {rank}, {name}"
+
+
+@pytest.mark.parametrize(
+    "kind, message",
+    [
+        ("gather", r"Invalid gather_list: None on the destination rank"),
+        ("scatter", r"Invalid scatter_list: 1 tensors \(expected one per rank, 2\)"),
+        ("all_to_all", r"Invalid input_list: 3 tensors \(expected one per rank, 2\)"),
+    ],
+)
+def test_exchange_bad_input_is_a_clear_value_error(kind, message):
+    with pytest.raises(SpawnError, match=message) as caught:
+        spawn(exchange_error_worker, 2, kind, timeout=60, collective_timeout=10)
+    assert caught.value.error_type == "ValueError"
 
 
 def test_all_to_all_blocks_are_uneven_and_some_empty():

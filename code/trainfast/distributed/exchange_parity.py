@@ -14,7 +14,7 @@ import torch.distributed as dist
 from trainfast.distributed import collectives
 from trainfast.distributed.launch import rank_device
 
-__all__ = ["all_to_all_sizes", "exchange_parity_worker"]
+__all__ = ["all_to_all_sizes", "exchange_error_worker", "exchange_parity_worker"]
 
 
 def all_to_all_sizes(sender: int, receiver: int, base: int) -> int:
@@ -66,3 +66,22 @@ def exchange_parity_worker(
                                input_split_sizes=[len(block) for block in inputs])  # fmt: skip
         results[f"all_to_all n={n}"] = (torch.cat(ours_out), theirs_out)
     return {name: (a.cpu(), b.cpu()) for name, (a, b) in results.items()}
+
+
+def exchange_error_worker(rank: int, world_size: int, kind: str) -> None:
+    """Call gather, scatter or all_to_all wrongly on purpose (``kind``), so that it raises.
+
+    ``"gather"``: the destination passes no list; ``"scatter"``: the source's list is one short;
+    ``"all_to_all"``: every rank passes one input block too many.
+    """
+    tensor = torch.zeros(3, device=rank_device())
+    if kind == "gather":
+        collectives.gather(tensor, None, dst=0)
+    elif kind == "scatter":
+        blocks = [torch.zeros(3, device=rank_device()) for _ in range(world_size - 1)]
+        collectives.scatter(tensor, blocks if rank == 0 else None, src=0)
+    elif kind == "all_to_all":
+        blocks = [torch.zeros(3, device=rank_device()) for _ in range(world_size + 1)]
+        collectives.all_to_all(blocks[:world_size], blocks)
+    else:
+        raise ValueError(f"Unknown kind: {kind!r} (expected 'gather', 'scatter' or 'all_to_all')")

@@ -236,3 +236,11 @@ def test_exercise_checks_pass_right_answers_and_fail_wrong_ones(capsys):
         check_capacity_mask(no_priority)
     with pytest.raises(AssertionError, match="cases failed; first: rank 0 of 2"):
         check_causal_ring_work(lambda rank, world_size: world_size)  # forgot the mask
+
+
+def test_sequence_parallel_rejects_uneven_sequence():
+    shape = TransformerShape(
+        vocab_size=8, d_model=8, n_layers=1, n_heads=2, d_ff=16, seq_len=10, batch_size=1
+    )
+    with pytest.raises(SpawnError, match=r"Invalid seq_len: 10"):
+        spawn(sequence_parallel_worker, 3, shape, timeout=60)

@@ -69,6 +69,11 @@ def _all_gather_seq(x: Tensor) -> Tensor:
 
 def _reduce_scatter_seq(x: Tensor) -> Tensor:
     rank, world_size = _world()
+    if x.shape[_SEQ] % world_size:
+        raise ValueError(
+            f"Invalid sequence length: {x.shape[_SEQ]} (sequence parallelism needs a multiple "
+            f"of the world size, {world_size})"
+        )
     output = torch.empty_like(
         x.chunk(world_size, dim=_SEQ)[rank], memory_format=torch.contiguous_format
     )

@@ -28,12 +28,16 @@ __all__ = [
     "OPS",
     "all_gather",
     "all_reduce",
+    "all_to_all",
     "broadcast",
     "check_same_tensor_meta",
+    "gather",
     "reduce",
     "reduce_scatter",
     "ring_all_reduce",
     "ring_chunks",
+    "ring_shift",
+    "scatter",
 ]
 
 #: The reduction operators the collectives understand.
@@ -302,3 +306,94 @@ def reduce_scatter(
     _ring_reduce_scatter(blocks, op)
     _finish(blocks[rank], op, world_size)
     output.copy_(blocks[rank].view_as(output))
+
+
+# ------------------------------------------- rooted lists and the all-to-all (one block per pair)
+def gather(
+    tensor: torch.Tensor, gather_list: list[torch.Tensor] | None = None, dst: int = 0
+) -> None:
+    """Fill ``dst``'s ``gather_list[r]`` with rank ``r``'s ``tensor``; ``dst`` receives from all.
+
+    Only ``dst`` passes ``gather_list`` (one tensor per rank, shaped like ``tensor``), as in
+    ``torch.distributed.gather``. Every other rank sends one message.
+    """
+    rank, world_size = _world()
+    _check_rank(dst, "dst", world_size)
+    if rank != dst:
+        dist.send(tensor.contiguous(), dst=dst)
+        return
+    if gather_list is None:
+        raise ValueError("Invalid gather_list: None on the destination rank (one tensor per rank)")
+    _check_list(gather_list, tensor, "gather_list")
+    buffers = [
+        torch.empty_like(item, memory_format=torch.contiguous_format) for item in gather_list
+    ]
+    requests = [
+        dist.irecv(buffers[other], src=other) for other in range(world_size) if other != dst
+    ]
+    for request in requests:
+        request.wait()
+    buffers[dst] = tensor
+    for item, buffer in zip(gather_list, buffers, strict=True):
+        item.copy_(buffer)
+
+
+def scatter(
+    tensor: torch.Tensor, scatter_list: list[torch.Tensor] | None = None, src: int = 0
+) -> None:
+    """Rank ``r``'s ``tensor`` becomes ``src``'s ``scatter_list[r]``; ``src`` sends to each."""
+    rank, world_size = _world()
+    _check_rank(src, "src", world_size)
+    if rank != src:
+        buffer = tensor if tensor.is_contiguous() else tensor.contiguous()
+        dist.recv(buffer, src=src)
+        if buffer is not tensor:
+            tensor.copy_(buffer)
+        return
+    if scatter_list is None:
+        raise ValueError("Invalid scatter_list: None on the source rank (one tensor per rank)")
+    _check_list(scatter_list, tensor, "scatter_list")
+    blocks = [item.contiguous() for item in scatter_list]
+    requests = [dist.isend(blocks[other], dst=other) for other in range(world_size) if other != src]
+    tensor.copy_(scatter_list[src])
+    for request in requests:
+        request.wait()
+
+
+def all_to_all(output_list: list[torch.Tensor], input_list: list[torch.Tensor]) -> None:
+    """Rank ``r`` sends ``input_list[s]`` to rank ``s``, which receives it in ``output_list[r]``.
+
+    The transpose of a matrix of blocks: the exchange expert parallelism uses to send each token
+    to the rank holding its expert (Lepikhin et al., 2020, "GShard"). Blocks may differ in size
+    (``input_list[s]`` here must match ``output_list[r]`` on rank ``s``); the sizes are
+    usually exchanged first with an all-to-all of counts. It runs as ``N - 1`` rounds of
+    pairwise swaps: in round ``k`` rank ``r`` sends to ``r + k`` while receiving from ``r - k``,
+    so every rank sends and receives once per round.
+    """
+    rank, world_size = _world()
+    for name, tensors in (("input_list", input_list), ("output_list", output_list)):
+        if len(tensors) != world_size:
+            raise ValueError(
+                f"Invalid {name}: {len(tensors)} tensors (expected one per rank, {world_size})"
+            )
+    output_list[rank].copy_(input_list[rank])
+    for step in range(1, world_size):
+        to, source = (rank + step) % world_size, (rank - step) % world_size
+        incoming = torch.empty_like(output_list[source], memory_format=torch.contiguous_format)
+        _exchange(input_list[to].contiguous(), incoming, to=to, source=source)
+        output_list[source].copy_(incoming)
+
+
+def ring_shift(tensor: torch.Tensor) -> torch.Tensor:
+    """Send ``tensor`` to the right neighbour and return the left neighbour's (same shape).
+
+    One step of every ring algorithm, as a function: ring attention passes key and value blocks
+    around with it. With one rank it returns ``tensor`` itself.
+    """
+    rank, world_size = _world()
+    if world_size == 1:
+        return tensor
+    send = tensor.contiguous()
+    incoming = torch.empty_like(send)
+    _exchange(send, incoming, to=(rank + 1) % world_size, source=(rank - 1) % world_size)
+    return incoming

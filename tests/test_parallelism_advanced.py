@@ -1,0 +1,246 @@
+"""The parallelism chapter's advanced half: all-to-all, experts, sequence and context parallelism.
+
+Every distributed check runs real gloo processes through ``trainfast.distributed.spawn`` and
+compares with one process (or with ``torch.distributed``); several cases share one launch.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from trainfast.accounting import TransformerShape
+from trainfast.distributed import SpawnError, spawn
+from trainfast.distributed.context_parallel import ring_attention_worker, ring_block_kind
+from trainfast.distributed.exchange_parity import (
+    all_to_all_sizes,
+    exchange_error_worker,
+    exchange_parity_worker,
+)
+from trainfast.distributed.exercises_advanced import check_capacity_mask, check_causal_ring_work
+from trainfast.distributed.moe import (
+    ExpertParallelMoE,
+    MoEConfig,
+    capacity_mask,
+    expert_capacity,
+    expert_parallel_worker,
+    load_balancing_loss,
+    router_z_loss,
+)
+from trainfast.distributed.pipeline import PipelineConfig
+from trainfast.distributed.sequence_parallel import sequence_parallel_worker
+from trainfast.distributed.torch_apis import torch_apis_worker
+
+WORLD_SIZES = [1, 2, 3, 4]
+
+
+# ---------------------------------------------------------------------------- collectives
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_gather_scatter_all_to_all_match_torch(world_size):
+    lengths = [1, 7, 2 * world_size + 1]
+    results = spawn(exchange_parity_worker, world_size, lengths, 11, timeout=120)
+    for rank, rank_results in enumerate(results):
+        names = set(rank_results)
+        assert {f"all_to_all n={n}" for n in lengths} <= names
+        assert {f"scatter n={n} root={r}" for n in lengths for r in range(world_size)} <= names
+        assert (f"gather n=7 root={rank}" in names) and (
+            world_size == 1 or f"gather n=7 root={(rank + 1) % world_size}" not in names
+        )
+        for name, (ours, theirs) in rank_results.items():
+            assert ours.shape == theirs.shape and torch.equal(ours, theirs), f"rank {rank}, {name}"
+
+
+@pytest.mark.parametrize(
+    "kind, message",
+    [
+        ("gather", r"Invalid gather_list: None on the destination rank"),
+        ("scatter", r"Invalid scatter_list: 1 tensors \(expected one per rank, 2\)"),
+        ("all_to_all", r"Invalid input_list: 3 tensors \(expected one per rank, 2\)"),
+    ],
+)
+def test_exchange_bad_input_is_a_clear_value_error(kind, message):
+    with pytest.raises(SpawnError, match=message) as caught:
+        spawn(exchange_error_worker, 2, kind, timeout=60, collective_timeout=10)
+    assert caught.value.error_type == "ValueError"
+
+
+def test_all_to_all_blocks_are_uneven_and_some_empty():
+    sizes = [[all_to_all_sizes(s, r, 7) for r in range(4)] for s in range(4)]
+    assert len({size for row in sizes for size in row}) > 2
+    assert min(size for row in sizes for size in row) == 0
+
+
+# ---------------------------------------------------------------------- context parallelism
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+def test_ring_attention_matches_full_attention(world_size):
+    results = spawn(ring_attention_worker, world_size, (2, 3, 24, 8), world_size, timeout=120)
+    for rank, pairs in enumerate(results):
+        assert len(pairs) == 8  # output, dq, dk, dv for causal and not
+        for name, (ours, theirs) in pairs.items():
+            assert ours.shape == (2, 3, 24 // world_size, 8), name
+            torch.testing.assert_close(
+                ours, theirs, rtol=1e-10, atol=1e-12, msg=f"rank {rank} {name}"
+            )
+
+
+def test_ring_attention_causal_schedule_skips_future_blocks():
+    for world_size in (1, 2, 4):
+        for rank in range(world_size):
+            kinds = [ring_block_kind(rank, s, world_size, True) for s in range(world_size)]
+            assert kinds.count("diagonal") == 1 and kinds.count("full") == rank
+            assert all(
+                ring_block_kind(rank, s, world_size, False) == "full" for s in range(world_size)
+            )
+
+
+def test_ring_attention_rejects_uneven_sequence():
+    with pytest.raises(SpawnError, match=r"Invalid seq: 10"):
+        spawn(ring_attention_worker, 3, (1, 1, 10, 4), timeout=60)
+
+
+# ---------------------------------------------------------------------- mixture of experts
+@pytest.mark.parametrize(
+    "world_size, config",
+    [
+        (1, MoEConfig()),
+        (2, MoEConfig(capacity_factor=1.0)),
+        (3, MoEConfig(n_experts=6, top_k=1, capacity_factor=None)),
+        (4, MoEConfig(n_experts=8, top_k=2, capacity_factor=0.8)),
+    ],
+)
+def test_expert_parallel_moe_matches_one_process(world_size, config):
+    results = spawn(expert_parallel_worker, world_size, config, 24, world_size, timeout=120)
+    experts_seen = set()
+    for rank, pairs in enumerate(results):
+        for name, (ours, theirs) in pairs.items():
+            assert ours.shape == theirs.shape, f"rank {rank} {name}"
+            torch.testing.assert_close(
+                ours, theirs, rtol=1e-5, atol=1e-6, msg=f"rank {rank} {name}"
+            )
+            if name.endswith("0.weight grad"):
+                experts_seen.add(int(name.split()[1]))
+                assert ours.abs().sum() > 0, f"rank {rank} {name}: no token reached the expert"
+    assert experts_seen == set(range(config.n_experts))  # each expert on exactly one rank
+    dropped = sum(int((~pairs["kept"][0]).sum()) for pairs in results)
+    if config.capacity_factor is None:
+        assert dropped == 0
+    if config.capacity_factor == 0.8:
+        assert dropped > 0  # a capacity below the mean load must drop tokens
+
+
+def test_capacity_mask_queues_first_choices_first():
+    experts = torch.tensor([[0, 1], [0, 2], [1, 0], [0, 1]])  # (tokens, k)
+    kept = capacity_mask(experts, 3, capacity=2)
+    # expert 0's queue: tokens 0, 1, 3 (first choices), then token 2 (second choice): 3 and 2 drop
+    # expert 1's queue: token 2 (first choice), then tokens 0 and 3 (second choices): 3 drops
+    assert kept.tolist() == [[True, True], [True, True], [True, False], [False, False]]
+    assert expert_capacity(24, 4, 2, 1.25) == 15 and expert_capacity(24, 4, 2, None) == 24
+
+
+def test_balancing_loss_is_one_when_uniform_and_e_when_collapsed():
+    n_experts = 4
+    uniform = torch.full((8, n_experts), 1 / n_experts)
+    spread = torch.arange(8).remainder(n_experts)[:, None]
+    assert load_balancing_loss(uniform, spread, n_experts).item() == pytest.approx(1.0)
+    collapsed = torch.zeros(8, n_experts)
+    collapsed[:, 0] = 1.0
+    assert load_balancing_loss(
+        collapsed, torch.zeros(8, 1, dtype=torch.int64), n_experts
+    ).item() == pytest.approx(4.0)
+    logits = torch.tensor([[0.0, 0.0], [10.0, 10.0]])
+    assert router_z_loss(logits).item() == pytest.approx(
+        (math.log(2) ** 2 + (10 + math.log(2)) ** 2) / 2
+    )
+
+
+def test_moe_rejects_bad_config():
+    with pytest.raises(ValueError, match="Invalid top_k: 5"):
+        MoEConfig(n_experts=4, top_k=5)
+    with pytest.raises(ValueError, match="Invalid capacity_factor: 0"):
+        MoEConfig(capacity_factor=0)
+    with pytest.raises(ValueError, match="Invalid n_experts: 4"):
+        ExpertParallelMoE(MoEConfig(n_experts=4), 0, 3)
+
+
+# ------------------------------------------- tensor parallel attention, sequence parallelism
+BLOCK = TransformerShape(
+    vocab_size=8, d_model=24, n_layers=1, n_heads=4, d_ff=48, seq_len=12, batch_size=2
+)
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+def test_tensor_and_sequence_parallel_block_match_dense(world_size):
+    results = spawn(sequence_parallel_worker, world_size, BLOCK, world_size, timeout=120)
+    for rank, result in enumerate(results):
+        for mode in ("tp", "sp"):
+            pairs = result[mode]["pairs"]
+            assert len(pairs) == 12
+            for name, (ours, theirs) in pairs.items():
+                assert ours.shape == theirs.shape, f"rank {rank} {mode} {name}"
+                torch.testing.assert_close(
+                    ours, theirs, rtol=1e-5, atol=1e-5, msg=f"rank {rank} {mode} {name}"
+                )
+        tp, sp, dense = result["tp"], result["sp"], result["dense"]
+        assert tp["sent_bytes"] == sp["sent_bytes"]  # all-reduce = reduce-scatter + all-gather
+        if world_size == 1:
+            assert (
+                tp["sent_bytes"] == 0
+                and sp["saved_bytes"] == tp["saved_bytes"] == dense["saved_bytes"]
+            )
+        else:
+            # two all-reduces forward, two backward, of (batch, seq, d_model) float32, ring traffic
+            activation = 4 * BLOCK.batch_size * BLOCK.seq_len * BLOCK.d_model
+            assert tp["sent_bytes"] == 4 * 2 * (world_size - 1) * activation // world_size
+            assert sp["saved_bytes"] < tp["saved_bytes"] < dense["saved_bytes"]
+
+
+# ----------------------------------------------------------------------- torch's own APIs
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+def test_torch_apis_match_one_process_and_ours(world_size):
+    config = PipelineConfig(width=24, layers_per_stage=2, batch_size=12, n_micro=4)
+    results = spawn(torch_apis_worker, world_size, config, timeout=300)
+    for rank, result in enumerate(results):
+        assert set(result) == {
+            "DTensor + parallelize_module",
+            "torch.distributed.pipelining",
+            "fully_shard",
+        }
+        for api, gaps in result.items():
+            assert gaps["vs one process"] < 1e-6, f"rank {rank} {api}: {gaps}"
+            assert gaps.get("vs ours", 0.0) < 1e-6, f"rank {rank} {api}: {gaps}"
+        assert "vs ours" in result["torch.distributed.pipelining"]
+
+
+def test_torch_apis_need_pairs_of_linears():
+    with pytest.raises(SpawnError, match="Invalid layers_per_stage: 3"):
+        spawn(
+            torch_apis_worker,
+            1,
+            PipelineConfig(width=8, layers_per_stage=3, batch_size=4, n_micro=2),
+        )
+
+
+# ------------------------------------------------------------------------------- exercises
+def test_exercise_checks_pass_right_answers_and_fail_wrong_ones(capsys):
+    check_capacity_mask(capacity_mask)
+    check_causal_ring_work(lambda rank, world_size: rank + 1)
+    assert "All 5 cases passed." in capsys.readouterr().out
+
+    def no_priority(experts, n_experts, capacity):  # queues token by token, not choice by choice
+        one_hot = torch.nn.functional.one_hot(experts.reshape(-1), n_experts)
+        position = (one_hot.cumsum(0) * one_hot).sum(1) - 1
+        return (position < capacity).reshape(experts.shape)
+
+    with pytest.raises(AssertionError, match="cases failed; first: .*top-2"):
+        check_capacity_mask(no_priority)
+    with pytest.raises(AssertionError, match="cases failed; first: rank 0 of 2"):
+        check_causal_ring_work(lambda rank, world_size: world_size)  # forgot the mask
+
+
+def test_sequence_parallel_rejects_uneven_sequence():
+    shape = TransformerShape(
+        vocab_size=8, d_model=8, n_layers=1, n_heads=2, d_ff=16, seq_len=10, batch_size=1
+    )
+    with pytest.raises(SpawnError, match=r"Invalid seq_len: 10"):
+        spawn(sequence_parallel_worker, 3, shape, timeout=60)

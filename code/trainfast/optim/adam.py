@@ -32,7 +32,14 @@ from torch.optim.optimizer import ParamsT, required
 from trainfast.optim._foreach import group_by_device_and_dtype
 from trainfast.optim._validate import CheckedOptimizer, check_hyperparameters
 
-__all__ = ["Adam", "AdamW", "adam", "init_adam_state"]
+__all__ = [
+    "Adam",
+    "adam",
+    "AdamW",
+    "init_adam_state",
+    "multi_tensor_adam",
+    "single_tensor_adam",
+]
 
 
 def adam(
@@ -59,7 +66,7 @@ def adam(
     (pass an empty list otherwise) and ``state_steps`` are scalar step-count tensors, as in
     ``torch.optim.Adam``. ``foreach=True`` runs the same math with ``torch._foreach_*`` ops.
     """
-    implementation = _multi_tensor_adam if foreach else _single_tensor_adam
+    implementation = multi_tensor_adam if foreach else single_tensor_adam
     implementation(
         params,
         grads,
@@ -78,7 +85,7 @@ def adam(
     )
 
 
-def _single_tensor_adam(
+def single_tensor_adam(
     params: list[Tensor],
     grads: list[Tensor],
     exp_avgs: list[Tensor],
@@ -118,7 +125,7 @@ def _single_tensor_adam(
         param.addcdiv_(exp_avg, denom, value=-step_size)  # θ_t = θ - γ m̂_t / (√v̂_t + ε)
 
 
-def _multi_tensor_adam(
+def multi_tensor_adam(
     params: list[Tensor],
     grads: list[Tensor],
     exp_avgs: list[Tensor],

@@ -26,12 +26,14 @@ from trainfast.optim._validate import CheckedOptimizer, check_hyperparameters
 from trainfast.optim.adam import adam, init_adam_state
 
 __all__ = [
-    "Muon",
     "init_muon_state",
+    "multi_tensor_muon",
+    "Muon",
     "muon",
     "muon_param_groups",
     "muon_update",
     "orthogonalized_update",
+    "single_tensor_muon",
     "zeropower_via_newtonschulz5",
 ]
 
@@ -135,7 +137,7 @@ def muon(
     ops; the Newton–Schulz iteration stays one matrix at a time (matrices of different shapes
     cannot share a batched matmul), so on a GPU the gain is small.
     """
-    implementation = _multi_tensor_muon if foreach else _single_tensor_muon
+    implementation = multi_tensor_muon if foreach else single_tensor_muon
     implementation(
         params,
         grads,
@@ -148,7 +150,7 @@ def muon(
     )
 
 
-def _single_tensor_muon(
+def single_tensor_muon(
     params: list[Tensor],
     grads: list[Tensor],
     momentum_buffers: list[Tensor],
@@ -166,7 +168,7 @@ def _single_tensor_muon(
         param.add_(update, alpha=-lr)  # (rows, cols), bfloat16 update added in param's dtype
 
 
-def _multi_tensor_muon(
+def multi_tensor_muon(
     params: list[Tensor],
     grads: list[Tensor],
     momentum_buffers: list[Tensor],

@@ -30,7 +30,13 @@ from torch.optim.optimizer import ParamsT, required
 from trainfast.optim._foreach import group_by_device_and_dtype
 from trainfast.optim._validate import CheckedOptimizer, check_hyperparameters
 
-__all__ = ["RMSprop", "init_rmsprop_state", "rmsprop"]
+__all__ = [
+    "init_rmsprop_state",
+    "multi_tensor_rmsprop",
+    "RMSprop",
+    "rmsprop",
+    "single_tensor_rmsprop",
+]
 
 
 def rmsprop(
@@ -57,7 +63,7 @@ def rmsprop(
     steps, kept for ``state_dict`` compatibility with ``torch.optim.RMSprop``. ``foreach=True``
     runs the same math with ``torch._foreach_*`` ops.
     """
-    implementation = _multi_tensor_rmsprop if foreach else _single_tensor_rmsprop
+    implementation = multi_tensor_rmsprop if foreach else single_tensor_rmsprop
     implementation(
         params,
         grads,
@@ -75,7 +81,7 @@ def rmsprop(
     )
 
 
-def _single_tensor_rmsprop(
+def single_tensor_rmsprop(
     params: list[Tensor],
     grads: list[Tensor],
     square_avgs: list[Tensor],
@@ -113,7 +119,7 @@ def _single_tensor_rmsprop(
             param.addcdiv_(grad, avg, value=-lr)  # θ_t = θ - γ g / (√v + ε)
 
 
-def _multi_tensor_rmsprop(
+def multi_tensor_rmsprop(
     params: list[Tensor],
     grads: list[Tensor],
     square_avgs: list[Tensor],

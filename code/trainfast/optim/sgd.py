@@ -25,7 +25,7 @@ from torch.optim.optimizer import ParamsT, required
 from trainfast.optim._foreach import group_by_device_and_dtype
 from trainfast.optim._validate import CheckedOptimizer, check_hyperparameters
 
-__all__ = ["SGD", "sgd"]
+__all__ = ["multi_tensor_sgd", "SGD", "sgd", "single_tensor_sgd"]
 
 
 def sgd(
@@ -48,7 +48,7 @@ def sgd(
     them. ``foreach=True`` runs the same math with ``torch._foreach_*`` ops, one kernel per list
     instead of one per tensor; the results are the same.
     """
-    implementation = _multi_tensor_sgd if foreach else _single_tensor_sgd
+    implementation = multi_tensor_sgd if foreach else single_tensor_sgd
     implementation(
         params,
         grads,
@@ -62,7 +62,7 @@ def sgd(
     )
 
 
-def _single_tensor_sgd(
+def single_tensor_sgd(
     params: list[Tensor],
     grads: list[Tensor],
     momentum_buffer_list: list[Tensor | None],
@@ -90,7 +90,7 @@ def _single_tensor_sgd(
         param.add_(grad, alpha=-lr)  # θ_t = θ_{t-1} - γ · direction
 
 
-def _multi_tensor_sgd(
+def multi_tensor_sgd(
     params: list[Tensor],
     grads: list[Tensor],
     momentum_buffer_list: list[Tensor | None],

@@ -24,6 +24,11 @@
    none, so each one gets a preface importing its module's own public names, and the block after
    it gets the same import again, so that the listing's ``def`` does not shadow the chapter's
    own import of that name in the cells that follow.
+
+5. **The calculator's data.** A page with a ``<div class="trainfast-calculator">`` gets the
+   widget (``_static/calculator.js``, hand-written) and its data, which the HTML build writes
+   from the package (:func:`trainfast.calculator.write_script`) into ``_static/calculator-data.js``,
+   so the widget's presets and test cases are always the package's.
 """
 
 from __future__ import annotations
@@ -226,6 +231,25 @@ def _on_doctree_read_prefaces(app: Sphinx, doctree: nodes.document) -> None:
         parent.insert(index, PrefaceMarker(line, "next"))
 
 
+CALCULATOR_MARK = 'class="trainfast-calculator"'
+
+
+def _on_html_page_context(
+    app: Sphinx, pagename: str, templatename: str, context: dict, doctree: nodes.document | None
+) -> None:
+    if CALCULATOR_MARK in context.get("body", ""):
+        app.add_css_file("calculator.css")
+        app.add_js_file("calculator-data.js")
+        app.add_js_file("calculator.js")
+
+
+def _on_build_finished(app: Sphinx, exception: Exception | None) -> None:
+    if exception is None and app.builder.format == "html":
+        from trainfast.calculator import write_script
+
+        write_script(Path(app.outdir) / "_static" / "calculator-data.js")
+
+
 def setup(app: Sphinx) -> dict:
     app.add_config_value("build_support_watch", [], "env", [list])
     app.connect("config-inited", _on_config_inited)
@@ -233,4 +257,6 @@ def setup(app: Sphinx) -> dict:
     app.connect("env-get-outdated", _on_env_get_outdated)
     app.connect("missing-reference", _on_missing_reference)
     app.connect("doctree-read", _on_doctree_read_prefaces, priority=480)  # before codeautolink
+    app.connect("html-page-context", _on_html_page_context)
+    app.connect("build-finished", _on_build_finished)
     return {"version": "1.0", "parallel_read_safe": True, "parallel_write_safe": True}

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import trainfast
+import trainfast.calculator
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -156,3 +157,17 @@ def test_entries_list_the_sections_that_use_them(small_build):
     assert re.search(rf'href="\.\./\.\./{CHAPTER}\.html#[\w-]+"', entry), (
         "parameter_count's entry does not link back to the chapter that uses it"
     )
+
+
+def test_the_calculator_is_embedded_with_the_package_data(small_build):
+    html, _ = small_build
+    text = (html / "book" / f"{CHAPTER}.html").read_text()
+    assert 'class="trainfast-calculator"' in text
+    for script in ("calculator-data.js", "calculator.js"):
+        assert re.search(rf'<script src="\.\./_static/{script}', text), f"{script} not loaded"
+        assert (html / "_static" / script).exists()
+    other = (html / "book" / "api" / "index.html").read_text()
+    assert "calculator.js" not in other, "pages without the widget should not load it"
+    data = (html / "_static" / "calculator-data.js").read_text()
+    assert data.startswith("window.TRAINFAST_CALCULATOR = ")
+    assert str(trainfast.calculator.estimate(trainfast.calculator._grid()[0]).step_s) in data

@@ -29,6 +29,10 @@
    widget (``_static/calculator.js``, hand-written) and its data, which the HTML build writes
    from the package (:func:`trainfast.calculator.write_script`) into ``_static/calculator-data.js``,
    so the widget's presets and test cases are always the package's.
+
+The reference's navigation is ``_toc.yml``'s glob of the generated pages; the toctrees that
+autosummary adds (its ``:toctree:`` option is what makes it generate pages) are dropped before
+sphinx-external-toc, which allows no toctree but its own, sees them.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ from sphinx.addnodes import pending_xref
 from sphinx.application import Sphinx
 from sphinx.config import Config
 from sphinx.environment import BuildEnvironment
+from sphinx.transforms import SphinxTransform
 from sphinx.util import logging
 
 logger = logging.getLogger(__name__)
@@ -231,6 +236,18 @@ def _on_doctree_read_prefaces(app: Sphinx, doctree: nodes.document) -> None:
         parent.insert(index, PrefaceMarker(line, "next"))
 
 
+class DropAutosummaryToctrees(SphinxTransform):
+    """Remove autosummary's toctrees: ``_toc.yml`` is the navigation (see the module docstring)."""
+
+    default_priority = 99  # before sphinx-external-toc's InsertToctrees (100) warns about them
+
+    def apply(self, **kwargs: object) -> None:
+        from sphinx.ext.autosummary import autosummary_toc
+
+        for node in list(self.document.findall(autosummary_toc)):
+            node.parent.remove(node)
+
+
 CALCULATOR_MARK = 'class="trainfast-calculator"'
 
 
@@ -258,5 +275,7 @@ def setup(app: Sphinx) -> dict:
     app.connect("missing-reference", _on_missing_reference)
     app.connect("doctree-read", _on_doctree_read_prefaces, priority=480)  # before codeautolink
     app.connect("html-page-context", _on_html_page_context)
+    app.add_transform(DropAutosummaryToctrees)
+    app.add_css_file("reference.css")
     app.connect("build-finished", _on_build_finished)
     return {"version": "1.0", "parallel_read_safe": True, "parallel_write_safe": True}

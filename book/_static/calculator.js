@@ -280,7 +280,7 @@
       const usable = gb(capacity * (1 - data.constants.reserve));
       const verdict = r.fits
         ? `Fits: ${gb(r.memory.total)} GB of the ${usable} GB usable on each ${x.gpu}.`
-        : `Does not fit: ${gb(r.memory.total)} GB per GPU, more than the ${usable} GB usable on a ${x.gpu}.`;
+        : `Does not fit: ${gb(r.memory.total)} GB per GPU, more than the ${usable} GB usable on one ${x.gpu}.`;
       output.replaceChildren(
         el("p", { class: r.fits ? "tfc-verdict tfc-fits" : "tfc-verdict tfc-nofit", "data-out": "fits", "data-value": String(r.fits), text: verdict }),
         bar,

@@ -1,0 +1,173 @@
+"""The API reference (book/api): a page per module, links from code to entries, and back.
+
+The build test builds a small book (one chapter, not executed, and the reference) with the real
+``_config.yml``, so it checks the same extensions and settings as ``make book``, in about half a
+minute instead of executing every chapter.
+"""
+
+from __future__ import annotations
+
+import os
+import pkgutil
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import trainfast
+import trainfast.calculator
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "book" / "_ext"))
+
+import build_support  # noqa: E402
+
+CHAPTER = "memory_hierarchy"  # has a listing of trainfast.accounting and cells that import it
+
+
+def test_reexported_names_resolve_where_they_are_defined():
+    assert build_support.defined_at("trainfast.optim.AdamW", None, None) == (
+        "trainfast.optim.adam.AdamW",
+        True,
+    )
+    # a short name inside a package's docstring, as Sphinx sees it
+    assert build_support.defined_at("Trainer", "trainfast.training", None) == (
+        "trainfast.training.trainer.Trainer",
+        True,
+    )
+    # a typo still warns
+    assert build_support.defined_at("AdamX", "trainfast.optim", None) == (None, False)
+    assert build_support.defined_at("trainfast.optim.AdamX", None, None) == (None, False)
+
+
+def test_listings_of_package_files_get_their_module():
+    code = ROOT / "code"
+    assert build_support.listing_module(str(code / "trainfast/accounting.py"), code) == (
+        "trainfast.accounting"
+    )
+    assert build_support.listing_module(str(code / "trainfast/optim/__init__.py"), code) == (
+        "trainfast.optim"
+    )
+    assert build_support.listing_module(str(ROOT / "book/_ext/build_support.py"), code) is None
+    assert "training_memory" in build_support.public_names("trainfast.accounting")
+
+
+def _reference_pages() -> list[str]:
+    """Every public top-level module and subpackage of trainfast: each must have a page."""
+    return sorted(
+        f"trainfast.{m.name}"
+        for m in pkgutil.iter_modules(trainfast.__path__)
+        if not m.name.startswith("_")
+    )
+
+
+@pytest.fixture(scope="module")
+def small_build(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    out = tmp_path_factory.mktemp("book")
+    config = yaml.safe_load((ROOT / "_config.yml").read_text())
+    config["execute"]["execute_notebooks"] = "off"
+    # paths in a configuration are relative to the file: make them absolute
+    config["sphinx"]["local_extensions"] = {
+        name: str(ROOT / path) for name, path in config["sphinx"]["local_extensions"].items()
+    }
+    config["bibtex_bibfiles"] = [str(ROOT / p) for p in config["bibtex_bibfiles"]]
+    config["sphinx"]["config"]["templates_path"] = [
+        str(ROOT / p) for p in config["sphinx"]["config"]["templates_path"]
+    ]
+    (out / "_config.yml").write_text(yaml.safe_dump(config))
+    toc = {
+        "format": "jb-book",
+        "root": f"book/{CHAPTER}",
+        "chapters": [{"file": "book/api/index", "sections": [{"glob": "book/api/generated/*"}]}],
+    }
+    (out / "_toc.yml").write_text(yaml.safe_dump(toc))
+    result = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "jupyter-book"),
+            "build",
+            str(ROOT),
+            "-n",
+            "--keep-going",
+            "--config",
+            str(out / "_config.yml"),
+            "--toc",
+            str(out / "_toc.yml"),
+            "--path-output",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "code")},
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return out / "_build" / "html", result.stdout + result.stderr
+
+
+def test_reference_builds_without_warnings(small_build):
+    _, log = small_build
+    warnings = [
+        line
+        for line in re.sub(r"\x1b\[[0-9;]*m", "", log).splitlines()
+        if "WARNING" in line and "glue" not in line  # glue: the chapter is not executed here
+    ]
+    assert not warnings, "\n".join(warnings)
+
+
+@pytest.mark.parametrize("module", _reference_pages())
+def test_every_module_and_subpackage_has_a_page(small_build, module):
+    html, _ = small_build
+    page = html / "book" / "api" / "generated" / f"{module}.html"
+    assert page.exists(), f"no reference page for {module}"
+    assert f'id="module-{module}"' in page.read_text()
+
+
+def test_subpackage_page_documents_its_modules(small_build):
+    html, _ = small_build
+    text = (html / "book" / "api" / "generated" / "trainfast.optim.html").read_text()
+    assert 'id="trainfast.optim.adam.AdamW"' in text
+    assert "_modules/trainfast/optim/adam.html" in text, "no [source] link (viewcode)"
+
+
+def _links(text: str) -> set[str]:
+    return set(re.findall(r'class="sphinx-codeautolink-a" href="([^"]+)"', text)) | set(
+        re.findall(r'href="([^"]+)"[^>]*class="sphinx-codeautolink-a"', text)
+    )
+
+
+def test_names_in_listings_and_cells_link_to_their_entries(small_build):
+    html, _ = small_build
+    text = (html / "book" / f"{CHAPTER}.html").read_text()
+    listing = text[text.index('<span class="nf">training_memory</span>') :]
+    listing = listing[: listing.index("</pre>")]
+    assert any(
+        h.endswith("trainfast.accounting.html#trainfast.accounting.TransformerShape")
+        for h in _links(listing)
+    ), "the listing of training_memory does not link TransformerShape"
+    cells = text[text.index("<h1") :]
+    assert any(h.endswith("#trainfast.accounting.parameter_count") for h in _links(cells))
+
+
+def test_entries_list_the_sections_that_use_them(small_build):
+    html, _ = small_build
+    text = (html / "book" / "api" / "generated" / "trainfast.accounting.html").read_text()
+    entry = text[text.index('id="trainfast.accounting.parameter_count"') :]
+    entry = entry[: entry.index('<dl class="py')]
+    assert re.search(rf'href="\.\./\.\./{CHAPTER}\.html#[\w-]+"', entry), (
+        "parameter_count's entry does not link back to the chapter that uses it"
+    )
+
+
+def test_the_calculator_is_embedded_with_the_package_data(small_build):
+    html, _ = small_build
+    text = (html / "book" / f"{CHAPTER}.html").read_text()
+    assert 'class="trainfast-calculator"' in text
+    for script in ("calculator-data.js", "calculator.js"):
+        assert re.search(rf'<script src="\.\./_static/{script}', text), f"{script} not loaded"
+        assert (html / "_static" / script).exists()
+    other = (html / "book" / "api" / "index.html").read_text()
+    assert "calculator.js" not in other, "pages without the widget should not load it"
+    data = (html / "_static" / "calculator-data.js").read_text()
+    assert data.startswith("window.TRAINFAST_CALCULATOR = ")
+    assert str(trainfast.calculator.estimate(trainfast.calculator._grid()[0]).step_s) in data

@@ -1,0 +1,135 @@
+"""The calculator widget (book/_static/calculator.js) in a real browser gives the package's numbers.
+
+Debian's ``chromium`` is driven by Playwright pointed at the system browser (Playwright never
+downloads one here). Without either, the tests are skipped and say why; ``.ci/run`` installs
+``chromium`` when it runs as root, so CI runs them.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from trainfast.accounting import PRESET_SHAPES
+from trainfast.calculator import TrainingSetup, _estimate_dict, estimate, export, write_script
+
+ROOT = Path(__file__).resolve().parents[1]
+STATIC = ROOT / "book" / "_static"
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+sync_api = pytest.importorskip(
+    "playwright.sync_api", reason="playwright is not installed (it is in requirements.txt)"
+)
+if CHROMIUM is None:
+    pytest.skip(
+        "no system chromium: install it with `apt-get install -y chromium` to run the widget in a browser",
+        allow_module_level=True,
+    )
+
+PAGE = """<!doctype html><html><head><meta charset="utf-8">
+<link rel="stylesheet" href="calculator.css">
+<script src="calculator-data.js"></script><script src="calculator.js"></script></head>
+<body><div class="trainfast-calculator" data-preset="gpt2-small"></div></body></html>"""
+
+
+@pytest.fixture(scope="module")
+def page(tmp_path_factory: pytest.TempPathFactory):
+    site = tmp_path_factory.mktemp("widget")
+    for name in ("calculator.js", "calculator.css"):
+        shutil.copy(STATIC / name, site / name)
+    write_script(site / "calculator-data.js")
+    (site / "index.html").write_text(PAGE)
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"]
+        )
+        tab = browser.new_page()
+        errors: list[str] = []
+        tab.on("pageerror", lambda error: errors.append(str(error)))
+        tab.on("requestfailed", lambda request: errors.append(f"failed: {request.url}"))
+        tab.goto((site / "index.html").as_uri())  # from the file system: no server, no network
+        tab.wait_for_selector('[data-out="time.step"]')
+        assert not errors, errors
+        yield tab
+        browser.close()
+
+
+def _setup(case: dict) -> TrainingSetup:
+    values = dict(case["setup"])
+    shape = replace(PRESET_SHAPES["tiny"], **values.pop("shape"))
+    return TrainingSetup(shape, **values)
+
+
+def _flat(result: dict, prefix: str = "") -> dict[str, float | bool]:
+    out: dict[str, float | bool] = {}
+    for key, value in result.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[prefix + key] = value
+    return out
+
+
+def _mismatches(expected: dict, got: dict) -> list[str]:
+    wrong = []
+    for key, value in _flat(expected).items():
+        other = _flat(got).get(key)
+        if isinstance(value, bool) or not isinstance(other, (int, float)):
+            same = other == value
+        else:
+            same = math.isclose(other, value, rel_tol=1e-12, abs_tol=1e-300)
+        if not same:
+            wrong.append(f"{key}: python {value!r}, browser {other!r}")
+    return wrong
+
+
+CASES = export()["cases"]
+
+
+def test_the_widget_functions_match_python_on_the_grid(page):
+    got = page.evaluate(
+        "cases => cases.map(c => trainfastCalculator.estimate(c.setup, window.TRAINFAST_CALCULATOR))",
+        CASES,
+    )
+    for case, result in zip(CASES, got, strict=True):
+        expected = _estimate_dict(estimate(_setup(case)))  # recomputed here, not read back
+        wrong = _mismatches(expected, result)
+        assert not wrong, f"{case['setup']}: " + "; ".join(wrong)
+
+
+SET_INPUTS = """x => {
+  const form = document.querySelector('.trainfast-calculator form');
+  const values = Object.assign({}, x.shape, x);
+  delete values.shape;
+  for (const [name, value] of Object.entries(values)) {
+    const input = form.elements[name];
+    if (input.type === 'checkbox') input.checked = value; else input.value = String(value);
+  }
+  form.elements.global_batch.dispatchEvent(new Event('input', {bubbles: true}));
+  const out = {};
+  for (const cell of document.querySelectorAll('.trainfast-calculator [data-out]')) {
+    const raw = cell.dataset.value;
+    out[cell.dataset.out] = raw === 'true' ? true : raw === 'false' ? false : Number(raw);
+  }
+  return out;
+}"""
+
+
+def test_the_widget_shows_python_numbers_for_inputs_typed_in(page):
+    for case in CASES:
+        shown = page.evaluate(SET_INPUTS, case["setup"])
+        expected = _estimate_dict(estimate(_setup(case)))
+        wrong = _mismatches(expected, shown)
+        assert not wrong, f"{case['setup']}: " + "; ".join(wrong)
+
+
+def test_the_widget_names_a_bad_input(page):
+    setup = dict(CASES[0]["setup"], tensor=5)
+    page.evaluate(SET_INPUTS, setup)
+    message = page.text_content('[data-out="error"]')
+    assert "Invalid tensor: 5" in message
+    with pytest.raises(ValueError, match="Invalid tensor: 5"):
+        _setup({"setup": setup})

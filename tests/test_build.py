@@ -71,6 +71,25 @@ def test_gpu_workflow_never_runs_code_from_pull_requests():
     assert deploy["permissions"] == {"pages": "write", "id-token": "write"}
 
 
+def test_only_a_github_hosted_job_on_pushes_to_main_writes_the_notebooks_branch():
+    book = _load("book.yml")
+    writers = {
+        name: job
+        for name, job in book["jobs"].items()
+        if job.get("permissions", {}).get("contents") == "write"
+    }
+    assert set(writers) == {"notebooks"}, f"only the notebooks job may write: {set(writers)}"
+    job = writers["notebooks"]
+    assert job["needs"] == "build", "it publishes only what a successful build produced"
+    assert job["if"] == "github.event_name == 'push' && github.ref == 'refs/heads/main'"
+    assert job["runs-on"] == "ubuntu-latest" and "self-hosted" not in str(job["runs-on"])
+    assert job["permissions"] == {"contents": "write"}
+    script = "\n".join(step.get("run", "") for step in job["steps"])
+    assert "HEAD:notebooks" in script and "${{" not in script, "no expressions inside run:"
+    uploads = [s for s in book["jobs"]["build"]["steps"] if s.get("with", {}).get("name") == "notebooks"]
+    assert uploads and uploads[0]["with"]["path"] == "_build/html/notebooks"
+
+
 def test_pull_request_workflow_is_read_only_and_runs_the_readme_commands():
     ci = _load("ci.yml")
     assert "pull_request" in ci["on"] and "pull_request_target" not in ci["on"]

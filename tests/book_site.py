@@ -41,9 +41,9 @@ def _files(root: Path) -> list[Path]:
     return [p for p in root.rglob("*") if p.is_file() and not NOT_SOURCES & set(p.parts)]
 
 
-def stale_reason(html: Path = HTML) -> str | None:
-    """Why ``html`` is not a current build of the sources, or None if it is."""
-    index = html / "searchindex.js"
+def stale_reason(html: Path | None = None) -> str | None:
+    """Why ``html`` (default ``_build/html``) is not a current build of the sources, or None."""
+    index = (html or HTML) / "searchindex.js"
     if not index.exists():
         return f"no built site ({index.relative_to(ROOT)} is missing): run make book first"
     built = index.stat().st_mtime

@@ -86,7 +86,8 @@ def test_only_a_github_hosted_job_on_pushes_to_main_writes_the_notebooks_branch(
     assert job["permissions"] == {"contents": "write"}
     script = "\n".join(step.get("run", "") for step in job["steps"])
     assert "HEAD:notebooks" in script and "${{" not in script, "no expressions inside run:"
-    uploads = [s for s in book["jobs"]["build"]["steps"] if s.get("with", {}).get("name") == "notebooks"]
+    steps = book["jobs"]["build"]["steps"]
+    uploads = [s for s in steps if s.get("with", {}).get("name") == "notebooks"]
     assert uploads and uploads[0]["with"]["path"] == "_build/html/notebooks"
 
 
@@ -271,3 +272,30 @@ def test_every_chapter_is_in_the_table_of_contents():
     listed = {toc["root"]} | {c["file"] for c in toc.get("chapters", [])}
     on_disk = {f"book/{p.stem}" for p in (ROOT / "book").glob("*.md")}
     assert on_disk == listed, f"not in _toc.yml: {on_disk - listed}; missing: {listed - on_disk}"
+
+
+# --- the built site's freshness --------------------------------------------------------------
+
+
+def test_the_site_counts_as_stale_when_a_source_is_newer(tmp_path, monkeypatch):
+    import os
+
+    import book_site
+
+    html, source = tmp_path / "html", tmp_path / "book" / "a.md"
+    source.parent.mkdir()
+    source.write_text("# A\n")
+    monkeypatch.setattr(book_site, "ROOT", tmp_path)
+    monkeypatch.setattr(book_site, "SOURCES", [source.parent])
+    assert "no built site" in book_site.stale_reason(html)
+    html.mkdir()
+    (html / "searchindex.js").write_text("Search.setIndex({})")
+    os.utime(source, (1, 1))
+    assert book_site.stale_reason(html) is None
+    source.touch()
+    os.utime(html / "searchindex.js", (2, 2))
+    assert "older than book/a.md" in book_site.stale_reason(html)
+    monkeypatch.setenv("TRAINFAST_BUILT_FIRST", "1")
+    monkeypatch.setattr(book_site, "HTML", html)
+    with pytest.raises(pytest.fail.Exception, match="TRAINFAST_BUILT_FIRST=1"):
+        book_site.built_site()

@@ -171,18 +171,16 @@ def _imports(notebook: nbformat.NotebookNode) -> str:
     return "\n".join(dict.fromkeys(found))
 
 
-@pytest.mark.parametrize("name", CHAPTERS)
-def test_the_checks_fail_on_the_exercise_stubs(name):
-    """Run each stubbed exercise cell after the chapter's imports: every one must raise, with
-    the check's AssertionError or the stub's NotImplementedError (so a NameError, say, from a
-    name the chapter defines in a cell we did not run, fails this test instead of passing it).
-    The rest of the chapter is not executed: the exercises use only what their cell imports,
-    the chapter's imports, and the check."""
-    exercises = build_support.exercise_notebook(_clean(name))
-    stubs = _tagged(exercises, build_support.EXERCISE_TAG)
-    if not stubs:
-        pytest.skip(f"{name} has no cell tagged solution yet (test_exercises.py reports it)")
+def stub_errors(exercises: nbformat.NotebookNode) -> list[str | None]:
+    """Run each stubbed exercise cell of ``exercises`` after the chapter's imports, in one
+    kernel in ``book/``; return, per cell, the name of the exception it raised (None if none).
+
+    The rest of the chapter is not executed: an exercise uses only what its cell imports, the
+    chapter's imports, and the check. A cell that needs more raises NameError, which the test
+    below does not accept as a caught stub.
+    """
     prelude = "import torch\ntorch.set_num_threads(1)\n" + _imports(exercises)
+    stubs = _tagged(exercises, build_support.EXERCISE_TAG)
     notebook = nbformat.v4.new_notebook(
         cells=[nbformat.v4.new_code_cell(prelude), *stubs], metadata=exercises.metadata
     )
@@ -192,13 +190,44 @@ def test_the_checks_fail_on_the_exercise_stubs(name):
     )  # fmt: skip
     client.execute()
     assert not chapters.cell_errors(nbformat.v4.new_notebook(cells=notebook.cells[:1]))
-    for number, cell in enumerate(notebook.cells[1:], start=1):
-        errors = [o for o in cell.outputs if o.output_type == "error"]
-        assert errors, f"{name}: exercise {number} passed its check with a stub:\n{cell.source}"
-        assert errors[0].ename in {"AssertionError", "NotImplementedError"}, (
-            f"{name}: exercise {number} failed for another reason: "
-            f"{errors[0].ename}: {errors[0].evalue}"
-        )
+    return [
+        next((o.ename for o in cell.outputs if o.output_type == "error"), None)
+        for cell in notebook.cells[1:]
+    ]
+
+
+CAUGHT = {"AssertionError", "NotImplementedError"}
+
+
+@pytest.mark.parametrize("name", CHAPTERS)
+def test_the_checks_fail_on_the_exercise_stubs(name):
+    """Every stubbed exercise must raise the check's AssertionError or the stub's
+    NotImplementedError, so a check catches a missing solution."""
+    exercises = build_support.exercise_notebook(_clean(name))
+    stubs = _tagged(exercises, build_support.EXERCISE_TAG)
+    if not stubs:
+        pytest.skip(f"{name} has no cell tagged solution yet (test_exercises.py reports it)")
+    for number, (cell, error) in enumerate(zip(stubs, stub_errors(exercises), strict=True), 1):
+        assert error is not None, f"{name}: exercise {number} passed with a stub:\n{cell.source}"
+        assert error in CAUGHT, f"{name}: exercise {number} failed for another reason: {error}"
+
+
+def test_the_stub_test_sees_a_check_that_does_not_check():
+    """A "check" that never calls the reader's function passes with the stub (None), which the
+    test above rejects; one that calls it raises the stub's NotImplementedError."""
+    solutions = [
+        "from builtins import print as check_nothing\n\n\n"
+        "def answer():\n    return 42\n\n\ncheck_nothing(answer)\n",
+        "from trainfast.checks import report as check_report\n\n\n"
+        "def answer():\n    return 42\n\n\ncheck_report([('42', None if answer() == 42 else 'no')])\n",
+    ]
+    notebook = nbformat.v4.new_notebook(
+        cells=[
+            nbformat.v4.new_code_cell(s, metadata={"tags": [build_support.SOLUTION_TAG]})
+            for s in solutions
+        ]
+    )
+    assert stub_errors(build_support.exercise_notebook(notebook)) == [None, "NotImplementedError"]
 
 
 # --- what the build produced -------------------------------------------------------------------

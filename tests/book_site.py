@@ -1,9 +1,9 @@
 """The book's chapters and its built site, for the tests that check what ``make book`` produced.
 
 The site tests (``test_site.py``, part of ``test_notebooks.py``) need ``_build/html``. They use
-it when it is *current*: ``_build/html/searchindex.js``, which the build writes last, is newer
-than every source the site is built from (``book/``, ``code/trainfast``, ``_config.yml``,
-``_toc.yml``). Otherwise they are skipped with the reason, since ``make test`` alone does not
+it when it is *current*: the stamp ``_build/.site-built``, which every HTML build writes when
+it finishes (``book/_ext/build_support.py``), is newer than every source the site is built from
+(``book/``, ``code/trainfast``, ``_config.yml``, ``_toc.yml``). Otherwise they are skipped with the reason, since ``make test`` alone does not
 build the site (a build takes minutes); ``.ci/run`` runs ``make book`` first and sets
 ``TRAINFAST_BUILT_FIRST=1``, under which a missing or stale site fails instead of skipping.
 """
@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
+SITE_STAMP = ".site-built"  # build_support.SITE_STAMP (test_build.py checks they agree)
 HTML = ROOT / "_build" / "html"
 SOURCES = [ROOT / "book", ROOT / "code" / "trainfast", ROOT / "_config.yml", ROOT / "_toc.yml"]
 #: Folders under the sources that are not sources (caches, run logs, generated downloads).
@@ -43,10 +44,11 @@ def _files(root: Path) -> list[Path]:
 
 def stale_reason(html: Path | None = None) -> str | None:
     """Why ``html`` (default ``_build/html``) is not a current build of the sources, or None."""
-    index = (html or HTML) / "searchindex.js"
-    if not index.exists():
-        return f"no built site ({index.relative_to(ROOT)} is missing): run make book first"
-    built = index.stat().st_mtime
+    html = html or HTML
+    stamp = html.parent / SITE_STAMP
+    if not (html / "searchindex.js").exists() or not stamp.exists():
+        return f"no built site ({html.name}/searchindex.js or {SITE_STAMP}): run make book first"
+    built = stamp.stat().st_mtime
     newer = [p for root in SOURCES for p in _files(root) if p.stat().st_mtime > built]
     if newer:
         return (

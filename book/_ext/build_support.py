@@ -19,6 +19,8 @@
    ``.github/workflows/book.yml`` publishes as the ``notebooks`` branch, and the Colab and Binder
    buttons are rewritten to open the clean notebook there (the theme would point them at the
    ``.md`` source, which Colab cannot read); ``repository.branch`` stays as it is for the rest.
+   The executed notebook keeps its outputs when myst-nb took them from the cache
+   (:func:`_restore_cached_outputs`).
 """
 
 from __future__ import annotations
@@ -41,6 +43,10 @@ from sphinx.util import logging
 logger = logging.getLogger(__name__)
 
 STAMP_NAME = "watched-sources.sha256"
+#: Written beside the HTML output (``_build/.site-built``) when an HTML build finishes, so the
+#: site tests can tell whether the site is newer than its sources (Sphinx leaves unchanged
+#: files, ``searchindex.js`` included, untouched).
+SITE_STAMP = ".site-built"
 
 
 def source_hash(paths: Iterable[Path]) -> str:
@@ -79,6 +85,13 @@ def invalidate_if_changed(cache_dir: Path, watched: list[Path]) -> bool:
     return changed
 
 
+def _cache_dir(app: Sphinx) -> Path:
+    """myst-nb's execution cache folder (jupyter-cache), as an absolute path."""
+    root = Path(app.srcdir)
+    cache_dir = Path(app.config.nb_execution_cache_path or root / "_build" / ".jupyter_cache")
+    return cache_dir if cache_dir.is_absolute() else root / cache_dir
+
+
 def _on_builder_inited(app: Sphinx) -> None:
     root = Path(app.srcdir)
     watched = [root / p for p in app.config.build_support_watch]
@@ -88,10 +101,7 @@ def _on_builder_inited(app: Sphinx) -> None:
     if not watched:
         app.env.build_support_changed = False  # type: ignore[attr-defined]
         return
-    cache_dir = Path(app.config.nb_execution_cache_path or root / "_build" / ".jupyter_cache")
-    if not cache_dir.is_absolute():
-        cache_dir = root / cache_dir
-    changed = invalidate_if_changed(cache_dir, watched)
+    changed = invalidate_if_changed(_cache_dir(app), watched)
     app.env.build_support_changed = changed  # type: ignore[attr-defined]
     if changed:
         logger.info(
@@ -272,28 +282,50 @@ def launch_urls(repository_url: str, pagename: str, colab_url: str, binderhub_ur
     }
 
 
+def _restore_cached_outputs(
+    app: Sphinx, pagename: str, templatename: str, context: dict[str, Any], doctree: Any
+) -> None:
+    """Give ``jupyter_execute/<page>.ipynb`` its outputs when myst-nb took them from the cache.
+
+    myst-nb 1.4 writes that file from the notebook as read, not from the one it merged the
+    cached outputs into, so after a rebuild that re-read a chapter without executing it, the
+    "executed" notebook on the page would have no outputs. Runs before sphinx-book-theme copies
+    the file into ``_sources`` for download (priority 501).
+    """
+    if app.builder.format != "html" or pagename not in _notebook_pages(app):
+        return
+    if app.config.nb_execution_mode != "cache":
+        return
+    written = Path(app.outdir).parent / "jupyter_execute" / f"{pagename}.ipynb"
+    if not written.exists():
+        return
+    notebook = nbformat.read(written, as_version=4)
+    if any(cell.get("outputs") for cell in notebook.cells if cell.cell_type == "code"):
+        return
+    from jupyter_cache import get_cache
+
+    try:
+        _, merged = get_cache(_cache_dir(app)).merge_match_into_notebook(notebook)
+    except KeyError:
+        return
+    nbformat.write(merged, written)
+
+
 def _on_html_page_context(
     app: Sphinx, pagename: str, templatename: str, context: dict[str, Any], doctree: Any
 ) -> None:
-    """Write the page's clean and exercise notebooks; offer them; point Colab/Binder at them.
+    """Offer the page's clean and exercise notebooks; point Colab and Binder at the clean one.
 
-    Runs after sphinx-book-theme's handlers (priority 501), which built the buttons.
+    Runs after sphinx-book-theme's handlers (priority 501), which built the buttons. The
+    notebooks themselves are written at the end of the build (:func:`_on_build_finished`).
     """
-    if app.builder.format != "html" or "kernelspec" not in app.env.metadata.get(pagename, {}):
+    if app.builder.format != "html" or pagename not in _notebook_pages(app):
         return
     options = app.config.html_theme_options
     repository_url = options.get("repository_url", "")
     if not repository_url:
         return
-    outdir = Path(app.outdir)
     paths = notebook_paths(pagename)
-    gpu = pagename in app.config.build_support_gpu_notebooks
-    clean = clean_notebook(Path(app.env.doc2path(pagename)), repository_url, gpu=gpu)
-    for kind, notebook in (("clean", clean), ("exercises", exercise_notebook(clean))):
-        target = outdir / paths[kind]
-        target.parent.mkdir(parents=True, exist_ok=True)
-        nbformat.write(notebook, target)
-
     pathto = context["pathto"]
     for group in context.get("header_buttons", []):
         if group.get("label") == "download-buttons":
@@ -331,17 +363,36 @@ def _on_html_page_context(
                     button["url"] = urls[button["text"]]
 
 
+def _notebook_pages(app: Sphinx) -> list[str]:
+    """Every page that is a notebook (a MyST page with a kernelspec), in a stable order."""
+    return sorted(d for d in app.env.found_docs if "kernelspec" in app.env.metadata.get(d, {}))
+
+
 def _on_build_finished(app: Sphinx, exception: Exception | None) -> None:
-    """Give the notebooks branch the records the chapters render and a README."""
+    """Write the notebooks tree afresh: every chapter's clean and exercise notebooks (from the
+    sources as they are now, so that no notebook outlives a change to a chapter or to this
+    file), the records the chapters render, and a README."""
     if exception is not None or app.builder.format != "html":
         return
-    tree = Path(app.outdir) / NOTEBOOKS_DIR
-    if not tree.exists():
+    (Path(app.outdir).parent / SITE_STAMP).write_text(f"{app.outdir}\n")
+    repository_url = app.config.html_theme_options.get("repository_url", "")
+    if not repository_url:
         return
+    tree = Path(app.outdir) / NOTEBOOKS_DIR
+    if tree.exists():
+        shutil.rmtree(tree)
+    for pagename in _notebook_pages(app):
+        gpu = pagename in app.config.build_support_gpu_notebooks
+        clean = clean_notebook(Path(app.env.doc2path(pagename)), repository_url, gpu=gpu)
+        paths = notebook_paths(pagename)
+        for kind, notebook in (("clean", clean), ("exercises", exercise_notebook(clean))):
+            target = Path(app.outdir) / paths[kind]
+            target.parent.mkdir(parents=True, exist_ok=True)
+            nbformat.write(notebook, target)
     records = Path(app.srcdir) / "book" / "records"
     if records.is_dir():
-        shutil.copytree(records, tree / "book" / "records", dirs_exist_ok=True)
-    repository_url = app.config.html_theme_options.get("repository_url", "")
+        shutil.copytree(records, tree / "book" / "records")
+    tree.mkdir(parents=True, exist_ok=True)
     (tree / "README.md").write_text(
         "# Train Faster: the chapters as notebooks\n\n"
         f"Generated by the book's build from {repository_url} (branch `main`); do not edit.\n"
@@ -357,6 +408,7 @@ def setup(app: Sphinx) -> dict:
     app.connect("builder-inited", _on_builder_inited)
     app.connect("env-get-outdated", _on_env_get_outdated)
     app.add_config_value("build_support_gpu_notebooks", [], "html", [list])
+    app.connect("html-page-context", _restore_cached_outputs, priority=500)
     app.connect("html-page-context", _on_html_page_context, priority=600)
     app.connect("build-finished", _on_build_finished)
     return {"version": "1.0", "parallel_read_safe": True, "parallel_write_safe": True}

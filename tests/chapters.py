@@ -16,13 +16,17 @@ chapter again, but only when it is provably current: the cache's stamp of the wa
 (``code/trainfast``, ``book/records``; see ``book/_ext/build_support.py``) equals their hash now,
 and the cache holds a notebook whose code cells and cell metadata equal the chapter's now
 (jupyter-cache's own match). Otherwise, as on a fresh clone running ``make test`` alone, it
-executes the chapter itself. Either way a cell that raised fails the test.
+executes the chapter itself. Either way a cell that raised fails the test. Within one pytest
+session a chapter is executed (or taken from the build) once, however many tests look at it
+(:func:`executed_notebook`). ``.ci/run`` sets ``TRAINFAST_BUILT_FIRST=1`` after ``make book``:
+then a chapter that the build's cache cannot supply is an error, not a second execution.
 """
 
 from __future__ import annotations
 
 import ast
 import importlib
+import os
 import pkgutil
 import re
 import sys
@@ -44,6 +48,8 @@ EXECUTION_CACHE = ROOT / "_build" / ".jupyter_cache"
 
 #: (chapter, seconds) for every chapter executed in this session; printed by conftest.py.
 EXECUTION_TIMES: list[tuple[str, float]] = []
+#: chapter -> (executed notebook, seconds), so a chapter runs once per session.
+EXECUTED: dict[str, tuple[nbformat.NotebookNode, float]] = {}
 
 _FENCE = re.compile(r"^(?P<fence>`{3,}|:{3,})\s*(?P<info>[^\n]*)$")
 _PYTHON = {"python", "py", "python3", "ipython", "ipython3", "pycon"}
@@ -235,6 +241,17 @@ def execute_chapter(name: str, timeout: int = 1800) -> float:
 
     See the module docstring for when the book build's execution is taken instead.
     """
+    return _execute(name, timeout)[1]
+
+
+def executed_notebook(name: str, timeout: int = 1800) -> nbformat.NotebookNode:
+    """Chapter ``name`` executed as :func:`execute_chapter` executes it (once per session)."""
+    return _execute(name, timeout)[0]
+
+
+def _execute(name: str, timeout: int) -> tuple[nbformat.NotebookNode, float]:
+    if name in EXECUTED:
+        return EXECUTED[name]
     cached = executed_by_the_build(name)
     if cached is not None:
         notebook, seconds = cached
@@ -242,7 +259,14 @@ def execute_chapter(name: str, timeout: int = 1800) -> float:
         if errors:
             raise AssertionError(f"chapter {name!r} raised in the book build: {errors[0]}")
         EXECUTION_TIMES.append((f"{name} (executed by make book)", seconds))
-        return seconds
+        EXECUTED[name] = (notebook, seconds)
+        return EXECUTED[name]
+    if os.environ.get("TRAINFAST_BUILT_FIRST") == "1":
+        raise AssertionError(
+            f"chapter {name!r}: TRAINFAST_BUILT_FIRST=1 says make book ran just before, but its "
+            "execution cache holds no current notebook for the chapter (the chapter, the package "
+            "or book/records changed since, or the build did not execute it)"
+        )
     notebook = read_chapter(name)
     client = NotebookClient(
         notebook, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(BOOK)}}
@@ -251,7 +275,8 @@ def execute_chapter(name: str, timeout: int = 1800) -> float:
     client.execute()
     seconds = time.perf_counter() - start
     EXECUTION_TIMES.append((name, seconds))
-    return seconds
+    EXECUTED[name] = (notebook, seconds)
+    return EXECUTED[name]
 
 
 _PROSE_DIRECTIVES = {"note", "tip", "warning", "important", "admonition", "seealso", "caution"}

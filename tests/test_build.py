@@ -71,6 +71,26 @@ def test_gpu_workflow_never_runs_code_from_pull_requests():
     assert deploy["permissions"] == {"pages": "write", "id-token": "write"}
 
 
+def test_only_a_github_hosted_job_on_pushes_to_main_writes_the_notebooks_branch():
+    book = _load("book.yml")
+    writers = {
+        name: job
+        for name, job in book["jobs"].items()
+        if job.get("permissions", {}).get("contents") == "write"
+    }
+    assert set(writers) == {"notebooks"}, f"only the notebooks job may write: {set(writers)}"
+    job = writers["notebooks"]
+    assert job["needs"] == "build", "it publishes only what a successful build produced"
+    assert job["if"] == "github.event_name == 'push' && github.ref == 'refs/heads/main'"
+    assert job["runs-on"] == "ubuntu-latest" and "self-hosted" not in str(job["runs-on"])
+    assert job["permissions"] == {"contents": "write"}
+    script = "\n".join(step.get("run", "") for step in job["steps"])
+    assert "HEAD:notebooks" in script and "${{" not in script, "no expressions inside run:"
+    steps = book["jobs"]["build"]["steps"]
+    uploads = [s for s in steps if s.get("with", {}).get("name") == "notebooks"]
+    assert uploads and uploads[0]["with"]["path"] == "_build/html/notebooks"
+
+
 def test_pull_request_workflow_is_read_only_and_runs_the_readme_commands():
     ci = _load("ci.yml")
     assert "pull_request" in ci["on"] and "pull_request_target" not in ci["on"]
@@ -255,3 +275,33 @@ def test_every_chapter_is_in_the_table_of_contents():
     assert on_disk <= listed and not missing, (
         f"not in _toc.yml: {on_disk - listed}; missing: {missing}"
     )
+
+
+# --- the built site's freshness --------------------------------------------------------------
+
+
+def test_the_site_counts_as_stale_when_a_source_is_newer(tmp_path, monkeypatch):
+    import os
+
+    import book_site
+
+    html, source = tmp_path / "html", tmp_path / "book" / "a.md"
+    source.parent.mkdir()
+    source.write_text("# A\n")
+    monkeypatch.setattr(book_site, "ROOT", tmp_path)
+    monkeypatch.setattr(book_site, "SOURCES", [source.parent])
+    assert book_site.SITE_STAMP == build_support.SITE_STAMP
+    assert "no built site" in book_site.stale_reason(html)
+    html.mkdir()
+    (html / "searchindex.js").write_text("Search.setIndex({})")
+    stamp = tmp_path / build_support.SITE_STAMP
+    stamp.write_text("")
+    os.utime(source, (1, 1))
+    assert book_site.stale_reason(html) is None
+    source.touch()
+    os.utime(stamp, (2, 2))
+    assert "older than book/a.md" in book_site.stale_reason(html)
+    monkeypatch.setenv("TRAINFAST_BUILT_FIRST", "1")
+    monkeypatch.setattr(book_site, "HTML", html)
+    with pytest.raises(pytest.fail.Exception, match="TRAINFAST_BUILT_FIRST=1"):
+        book_site.built_site()

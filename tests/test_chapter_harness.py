@@ -141,3 +141,20 @@ def test_an_error_in_the_builds_execution_is_reported(tmp_path, monkeypatch):
     monkeypatch.setattr(chapters, "EXECUTION_CACHE", _cache_with(tmp_path, monkeypatch, executed))
     with pytest.raises(AssertionError, match="raised in the book build: ValueError: boom"):
         chapters.execute_chapter("demo")
+
+
+def test_a_chapter_is_executed_once_per_session_and_never_twice_after_make_book(
+    tmp_path, monkeypatch
+):
+    _demo(tmp_path, "```{code-cell} ipython3\nprint(6 * 7)\n```\n")
+    monkeypatch.setattr(chapters, "BOOK", tmp_path)
+    monkeypatch.setattr(chapters, "EXECUTION_CACHE", tmp_path / "no-cache")
+    monkeypatch.setattr(chapters, "EXECUTED", {})
+    monkeypatch.setenv("TRAINFAST_BUILT_FIRST", "1")
+    with pytest.raises(AssertionError, match="TRAINFAST_BUILT_FIRST=1"):
+        chapters.execute_chapter("demo")
+    monkeypatch.delenv("TRAINFAST_BUILT_FIRST")
+    notebook = chapters.executed_notebook("demo")
+    assert notebook.cells[0].outputs[0]["text"] == "42\n"
+    _demo(tmp_path, "```{code-cell} ipython3\nraise ValueError('not run again')\n```\n")
+    assert chapters.executed_notebook("demo") is notebook

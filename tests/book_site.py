@@ -1,0 +1,68 @@
+"""The book's chapters and its built site, for the tests that check what ``make book`` produced.
+
+The site tests (``test_site.py``, part of ``test_notebooks.py``) need ``_build/html``. They use
+it when it is *current*: the stamp ``_build/.site-built``, which every HTML build writes when
+it finishes (``book/_ext/build_support.py``), is newer than every source the site is built from
+(``book/``, ``code/trainfast``, ``_config.yml``, ``_toc.yml``). Otherwise they are skipped with the reason, since ``make test`` alone does not
+build the site (a build takes minutes); ``.ci/run`` runs ``make book`` first and sets
+``TRAINFAST_BUILT_FIRST=1``, under which a missing or stale site fails instead of skipping.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+SITE_STAMP = ".site-built"  # build_support.SITE_STAMP (test_build.py checks they agree)
+HTML = ROOT / "_build" / "html"
+SOURCES = [ROOT / "book", ROOT / "code" / "trainfast", ROOT / "_config.yml", ROOT / "_toc.yml"]
+#: Folders under the sources that are not sources (caches, run logs, generated downloads).
+NOT_SOURCES = {"__pycache__", "wandb", ".ipynb_checkpoints", "downloads"}
+
+
+def config() -> dict:
+    return yaml.safe_load((ROOT / "_config.yml").read_text())
+
+
+def toc_chapters() -> list[str]:
+    """Every chapter in ``_toc.yml`` as a name under ``book/`` (``optimizers``), intro excluded."""
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    files = [entry["file"] for entry in toc.get("chapters", [])]
+    files += [entry["file"] for part in toc.get("parts", []) for entry in part["chapters"]]
+    return [f.removeprefix("book/") for f in files if f.startswith("book/") and "/" not in f[5:]]
+
+
+def _files(root: Path) -> list[Path]:
+    if root.is_file():
+        return [root]
+    return [p for p in root.rglob("*") if p.is_file() and not NOT_SOURCES & set(p.parts)]
+
+
+def stale_reason(html: Path | None = None) -> str | None:
+    """Why ``html`` (default ``_build/html``) is not a current build of the sources, or None."""
+    html = html or HTML
+    stamp = html.parent / SITE_STAMP
+    if not (html / "searchindex.js").exists() or not stamp.exists():
+        return f"no built site ({html.name}/searchindex.js or {SITE_STAMP}): run make book first"
+    built = stamp.stat().st_mtime
+    newer = [p for root in SOURCES for p in _files(root) if p.stat().st_mtime > built]
+    if newer:
+        return (
+            f"the built site is older than {newer[0].relative_to(ROOT)} and {len(newer) - 1} "
+            "other source files: run make book first"
+        )
+    return None
+
+
+def built_site() -> Path:
+    """``_build/html`` if current; otherwise skip, or fail under ``TRAINFAST_BUILT_FIRST=1``."""
+    reason = stale_reason()
+    if reason is not None:
+        if os.environ.get("TRAINFAST_BUILT_FIRST") == "1":
+            pytest.fail(f"TRAINFAST_BUILT_FIRST=1, but {reason}")
+        pytest.skip(reason)
+    return HTML

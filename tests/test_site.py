@@ -1,0 +1,233 @@
+"""The built site works offline: nothing is fetched from elsewhere, every internal link and anchor
+resolves, and search finds the chapters. Needs a current ``_build/html`` (see book_site.py); the
+browser tests also need Debian's ``chromium`` (``.ci/run`` installs it when it runs as root)."""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import json
+import re
+import shutil
+import subprocess
+import threading
+from html.parser import HTMLParser
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+import book_site
+import pytest
+
+CHAPTERS = book_site.toc_chapters()
+#: Attributes by which a page makes the browser fetch something (links to follow are not fetches).
+FETCHING = {
+    ("script", "src"), ("link", "href"), ("img", "src"), ("iframe", "src"), ("source", "src"),
+    ("video", "src"), ("video", "poster"), ("audio", "src"), ("embed", "src"), ("object", "data"),
+    ("input", "src"), ("img", "srcset"), ("source", "srcset"),
+}  # fmt: skip
+REMOTE = re.compile(r"^(https?:)?//", re.I)
+CSS_REMOTE = re.compile(r"""(url\(\s*['"]?|@import\s+['"])(https?:)?//""", re.I)
+
+
+class Page(HTMLParser):
+    """The ids, followed links and fetched resources of one HTML page."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(convert_charrefs=True)
+        self.ids: set[str] = set()
+        self.links: list[str] = []
+        self.fetches: list[str] = []
+        self.feed(path.read_text())
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        for key, value in attrs:
+            if value is None:
+                continue
+            if key in ("id", "name") and tag != "meta":
+                self.ids.add(value)
+            if (tag, key) in FETCHING:
+                if tag == "link" and dict(attrs).get("rel") in ("canonical", "alternate"):
+                    continue
+                self.fetches.append(value)
+            elif key == "href":
+                self.links.append(value)
+            if key == "style" and CSS_REMOTE.search(value):
+                self.fetches.append(value)
+
+
+@pytest.fixture(scope="module")
+def site() -> Path:
+    return book_site.built_site()
+
+
+@pytest.fixture(scope="module")
+def pages(site) -> dict[Path, Page]:
+    """Every page of the site (the theme's Jinja macro files in ``_static`` are not pages)."""
+    static = site / "_static"
+    return {p: Page(p) for p in sorted(site.rglob("*.html")) if static not in p.parents}
+
+
+def test_no_page_or_stylesheet_fetches_from_another_host(site, pages):
+    remote = [
+        f"{path.relative_to(site)}: {url}"
+        for path, page in pages.items()
+        for url in page.fetches
+        if REMOTE.match(url.strip()) or CSS_REMOTE.search(url)
+    ]
+    for css in sorted(site.rglob("*.css")):
+        remote += [
+            f"{css.relative_to(site)}: {m.group(0)}" for m in CSS_REMOTE.finditer(css.read_text())
+        ]
+    assert not remote, "fetched from elsewhere (a CDN?):\n" + "\n".join(remote[:20])
+    chapter = pages[site / "book" / f"{_math_chapter()}.html"]
+    local = [url for url in chapter.fetches if urlsplit(url).path.endswith("/_static/tex-svg.js")]
+    assert local, "the chapter loads MathJax from the site's own _static"
+
+
+def _target(site: Path, page: Path, url: str) -> tuple[Path, str] | None:
+    """The file and fragment an internal ``url`` on ``page`` points at; None for external ones."""
+    parts = urlsplit(url)
+    if parts.scheme or parts.netloc or url.startswith(("mailto:", "javascript:", "data:")):
+        return None
+    path = page if not parts.path else (page.parent / unquote(parts.path)).resolve()
+    if path.is_dir():
+        path = path / "index.html"
+    return path, unquote(parts.fragment)
+
+
+def test_every_internal_link_and_anchor_resolves(site, pages):
+    broken: list[str] = []
+    for path, page in pages.items():
+        for url in [*page.links, *page.fetches]:
+            target = _target(site, path, url)
+            if target is None or url in ("#", ""):
+                continue
+            file, fragment = target
+            where = f"{path.relative_to(site)}: {url}"
+            if not file.exists():
+                broken.append(f"{where} (no file)")
+            elif site.resolve() not in file.resolve().parents:
+                broken.append(f"{where} (outside the site)")
+            elif fragment and file.suffix == ".html" and fragment not in pages[file].ids:
+                broken.append(f"{where} (no anchor #{fragment})")
+    assert not broken, f"{len(broken)} broken internal links:\n" + "\n".join(broken[:30])
+
+
+def _search_index(site: Path) -> dict:
+    text = (site / "searchindex.js").read_text()
+    match = re.fullmatch(r"\s*Search\.setIndex\((.*)\)\s*", text, flags=re.S)
+    assert match, "searchindex.js is not Sphinx's Search.setIndex(...)"
+    return json.loads(match.group(1))
+
+
+def test_the_search_index_holds_every_chapter_and_its_words(site):
+    index = _search_index(site)
+    for name in CHAPTERS:
+        docname = f"book/{name}"
+        assert docname in index["docnames"], f"{docname} is not in searchindex.js"
+        number = index["docnames"].index(docname)
+        title = re.search(r"^# (.+)$", (book_site.ROOT / "book" / f"{name}.md").read_text(), re.M)
+        assert index["titles"][number] == title.group(1).strip()
+        indexed = {
+            term
+            for term, docs in index["terms"].items()
+            if number in (docs if isinstance(docs, list) else [docs])
+        }
+        assert len(indexed) > 200, f"{docname}: only {len(indexed)} words indexed"
+
+
+# --- in a real browser -------------------------------------------------------------------------
+
+#: Debian's chromium; GitHub's Ubuntu runners ship Google Chrome instead.
+CHROMIUM = next(
+    filter(None, map(shutil.which, ["chromium", "chromium-browser", "google-chrome"])), None
+)
+needs_chromium = pytest.mark.skipif(
+    CHROMIUM is None, reason="Debian's chromium is not installed (.ci/run installs it as root)"
+)
+
+
+def dump_dom(url: str, tmp_path: Path) -> tuple[str, list[str]]:
+    """The DOM of ``url`` after its scripts ran, and every request the page made to another host.
+
+    Every host but localhost is unresolvable, so such a request fails; chromium's NetLog
+    records it either way. Requests the browser makes for itself (its initiator is "not an
+    origin") are not the page's and are left out.
+    """
+    netlog = tmp_path / "netlog.json"
+    result = subprocess.run(
+        [
+            CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+            "--disable-background-networking", "--disable-component-update",
+            "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE localhost, EXCLUDE 127.0.0.1",
+            f"--log-net-log={netlog}", "--virtual-time-budget=15000",
+            "--allow-file-access-from-files", "--dump-dom", url,
+        ],
+        capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    log = json.loads(netlog.read_text())
+    start_job = log["constants"]["logEventTypes"]["URL_REQUEST_START_JOB"]
+    requests = [
+        event["params"]
+        for event in log["events"]
+        if event["type"] == start_job and "url" in event.get("params", {})
+    ]
+    remote = [
+        request["url"]
+        for request in requests
+        if request.get("initiator") != "not an origin"
+        and urlsplit(request["url"]).hostname not in (None, "localhost", "127.0.0.1")
+    ]
+    return result.stdout, remote
+
+
+def test_the_request_log_sees_a_page_that_uses_a_cdn(tmp_path):
+    if CHROMIUM is None:
+        pytest.skip("Debian's chromium is not installed (.ci/run installs it as root)")
+    page = tmp_path / "cdn.html"
+    page.write_text('<script src="https://cdn.jsdelivr.net/npm/mathjax@3/es5/tex-svg.js"></script>')
+    assert dump_dom(page.as_uri(), tmp_path)[1] == [
+        "https://cdn.jsdelivr.net/npm/mathjax@3/es5/tex-svg.js"
+    ]
+
+
+@pytest.fixture(scope="module")
+def server(site):
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(site))
+    handler.log_message = lambda *args: None
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+
+
+def _math_chapter() -> str:
+    return next(n for n in CHAPTERS if "$" in (book_site.ROOT / "book" / f"{n}.md").read_text())
+
+
+@needs_chromium
+@pytest.mark.parametrize("origin", ["file", "server"])
+def test_a_chapter_renders_its_math_offline(site, server, origin, tmp_path):
+    name = _math_chapter()
+    url = (
+        (site / "book" / f"{name}.html").as_uri()
+        if origin == "file"
+        else f"{server}/book/{name}.html"
+    )
+    dom, remote = dump_dom(url, tmp_path)
+    assert "<mjx-container" in dom, f"MathJax did not typeset {url}"
+    assert not remote, f"{url} requested from other hosts: {remote}"
+
+
+@needs_chromium
+@pytest.mark.parametrize("origin", ["file", "server"])
+def test_search_finds_a_chapter_offline(site, server, origin, tmp_path):
+    word = "optimizer"
+    base = site.as_uri() if origin == "file" else server
+    dom, remote = dump_dom(f"{base}/search.html?q={word}", tmp_path)
+    results = re.findall(r'<li[^>]*>\s*<a href="([^"]+)"', dom.split('class="search"', 1)[-1])
+    assert any("book/optimizers.html" in href for href in results), (
+        f"searching {word!r} ({origin}) found {results[:5]}"
+    )
+    assert not remote, f"search ({origin}) requested from other hosts: {remote}"

@@ -30,7 +30,6 @@ __all__ = [
     "PowerLaw",
     "ScalingCNN",
     "ScalingRun",
-    "check_power_law_fit",
     "compute_frontier",
     "fit_power_law",
     "scaling_study",
@@ -206,26 +205,3 @@ def fit_power_law(compute: Sequence[float], loss: Sequence[float]) -> PowerLaw:
         residuals = z - (slope * x + intercept)
         stderr = math.sqrt(residuals @ residuals / (c.size - 2) / ((x - x.mean()) ** 2).sum())
     return PowerLaw(float(np.exp(intercept)), float(-slope), stderr, int(c.size))
-
-
-def check_power_law_fit(function: Callable[[np.ndarray, np.ndarray], tuple[float, float]]) -> bool:
-    """Exercise check: ``function(compute, loss)`` returns ``(coefficient, exponent)`` of
-    ``loss = coefficient * compute ** -exponent``. Compared with :func:`fit_power_law` on
-    noisy synthetic data with known exponents; prints what passed, returns whether all did."""
-    rng = np.random.default_rng(0)
-    results = []
-    for exponent in (0.05, 0.3):
-        compute = np.logspace(6, 12, 15)
-        loss = 40.0 * compute ** (-exponent) * np.exp(rng.normal(0.0, 0.02, compute.size))
-        reference = fit_power_law(compute, loss)
-        coefficient, found = function(compute, loss)
-        ok = math.isclose(found, reference.exponent, rel_tol=1e-6) and math.isclose(
-            coefficient, reference.coefficient, rel_tol=1e-4
-        )
-        results.append(ok)
-        print(
-            ("passed" if ok else "FAILED")
-            + f": true exponent {exponent}, least squares gives {reference.exponent:.4f}, "
-            f"yours {found:.4f} (coefficient {reference.coefficient:.3g} vs {coefficient:.3g})"
-        )
-    return all(results)

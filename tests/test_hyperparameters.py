@@ -9,6 +9,7 @@ offline, the optimizer's curse, the scaling-law helpers, the exercise checks, an
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import random
 import sys
@@ -790,3 +791,95 @@ def test_check_logged_loop_tells_right_from_wrong():
     check_logged_loop(logged)
     with pytest.raises(AssertionError, match="one logged row per step"):
         check_logged_loop(lambda *a, **k: logged(*a, **k, every=2))
+
+
+# --------------------------------------------------------------------------- resume, artifacts, agents
+
+
+def test_a_resumed_run_ends_where_an_uninterrupted_one_does(digits_data, tmp_path):
+    from trainfast.training.checkpoints import load_checkpoint, save_checkpoint
+
+    args = quiet(lr=3e-3, batch_size=64, epochs=3, log_every=128)
+
+    def fresh() -> Trainer:
+        torch.manual_seed(0)
+        return Trainer(ScalingCNN(4, dropout=0.2), args, digits_data.train, digits_data.test)
+
+    whole = fresh()
+    whole.train()
+    interrupted = fresh()
+    interrupted.callbacks.append(lambda record: record["epoch"] >= 1)  # "crash" after epoch 1
+    interrupted.train()
+    assert interrupted.examples_seen == len(digits_data.train)
+    path = save_checkpoint(interrupted, tmp_path / "checkpoint.pt")
+    resumed = fresh()
+    load_checkpoint(resumed, path)
+    resumed.train()
+    assert resumed.examples_seen == whole.examples_seen and resumed.steps == whole.steps
+    for a, b in zip(resumed.model.parameters(), whole.model.parameters(), strict=True):
+        assert torch.equal(a, b)
+    with pytest.raises(ValueError, match="lr"):
+        Trainer(ScalingCNN(4), quiet(lr=1.0), digits_data.train).load_state_dict(
+            torch.load(path, weights_only=False)
+        )
+    with pytest.raises(ValueError, match="only online"):
+        load_checkpoint(fresh(), "checkpoint:latest")
+
+
+def test_an_offline_wandb_run_logs_the_checkpoint_as_an_artifact(monkeypatch, tmp_path):
+    pytest.importorskip("wandb")
+    from trainfast.training.checkpoints import save_checkpoint
+
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    data = TensorDataset(torch.randn(16, 4), torch.randint(0, 2, (16,)))
+    with start_run("trainfast-tests", {"x": 1}, directory=tmp_path) as tracker:
+        trainer = Trainer(nn.Linear(4, 2), quiet(batch_size=8), data, tracker=tracker)
+        trainer.train()
+        save_checkpoint(trainer, tmp_path / "ckpt.pt", tracker=tracker, name="tiny")
+        run_id = tracker.id
+    assert (tmp_path / "ckpt.pt").exists()
+    # an offline run's record (the file `wandb sync` uploads) holds the artifact
+    transactions = b"".join(p.read_bytes() for p in tmp_path.rglob("run-*.wandb"))
+    assert b"tiny" in transactions and b"ckpt.pt" in transactions
+    with start_run("trainfast-tests", {"x": 1}, directory=tmp_path, run_id=run_id) as again:
+        assert again.id == run_id
+
+
+def test_agents_of_one_shared_sweep_never_repeat_a_grid_point(tmp_path):
+    import threading
+
+    config = {
+        "method": "grid",
+        "metric": {"name": "loss", "goal": "minimize"},
+        "parameters": {"x": {"values": [1, 2, 3, 4, 5]}, "y": {"values": [0, 1]}},
+    }
+    shared = sweeps.SharedSweep(tmp_path / "sweep.json")
+    results = {}
+
+    def agent(name: str) -> None:
+        results[name] = sweeps.run_locally(
+            config, lambda c: {"loss": float(c["x"] * c["y"])}, 100, shared=shared, agent=name
+        )
+
+    threads = [threading.Thread(target=agent, args=(f"agent-{i}",)) for i in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    records = shared.records()
+    assert sum(len(r) for r in results.values()) == len(records) == 10
+    assert len({json.dumps(r["config"], sort_keys=True) for r in records}) == 10
+    assert all(r["state"] == "finished" for r in records)
+
+
+def test_scaling_study_benchmark_quick_record():
+    from trainfast.training.benchmarks import scaling_study_record
+
+    record = scaling_study_record(torch.device("cpu"), quick=True)
+    assert record.name == "scaling-study"
+    assert {row["dropout"] for row in record.rows} == {0.0, 0.2}
+    assert all(row["lr"] > 0 and 0 < row["eval_loss"] < 3 for row in record.rows)
+    small = min(record.rows, key=lambda r: r["width"])
+    large = max(record.rows, key=lambda r: r["width"])
+    assert small["lr"] > large["lr"]  # 1/sqrt(fan_in)

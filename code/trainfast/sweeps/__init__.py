@@ -17,12 +17,21 @@ from trainfast.sweeps.analysis import (
     parameter_importance,
 )
 from trainfast.sweeps.config import METHODS, SweepConfigError, validate
-from trainfast.sweeps.engine import Metrics, SweepResult, run, run_locally, run_on_wandb, sample
+from trainfast.sweeps.engine import (
+    Metrics,
+    SharedSweep,
+    SweepResult,
+    run,
+    run_locally,
+    run_on_wandb,
+    sample,
+)
 
 __all__ = [
     "METHODS",
     "Metrics",
     "ParameterImportance",
+    "SharedSweep",
     "SweepConfigError",
     "SweepResult",
     "parallel_coordinates",

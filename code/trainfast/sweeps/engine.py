@@ -13,18 +13,29 @@ function ``config -> metrics``:
 from __future__ import annotations
 
 import inspect
+import json
 import os
 import random
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from trainfast.sweeps.config import SweepConfigError, load_engine, validate
 
-__all__ = ["Metrics", "SweepResult", "run", "run_locally", "run_on_wandb", "sample"]
+__all__ = [
+    "Metrics",
+    "SharedSweep",
+    "SweepResult",
+    "run",
+    "run_locally",
+    "run_on_wandb",
+    "sample",
+]
 
 #: What a sweep function may return or report: metric name -> value.
 Metrics = dict[str, Any]
@@ -127,40 +138,149 @@ def run(
     return run_locally(config, function, count, seed=seed)
 
 
-def run_locally(
-    config: Mapping[str, Any], function: Callable[..., Metrics], count: int, *, seed: int = 0
-) -> list[SweepResult]:
-    """Run ``function`` on ``count`` configs proposed here by W&B's engine, seeded by ``seed``;
-    Hyperband (``early_terminate``) is asked after every ``report`` whether the run should stop."""
-    config = validate(config)
-    engine = load_engine()
-    randomness = _EngineRandomness(seed)
-    finished: list[Any] = []  # the engine's SweepRun records of the runs so far
-    results: list[SweepResult] = []
-    for i in range(count):
-        with randomness, warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            proposal = engine.next_run(config, finished)
-        if proposal is None:  # a grid with every point done
-            break
-        current = engine.SweepRun(
-            name=f"run-{i}", config=proposal.config, state=engine.RunState.running
-        )
-        result = SweepResult(config=_values(proposal.config))
+class _PrivateHistory:
+    """The runs of a sweep that only this process runs: a list in memory, one seeded stream."""
 
-        def report(metrics: Metrics, current: Any = current, result: SweepResult = result) -> bool:
-            result.history.append(dict(metrics))
-            current.history.append(dict(metrics))
+    def __init__(self, engine: Any, seed: int) -> None:
+        self.engine, self.randomness, self.runs = engine, _EngineRandomness(seed), []
+
+    def propose(self, config: dict[str, Any]) -> tuple[str, Any] | None:
+        with self.randomness, warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            proposal = self.engine.next_run(config, self.runs)
+        if proposal is None:
+            return None
+        run = self.engine.SweepRun(
+            name=f"run-{len(self.runs)}", config=proposal.config, state=self.engine.RunState.running
+        )
+        self.runs.append(run)
+        return run.name, proposal.config
+
+    def report(self, config: dict[str, Any], name: str, metrics: Metrics) -> bool:
+        run = next(r for r in self.runs if r.name == name)
+        run.history.append(dict(metrics))
+        if "early_terminate" not in config:
+            return False
+        return any(r.name == name for r in self.engine.stop_runs(config, self.runs))
+
+    def finish(self, name: str, metrics: Metrics) -> None:
+        run = next(r for r in self.runs if r.name == name)
+        run.summary_metrics, run.state = metrics, self.engine.RunState.finished
+
+
+class SharedSweep:
+    """A sweep's runs in a JSON file that several agents (processes, threads, machines with a
+    shared disk) read and write under a file lock, as W&B's server keeps one sweep's runs for
+    all its agents.
+
+    Each agent calls :func:`run_locally` with ``shared=SharedSweep(path)``. A proposal is made
+    from *every* agent's runs, finished and running, so a grid is never run twice and Bayesian
+    search learns from all results; each proposal draws from a stream seeded by ``seed`` and
+    the number of runs before it. The lock is POSIX ``fcntl.flock``.
+    """
+
+    def __init__(self, path: str | Path, *, seed: int = 0) -> None:
+        self.path, self.seed = Path(path), seed
+        self.engine = load_engine()
+
+    @contextmanager
+    def _locked(self) -> Iterator[list[dict[str, Any]]]:
+        import fcntl  # lazy: POSIX only
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path.with_suffix(".lock"), "a+") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                records = json.loads(self.path.read_text()) if self.path.exists() else []
+                yield records
+                self.path.write_text(json.dumps(records))
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def _engine_runs(self, records: list[dict[str, Any]]) -> list[Any]:
+        state = self.engine.RunState
+        return [
+            self.engine.SweepRun(
+                name=r["name"],
+                config=r["config"],
+                state=state.finished if r["state"] == "finished" else state.running,
+                history=r["history"],
+                summary_metrics=r["summary"],
+            )
+            for r in records
+        ]
+
+    def records(self) -> list[dict[str, Any]]:
+        """Every agent's runs so far: name, config, state, history, summary and agent."""
+        with self._locked() as records:
+            return [dict(r) for r in records]
+
+    def propose(self, config: dict[str, Any], agent: str = "") -> tuple[str, Any] | None:
+        with self._locked() as records:
+            with _EngineRandomness(self.seed * 1_000_003 + len(records)), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                proposal = self.engine.next_run(config, self._engine_runs(records))
+            if proposal is None:
+                return None
+            name = f"run-{len(records)}"
+            records.append(
+                {
+                    "name": name,
+                    "config": proposal.config,
+                    "state": "running",
+                    "history": [],
+                    "summary": {},
+                    "agent": agent,
+                }
+            )
+        return name, proposal.config
+
+    def report(self, config: dict[str, Any], name: str, metrics: Metrics) -> bool:
+        with self._locked() as records:
+            next(r for r in records if r["name"] == name)["history"].append(dict(metrics))
             if "early_terminate" not in config:
                 return False
-            stop = engine.stop_runs(config, [*finished, current])
-            result.stopped = result.stopped or any(r.name == current.name for r in stop)
+            stop = self.engine.stop_runs(config, self._engine_runs(records))
+        return any(r.name == name for r in stop)
+
+    def finish(self, name: str, metrics: Metrics) -> None:
+        with self._locked() as records:
+            record = next(r for r in records if r["name"] == name)
+            record["state"], record["summary"] = "finished", dict(metrics)
+
+
+def run_locally(
+    config: Mapping[str, Any],
+    function: Callable[..., Metrics],
+    count: int,
+    *,
+    seed: int = 0,
+    shared: SharedSweep | None = None,
+    agent: str = "",
+) -> list[SweepResult]:
+    """Run ``function`` on ``count`` configs proposed here by W&B's engine, seeded by ``seed``;
+    Hyperband (``early_terminate``) is asked after every ``report`` whether the run should stop.
+
+    With ``shared``, this call is one *agent* of a sweep that others run too (see
+    :class:`SharedSweep`); it returns only its own runs, and ``agent`` labels them.
+    """
+    config = validate(config)
+    history = shared if shared is not None else _PrivateHistory(load_engine(), seed)
+    results: list[SweepResult] = []
+    for _ in range(count):
+        proposed = history.propose(config, agent) if shared is not None else history.propose(config)
+        if proposed is None:  # a grid with every point done
+            break
+        name, proposal = proposed
+        result = SweepResult(config=_values(proposal))
+
+        def report(metrics: Metrics, name: str = name, result: SweepResult = result) -> bool:
+            result.history.append(dict(metrics))
+            result.stopped = history.report(config, name, metrics) or result.stopped
             return result.stopped
 
         result.metrics = _call(function, dict(result.config), report)
-        current.summary_metrics = result.metrics
-        current.state = engine.RunState.finished
-        finished.append(current)
+        history.finish(name, result.metrics)
         results.append(result)
     return results
 
@@ -171,10 +291,13 @@ def run_on_wandb(
     count: int,
     *,
     project: str = "trainfast-sweeps",
+    sweep_id: str | None = None,
 ) -> list[SweepResult]:
-    """Create the sweep on W&B and run ``count`` of its configs in this process (one agent).
+    """Create the sweep on W&B (or join ``sweep_id``) and run ``count`` of its configs in this
+    process, as one agent.
 
-    Other agents (``wandb agent <sweep id>`` in other shells or machines) may join the same
+    Other agents (``wandb agent <sweep id>``, or this function with ``sweep_id``, in other
+    shells or machines) may join the same
     sweep; W&B's server hands each a different config and stops runs itself."""
     config = validate(config)
     import wandb
@@ -196,6 +319,6 @@ def run_on_wandb(
             wandb_run.summary.update(result.metrics)
             results.append(result)
 
-    sweep_id = wandb.sweep(sweep=config, project=project)
+    sweep_id = sweep_id or wandb.sweep(sweep=config, project=project)
     wandb.agent(sweep_id, function=trial, count=count, project=project)
     return results

@@ -19,7 +19,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["as_lambda", "cosine_with_warmup", "lr_multiplier", "wsd"]
+__all__ = ["as_lambda", "batch_size_ramp", "cosine_with_warmup", "lr_multiplier", "wsd"]
 
 
 def lr_multiplier(
@@ -127,3 +127,23 @@ def as_lambda(schedule: Callable[..., float], **kwargs: Any) -> Callable[[int], 
 
 def _ratio(it: int, *, schedule: Callable[..., float], kwargs: dict[str, Any]) -> float:
     return schedule(it, **kwargs) / kwargs["max_lr"]
+
+
+def batch_size_ramp(
+    examples_seen: int, *, start: int, end: int, ramp_examples: int, multiple_of: int | None = None
+) -> int:
+    """A batch-size schedule: linear from ``start`` to ``end`` over the first ``ramp_examples``
+    examples, then ``end``; rounded down to a multiple of ``multiple_of`` (default ``start``).
+
+    GPT-3 ramped its batch this way over its first few billion tokens (Brown et al., 2020,
+    https://arxiv.org/abs/2005.14165, appendix B): early in training the gradient noise scale
+    is small, so small batches waste nothing, and it grows as the loss falls
+    (:mod:`trainfast.training.noise_scale`).
+    """
+    if not 1 <= start <= end:
+        raise ValueError(f"Invalid start, end: {start}, {end} (expected 1 <= start <= end)")
+    if ramp_examples < 1:
+        raise ValueError(f"Invalid ramp_examples: {ramp_examples} (expected >= 1)")
+    step = multiple_of or start
+    size = start + (end - start) * min(1.0, examples_seen / ramp_examples)
+    return max(start, int(size) // step * step)

@@ -146,6 +146,32 @@ class Trainer:
     def history(self) -> list[dict[str, Any]]:
         return self.tracker.history
 
+    def state_dict(self) -> dict[str, Any]:
+        """Everything a resumed run needs to continue exactly: model, optimizer, schedule,
+        progress, the data order's generator and torch's global RNG (dropout)."""
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "examples_seen": self.examples_seen,
+            "steps": self.steps,
+            "data_order": self.train_loader.generator.get_state(),  # type: ignore[union-attr]
+            "torch_rng": torch.get_rng_state(),
+            "args": self.args.as_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from :meth:`state_dict`: :meth:`train` then runs the remaining epochs."""
+        if state["args"] != self.args.as_dict():
+            changed = sorted(k for k, v in state["args"].items() if self.args.as_dict().get(k) != v)
+            raise ValueError(f"The checkpoint was made with other arguments: {changed}")
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.examples_seen, self.steps = state["examples_seen"], state["steps"]
+        self.train_loader.generator.set_state(state["data_order"])  # type: ignore[union-attr]
+        torch.set_rng_state(state["torch_rng"])
+
     def learning_rates(self) -> dict[str, float]:
         """The current learning rate of each parameter group (``lr/<name>`` for named groups)."""
         groups = self.optimizer.param_groups
@@ -165,7 +191,14 @@ class Trainer:
 
         args = self.args
         epoch_size = len(self.train_loader.dataset)  # type: ignore[arg-type]
-        next_log, next_eval = args.log_every, args.eval_every or epoch_size
+        eval_every = args.eval_every or epoch_size
+        if self.examples_seen % epoch_size:
+            raise ValueError(
+                f"Cannot resume at {self.examples_seen} examples: training resumes only at an "
+                f"epoch boundary (a multiple of {epoch_size})"
+            )
+        next_log = (self.examples_seen // args.log_every + 1) * args.log_every
+        next_eval = (self.examples_seen // eval_every + 1) * eval_every
         running, batches = torch.zeros((), device=self.device), 0
         evaluated_at = -1
         bar = tqdm(
@@ -174,7 +207,7 @@ class Trainer:
             disable=not args.progress_bar,
             mininterval=2.0,
         )
-        for _ in range(args.epochs):
+        for _ in range(self.examples_seen // epoch_size, args.epochs):  # resumes where it was
             for batch in self.train_loader:
                 running += self.training_step(batch)
                 batches += 1
@@ -186,7 +219,7 @@ class Trainer:
                     running, batches = torch.zeros((), device=self.device), 0
                     next_log += args.log_every
                 if self.examples_seen >= next_eval:
-                    next_eval += args.eval_every or epoch_size
+                    next_eval += eval_every
                     evaluated_at = self.examples_seen
                     if self._evaluate_and_log(epoch_size):
                         bar.close()

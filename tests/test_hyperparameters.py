@@ -1,9 +1,11 @@
 """Chapter "Hyperparameters and experiment tracking" (book/hyperparameters.md).
 
 The trainer (a short run lowers the loss, train/eval modes, frozen layers stay frozen,
-parameter groups get their learning rates), the sweep semantics (grid coverage, log-uniform
-spread, probabilities, Hyperband, config errors before any run), tracking without W&B or
-offline, the optimizer's curse, the scaling-law helpers, the exercise checks, and the chapter.
+parameter groups get their learning rates, also in a plain torch optimizer, an exact resume),
+the data splits, the sweep semantics (grid coverage, log-uniform spread, probabilities,
+Hyperband, config errors before any run, agents sharing a sweep), tracking without W&B or
+offline (artifacts), the schedules, the optimizer's curse, the scaling-law helpers and their
+benchmark, every exercise check failing on a wrong answer, and the chapter.
 """
 
 from __future__ import annotations

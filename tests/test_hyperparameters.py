@@ -1,14 +1,17 @@
 """Chapter "Hyperparameters and experiment tracking" (book/hyperparameters.md).
 
 The trainer (a short run lowers the loss, train/eval modes, frozen layers stay frozen,
-parameter groups get their learning rates), the sweep semantics (grid coverage, log-uniform
-spread, probabilities, Hyperband, config errors before any run), tracking without W&B or
-offline, the optimizer's curse, the scaling-law helpers, the exercise checks, and the chapter.
+parameter groups get their learning rates, also in a plain torch optimizer, an exact resume),
+the data splits, the sweep semantics (grid coverage, log-uniform spread, probabilities,
+Hyperband, config errors before any run, agents sharing a sweep), tracking without W&B or
+offline (artifacts), the schedules, the optimizer's curse, the scaling-law helpers and their
+benchmark, every exercise check failing on a wrong answer, and the chapter.
 """
 
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import random
 import sys
@@ -30,10 +33,18 @@ from trainfast.training import (
     lr_multiplier,
     start_run,
 )
+from trainfast.training.exercises import (
+    check_cosine_schedule,
+    check_logged_loop,
+    check_parameter_groups,
+    check_power_law_fit,
+    check_refit,
+    check_weight_decay_sweep,
+    check_wsd_schedule,
+)
 from trainfast.training.scaling import (
     ScalingCNN,
     ScalingRun,
-    check_power_law_fit,
     compute_frontier,
     fit_power_law,
     scaling_study,
@@ -45,7 +56,6 @@ from trainfast.training.tracking import wandb_mode
 from trainfast.training.transfer import (
     NarrowResNet,
     backbone,
-    check_parameter_groups,
     freeze,
     parameter_groups,
     replace_head,
@@ -91,7 +101,7 @@ def test_a_short_run_lowers_the_loss(digits_data):
     trainer = Trainer(
         ScalingCNN(8), quiet(lr=3e-3, batch_size=32, epochs=2), digits_data.train, digits_data.test
     )
-    before = trainer.evaluate()["eval/loss"]
+    before = trainer.evaluate().loss
     history = trainer.train()
     after = history[-1]["eval/loss"]
     assert after < 0.6 * before, (before, after)
@@ -212,7 +222,7 @@ def test_freeze_can_keep_the_last_stage(digits_data):
 
 def test_parameter_groups_get_their_learning_rates(digits_data):
     model = NarrowResNet(10)
-    groups = parameter_groups(model, backbone_lr_scale=0.1)
+    groups = parameter_groups(model, lr=0.02, backbone_lr_scale=0.1)
     args = quiet(lr=0.02, warmup_fraction=0.2, schedule="cosine", log_every=64)
     trainer = Trainer(model, args, digits_data.train, parameter_groups=groups)
     by_name = {g["name"]: g for g in trainer.optimizer.param_groups}
@@ -225,7 +235,7 @@ def test_parameter_groups_get_their_learning_rates(digits_data):
         if "lr/head" in row:  # the schedule scales both groups alike
             assert row["lr/backbone"] == pytest.approx(0.1 * row["lr/head"])
     frozen = freeze(NarrowResNet(10), keep=("layer4", "fc"))
-    backbone_group = parameter_groups(frozen)[0]["params"]
+    backbone_group = parameter_groups(frozen, lr=0.1)[0]["params"]
     assert {id(p) for p in backbone_group} == {id(p) for p in frozen.layer4.parameters()}
 
 
@@ -233,7 +243,7 @@ def test_resnet18_takes_the_same_path():
     model = backbone("resnet18", num_classes=4, in_channels=3)  # weights=None: no download
     assert model.fc.out_features == 4
     freeze(model)
-    groups = parameter_groups(model)
+    groups = parameter_groups(model, lr=0.1)
     assert [g["name"] for g in groups] == ["head"]
     assert model(torch.randn(2, 3, 32, 32)).shape == (2, 4)
     with pytest.raises(ValueError, match="in_channels=3"):
@@ -252,8 +262,9 @@ def test_check_parameter_groups_tells_right_from_wrong(capsys):
     def one_rate(model, lr):
         return [{"params": list(model.parameters()), "lr": lr}]
 
-    assert check_parameter_groups(right)
-    assert not check_parameter_groups(one_rate)
+    check_parameter_groups(right)
+    with pytest.raises(AssertionError, match="the backbone gets lr / 10"):
+        check_parameter_groups(one_rate)
     assert "FAILED" in capsys.readouterr().out
 
 
@@ -381,12 +392,12 @@ def test_hyperband_stops_runs_that_fall_behind():
         ({"method": "evolution", "parameters": {"lr": {"values": [0.1]}}}, "'evolution'"),
         (
             {"method": "random", "parameters": {"lr": {"distribution": "log_uniform_values"}}},
-            "'lr' has neither",
+            "invalid hyperparameter configuration: lr",
         ),
-        ({"method": "random", "parameters": {"wd": {}}}, "'wd' has neither"),
+        ({"method": "random", "parameters": {"wd": {}}}, "configuration: wd"),
         (
             {"method": "random", "parameters": {"lr": {"min": 0.1, "max": 0.001}}},
-            "'lr': min 0.1 is not less than max 0.001",
+            "lr: min 0.1 is not less than max 0.001",
         ),
         (
             {
@@ -395,7 +406,7 @@ def test_hyperband_stops_runs_that_fall_behind():
                     "lr": {"distribution": "log_uniform_values", "min": 0.0, "max": 1.0}
                 },
             },
-            "min > 0",
+            "'min': 0.0",
         ),
         (
             {
@@ -422,7 +433,7 @@ def test_hyperband_stops_runs_that_fall_behind():
             },
             "'lowest'",
         ),
-        ({"method": "random", "parameters": {}}, "parameters"),
+        ({"method": "random", "parameters": {}}, "{} should be non-empty"),
     ],
 )
 def test_invalid_configs_fail_before_any_run(config, message):
@@ -451,12 +462,15 @@ def test_check_weight_decay_sweep_tells_right_from_wrong(capsys):
     def decay(c: dict) -> float:
         return c["wd"] if c["on"] else 0.0
 
-    assert sweeps.check_weight_decay_sweep(config("log_uniform_values", [0.5, 0.5]), decay)
-    assert not sweeps.check_weight_decay_sweep(config("uniform", [0.5, 0.5]), decay)
-    assert not sweeps.check_weight_decay_sweep(config("log_uniform_values", [0.8, 0.2]), decay)
-    assert not sweeps.check_weight_decay_sweep(
-        config("log_uniform_values", [0.5, 0.5]), lambda c: c["wd"]
-    )
+    check_weight_decay_sweep(config("log_uniform_values", [0.5, 0.5]), decay)
+    with pytest.raises(AssertionError, match="uniform"):
+        check_weight_decay_sweep(config("uniform", [0.5, 0.5]), decay)
+    with pytest.raises(AssertionError, match="zero in half"):
+        check_weight_decay_sweep(config("log_uniform_values", [0.8, 0.2]), decay)
+    with pytest.raises(AssertionError, match="zero in half"):
+        check_weight_decay_sweep(config("log_uniform_values", [0.5, 0.5]), lambda c: c["wd"])
+    with pytest.raises(AssertionError, match="valid"):
+        check_weight_decay_sweep({"method": "random", "parameters": {}}, decay)
     assert "FAILED" in capsys.readouterr().out
 
 
@@ -598,8 +612,276 @@ def test_check_power_law_fit_tells_right_from_wrong(capsys):
         slope, intercept = np.polyfit(np.log(compute), np.log(loss), 1)
         return float(np.exp(intercept)), float(-slope)
 
-    assert check_power_law_fit(right)
-    assert not check_power_law_fit(
-        lambda c, y: (1.0, float(np.polyfit(np.log(c), np.log(y), 1)[0]))
-    )
+    check_power_law_fit(right)
+    with pytest.raises(AssertionError, match="true exponent"):
+        check_power_law_fit(lambda c, y: (1.0, float(np.polyfit(np.log(c), np.log(y), 1)[0])))
     assert "FAILED" in capsys.readouterr().out
+
+
+# --------------------------------------------------------------------------- schedules, new checks
+
+
+def test_cosine_with_warmup_follows_the_nanogpt_convention():
+    from trainfast.training.schedules import cosine_with_warmup
+
+    kw = {"max_lr": 1.0, "min_lr": 0.1, "warmup_iters": 10, "cosine_cycle_iters": 30}
+    assert cosine_with_warmup(0, **kw) == 0.0
+    assert cosine_with_warmup(5, **kw) == pytest.approx(0.5)  # it / warmup_iters * max_lr
+    assert cosine_with_warmup(10, **kw) == pytest.approx(1.0)
+    assert cosine_with_warmup(20, **kw) == pytest.approx(0.55)  # half way down the cosine
+    assert cosine_with_warmup(30, **kw) == pytest.approx(0.1)
+    assert cosine_with_warmup(31, **kw) == cosine_with_warmup(1000, **kw) == 0.1
+    with pytest.raises(ValueError, match="warmup_iters: 40"):
+        cosine_with_warmup(0, **{**kw, "warmup_iters": 40})
+
+
+def test_wsd_holds_then_decays_linearly():
+    from trainfast.training.schedules import wsd
+
+    kw = {"max_lr": 2.0, "min_lr": 0.0, "warmup_iters": 4, "stable_iters": 10, "decay_iters": 6}
+    assert [wsd(i, **kw) for i in (0, 2, 4, 13, 14, 17, 20, 99)] == pytest.approx(
+        [0.0, 1.0, 2.0, 2.0, 2.0, 1.0, 0.0, 0.0]
+    )
+    with pytest.raises(ValueError, match="min_lr"):
+        wsd(0, **{**kw, "min_lr": 3.0})
+
+
+@pytest.mark.parametrize("name", ["cosine_with_warmup", "wsd"])
+def test_lambda_lr_form_matches_the_schedule(name):
+    from trainfast.training import schedules
+
+    schedule = getattr(schedules, name)
+    kw = (
+        {"max_lr": 0.3, "min_lr": 0.03, "warmup_iters": 5, "cosine_cycle_iters": 20}
+        if name == "cosine_with_warmup"
+        else {"max_lr": 0.3, "min_lr": 0.03, "warmup_iters": 5, "stable_iters": 8, "decay_iters": 7}
+    )
+    model = nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=kw["max_lr"])
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedules.as_lambda(schedule, **kw))
+    seen = []
+    for _ in range(25):
+        seen.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    assert seen == pytest.approx([schedule(it, **kw) for it in range(25)])
+    with pytest.raises(ValueError, match="max_lr"):
+        schedules.as_lambda(schedule, **{**kw, "max_lr": 0.0})
+
+
+def test_a_plain_torch_optimizer_trains_the_backbone_at_the_scaled_lr():
+    torch.manual_seed(0)
+    model = NarrowResNet(3)
+    before = [p.detach().clone() for p in model.parameters()]
+    optimizer = torch.optim.SGD(parameter_groups(model, lr=0.5, backbone_lr_scale=0.1))
+    loss = nn.functional.cross_entropy(model(torch.randn(4, 1, 8, 8)), torch.tensor([0, 1, 2, 0]))
+    loss.backward()
+    optimizer.step()
+    head = {id(p) for p in model.fc.parameters()}
+    for p, old in zip(model.parameters(), before, strict=True):
+        expected = old - (0.5 if id(p) in head else 0.05) * p.grad
+        assert torch.allclose(p.detach(), expected, atol=1e-7)
+
+
+def test_digits_validation_split_is_disjoint_and_optional():
+    from trainfast.datasets import digits
+
+    default_train = digits("train", images=True)
+    data = load_images("digits", validation_fraction=0.2)
+    sizes = len(data.train), len(data.validation), len(data.test)
+    assert sum(sizes) == 1797 and sizes[1] == sizes[2] == 359
+    rows = {tuple(x.flatten().tolist()) for x, _ in data.validation}
+    assert not rows & {tuple(x.flatten().tolist()) for x, _ in data.train}
+    assert load_images("digits").validation is None
+    assert load_images("digits").train.tensors[0].equal(default_train.tensors[0])  # unchanged
+    with pytest.raises(ValueError, match="validation_fraction: 0.9"):
+        digits("train", validation_fraction=0.9)
+
+
+def test_trainer_and_loop_evaluate_alike(digits_data):
+    from trainfast.loop import Evaluation, evaluate
+
+    torch.manual_seed(0)
+    model = ScalingCNN(4)
+    trainer = Trainer(model, quiet(), digits_data.train, digits_data.test)
+    ours, theirs = trainer.evaluate(), evaluate(model, digits_data.test)
+    assert isinstance(ours, Evaluation) and ours == pytest.approx(theirs)
+    assert Trainer(model, quiet(), digits_data.train).evaluate() is None
+
+
+def test_one_optimizer_factory():
+    from trainfast.training.arguments import build_optimizer
+
+    params = [nn.Parameter(torch.zeros(2))]
+    assert isinstance(build_optimizer("sgd", params, lr=0.1), torch.optim.SGD)
+    adamw = build_optimizer("adamw", params, lr=0.1)
+    assert isinstance(adamw, torch.optim.AdamW) and adamw.defaults["weight_decay"] == 0.01
+    with pytest.raises(ValueError, match="'adam'"):
+        build_optimizer("adam", params, lr=0.1)
+
+
+def _right_cosine(it, *, max_lr, min_lr, warmup_iters, cosine_cycle_iters):
+    if it < warmup_iters:
+        return it / warmup_iters * max_lr
+    if it > cosine_cycle_iters:
+        return min_lr
+    progress = (it - warmup_iters) / (cosine_cycle_iters - warmup_iters)
+    return min_lr + 0.5 * (1 + math.cos(math.pi * progress)) * (max_lr - min_lr)
+
+
+def test_check_cosine_schedule_tells_right_from_wrong(capsys):
+    check_cosine_schedule(_right_cosine)
+
+    def off_by_one(it, **kw):  # warmup that starts above zero, as lr_multiplier's does
+        if it < kw["warmup_iters"]:
+            return (it + 1) / (kw["warmup_iters"] + 1) * kw["max_lr"]
+        return _right_cosine(it, **kw)
+
+    with pytest.raises(AssertionError, match="it=0"):
+        check_cosine_schedule(off_by_one)
+    assert "FAILED" in capsys.readouterr().out
+
+
+def test_check_wsd_schedule_tells_right_from_wrong():
+    from trainfast.training.schedules import wsd
+
+    check_wsd_schedule(wsd)
+
+    def decays_to_zero(it, **kw):
+        return wsd(it, **{**kw, "min_lr": 0.0})
+
+    with pytest.raises(AssertionError, match="min_lr=0.0002"):
+        check_wsd_schedule(decays_to_zero)
+
+
+def test_check_refit_tells_right_from_wrong():
+    def right(compute, loss, drop):
+        order = np.argsort(compute)
+        return fit_power_law(compute[order][drop:], loss[order][drop:]).exponent
+
+    def unsorted(compute, loss, drop):  # drops the first points in the given order
+        return fit_power_law(compute[drop:], loss[drop:]).exponent
+
+    check_refit(right)
+    with pytest.raises(AssertionError, match="without the 2 cheapest"):
+        check_refit(unsorted)
+
+
+def test_check_logged_loop_tells_right_from_wrong():
+    from torch.utils.data import DataLoader
+
+    def logged(model, optimizer, dataset, *, batch_size, steps, tracker, every=1):
+        loader = DataLoader(
+            dataset,
+            batch_size=batch_size,
+            shuffle=True,
+            generator=torch.Generator().manual_seed(0),
+        )
+        step, seen = 0, 0
+        while step < steps:
+            for inputs, targets in loader:
+                optimizer.zero_grad(set_to_none=True)
+                loss = nn.functional.cross_entropy(model(inputs), targets)
+                loss.backward()
+                optimizer.step()
+                step, seen = step + 1, seen + len(targets)
+                if step % every == 0:
+                    tracker.log({"train/loss": loss.item(), "examples": seen})
+                if step == steps:
+                    return
+
+    check_logged_loop(logged)
+    with pytest.raises(AssertionError, match="one logged row per step"):
+        check_logged_loop(lambda *a, **k: logged(*a, **k, every=2))
+
+
+# --------------------------------------------------------------------------- resume, artifacts, agents
+
+
+def test_a_resumed_run_ends_where_an_uninterrupted_one_does(digits_data, tmp_path):
+    from trainfast.training.checkpoints import load_checkpoint, save_checkpoint
+
+    args = quiet(lr=3e-3, batch_size=64, epochs=3, log_every=128)
+
+    def fresh() -> Trainer:
+        torch.manual_seed(0)
+        return Trainer(ScalingCNN(4, dropout=0.2), args, digits_data.train, digits_data.test)
+
+    whole = fresh()
+    whole.train()
+    interrupted = fresh()
+    interrupted.callbacks.append(lambda record: record["epoch"] >= 1)  # "crash" after epoch 1
+    interrupted.train()
+    assert interrupted.examples_seen == len(digits_data.train)
+    path = save_checkpoint(interrupted, tmp_path / "checkpoint.pt")
+    resumed = fresh()
+    load_checkpoint(resumed, path)
+    resumed.train()
+    assert resumed.examples_seen == whole.examples_seen and resumed.steps == whole.steps
+    for a, b in zip(resumed.model.parameters(), whole.model.parameters(), strict=True):
+        assert torch.equal(a, b)
+    with pytest.raises(ValueError, match="lr"):
+        Trainer(ScalingCNN(4), quiet(lr=1.0), digits_data.train).load_state_dict(
+            torch.load(path, weights_only=False)
+        )
+    with pytest.raises(ValueError, match="only online"):
+        load_checkpoint(fresh(), "checkpoint:latest")
+
+
+def test_an_offline_wandb_run_logs_the_checkpoint_as_an_artifact(monkeypatch, tmp_path):
+    pytest.importorskip("wandb")
+    from trainfast.training.checkpoints import save_checkpoint
+
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    data = TensorDataset(torch.randn(16, 4), torch.randint(0, 2, (16,)))
+    with start_run("trainfast-tests", {"x": 1}, directory=tmp_path) as tracker:
+        trainer = Trainer(nn.Linear(4, 2), quiet(batch_size=8), data, tracker=tracker)
+        trainer.train()
+        save_checkpoint(trainer, tmp_path / "ckpt.pt", tracker=tracker, name="tiny")
+        run_id = tracker.id
+    assert (tmp_path / "ckpt.pt").exists()
+    # an offline run's record (the file `wandb sync` uploads) holds the artifact
+    transactions = b"".join(p.read_bytes() for p in tmp_path.rglob("run-*.wandb"))
+    assert b"tiny" in transactions and b"ckpt.pt" in transactions
+    with start_run("trainfast-tests", {"x": 1}, directory=tmp_path, run_id=run_id) as again:
+        assert again.id == run_id
+
+
+def test_agents_of_one_shared_sweep_never_repeat_a_grid_point(tmp_path):
+    import threading
+
+    config = {
+        "method": "grid",
+        "metric": {"name": "loss", "goal": "minimize"},
+        "parameters": {"x": {"values": [1, 2, 3, 4, 5]}, "y": {"values": [0, 1]}},
+    }
+    shared = sweeps.SharedSweep(tmp_path / "sweep.json")
+    results = {}
+
+    def agent(name: str) -> None:
+        results[name] = sweeps.run_locally(
+            config, lambda c: {"loss": float(c["x"] * c["y"])}, 100, shared=shared, agent=name
+        )
+
+    threads = [threading.Thread(target=agent, args=(f"agent-{i}",)) for i in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    records = shared.records()
+    assert sum(len(r) for r in results.values()) == len(records) == 10
+    assert len({json.dumps(r["config"], sort_keys=True) for r in records}) == 10
+    assert all(r["state"] == "finished" for r in records)
+
+
+def test_scaling_study_benchmark_quick_record():
+    from trainfast.training.benchmarks import scaling_study_record
+
+    record = scaling_study_record(torch.device("cpu"), quick=True)
+    assert record.name == "scaling-study"
+    assert {row["dropout"] for row in record.rows} == {0.0, 0.2}
+    assert all(row["lr"] > 0 and 0 < row["eval_loss"] < 3 for row in record.rows)
+    small = min(record.rows, key=lambda r: r["width"])
+    large = max(record.rows, key=lambda r: r["width"])
+    assert small["lr"] > large["lr"]  # 1/sqrt(fan_in)

@@ -82,3 +82,14 @@ def test_digits_split_is_fixed_and_disjoint():
     assert digits("test", images=True).tensors[0].shape[1:] == (1, 8, 8)
     with pytest.raises(ValueError, match="'validation'"):
         digits("validation")
+
+
+def test_evaluate_returns_an_evaluation_that_unpacks():
+    from trainfast.loop import Evaluation
+
+    model = nn.Sequential(nn.Linear(64, 10))
+    result = evaluate(model, digits("test"))
+    assert isinstance(result, Evaluation)
+    loss, accuracy = result
+    assert (loss, accuracy) == (result.loss, result.accuracy) and 0.0 <= accuracy <= 1.0
+    assert result.as_metrics() == {"eval/loss": loss, "eval/accuracy": accuracy}

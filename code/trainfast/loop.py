@@ -1,14 +1,20 @@
 """The smallest honest training loop: sample a mini-batch, forward, backward, step.
 
 The optimizers chapter uses it to compare batch sizes and optimizers on the same model and
-data; ``trainfast.training`` grows it into a full trainer with evaluation, schedules,
-logging and callbacks. Use this one when you want to see every line; use the trainer for real work.
+data. Why a second loop exists beside :class:`trainfast.training.Trainer`: this one is a
+function of a model, an optimizer and a step count, with the four lines of a step spelled out
+where the optimizers chapter highlights them; the trainer is an object built from a
+:class:`~trainfast.training.TrainingArguments` value that adds what real runs need (epochs,
+warmup and decay, evaluation every few examples, tracking, callbacks). Both report held-out
+results the same way, as an :class:`Evaluation` from :func:`evaluate`. Use this one when you
+want to see every line; use the trainer for real work.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -16,7 +22,18 @@ from torch.utils.data import DataLoader, Dataset
 
 from trainfast.profiling.timing import timestamp
 
-__all__ = ["History", "evaluate", "train"]
+__all__ = ["Evaluation", "History", "evaluate", "train"]
+
+
+class Evaluation(NamedTuple):
+    """Mean loss and accuracy on held-out data; unpacks as ``loss, accuracy = ...``."""
+
+    loss: float
+    accuracy: float
+
+    def as_metrics(self, prefix: str = "eval") -> dict[str, float]:
+        """``{"<prefix>/loss": ..., "<prefix>/accuracy": ...}``, the keys a tracker logs."""
+        return {f"{prefix}/loss": self.loss, f"{prefix}/accuracy": self.accuracy}
 
 
 @dataclass
@@ -82,8 +99,13 @@ def evaluate(
     *,
     batch_size: int = 1024,
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = nn.functional.cross_entropy,
-) -> tuple[float, float]:
-    """Mean loss and accuracy of a classifier on ``dataset``, in eval mode."""
+) -> Evaluation:
+    """Mean loss and accuracy of a classifier on ``dataset``, in eval mode, without autograd.
+
+    ``loss_fn(outputs, targets)`` returns the batch's mean loss (as
+    ``nn.functional.cross_entropy`` does); the result weights each batch by its size. The
+    model's training mode is restored afterwards.
+    """
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
@@ -91,8 +113,8 @@ def evaluate(
     for inputs, targets in DataLoader(dataset, batch_size=batch_size):
         inputs, targets = inputs.to(device), targets.to(device)
         logits = model(inputs)
-        total_loss += loss_fn(logits, targets, reduction="sum").item()
+        total_loss += loss_fn(logits, targets).item() * len(targets)
         correct += (logits.argmax(dim=-1) == targets).sum().item()
         count += len(targets)
     model.train(was_training)
-    return total_loss / count, correct / count
+    return Evaluation(total_loss / count, correct / count)

@@ -47,6 +47,7 @@ BENCHMARKS: dict[str, str] = {
     "timing-pitfalls": "trainfast.profiling.benchmarks:timing_pitfalls_record",
     "launch-overhead": "trainfast.profiling.benchmarks:launch_overhead_record",
     "compile-time": "trainfast.profiling.benchmarks:compile_time_record",
+    "scaling-study": "trainfast.training.benchmarks:scaling_study_record",
 }
 
 

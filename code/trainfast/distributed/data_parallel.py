@@ -83,9 +83,9 @@ def make_optimizer(
     parameters: Iterable[nn.Parameter], config: DataParallelConfig
 ) -> torch.optim.Optimizer:
     """SGD or AdamW, as ``config.optimizer`` says."""
-    if config.optimizer == "sgd":
-        return torch.optim.SGD(parameters, lr=config.lr)
-    return torch.optim.AdamW(parameters, lr=config.lr, weight_decay=0.01)
+    from trainfast.training.arguments import build_optimizer  # the package's one factory
+
+    return build_optimizer(config.optimizer, parameters, lr=config.lr)
 
 
 def shard_batches(

@@ -13,10 +13,42 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal
 
-__all__ = ["OPTIMIZERS", "SCHEDULES", "TrainingArguments"]
+import torch
 
+__all__ = ["LR_SCHEDULES", "OPTIMIZERS", "TrainingArguments", "build_optimizer"]
+
+#: The optimizers a run may name; :func:`build_optimizer` turns a name into one.
 OPTIMIZERS = ("adamw", "sgd")
-SCHEDULES = ("constant", "linear", "cosine")
+#: The learning-rate decays after warmup (:func:`~trainfast.training.schedules.lr_multiplier`).
+LR_SCHEDULES = ("constant", "linear", "cosine")
+
+
+def build_optimizer(
+    name: str,
+    parameters: Any,
+    *,
+    lr: float,
+    momentum: float = 0.0,
+    weight_decay: float | None = None,
+) -> torch.optim.Optimizer:
+    """``torch.optim.AdamW`` or ``torch.optim.SGD`` from its name: the package's one place that
+    turns "sgd or adamw" into an optimizer (the trainer and the data-parallel runs call it).
+
+    ``parameters`` is an iterable of tensors or of parameter groups; a group's own ``"lr"``
+    wins over ``lr``. ``momentum`` is SGD's. ``weight_decay=None`` keeps torch's default for
+    that optimizer (0 for SGD, 0.01 for AdamW); note that torch multiplies the decay by the
+    learning rate in both, so it must be retuned when ``lr`` changes.
+    """
+    if name == "adamw":
+        if momentum:
+            raise ValueError(f"Invalid momentum: {momentum} (AdamW has betas, not momentum)")
+        extra = {} if weight_decay is None else {"weight_decay": weight_decay}
+        return torch.optim.AdamW(parameters, lr=lr, **extra)
+    if name == "sgd":
+        return torch.optim.SGD(
+            parameters, lr=lr, momentum=momentum, weight_decay=weight_decay or 0.0
+        )
+    raise ValueError(f"Unknown optimizer: {name!r} (expected one of {OPTIMIZERS})")
 
 
 @dataclass(frozen=True)
@@ -65,8 +97,10 @@ class TrainingArguments:
             raise ValueError(
                 f"Invalid warmup_fraction: {self.warmup_fraction} (expected 0 <= fraction < 1)"
             )
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"Unknown schedule: {self.schedule!r} (expected one of {SCHEDULES})")
+        if self.schedule not in LR_SCHEDULES:
+            raise ValueError(
+                f"Unknown schedule: {self.schedule!r} (expected one of {LR_SCHEDULES})"
+            )
         if self.log_every < 1:
             raise ValueError(f"Invalid log_every: {self.log_every} (expected >= 1 example)")
         if self.eval_every is not None and self.eval_every < 1:

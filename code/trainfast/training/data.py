@@ -26,12 +26,14 @@ _CIFAR10_STD = (0.2470, 0.2435, 0.2616)
 
 @dataclass
 class ImageData:
-    """A train and a test split of ``(image, label)`` pairs and the class names."""
+    """Train, test and (optionally) validation splits of ``(image, label)`` pairs, and the class
+    names. Select hyperparameters on ``validation``; report the winner on ``test`` once."""
 
     train: Dataset
     test: Dataset
     classes: list[str]
     shape: tuple[int, int, int]  # (channels, height, width) of one image
+    validation: Dataset | None = None
 
 
 def load_images(
@@ -41,24 +43,34 @@ def load_images(
     download: bool = False,
     channels: int | None = None,
     size: int | None = None,
+    validation_fraction: float = 0.0,
 ) -> ImageData:
     """The data set ``name``: ``"digits"`` (offline) or ``"cifar10"`` (torchvision).
 
     ``channels=3`` repeats grey digits over three channels and ``size`` resizes them
     (bilinear), e.g. to feed an ImageNet-pretrained ResNet. CIFAR-10 is read from ``root``
     (default ``~/.cache/trainfast/cifar10``) and fetched only if ``download=True``.
+    ``validation_fraction`` of the data (digits: of the whole set, taken from what is not
+    test, by :func:`trainfast.datasets.digits`, the one digits loader; CIFAR-10: of its
+    training split) becomes ``ImageData.validation``.
     """
     if name == "digits":
-        splits = []
-        for split in ("train", "test"):
-            x, y = digits(split, images=True).tensors  # (n, 1, 8, 8), (n,)
-            if size is not None:
+        splits = {}
+        for split in ("train", "validation", "test"):
+            if split == "validation" and validation_fraction == 0.0:
+                continue
+            x, y = digits(split, images=True, validation_fraction=validation_fraction).tensors
+            if size is not None:  # x: (n, 1, 8, 8)
                 x = F.interpolate(x, size=(size, size), mode="bilinear", align_corners=False)
             if channels is not None:
                 x = x.expand(-1, channels, -1, -1).contiguous()  # (n, channels, h, w)
-            splits.append(TensorDataset(x, y))
+            splits[split] = TensorDataset(x, y)
         return ImageData(
-            splits[0], splits[1], [str(d) for d in range(10)], tuple(splits[0][0][0].shape)
+            splits["train"],
+            splits["test"],
+            [str(d) for d in range(10)],
+            tuple(splits["train"][0][0].shape),
+            splits.get("validation"),
         )
     if name == "cifar10":
         from torchvision import datasets, transforms  # lazy: only this branch needs it
@@ -70,7 +82,16 @@ def load_images(
         root = Path(root or Path.home() / ".cache" / "trainfast" / "cifar10")
         train = datasets.CIFAR10(str(root), train=True, download=download, transform=transform)
         test = datasets.CIFAR10(str(root), train=False, download=download, transform=transform)
-        return ImageData(train, test, list(train.classes), (3, size or 32, size or 32))
+        validation = None
+        if validation_fraction > 0.0:
+            order = torch.randperm(len(train), generator=torch.Generator().manual_seed(0))
+            n = round(len(train) * validation_fraction)
+            validation = torch.utils.data.Subset(train, order[:n].tolist())
+            train = torch.utils.data.Subset(train, order[n:].tolist())  # type: ignore[assignment]
+        classes = list(datasets.CIFAR10.classes) if hasattr(datasets.CIFAR10, "classes") else []
+        return ImageData(
+            train, test, classes or list(test.classes), (3, size or 32, size or 32), validation
+        )
     raise ValueError(f"Unknown data set: {name!r} (expected 'digits' or 'cifar10')")
 
 

@@ -30,9 +30,10 @@ __all__ = [
     "PowerLaw",
     "ScalingCNN",
     "ScalingRun",
-    "check_power_law_fit",
+    "SaturatingPowerLaw",
     "compute_frontier",
     "fit_power_law",
+    "fit_saturating_power_law",
     "scaling_study",
     "training_flops",
     "widths_by_sqrt2",
@@ -112,7 +113,10 @@ class ScalingRun:
     parameters: int
     examples: int
     flops: float  # training FLOPs: per-example forward+backward FLOPs x examples seen
-    eval_loss: float  # mean over the seeds
+    eval_loss: float  # validation loss, mean over the seeds
+    eval_loss_std: float = float("nan")  # its standard deviation over the seeds
+    test_loss: float = float("nan")  # test loss, mean over the seeds
+    lr: float = float("nan")  # the peak learning rate of this width
 
 
 def scaling_study(
@@ -123,12 +127,17 @@ def scaling_study(
     seeds: Sequence[int] = (0,),
     args: TrainingArguments | None = None,
     data: ImageData | None = None,
+    lr_of_width: Callable[[int], float] | None = None,
 ) -> list[ScalingRun]:
     """Train a :class:`ScalingCNN` of every width on every fraction of the training data for
     one epoch (``args.epochs`` is forced to 1), and return each run's compute and validation
     loss, averaged over ``seeds`` (the seed sets the initialisation and the batch order; the
-    data subset is the same for all). ``data`` defaults to the offline digits."""
-    data = data or load_images("digits")
+    data subset is the same for all). ``data`` defaults to the offline digits with a
+    validation split; the loss is measured on ``data.validation`` (``data.test`` if there is
+    none). ``lr_of_width(width)`` gives each width its own learning rate (default:
+    ``args.lr`` for all), e.g. proportional to ``1 / sqrt(fan_in)``."""
+    data = data or load_images("digits", validation_fraction=0.2)
+    held_out = data.validation if data.validation is not None else data.test
     args = replace(args or TrainingArguments(lr=1e-2, batch_size=8), epochs=1, progress_bar=False)
     in_channels, image_size = data.shape[0], data.shape[1]
     runs = []
@@ -136,7 +145,7 @@ def scaling_study(
         train: Dataset = take_fraction(data.train, fraction, seed=args.seed)
         sample_inputs, sample_targets = next(iter(torch.utils.data.DataLoader(train, batch_size=8)))
         for width in widths:
-            losses, flops, examples, parameters = [], 0.0, 0, 0
+            losses, test_losses, flops, examples, parameters = [], [], 0.0, 0, 0
             for seed in seeds:
                 torch.manual_seed(seed)
                 model = ScalingCNN(
@@ -147,9 +156,12 @@ def scaling_study(
                     dropout=dropout,
                 )
                 per_example = training_flops(model, sample_inputs, sample_targets)
-                trainer = Trainer(model, replace(args, seed=seed), train, data.test)
+                lr = lr_of_width(width) if lr_of_width is not None else args.lr
+                trainer = Trainer(model, replace(args, seed=seed, lr=lr), train, held_out)
                 trainer.train()
                 losses.append(trainer.history[-1]["eval/loss"])
+                if data.validation is not None:
+                    test_losses.append(trainer.evaluate(data.test).loss)
                 flops, examples = per_example * trainer.examples_seen, trainer.examples_seen
                 parameters = sum(p.numel() for p in model.parameters())
             runs.append(
@@ -161,6 +173,11 @@ def scaling_study(
                     examples=examples,
                     flops=flops,
                     eval_loss=float(np.mean(losses)),
+                    eval_loss_std=float(np.std(losses, ddof=1))
+                    if len(losses) > 1
+                    else float("nan"),
+                    test_loss=float(np.mean(test_losses)) if test_losses else float("nan"),
+                    lr=lr,
                 )
             )
     return runs
@@ -208,24 +225,47 @@ def fit_power_law(compute: Sequence[float], loss: Sequence[float]) -> PowerLaw:
     return PowerLaw(float(np.exp(intercept)), float(-slope), stderr, int(c.size))
 
 
-def check_power_law_fit(function: Callable[[np.ndarray, np.ndarray], tuple[float, float]]) -> bool:
-    """Exercise check: ``function(compute, loss)`` returns ``(coefficient, exponent)`` of
-    ``loss = coefficient * compute ** -exponent``. Compared with :func:`fit_power_law` on
-    noisy synthetic data with known exponents; prints what passed, returns whether all did."""
-    rng = np.random.default_rng(0)
-    results = []
-    for exponent in (0.05, 0.3):
-        compute = np.logspace(6, 12, 15)
-        loss = 40.0 * compute ** (-exponent) * np.exp(rng.normal(0.0, 0.02, compute.size))
-        reference = fit_power_law(compute, loss)
-        coefficient, found = function(compute, loss)
-        ok = math.isclose(found, reference.exponent, rel_tol=1e-6) and math.isclose(
-            coefficient, reference.coefficient, rel_tol=1e-4
+@dataclass(frozen=True)
+class SaturatingPowerLaw:
+    """``loss = irreducible + coefficient * compute ** (-exponent)``: a power law that levels
+    off at the loss no amount of compute removes (the ``E`` of Hoffmann et al., 2022)."""
+
+    irreducible: float
+    coefficient: float
+    exponent: float
+    points: int = 0
+
+    def __call__(self, compute: np.ndarray | float) -> np.ndarray | float:
+        return self.irreducible + self.coefficient * np.asarray(compute, dtype=float) ** (
+            -self.exponent
         )
-        results.append(ok)
-        print(
-            ("passed" if ok else "FAILED")
-            + f": true exponent {exponent}, least squares gives {reference.exponent:.4f}, "
-            f"yours {found:.4f} (coefficient {reference.coefficient:.3g} vs {coefficient:.3g})"
-        )
-    return all(results)
+
+
+def fit_saturating_power_law(compute: Sequence[float], loss: Sequence[float]) -> SaturatingPowerLaw:
+    """Least-squares fit of ``log loss`` by ``log(E + a * C^-alpha)``, with ``0 <= E < min(loss)``
+    (scipy's ``curve_fit`` in log space, started from the pure power law). Needs four or more
+    points; with few points ``E`` is poorly determined, so read it with the pure fit beside it."""
+    from scipy.optimize import curve_fit  # lazy: optional dependency
+
+    c, y = np.asarray(compute, dtype=float), np.asarray(loss, dtype=float)
+    if c.shape != y.shape or c.size < 4:
+        raise ValueError(f"Need four or more (compute, loss) pairs, got {c.size} and {y.size}")
+    if (c <= 0).any() or (y <= 0).any():
+        raise ValueError("A power law needs positive compute and loss")
+    start = fit_power_law(c, y)
+    x = np.log(c / c[0])  # compute relative to the first point keeps the numbers tame
+
+    def model(x: np.ndarray, e: float, log_a: float, alpha: float) -> np.ndarray:
+        return np.log(e + np.exp(log_a - alpha * x))
+
+    first = float(np.log(start(c[0])))
+    (e, log_a, alpha), _ = curve_fit(
+        model,
+        x,
+        np.log(y),
+        p0=(0.0, first, start.exponent),
+        bounds=([0.0, -np.inf, 0.0], [0.999 * y.min(), np.inf, np.inf]),
+        maxfev=20000,
+    )
+    coefficient = float(np.exp(log_a)) * float(c[0]) ** alpha  # back to absolute compute
+    return SaturatingPowerLaw(float(e), coefficient, float(alpha), int(c.size))

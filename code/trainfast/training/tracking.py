@@ -84,6 +84,11 @@ class WandbTracker(Tracker):
         return f"wandb ({self.run.settings.mode})"
 
     @property
+    def id(self) -> str:
+        """The run's id: pass it to ``start_run(..., run_id=...)`` to resume this run."""
+        return self.run.id
+
+    @property
     def directory(self) -> Path:
         """Where W&B wrote this run's files (``wandb sync <directory>`` uploads an offline run)."""
         return Path(self.run.dir).parent
@@ -111,12 +116,15 @@ def start_run(
     enabled: bool = True,
     directory: str | Path | None = None,
     quiet: bool = True,
+    run_id: str | None = None,
 ) -> Tracker:
     """Start a tracked run: W&B if it can, the local tracker if not. Never raises for W&B.
 
     ``directory`` is where W&B writes its files; by default ``$WANDB_DIR`` or a folder in the
     system's temporary directory, so a run never litters the working tree. ``quiet`` hides
-    W&B's console banner. Only rank 0 (environment variable ``RANK``) tracks.
+    W&B's console banner. Only rank 0 (environment variable ``RANK``) tracks. ``run_id``
+    resumes the W&B run with that id (``resume="allow"``: a new run if none exists); offline,
+    the resumed part is a second folder that ``wandb sync`` uploads into the same run.
     """
     if not enabled or not _is_rank_zero():
         return LocalTracker(config)
@@ -140,6 +148,8 @@ def start_run(
             dir=str(directory),
             mode=mode,
             reinit="finish_previous",  # one run at a time; wandb.watch uses the global run
+            id=run_id,
+            resume="allow" if run_id is not None else None,
             settings=wandb.Settings(silent=quiet, console="off"),
         )
     except Exception as error:  # W&B unreachable, bad key, ...: train anyway, say so

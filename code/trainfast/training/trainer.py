@@ -11,6 +11,14 @@ Each piece is a method you can read (and override) on its own, in the spirit of 
 
 Side effects are switchable: the progress bar by ``args.progress_bar``, tracking by the
 ``tracker`` you pass (see :mod:`trainfast.training.tracking`), early stopping by callbacks.
+
+Why this exists beside :func:`trainfast.loop.train`: that function is the smallest loop, a
+fixed number of steps of a given optimizer, written out line by line for the optimizers
+chapter. The trainer is what a run described by :class:`TrainingArguments` needs on top of it:
+the optimizer built from a name (:func:`~trainfast.training.arguments.build_optimizer`),
+warmup and decay, epochs, evaluation every few examples, a tracker and callbacks. Its
+evaluation *is* :func:`trainfast.loop.evaluate`, so both return the same
+:class:`~trainfast.loop.Evaluation`.
 """
 
 from __future__ import annotations
@@ -24,7 +32,8 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from trainfast.device import pick_device
-from trainfast.training.arguments import TrainingArguments
+from trainfast.loop import Evaluation, evaluate
+from trainfast.training.arguments import TrainingArguments, build_optimizer
 from trainfast.training.schedules import lr_multiplier
 from trainfast.training.tracking import LocalTracker, Tracker
 
@@ -37,10 +46,11 @@ EvalCallback = Callable[[dict[str, float]], bool]
 class Trainer:
     """Train ``model`` on ``train_data`` following ``args``; evaluate on ``eval_data``.
 
-    ``parameter_groups`` are optimizer groups (dicts with ``"params"``); a group's optional
-    ``"lr_scale"`` multiplies ``args.lr`` for it, which is how a pretrained backbone gets a
-    smaller learning rate than a new head (:func:`trainfast.training.transfer.parameter_groups`).
-    By default all parameters that require gradients form one group. ``loss_fn`` maps
+    ``parameter_groups`` are torch optimizer groups (dicts with ``"params"``); a group's own
+    ``"lr"`` is its peak learning rate (``args.lr`` otherwise), which is how a pretrained
+    backbone gets a smaller learning rate than a new head
+    (:func:`trainfast.training.transfer.parameter_groups`); the schedule scales every group's
+    peak alike. By default all parameters that require gradients form one group. ``loss_fn`` maps
     ``(outputs, targets)`` to a mean loss. The history of logged records is in
     :attr:`history` (and in ``tracker.history``).
     """
@@ -69,7 +79,7 @@ class Trainer:
         self.setup(parameter_groups)
 
     def setup(self, parameter_groups: Sequence[dict[str, Any]] | None = None) -> None:
-        """Device, data loaders, optimizer (with per-group learning rates) and schedule."""
+        """Device, training data loader, optimizer (with per-group learning rates) and schedule."""
         args = self.args
         torch.manual_seed(args.seed)
         self.device = pick_device(args.device)
@@ -80,26 +90,15 @@ class Trainer:
             shuffle=True,
             generator=torch.Generator().manual_seed(args.seed),
         )
-        self.eval_loader = (
-            DataLoader(self.eval_data, batch_size=max(args.batch_size, 256))
-            if self.eval_data is not None
-            else None
-        )
         if parameter_groups is None:
             parameter_groups = [{"params": [p for p in self.model.parameters() if p.requires_grad]}]
-        groups = []
-        for group in parameter_groups:
-            group = dict(group)
-            group["lr"] = args.lr * group.pop("lr_scale", 1.0)
-            groups.append(group)
-        if args.optimizer == "adamw":
-            self.optimizer: torch.optim.Optimizer = torch.optim.AdamW(
-                groups, lr=args.lr, weight_decay=args.weight_decay
-            )
-        else:
-            self.optimizer = torch.optim.SGD(
-                groups, lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay
-            )
+        self.optimizer = build_optimizer(
+            args.optimizer,
+            [dict(group) for group in parameter_groups],
+            lr=args.lr,
+            momentum=args.momentum if args.optimizer == "sgd" else 0.0,
+            weight_decay=args.weight_decay,
+        )
         self.total_steps = args.epochs * len(self.train_loader)
         warmup_steps = int(args.warmup_fraction * self.total_steps)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -129,22 +128,15 @@ class Trainer:
         self.examples_seen += len(targets)
         return loss.detach()
 
-    @torch.inference_mode()
-    def evaluate(self) -> dict[str, float]:
-        """Mean loss and accuracy on the evaluation data, in eval mode, without autograd."""
-        if self.eval_loader is None:
-            return {}
-        self.model.eval()
-        total_loss = torch.zeros((), device=self.device)
-        correct = torch.zeros((), device=self.device, dtype=torch.long)
-        count = 0
-        for batch in self.eval_loader:
-            inputs, targets = (t.to(self.device, non_blocking=True) for t in batch)
-            outputs = self.model(inputs)  # (batch, classes)
-            total_loss += self.loss_fn(outputs, targets) * len(targets)
-            correct += (outputs.argmax(dim=1) == targets).sum()
-            count += len(targets)
-        return {"eval/loss": total_loss.item() / count, "eval/accuracy": correct.item() / count}
+    def evaluate(self, dataset: Dataset | None = None) -> Evaluation | None:
+        """Mean loss and accuracy on ``dataset`` (default: the evaluation data), in eval mode,
+        under ``torch.inference_mode()``: :func:`trainfast.loop.evaluate`, the same function
+        the smallest loop uses. None when there is nothing to evaluate on."""
+        dataset = self.eval_data if dataset is None else dataset
+        if dataset is None:
+            return None
+        batch_size = max(self.args.batch_size, 256)
+        return evaluate(self.model, dataset, batch_size=batch_size, loss_fn=self.loss_fn)
 
     def log(self, metrics: dict[str, Any]) -> None:
         """Send ``metrics`` to the tracker, stamped with the examples seen and steps taken."""
@@ -153,6 +145,32 @@ class Trainer:
     @property
     def history(self) -> list[dict[str, Any]]:
         return self.tracker.history
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything a resumed run needs to continue exactly: model, optimizer, schedule,
+        progress, the data order's generator and torch's global RNG (dropout)."""
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "examples_seen": self.examples_seen,
+            "steps": self.steps,
+            "data_order": self.train_loader.generator.get_state(),  # type: ignore[union-attr]
+            "torch_rng": torch.get_rng_state(),
+            "args": self.args.as_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from :meth:`state_dict`: :meth:`train` then runs the remaining epochs."""
+        if state["args"] != self.args.as_dict():
+            changed = sorted(k for k, v in state["args"].items() if self.args.as_dict().get(k) != v)
+            raise ValueError(f"The checkpoint was made with other arguments: {changed}")
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.examples_seen, self.steps = state["examples_seen"], state["steps"]
+        self.train_loader.generator.set_state(state["data_order"])  # type: ignore[union-attr]
+        torch.set_rng_state(state["torch_rng"])
 
     def learning_rates(self) -> dict[str, float]:
         """The current learning rate of each parameter group (``lr/<name>`` for named groups)."""
@@ -173,7 +191,14 @@ class Trainer:
 
         args = self.args
         epoch_size = len(self.train_loader.dataset)  # type: ignore[arg-type]
-        next_log, next_eval = args.log_every, args.eval_every or epoch_size
+        eval_every = args.eval_every or epoch_size
+        if self.examples_seen % epoch_size:
+            raise ValueError(
+                f"Cannot resume at {self.examples_seen} examples: training resumes only at an "
+                f"epoch boundary (a multiple of {epoch_size})"
+            )
+        next_log = (self.examples_seen // args.log_every + 1) * args.log_every
+        next_eval = (self.examples_seen // eval_every + 1) * eval_every
         running, batches = torch.zeros((), device=self.device), 0
         evaluated_at = -1
         bar = tqdm(
@@ -182,7 +207,7 @@ class Trainer:
             disable=not args.progress_bar,
             mininterval=2.0,
         )
-        for _ in range(args.epochs):
+        for _ in range(self.examples_seen // epoch_size, args.epochs):  # resumes where it was
             for batch in self.train_loader:
                 running += self.training_step(batch)
                 batches += 1
@@ -194,7 +219,7 @@ class Trainer:
                     running, batches = torch.zeros((), device=self.device), 0
                     next_log += args.log_every
                 if self.examples_seen >= next_eval:
-                    next_eval += args.eval_every or epoch_size
+                    next_eval += eval_every
                     evaluated_at = self.examples_seen
                     if self._evaluate_and_log(epoch_size):
                         bar.close()
@@ -206,10 +231,10 @@ class Trainer:
 
     def _evaluate_and_log(self, epoch_size: int) -> bool:
         """Evaluate, log, and ask the callbacks whether to stop."""
-        metrics = self.evaluate()
-        if not metrics:
+        evaluation = self.evaluate()
+        if evaluation is None:
             return False
-        record = {**metrics, "epoch": self.examples_seen / epoch_size}
+        record = {**evaluation.as_metrics(), "epoch": self.examples_seen / epoch_size}
         self.log(record)
         record["examples"] = self.examples_seen
         stops = [callback(record) for callback in self.callbacks]  # every callback sees it

@@ -15,7 +15,7 @@ The book cannot download ImageNet weights while it builds, so it pretrains a
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -26,7 +26,6 @@ from torchvision.ops import FrozenBatchNorm2d
 __all__ = [
     "NarrowResNet",
     "backbone",
-    "check_parameter_groups",
     "freeze",
     "parameter_groups",
     "replace_head",
@@ -140,17 +139,21 @@ def _freeze_batch_norms(module: nn.Module, skip: Sequence[nn.Module]) -> None:
 def parameter_groups(
     model: nn.Module,
     *,
+    lr: float,
     head: str = "fc",
     backbone_lr_scale: float = 0.1,
     weight_decay: float | None = None,
 ) -> list[dict[str, Any]]:
-    """Two optimizer groups: the backbone with ``lr_scale=backbone_lr_scale`` and the head
-    with ``lr_scale=1``. Frozen parameters are left out (the optimizer need not carry them).
+    """Two torch optimizer groups: the backbone at ``lr * backbone_lr_scale`` and the head at
+    ``lr``. Frozen parameters are left out (the optimizer need not carry them).
 
-    ``lr_scale`` is read by :class:`~trainfast.training.trainer.Trainer`, which multiplies its
-    peak learning rate by it; with a plain torch optimizer, set each group's ``lr`` instead.
+    Each group carries its own ``"lr"``, the key every ``torch.optim`` optimizer reads, so the
+    groups work as they are with ``torch.optim.AdamW(groups)`` as with the
+    :class:`~trainfast.training.trainer.Trainer` (whose schedule scales both alike).
     ``weight_decay``, if given, is put in both groups.
     """
+    if not lr > 0.0:
+        raise ValueError(f"Invalid learning rate: {lr}")
     if not backbone_lr_scale >= 0.0:
         raise ValueError(f"Invalid backbone_lr_scale: {backbone_lr_scale} (expected >= 0)")
     head_module = getattr(model, head)
@@ -158,63 +161,10 @@ def parameter_groups(
     backbone_params = [p for p in model.parameters() if p.requires_grad and id(p) not in head_ids]
     head_params = [p for p in head_module.parameters() if p.requires_grad]
     groups = [
-        {"name": "backbone", "params": backbone_params, "lr_scale": backbone_lr_scale},
-        {"name": "head", "params": head_params, "lr_scale": 1.0},
+        {"name": "backbone", "params": backbone_params, "lr": lr * backbone_lr_scale},
+        {"name": "head", "params": head_params, "lr": lr},
     ]
     if weight_decay is not None:
         for group in groups:
             group["weight_decay"] = weight_decay
     return [g for g in groups if g["params"]]
-
-
-def check_parameter_groups(
-    function: Callable[[nn.Module, float], list[dict[str, Any]]], *, lr: float = 1e-2
-) -> bool:
-    """Exercise check: ``function(model, lr)`` must return torch optimizer groups giving the
-    backbone ``lr / 10``, the head ``lr``, and leaving out frozen parameters.
-
-    It is run on a :class:`NarrowResNet` twice, fully trainable and with its first stage
-    frozen, and the groups are handed to ``torch.optim.SGD``; prints what passed, returns
-    whether everything did.
-    """
-    results: list[tuple[str, bool]] = []
-    for frozen_stage in (False, True):
-        model = NarrowResNet(5)
-        if frozen_stage:
-            for p in [
-                *model.conv1.parameters(),
-                *model.bn1.parameters(),
-                *model.layer1.parameters(),
-            ]:
-                p.requires_grad_(False)
-        optimizer = torch.optim.SGD(function(model, lr), lr=123.0)  # 123: a default must not leak
-        rate = {id(p): g["lr"] for g in optimizer.param_groups for p in g["params"]}
-        head = {id(p) for p in model.fc.parameters()}
-        trainable = [p for p in model.parameters() if p.requires_grad]
-        frozen = [p for p in model.parameters() if not p.requires_grad]
-        label = "first stage frozen" if frozen_stage else "all trainable"
-        results.append(
-            (
-                f"{label}: every trainable parameter is in a group",
-                all(id(p) in rate for p in trainable),
-            )
-        )
-        results.append(
-            (f"{label}: no frozen parameter is in a group", all(id(p) not in rate for p in frozen))
-        )
-        results.append(
-            (f"{label}: the head gets lr", all(abs(rate.get(i, -1) - lr) < 1e-12 for i in head))
-        )
-        results.append(
-            (
-                f"{label}: the backbone gets lr / 10",
-                all(
-                    abs(rate.get(id(p), -1) - lr / 10) < 1e-12
-                    for p in trainable
-                    if id(p) not in head
-                ),
-            )
-        )
-    for message, ok in results:
-        print(("passed: " if ok else "FAILED: ") + message)
-    return all(ok for _, ok in results)

@@ -1105,9 +1105,12 @@ def test_digits_splits_hold_validation_out_of_training() -> None:
     from trainfast.optim.comparison import digits_splits
 
     train_part, validation, test = digits_splits(validation_fraction=0.25)
+    everything = {tuple(row.tolist()) for row in digits("train").tensors[0]}
     assert len(train_part) + len(validation) == len(digits("train"))
-    assert len(validation) == round(0.25 * len(digits("train")))
-    assert not set(train_part.indices) & set(validation.indices)
+    assert len(validation) == round(0.25 * (len(digits("train")) + len(digits("test"))))
+    train_rows = {tuple(row.tolist()) for row in train_part.tensors[0]}
+    validation_rows = {tuple(row.tolist()) for row in validation.tensors[0]}
+    assert train_rows | validation_rows <= everything
     assert len(test) == len(digits("test"))
     with pytest.raises(ValueError, match="validation_fraction: 1.5"):
         digits_splits(1.5)

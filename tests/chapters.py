@@ -281,6 +281,7 @@ def _execute(name: str, timeout: int) -> tuple[nbformat.NotebookNode, float]:
 
 _PROSE_DIRECTIVES = {"note", "tip", "warning", "important", "admonition", "seealso", "caution"}
 _ROLE = re.compile(r"\{[\w:-]+\}`[^`]*`")  # {glue:text}`x:.1f`, {cite}`key`, {ref}`label`
+_CITATION_LINK = re.compile(r"\[[^\]]*\b(?:19|20)\d\d[a-z]?\b[^\]]*\]\([^)]*\)")
 _NUMBER = re.compile(r"(?<![\w.\-/])\d+(?:[.,]\d+)*(?![\w]|-\w)")
 
 
@@ -289,8 +290,8 @@ def typed_numbers(name: str, allow: Iterable[str] = ()) -> list[str]:
 
     Prose is what remains after removing front matter, fenced blocks (code cells, listings,
     bibliographies; the text of admonitions stays), display and inline math, inline code,
-    roles (glue, citations, references), link targets, labels and exercise numbers
-    (``**3. Title.**``). A number written into a name (``float32``, ``GPT-2``, ``2-D``,
+    roles (glue, citations, references), citation links (``[Author, 2020](url)``), link
+    targets, labels and exercise numbers (``**3. Title.**``). A number written into a name (``float32``, ``GPT-2``, ``2-D``,
     ``124M``) is not counted. Every other number must be glued from a cell, or be a constant
     listed in ``allow`` (compared as written, e.g. ``"32"`` or ``"0.9"``). Opt-in per chapter:
     a chapter's test calls this and asserts the result is empty.
@@ -330,6 +331,7 @@ def numbers_in_prose(page: str, allow: Iterable[str] = ()) -> list[str]:
         text = _ROLE.sub(" ", text)
         text = re.sub(r"`[^`]*`", " ", text)  # inline code
         text = re.sub(r"\$[^$]*\$", " ", text)  # inline math
+        text = _CITATION_LINK.sub(" ", text)  # [Author et al., 2020](url): a reference
         text = re.sub(r"\]\([^)]*\)", "]", text)  # link targets
         for token in _NUMBER.findall(text):
             if token not in allowed:

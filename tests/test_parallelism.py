@@ -20,10 +20,12 @@ import torch
 from trainfast.distributed import OPS, SpawnError, ring_chunks, spawn
 from trainfast.distributed.cost_model import (
     Link,
+    all_gather_time,
     all_reduce_time,
     bytes_sent_per_rank,
     crossover_bytes,
     fit_link,
+    reduce_scatter_time,
 )
 from trainfast.distributed.data_parallel import (
     DataParallelConfig,
@@ -383,11 +385,32 @@ def test_1f1b_keeps_fewer_activations_than_gpipe():
 # ------------------------------------------------------------------ cost model and layout
 def test_cost_model():
     link = Link(alpha=1e-5, beta=1e-9)
-    assert all_reduce_time("ring", 1e9, 8, link) < all_reduce_time("naive", 1e9, 8, link)
-    assert all_reduce_time("naive", 4, 8, link) < all_reduce_time("ring", 4, 8, link)
-    n_star = crossover_bytes(8, link)
-    assert all_reduce_time("naive", n_star, 8, link) == pytest.approx(
-        all_reduce_time("ring", n_star, 8, link)
+    # the textbook formulas (Thakur, Rabenseifner and Gropp 2005), term by term
+    n, size = 8, 1e6
+    assert all_reduce_time("naive", size, n, link) == pytest.approx(2 * 7 * (1e-5 + size * 1e-9))
+    assert all_reduce_time("tree", size, n, link) == pytest.approx(2 * 3 * (1e-5 + size * 1e-9))
+    assert all_reduce_time("ring", size, n, link) == pytest.approx(
+        2 * 7 * 1e-5 + 2 * 7 / 8 * size * 1e-9
+    )
+    with_gamma = Link(alpha=1e-5, beta=1e-9, gamma=5e-10)
+    assert all_reduce_time("ring", size, n, with_gamma) - all_reduce_time(
+        "ring", size, n, link
+    ) == pytest.approx(7 / 8 * size * 5e-10)
+    for world in (2, 3, 4, 8, 64):  # the ring is never slower than reduce + broadcast
+        for b in (4, 4096, 1e9):
+            assert all_reduce_time("ring", b, world, link) <= all_reduce_time(
+                "naive", b, world, link
+            )
+    assert all_reduce_time("tree", 4, 64, link) < all_reduce_time("ring", 4, 64, link)
+    assert all_reduce_time("ring", 1e9, 64, link) < all_reduce_time("tree", 1e9, 64, link)
+    for world in (4, 8, 64):  # the tree-ring crossover is where the two times meet
+        n_star = crossover_bytes(world, link)
+        assert all_reduce_time("tree", n_star, world, link) == pytest.approx(
+            all_reduce_time("ring", n_star, world, link)
+        )
+    assert crossover_bytes(2, link) == 0
+    assert reduce_scatter_time(size, n, link) + all_gather_time(size, n, link) == pytest.approx(
+        all_reduce_time("ring", size, n, link)
     )
     rows = [
         {"algorithm": a, "world_size": n, "bytes": b, "seconds": all_reduce_time(a, b, n, link)}
@@ -396,8 +419,10 @@ def test_cost_model():
     fitted = fit_link(rows + [{"algorithm": "torch", "world_size": 2, "bytes": 4, "seconds": 1.0}])
     assert fitted.alpha == pytest.approx(link.alpha, rel=1e-6)
     assert fitted.beta == pytest.approx(link.beta, rel=1e-6)
-    with pytest.raises(ValueError, match="algorithm: 'tree'"):
-        all_reduce_time("tree", 4, 2, link)
+    with pytest.raises(ValueError, match="algorithm: 'butterfly'"):
+        all_reduce_time("butterfly", 4, 2, link)
+    with pytest.raises(ValueError, match="alpha: -1"):
+        Link(alpha=-1, beta=0)
 
 
 def test_layout_calculator():

@@ -17,6 +17,7 @@ from pathlib import Path
 import chapters
 import pytest
 import torch
+from torch import nn
 from trainfast.distributed import OPS, SpawnError, ring_chunks, spawn
 from trainfast.distributed.cost_model import (
     Link,
@@ -32,6 +33,8 @@ from trainfast.distributed.data_parallel import (
     train_data_parallel,
     train_single_process,
 )
+from trainfast.distributed.ddp import DDP
+from trainfast.distributed.ddp_overlap import DDPTimelineConfig, ddp_timeline_worker
 from trainfast.distributed.exercises import (
     check_peak_activations_1f1b,
     check_ring_chunks,
@@ -59,8 +62,23 @@ from trainfast.distributed.pipeline import (
     simulate,
 )
 from trainfast.distributed.point_to_point import deadlock_worker, swap_worker
+from trainfast.distributed.strategy_parity import (
+    PARITY_STRATEGIES,
+    StrategyConfig,
+    TiedModel,
+    strategy_worker,
+    train_reference,
+    zero_resume_worker,
+)
 from trainfast.distributed.tensor_parallel import tensor_parallel_worker
-from trainfast.distributed.zero import FSDP_ON_CPU, train_sharded, zero_memory
+from trainfast.distributed.zero import (
+    FSDP_ON_CPU,
+    STRATEGIES,
+    Zero2Optimizer,
+    ZeroOptimizer,
+    train_sharded,
+    zero_memory,
+)
 
 WORLD_SIZES = [1, 2, 3, 4]
 ROOT = Path(__file__).resolve().parents[1]
@@ -225,6 +243,7 @@ def test_spawn_rejects_bad_arguments():
 
 _CONCURRENT = """
 import torch
+from torch import nn
 from trainfast.distributed import spawn
 from trainfast.distributed.parity import Case, parity_worker
 cases = [Case("ring_all_reduce", (100,), torch.float32, "sum")] * 20
@@ -266,6 +285,11 @@ def sgd_reference():
 
 
 @pytest.fixture(scope="module")
+def tied_reference():
+    return train_reference(StrategyConfig())
+
+
+@pytest.fixture(scope="module")
 def adamw_reference():
     return train_single_process(DataParallelConfig(steps=8, optimizer="adamw", lr=0.01))
 
@@ -296,27 +320,109 @@ def test_data_parallel_rejects_indivisible_batch():
 
 
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
-@pytest.mark.parametrize("strategy", ["zero1", "fsdp"])
+@pytest.mark.parametrize("strategy", STRATEGIES)
 def test_sharded_training_matches_unsharded_adamw(world_size, strategy, adamw_reference):
-    if strategy == "fsdp" and default_backend(world_size) == "gloo" and not FSDP_ON_CPU:
+    if strategy == "torch-fsdp" and default_backend(world_size) == "gloo" and not FSDP_ON_CPU:
         pytest.skip("FSDP on CPU needs torch >= 2.9")
     config = DataParallelConfig(steps=8, optimizer="adamw", lr=0.01)
     results = spawn(train_sharded, world_size, config, strategy, timeout=300)
-    total = sum(p.numel() for p in adamw_reference.parameters.values())
+    reference = adamw_reference.parameters
+    total = sum(p.numel() for p in reference.values())
     for result in results:
-        assert _max_difference(result.parameters, adamw_reference.parameters) < 1e-5
+        assert _max_difference(result.parameters, reference) < 1e-5
         assert result.losses == pytest.approx(adamw_reference.losses, rel=1e-5)
     state = [r.optimizer_state_numel for r in results]
-    assert sum(state) >= 2 * total  # exp_avg and exp_avg_sq of every parameter, somewhere
-    if strategy == "zero1":  # one flat vector cut in N equal slices
-        assert state == [2 * math.ceil(total / world_size)] * world_size
+    slices = sum(math.ceil(v.numel() / world_size) for v in reference.values())
+    matrices = sum(math.ceil(v.numel() / world_size) for v in reference.values() if v.dim() == 2)
+    vectors = sum(v.numel() for v in reference.values() if v.dim() != 2)
+    if strategy == "zero1":  # whole parameters, each on one rank
+        assert sum(state) == 2 * total
         assert all(r.parameter_numel == total for r in results)  # stage 1 keeps whole parameters
-    else:  # FSDP2 cuts every parameter along its first dimension
-        rows = {k: v.shape[0] for k, v in adamw_reference.parameters.items()}
+        assert all(r.held.gradients == 4 * total for r in results)  # and whole gradients
+    elif strategy == "zero2":  # a 1/N slice of every parameter, and of its gradient
+        assert state == [2 * slices] * world_size
+        assert all(r.held.gradients == 4 * slices for r in results)
+        assert all(r.parameter_numel == total for r in results)
+    elif strategy == "fsdp":  # 2-D weights sharded, 1-D parameters whole
+        assert state == [2 * (matrices + vectors)] * world_size
+        assert all(r.parameter_numel == matrices + vectors for r in results)
+        assert all(r.held.parameters == 4 * (matrices + vectors) for r in results)
+    else:  # torch's FSDP2 cuts every parameter along its first dimension
+        rows = {k: v.shape[0] for k, v in reference.items()}
         largest = sum(math.ceil(n / world_size) * v[0].numel() for (k, n), v in
-                      zip(rows.items(), adamw_reference.parameters.values(), strict=True))  # fmt: skip
+                      zip(rows.items(), reference.values(), strict=True))  # fmt: skip
         assert max(state) == 2 * largest
         assert sum(r.parameter_numel for r in results) == total  # stage 3 shards them
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+@pytest.mark.parametrize("strategy", PARITY_STRATEGIES)
+def test_strategies_match_one_process_with_tied_frozen_and_unused_parameters(
+    world_size, strategy, tied_reference
+):
+    results = spawn(strategy_worker, world_size, strategy, StrategyConfig(), timeout=300)
+    for result in results:
+        assert result.parameters.keys() == tied_reference.parameters.keys()
+        assert _max_difference(result.parameters, tied_reference.parameters) < 1e-6
+        assert result.losses == pytest.approx(tied_reference.losses, rel=1e-6)
+    torch.manual_seed(0)  # what rank 0 started from, and broadcast
+    start = dict(TiedModel(StrategyConfig()).named_parameters())
+    for name in ("frozen.weight", "unused.weight", "unused.bias"):  # never updated
+        assert torch.equal(results[-1].parameters[name], start[name].detach())
+    assert not torch.equal(results[-1].parameters["embed.weight"], start["embed.weight"].detach())
+
+
+@pytest.mark.parametrize("bucket_size_mb", [1e-4, 1e-3, 25.0])
+def test_ddp_buckets_match_one_process(bucket_size_mb, tied_reference):
+    config = StrategyConfig(bucket_size_mb=bucket_size_mb)
+    results = spawn(strategy_worker, 3, "ddp", config, timeout=300)
+    assert _max_difference(results[0].parameters, tied_reference.parameters) < 1e-6
+
+
+def test_ddp_buckets_follow_reverse_registration_order():
+    layers = [nn.Linear(10, 10) for _ in range(4)]  # 110 parameters (440 bytes) each
+    params = [p for layer in layers for p in layer.parameters()][::-1]
+    each = DDP._make_buckets(params, None)
+    assert [b.params for b in each] == [[p] for p in params]
+    cap = 440 / 2**20  # a bucket closes once it holds 440 bytes or more
+    buckets = DDP._make_buckets(params, cap)
+    assert [p for b in buckets for p in b.params] == params  # every parameter once, in order
+    assert all(
+        sum(p.numel() * 4 for p in b.params) - b.params[-1].numel() * 4 < 440 for b in buckets
+    )
+    assert [len(b.params) for b in buckets] == [2, 2, 2, 2]  # bias (40 B) + weight (400 B) each
+    assert all(b.buffer.numel() == sum(p.numel() for p in b.params) for b in buckets)
+
+
+def test_ddp_overlaps_communication_with_backward():
+    results = spawn(ddp_timeline_worker, 2, DDPTimelineConfig(steps=2), timeout=300)
+    for result in results:
+        for step in result:
+            first = min(t.launched for t in step.buckets)
+            assert step.backward_end > first  # a bucket was on the wire before backward ended
+            assert [t.index for t in step.buckets] == sorted(t.index for t in step.buckets)
+
+
+@pytest.mark.parametrize("dtype, tolerance", [(torch.float16, 2e-3), (torch.bfloat16, 1e-2)])
+def test_fsdp_mixed_precision_within_tolerance(dtype, tolerance, tied_reference):
+    config = StrategyConfig(compute_dtype=dtype)
+    results = spawn(strategy_worker, 2, "fsdp", config, timeout=300)
+    for result in results:
+        assert all(p.dtype == torch.float32 for p in result.parameters.values())  # fp32 masters
+        gap = _max_difference(result.parameters, tied_reference.parameters)
+        assert 0 < gap < tolerance  # not exact: the compute really ran in 16 bits
+
+
+@pytest.mark.parametrize("strategy", ["zero1", "zero2"])
+def test_zero_optimizers_resume_from_their_shards(strategy, tied_reference):
+    results = spawn(zero_resume_worker, 3, strategy, StrategyConfig(), 2, timeout=300)
+    for result in results:
+        assert _max_difference(result.parameters, tied_reference.parameters) < 1e-6
+
+
+def test_zero_optimizer_is_a_torch_optimizer():
+    assert issubclass(ZeroOptimizer, torch.optim.Optimizer)
+    assert issubclass(Zero2Optimizer, torch.optim.Optimizer)
 
 
 def test_zero_memory_matches_the_paper():

@@ -17,6 +17,7 @@ from pathlib import Path
 import chapters
 import pytest
 import torch
+import torch.distributed as dist
 from torch import nn
 from trainfast.distributed import OPS, SpawnError, ring_chunks, spawn
 from trainfast.distributed.cost_model import (
@@ -36,6 +37,9 @@ from trainfast.distributed.data_parallel import (
 from trainfast.distributed.ddp import DDP
 from trainfast.distributed.ddp_overlap import DDPTimelineConfig, ddp_timeline_worker
 from trainfast.distributed.exercises import (
+    check_all_reduce,
+    check_broadcast,
+    check_distributed_evaluation,
     check_peak_activations_1f1b,
     check_ring_chunks,
     check_tree_all_reduce_time,
@@ -243,6 +247,7 @@ def test_spawn_rejects_bad_arguments():
 
 _CONCURRENT = """
 import torch
+import torch.distributed as dist
 from torch import nn
 from trainfast.distributed import spawn
 from trainfast.distributed.parity import Case, parity_worker
@@ -549,15 +554,87 @@ def test_layout_calculator():
 
 
 def test_exercise_checks_accept_right_and_reject_wrong_answers(capsys):
-    assert check_ring_chunks(ring_chunks)
-    assert not check_ring_chunks(lambda rank, step, n, phase: (rank, step))
-    assert check_tree_all_reduce_time(lambda n, N, a, b: 2 * math.ceil(math.log2(N)) * (a + n * b))
-    assert not check_tree_all_reduce_time(lambda n, N, a, b: 2 * (N - 1) * (a + n * b))
-    assert check_zero_memory(lambda n, N, s: zero_memory(n, N, s).total)
-    assert not check_zero_memory(lambda n, N, s: 16 * n / N)
-    assert check_peak_activations_1f1b(lambda p, m: [min(p - s, m) for s in range(p)])
-    assert not check_peak_activations_1f1b(lambda p, m: [m] * p)
-    assert "first failure" in capsys.readouterr().out
+    check_ring_chunks(ring_chunks)
+    with pytest.raises(AssertionError, match="ring_chunks"):
+        check_ring_chunks(lambda rank, step, n, phase: (rank, step))
+    check_tree_all_reduce_time(lambda n, N, a, b: 2 * math.ceil(math.log2(N)) * (a + n * b))
+    with pytest.raises(AssertionError, match="tree_all_reduce_time"):
+        check_tree_all_reduce_time(lambda n, N, a, b: 2 * (N - 1) * (a + n * b))
+    check_zero_memory(lambda n, N, s: zero_memory(n, N, s).total)
+    with pytest.raises(AssertionError, match="zero_bytes_per_rank"):
+        check_zero_memory(lambda n, N, s: 16 * n / N)
+    check_peak_activations_1f1b(lambda p, m: [min(p - s, m) for s in range(p)])
+    with pytest.raises(AssertionError, match="peak_activations_1f1b"):
+        check_peak_activations_1f1b(lambda p, m: [m] * p)
+    assert "FAILED" in capsys.readouterr().out
+
+
+def right_broadcast(tensor, src):
+    if dist.get_rank() == src:
+        for other in range(dist.get_world_size()):
+            if other != src:
+                dist.send(tensor, other)
+    else:
+        dist.recv(tensor, src)
+
+
+def root_only_broadcast(tensor, src):  # forgets to receive: ranks keep their own tensor
+    pass
+
+
+def right_all_reduce(tensor):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if rank == 0:
+        incoming = torch.empty_like(tensor)
+        for other in range(1, world):
+            dist.recv(incoming, other)
+            tensor += incoming
+    else:
+        dist.send(tensor, 0)
+    if rank == 0:  # self-contained: the check sends only this function's source to the ranks
+        for other in range(1, world):
+            dist.send(tensor, other)
+    else:
+        dist.recv(tensor, 0)
+
+
+def reduce_only_all_reduce(tensor):  # forgets the broadcast: only rank 0 has the sum
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if rank == 0:
+        incoming = torch.empty_like(tensor)
+        for other in range(1, world):
+            dist.recv(incoming, other)
+            tensor += incoming
+    else:
+        dist.send(tensor, 0)
+
+
+def right_evaluation(model, dataset, rank, world_size):
+    x, y = dataset[rank::world_size]
+    counts = torch.tensor([(model(x).argmax(-1) == y).sum().item(), len(y)])
+    dist.all_reduce(counts)
+    return counts.tolist()
+
+
+def mean_accuracy_evaluation(model, dataset, rank, world_size):  # averages, so totals differ
+    x, y = dataset[rank::world_size]
+    counts = torch.tensor([(model(x).argmax(-1) == y).sum().item(), len(y)])
+    return counts.tolist()
+
+
+@pytest.mark.parametrize(
+    "check, right, wrong",
+    [
+        (check_broadcast, right_broadcast, root_only_broadcast),
+        (check_all_reduce, right_all_reduce, reduce_only_all_reduce),
+        (check_distributed_evaluation, right_evaluation, mean_accuracy_evaluation),
+    ],
+)
+def test_distributed_exercise_checks(check, right, wrong, capsys):
+    check(right)
+    with pytest.raises(AssertionError, match="ranks"):
+        check(wrong)
+    assert "FAILED" in capsys.readouterr().out
 
 
 # --------------------------------------------------------------- measurement and torchrun

@@ -172,7 +172,7 @@ def _check_collective(candidate: Callable[..., Any], kind: str) -> None:
     source, name = _source(candidate)
     cases = _collective_cases()
     results: list[Case] = []
-    for world_size in (1, 2, 3, 4):
+    for world_size in (2, 3, 4):
         inputs = [
             [
                 (torch.rand(shape, generator=torch.Generator().manual_seed(100 * r + i)) * 100).to(
@@ -205,13 +205,13 @@ def _check_collective(candidate: Callable[..., Any], kind: str) -> None:
 
 
 def check_broadcast(candidate: Callable[[torch.Tensor, int], None]) -> None:
-    """Exercise: ``broadcast(tensor, src)`` from ``dist.send``/``dist.recv``, in place, on 1-4
-    ranks, every root, integers and floats."""
+    """Exercise: ``broadcast(tensor, src)`` from ``dist.send``/``dist.recv``, in place, on 2-4
+    ranks, several roots, integers and floats."""
     _check_collective(candidate, "broadcast")
 
 
 def check_all_reduce(candidate: Callable[[torch.Tensor], None]) -> None:
-    """Exercise: ``all_reduce(tensor)`` (the sum) from send and receive, in place, on 1-4 ranks."""
+    """Exercise: ``all_reduce(tensor)`` (the sum) from send and receive, in place, on 2-4 ranks."""
     _check_collective(candidate, "all_reduce")
 
 
@@ -231,7 +231,7 @@ def evaluation_exercise_worker(
 def check_distributed_evaluation(
     candidate: Callable[[torch.nn.Module, Any, int, int], tuple[int, int]],
 ) -> None:
-    """Exercise: ``(correct, total)`` over the whole test set, summed across 1-4 ranks, on
+    """Exercise: ``(correct, total)`` over the whole test set, summed across 2-4 ranks, on
     every rank, each example counted once."""
     from trainfast.datasets import digits
     from trainfast.distributed.data_parallel import (
@@ -244,7 +244,7 @@ def check_distributed_evaluation(
     source, name = _source(candidate)
     expected = evaluate_distributed(make_model(DataParallelConfig(), seed=0), digits("test"), 0, 1)
     results: list[Case] = []
-    for world_size in (1, 2, 3, 4):
+    for world_size in (2, 3, 4):
         case = f"{name} on {world_size} ranks"
         try:
             got = spawn(evaluation_exercise_worker, world_size, source, name, timeout=120,

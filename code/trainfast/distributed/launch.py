@@ -37,29 +37,75 @@ import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from enum import IntEnum
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["SpawnError", "default_backend", "init_from_env", "rank_device", "spawn"]
+__all__ = [
+    "DEFAULT_PRELOAD",
+    "FailureKind",
+    "SpawnError",
+    "default_backend",
+    "init_from_env",
+    "rank_device",
+    "spawn",
+]
 
-# Imported once by the forkserver, so no rank pays for them: torch, what torch.optim imports
-# lazily on its first step (torch._dynamo), and the data sets the book's workers load. A
-# module that is not installed is skipped.
 #: Seconds the other ranks get to report after the first failure, to find the root cause.
 _GRACE_S = 1.0
 #: Error messages that only say a peer went away: consequences of another rank's failure.
 _PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
 
-_PRELOAD = [
-    "torch",
-    "torch.distributed",
-    "torch._dynamo",
-    "sklearn.datasets",
-    "trainfast.distributed",
-]
+#: Modules the forkserver imports once, so that no rank pays for them: torch, what torch.optim
+#: imports lazily on its first step (torch._dynamo), and this package. Pass ``preload`` to
+#: :func:`spawn` to add what your workers import (a data set's module, say).
+DEFAULT_PRELOAD = ("torch", "torch.distributed", "torch._dynamo", "trainfast.distributed")
+
+
+class FailureKind(IntEnum):
+    """How a rank failed, in order of how likely it is the root cause (lowest first)."""
+
+    DIED = 0  # the process ended without a word: killed, out of memory, a native crash
+    RAISED = 1  # ``fn`` raised
+    PEER_GONE = 2  # ``fn`` raised only because a peer hung up: a consequence
+
+
+@dataclass(frozen=True)
+class _RankConfig:
+    """What every child needs besides its rank: where to meet, how, and whom to watch."""
+
+    store: str
+    backend: str
+    collective_timeout: float
+    threads: int
+    parent_pid: int
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    """What a child sends home: its pickled result, or its error."""
+
+    result: bytes | None = None
+    error_type: str = ""
+    text: str = ""
+    rank_traceback: str = ""
+    cause: bytes | None = None  # the pickled exception, when it pickles
+    when: float = 0.0  # wall clock of the failure: comparable across ranks
+
+    @property
+    def ok(self) -> bool:
+        return not self.error_type
+
+
+@dataclass(frozen=True)
+class _Failure:
+    kind: FailureKind
+    when: float
+    error: SpawnError
 
 
 class SpawnError(RuntimeError):
@@ -138,16 +184,13 @@ def _run_rank(
     rank: int,
     world_size: int,
     args: tuple,
-    store: str,
-    backend: str,
-    collective_timeout: float,
-    threads: int,
-    parent_pid: int,
+    config: _RankConfig,
     conn: multiprocessing.connection.Connection,
 ) -> None:
     """Body of one child process: join the group, run ``fn``, send the outcome home."""
-    _exit_when_parent_dies(parent_pid)
-    torch.set_num_threads(threads)
+    _exit_when_parent_dies(config.parent_pid)
+    torch.set_num_threads(config.threads)
+    backend = config.backend
     if backend == "gloo" and "GLOO_SOCKET_IFNAME" not in os.environ:
         interface = _loopback_interface()  # one machine: talk over loopback, whatever DNS says
         if interface:
@@ -157,22 +200,24 @@ def _run_rank(
             torch.cuda.set_device(rank)
         dist.init_process_group(
             backend,
-            init_method=f"file://{store}",
+            init_method=f"file://{config.store}",
             rank=rank,
             world_size=world_size,
-            timeout=datetime.timedelta(seconds=collective_timeout),
+            timeout=datetime.timedelta(seconds=config.collective_timeout),
         )
-        outcome: tuple = ("ok", pickle.dumps(fn(rank, world_size, *args)))
+        outcome = _Outcome(result=pickle.dumps(fn(rank, world_size, *args)))
     except BaseException as error:  # every failure must reach the parent
         when = time.time()  # wall clock: comparable across ranks, to find the first failure
         try:
             cause = pickle.dumps(error)
         except Exception:  # an unpicklable exception still reports its text
             cause = None
-        outcome = ("error", type(error).__name__, str(error), traceback.format_exc(), cause, when)
+        outcome = _Outcome(
+            None, type(error).__name__, str(error), traceback.format_exc(), cause, when
+        )
     conn.send(outcome)
     conn.close()
-    if outcome[0] == "error":
+    if not outcome.ok:
         os._exit(1)  # peers may be stuck in a collective with us: leave without a goodbye
     if dist.is_initialized():
         dist.destroy_process_group()
@@ -199,6 +244,7 @@ def spawn(
     timeout: float | None = None,
     collective_timeout: float = 60.0,
     threads_per_rank: int = 1,
+    preload: Sequence[str] = DEFAULT_PRELOAD,
 ) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` in ``world_size`` processes; return results by rank.
 
@@ -206,6 +252,8 @@ def spawn(
     NCCL when there is a GPU per rank; see :func:`default_backend`) whose set-up and collectives
     time out after ``collective_timeout`` seconds. ``timeout`` bounds the whole launch. Results
     travel home pickled, so return tensors, numbers and dataclasses, not open files.
+    ``preload`` names modules the forkserver imports once when it first starts (a module that
+    is not installed is skipped); later calls cannot change what a running server preloaded.
 
     Raises :class:`SpawnError` with the failing rank's traceback as soon as one rank raises or
     dies (within a second, while the others report, so that the root cause is the one named),
@@ -221,28 +269,19 @@ def spawn(
     method = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
     context = mp.get_context(method)
     if method == "forkserver":
-        context.set_forkserver_preload(_PRELOAD)  # takes effect when the server first starts
+        context.set_forkserver_preload(list(preload))  # takes effect when the server first starts
 
     folder = tempfile.mkdtemp(prefix="trainfast-spawn-")
-    store = os.path.join(folder, "store")
+    config = _RankConfig(
+        os.path.join(folder, "store"), backend, collective_timeout, threads_per_rank, os.getpid()
+    )
     processes, readers = [], []
     try:
         for rank in range(world_size):
             reader, writer = context.Pipe(duplex=False)
             process = context.Process(
                 target=_run_rank,
-                args=(
-                    fn,
-                    rank,
-                    world_size,
-                    args,
-                    store,
-                    backend,
-                    collective_timeout,
-                    threads_per_rank,
-                    os.getpid(),
-                    writer,
-                ),
+                args=(fn, rank, world_size, args, config, writer),
                 name=f"trainfast-rank-{rank}",
             )
             process.start()
@@ -267,9 +306,7 @@ def _collect(processes: list, readers: list, timeout: float | None) -> list[Any]
     """
     world_size = len(processes)
     results: dict[int, Any] = {}
-    failures: list[
-        tuple[int, float, SpawnError]
-    ] = []  # (kind: 0 died, 1 error, 2 peer gone, when, error)
+    failures: list[_Failure] = []
     deadline = None if timeout is None else time.monotonic() + timeout
     grace = None
     waiting = {reader: rank for rank, reader in enumerate(readers)}
@@ -295,23 +332,25 @@ def _collect(processes: list, readers: list, timeout: float | None) -> list[Any]
                     f"rank {rank} of {world_size} died with exit code {processes[rank].exitcode} "
                     "before returning (killed, out of memory, or a crash in native code)"
                 )
-                failures.append((0, time.time(), SpawnError(message, rank, "ProcessDied", "")))
+                error = SpawnError(message, rank, "ProcessDied", "")
+                failures.append(_Failure(FailureKind.DIED, time.time(), error))
             else:
-                if outcome[0] == "ok":
-                    results[rank] = pickle.loads(outcome[1])
+                if outcome.ok:
+                    results[rank] = pickle.loads(outcome.result)
                     continue
-                _, error_type, text, rank_traceback, cause, when = outcome
                 message = (
-                    f"rank {rank} of {world_size} raised {error_type}: {text}\n\n"
-                    f"Traceback from rank {rank}:\n{rank_traceback}"
+                    f"rank {rank} of {world_size} raised {outcome.error_type}: {outcome.text}\n\n"
+                    f"Traceback from rank {rank}:\n{outcome.rank_traceback}"
                 )
-                error = SpawnError(message, rank, error_type, rank_traceback)
-                error.__cause__ = _unpickle(cause)
-                failures.append((2 if any(p in text for p in _PEER_GONE) else 1, when, error))
+                error = SpawnError(message, rank, outcome.error_type, outcome.rank_traceback)
+                error.__cause__ = _unpickle(outcome.cause)
+                gone = any(p in outcome.text for p in _PEER_GONE)
+                kind = FailureKind.PEER_GONE if gone else FailureKind.RAISED
+                failures.append(_Failure(kind, outcome.when, error))
             if grace is None:
                 grace = time.monotonic() + _GRACE_S
     if failures:
-        raise min(failures, key=lambda failure: failure[:2])[2]
+        raise min(failures, key=lambda failure: (failure.kind, failure.when)).error
     return [results[rank] for rank in range(world_size)]
 
 

@@ -390,4 +390,10 @@ def train_sharded(
         (v.to_local() if hasattr(v, "to_local") else v).numel()
         for s in inner.state.values() for v in s.values() if torch.is_tensor(v) and v.dim() > 0
     )  # fmt: skip
-    return ShardedResult(losses, parameters, [], state_numel, local_numel, held)
+    return ShardedResult(
+        losses,
+        parameters,
+        optimizer_state_numel=state_numel,
+        parameter_numel=local_numel,
+        held=held,
+    )

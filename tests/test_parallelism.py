@@ -485,13 +485,13 @@ def test_pipeline_gradients_match_the_unsplit_model(world_size):
         for stage in range(world_size):
             measured = results[stage][index]
             for name, p in model[stage].named_parameters():
-                torch.testing.assert_close(measured["grads"][name], p.grad, rtol=1e-5, atol=1e-7)
+                torch.testing.assert_close(measured.grads[name], p.grad, rtol=1e-5, atol=1e-7)
         expected = peak_activations(
             (gpipe_schedule if config.schedule == "gpipe" else one_f_one_b_schedule)(
                 world_size, config.n_micro
             )
         )
-        assert [results[s][index]["peak_activations"] for s in range(world_size)] == expected
+        assert [results[s][index].peak_activations for s in range(world_size)] == expected
 
 
 @pytest.mark.parametrize("backward", [1.0, 2.0])

@@ -20,6 +20,8 @@ from trainfast.distributed.collectives import (
     ring_all_reduce,
     ring_chunks,
 )
+from trainfast.distributed.ddp import DDP
+from trainfast.distributed.fsdp import FSDP
 from trainfast.distributed.launch import (
     SpawnError,
     default_backend,
@@ -29,6 +31,8 @@ from trainfast.distributed.launch import (
 )
 
 __all__ = [
+    "DDP",
+    "FSDP",
     "OPS",
     "SpawnError",
     "all_gather",

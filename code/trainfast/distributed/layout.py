@@ -1,4 +1,10 @@
-"""Which parallel layout fits a model on given devices? A back-of-the-envelope calculator.
+"""Which parallel layout fits a model on given devices, and which is fastest? A calculator.
+
+The public entry point is :func:`recommend_layout` (stable: the book's JavaScript calculator
+mirrors it): the fastest layout that fits, its :class:`StepEstimate` and a sentence saying why.
+:func:`propose_layout` and :func:`layout_choices` answer the memory question alone. Everything
+here is arithmetic on :mod:`trainfast.accounting` (memory, FLOPs, GPU datasheets) and
+:mod:`trainfast.distributed.cost_model` (the alpha-beta model): no training code is imported.
 
 Given a transformer's shape, the memory of one device and the number of devices, the calculator
 tries every layout ``devices = data x tensor x pipeline`` with every ZeRO stage, estimates the

@@ -55,6 +55,12 @@ class FSDPEvent:
     end: float
 
 
+def _all_gather(output: torch.Tensor, mine: torch.Tensor, async_op: bool = False) -> Any:
+    """Every rank's ``mine`` concatenated into ``output`` (torch >= 2.14 calls it ``_single``)."""
+    single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    return single(output, mine, async_op=async_op)
+
+
 def _reduce_scatter(output: torch.Tensor, flat: torch.Tensor) -> None:
     """Sum over ranks of ``flat``, rank ``r`` keeping block ``r`` (gloo has no AVG)."""
     single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
@@ -92,7 +98,7 @@ class _ShardedWeight:
             return
         self.padded.untyped_storage().resize_(self.nbytes)
         self._sending = self.shard.detach().to(self.padded.dtype)
-        self.work = dist.all_gather_into_tensor(self.padded, self._sending, async_op=True)
+        self.work = _all_gather(self.padded, self._sending, async_op=True)
 
     def wait(self) -> None:
         if self.work is not None:
@@ -259,7 +265,7 @@ class FSDP(nn.Module):
             gathered = torch.empty(
                 weight.shard.numel() * self.world_size, device=weight.shard.device
             )
-            dist.all_gather_into_tensor(gathered, weight.shard.detach())
+            _all_gather(gathered, weight.shard.detach())
             result[weight.name] = gathered[: weight.numel].view(weight.shape).clone()
         order = list(self._names.values())
         return {name: result[name] for name in order}

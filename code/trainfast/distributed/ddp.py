@@ -28,7 +28,6 @@ synchronous baseline the chapter measures the overlap against.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,12 +35,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from trainfast.profiling.timing import timestamp
+
 __all__ = ["DDP", "BucketTiming"]
 
 
 @dataclass
 class BucketTiming:
-    """When one bucket's all-reduce ran, in ``time.perf_counter()`` seconds."""
+    """When one bucket's all-reduce ran, in ``timestamp()`` seconds."""
 
     index: int
     numel: int
@@ -109,7 +110,7 @@ class DDP(nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         output = self.module(*args, **kwargs)
-        self.forward_done = time.perf_counter()
+        self.forward_done = timestamp()
         return output
 
     def _on_gradient_ready(self, p: nn.Parameter) -> None:
@@ -125,13 +126,13 @@ class DDP(nn.Module):
             view = bucket.buffer[offset : offset + p.numel()]
             view.copy_(p.grad.reshape(-1)) if p.grad is not None else view.zero_()
             offset += p.numel()
-        timing = BucketTiming(bucket.index, bucket.buffer.numel(), time.perf_counter())
+        timing = BucketTiming(bucket.index, bucket.buffer.numel(), timestamp())
         self.timings.append(timing)
         bucket.timing = timing
         bucket.work = dist.all_reduce(bucket.buffer, async_op=True)
 
         def done(future: Any, timing: BucketTiming = timing) -> None:
-            timing.done = time.perf_counter()  # runs on the backend's thread when it finishes
+            timing.done = timestamp()  # runs on the backend's thread when it finishes
 
         bucket.work.get_future().then(done)
 
@@ -145,7 +146,7 @@ class DDP(nn.Module):
                 continue  # no parameter of this bucket got a gradient on this step
             bucket.work.wait()
             if bucket.timing.done != bucket.timing.done:  # NaN: the callback has not run yet
-                bucket.timing.done = time.perf_counter()
+                bucket.timing.done = timestamp()
             bucket.buffer.div_(self.world_size)
             offset = 0
             for p in bucket.params:

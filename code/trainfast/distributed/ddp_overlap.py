@@ -15,7 +15,6 @@ stream, and overlap is the rule.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import torch
@@ -25,7 +24,7 @@ from torch import nn
 from trainfast.device import describe_environment
 from trainfast.distributed.ddp import DDP, BucketTiming
 from trainfast.distributed.launch import rank_device, spawn
-from trainfast.profiling.timing import benchmark_side_by_side
+from trainfast.profiling.timing import benchmark_side_by_side, timestamp
 from trainfast.records import Record, make_record
 
 __all__ = [
@@ -88,13 +87,13 @@ def ddp_timeline_worker(
     steps = []
     for _ in range(config.steps):
         dist.barrier()
-        start = time.perf_counter()
+        start = timestamp()
         loss = (ddp(x) - y).pow(2).mean()
         forward_end = ddp.forward_done
         loss.backward()
-        backward_end = time.perf_counter()
+        backward_end = timestamp()
         ddp.finish_gradient_synchronization()
-        finish_end = time.perf_counter()
+        finish_end = timestamp()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         buckets = [

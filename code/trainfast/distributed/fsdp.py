@@ -33,7 +33,6 @@ same modules in the same order.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,12 +40,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from trainfast.profiling.timing import timestamp
+
 __all__ = ["FSDP", "FSDPEvent", "fsdp_timeline_worker"]
 
 
 @dataclass
 class FSDPEvent:
-    """One thing that happened to a sharded weight, in ``time.perf_counter()`` seconds."""
+    """One thing that happened to a sharded weight, in ``timestamp()`` seconds."""
 
     weight: str  # the parameter's name in the wrapped module
     kind: str  # "all-gather", "compute", "reduce-scatter" or "free"
@@ -169,10 +170,10 @@ class FSDP(nn.Module):
     # ------------------------------------------------------------------ gathering and freeing
     def _note(self, weight: str, kind: str, phase: str, start: float) -> None:
         if self.record:
-            self.events.append(FSDPEvent(weight, kind, phase, start, time.perf_counter()))
+            self.events.append(FSDPEvent(weight, kind, phase, start, timestamp()))
 
     def _gather(self, weight: _ShardedWeight, phase: str) -> None:
-        start = time.perf_counter()
+        start = timestamp()
         weight.start_gather()
         weight.wait()
         self._note(weight.name, "all-gather", phase, start)
@@ -196,7 +197,7 @@ class FSDP(nn.Module):
             else:  # replicated: a differentiable view (cast), never a registered Parameter
                 value = entry.to(self.compute_dtype) if self.compute_dtype else entry.view_as(entry)
                 object.__setattr__(owner, attr, value)
-        self._forward_start = time.perf_counter()  # the module computes from here
+        self._forward_start = timestamp()  # the module computes from here
         if self.compute_dtype is None:
             return args
         return tuple(
@@ -208,7 +209,7 @@ class FSDP(nn.Module):
         weights = [e for _, e in self._uses[owner] if isinstance(e, _ShardedWeight)]
         for weight in weights:
             self._note(weight.name, "compute", "forward", self._forward_start)
-            start = time.perf_counter()
+            start = timestamp()
             weight.free()
             self._note(weight.name, "free", "forward", start)
         if weights and torch.is_tensor(output) and output.requires_grad:
@@ -219,12 +220,12 @@ class FSDP(nn.Module):
         for weight in weights:  # autograd saved the full tensor; give it its data back
             self._gather(weight, "backward")
             self._prefetch_after(weight, -1)
-            self._backward_start = time.perf_counter()
+            self._backward_start = timestamp()
 
     def _make_grad_hook(self, weight: _ShardedWeight) -> Any:
         def reduce_gradient(full: torch.Tensor) -> None:
             self._note(weight.name, "compute", "backward", self._backward_start)
-            start = time.perf_counter()
+            start = timestamp()
             flat = torch.zeros(weight.padded.numel(), dtype=full.grad.dtype, device=full.device)
             flat[: weight.numel] = full.grad.reshape(-1)
             mine = torch.empty(weight.shard.numel(), dtype=flat.dtype, device=flat.device)
@@ -234,7 +235,7 @@ class FSDP(nn.Module):
             shard.grad = mine if shard.grad is None else shard.grad.add_(mine)
             self._note(weight.name, "reduce-scatter", "backward", start)
             full.grad = None
-            start = time.perf_counter()
+            start = timestamp()
             weight.free()
             self._note(weight.name, "free", "backward", start)
 
@@ -284,7 +285,7 @@ def fsdp_timeline_worker(
     for _ in range(2):  # the first step learns the order of the layers (for prefetching)
         fsdp.events.clear()
         dist.barrier()
-        start = time.perf_counter()
+        start = timestamp()
         fsdp(x).pow(2).mean().backward()
         fsdp.finish_gradient_synchronization()
     return [

@@ -15,7 +15,9 @@ behind, so that one is gone. What ``spawn`` adds:
 * **A process group per rank, and no ports to collide.** Ranks meet through a ``file://`` store
   in a fresh temporary folder, so two builds on one machine never fight over ``MASTER_PORT``.
 * **Results and errors come home.** Each rank's return value (pickled) and, on failure, its
-  exception and traceback; a failure is a :class:`SpawnError` naming the rank.
+  exception and traceback; a failure is a :class:`SpawnError` naming the rank. ``start_processes``
+  names the first process it sees fail, which may be a consequence (a peer whose connection
+  dropped), so the others get a second to report and the root cause is the one raised.
 * **Nothing hangs.** Set-up and every collective time out (``collective_timeout``); the whole
   launch may have a deadline too (``timeout``).
 * **Fast.** The forkserver imports ``preload`` once, so a launch costs a fraction of a second.
@@ -40,6 +42,7 @@ import time
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from enum import IntEnum
 from typing import Any
 
 import torch
@@ -48,6 +51,7 @@ import torch.multiprocessing as torch_mp
 
 __all__ = [
     "DEFAULT_PRELOAD",
+    "FailureKind",
     "SpawnError",
     "default_backend",
     "init_from_env",
@@ -59,6 +63,20 @@ __all__ = [
 #: imports lazily on its first step (torch._dynamo), and this package. Pass ``preload`` to
 #: :func:`spawn` to add what your workers import (a data set's module, say).
 DEFAULT_PRELOAD = ("torch", "torch.distributed", "torch._dynamo", "trainfast.distributed")
+
+
+#: Seconds the other ranks get to report after the first failure, to find the root cause.
+_GRACE_S = 1.0
+#: Error messages that only say a peer went away: consequences of another rank's failure.
+_PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
+
+
+class FailureKind(IntEnum):
+    """How a rank failed, in order of how likely it is the root cause (lowest first)."""
+
+    DIED = 0  # the process ended without a report: killed, out of memory, a native crash
+    RAISED = 1  # ``fn`` raised
+    PEER_GONE = 2  # ``fn`` raised only because a peer hung up: a consequence
 
 
 @dataclass(frozen=True)
@@ -152,7 +170,8 @@ def _run_rank(
             cause = pickle.dumps(error)
         except Exception:  # an unpicklable exception still reports its text
             cause = None
-        report = (type(error).__name__, str(error), traceback.format_exc(), cause)
+        when = time.time()  # wall clock: comparable across ranks, to find the first failure
+        report = (type(error).__name__, str(error), traceback.format_exc(), cause, when)
         with open(os.path.join(config.folder, f"error-{rank}"), "wb") as file:
             pickle.dump(report, file)
         os._exit(1)  # peers may be stuck in a collective with us: leave without a goodbye
@@ -171,7 +190,7 @@ def _spawn_error(folder: str, rank: int, world_size: int, exitcode: int | None) 
         )
         return SpawnError(message, rank, "ProcessDied", "")
     with open(path, "rb") as file:
-        error_type, text, rank_traceback, cause = pickle.load(file)
+        error_type, text, rank_traceback, cause, _ = pickle.load(file)
     message = (
         f"rank {rank} of {world_size} raised {error_type}: {text}\n\n"
         f"Traceback from rank {rank}:\n{rank_traceback}"
@@ -179,6 +198,23 @@ def _spawn_error(folder: str, rank: int, world_size: int, exitcode: int | None) 
     error = SpawnError(message, rank, error_type, rank_traceback)
     error.__cause__ = _unpickle(cause)
     return error
+
+
+def _root_cause(folder: str, world_size: int, first: int) -> int:
+    """The rank to blame: one that died without a report, else the earliest that raised for a
+    reason of its own, else the earliest "peer hung up" (``first``: the rank torch noticed)."""
+    candidates = []
+    for rank in range(world_size):
+        path = os.path.join(folder, f"error-{rank}")
+        if not os.path.exists(path):
+            if rank == first:
+                candidates.append((FailureKind.DIED, 0.0, rank))
+            continue
+        with open(path, "rb") as file:
+            _, text, _, _, when = pickle.load(file)
+        gone = any(marker in text for marker in _PEER_GONE)
+        candidates.append((FailureKind.PEER_GONE if gone else FailureKind.RAISED, when, rank))
+    return min(candidates)[2] if candidates else first
 
 
 def spawn(
@@ -201,8 +237,10 @@ def spawn(
     is not installed is skipped); later calls cannot change what a running server preloaded.
 
     Raises :class:`SpawnError` with the failing rank's traceback as soon as one rank raises or
-    dies (PyTorch's ``start_processes`` reports the first to fail and stops the others), and
-    ``TimeoutError`` when ``timeout`` passes, after stopping every child.
+    dies, and ``TimeoutError`` when ``timeout`` passes, after stopping every child.
+    ``start_processes`` reports the first process it sees fail, which may be a consequence (a
+    peer whose connection dropped), so the others get a moment (``_GRACE_S``) to report and
+    the root cause is raised (see :class:`FailureKind`).
     """
     if not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"Invalid world_size: {world_size!r} (expected an int >= 1)")
@@ -224,7 +262,7 @@ def spawn(
         )  # fmt: skip
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
-            while not context.join(timeout=0.05):
+            while not context.join(timeout=0.05, grace_period=_GRACE_S):
                 if deadline is not None and time.monotonic() > deadline:
                     ranks = [r for r, p in enumerate(context.processes) if p.is_alive()]
                     raise TimeoutError(
@@ -233,7 +271,8 @@ def spawn(
                     )
         except (torch_mp.ProcessRaisedException, torch_mp.ProcessExitedException) as failure:
             exitcode = getattr(failure, "exit_code", None)
-            error = _spawn_error(folder, failure.error_index, world_size, exitcode)
+            rank = _root_cause(folder, world_size, failure.error_index)  # torch names the first
+            error = _spawn_error(folder, rank, world_size, exitcode)
             raise error from error.__cause__  # the rank's own exception, not torch's wrapper
         results = []
         for rank in range(world_size):

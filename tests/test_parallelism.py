@@ -17,27 +17,46 @@ from pathlib import Path
 import chapters
 import pytest
 import torch
+import torch.distributed as dist
+from torch import nn
+from trainfast.accounting import parameter_count, training_flops
 from trainfast.distributed import OPS, SpawnError, ring_chunks, spawn
 from trainfast.distributed.cost_model import (
+    INFINIBAND_NDR,
     Link,
+    all_gather_time,
     all_reduce_time,
     bytes_sent_per_rank,
     crossover_bytes,
     fit_link,
+    reduce_scatter_time,
 )
 from trainfast.distributed.data_parallel import (
     DataParallelConfig,
     train_data_parallel,
     train_single_process,
 )
+from trainfast.distributed.ddp import DDP
+from trainfast.distributed.ddp_overlap import DDPTimelineConfig, ddp_timeline_worker
 from trainfast.distributed.exercises import (
+    check_all_reduce,
+    check_broadcast,
+    check_distributed_evaluation,
     check_peak_activations_1f1b,
     check_ring_chunks,
     check_tree_all_reduce_time,
     check_zero_memory,
 )
-from trainfast.distributed.launch import default_backend
-from trainfast.distributed.layout import TransformerShape, layout_choices, propose_layout
+from trainfast.distributed.launch import DEFAULT_PRELOAD, default_backend
+from trainfast.distributed.layout import (
+    Cluster,
+    LayoutChoice,
+    TransformerShape,
+    estimate_step,
+    layout_choices,
+    propose_layout,
+    recommend_layout,
+)
 from trainfast.distributed.parity import (
     COLLECTIVES,
     Case,
@@ -56,11 +75,35 @@ from trainfast.distributed.pipeline import (
     pipeline_sweep_worker,
     simulate,
 )
-from trainfast.distributed.point_to_point import deadlock_worker, swap_worker
+from trainfast.distributed.point_to_point import deadlock_worker, ping_pong_worker, swap_worker
+from trainfast.distributed.strategy_parity import (
+    PARITY_STRATEGIES,
+    StrategyConfig,
+    TiedModel,
+    strategy_worker,
+    train_reference,
+    zero_resume_worker,
+)
 from trainfast.distributed.tensor_parallel import tensor_parallel_worker
-from trainfast.distributed.zero import FSDP_ON_CPU, train_sharded, zero_memory
+from trainfast.distributed.zero import (
+    FSDP_ON_CPU,
+    STRATEGIES,
+    Zero2Optimizer,
+    ZeroOptimizer,
+    train_sharded,
+    zero_memory,
+)
 
 WORLD_SIZES = [1, 2, 3, 4]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _preload_the_data_sets():
+    """Start the forkserver with scikit-learn's data sets imported, so no rank imports them."""
+    preload = (*DEFAULT_PRELOAD, "sklearn.datasets")
+    spawn(ping_pong_worker, 2, [1], 1, preload=preload, timeout=120)
+
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -223,6 +266,8 @@ def test_spawn_rejects_bad_arguments():
 
 _CONCURRENT = """
 import torch
+import torch.distributed as dist
+from torch import nn
 from trainfast.distributed import spawn
 from trainfast.distributed.parity import Case, parity_worker
 cases = [Case("ring_all_reduce", (100,), torch.float32, "sum")] * 20
@@ -264,6 +309,11 @@ def sgd_reference():
 
 
 @pytest.fixture(scope="module")
+def tied_reference():
+    return train_reference(StrategyConfig())
+
+
+@pytest.fixture(scope="module")
 def adamw_reference():
     return train_single_process(DataParallelConfig(steps=8, optimizer="adamw", lr=0.01))
 
@@ -294,27 +344,109 @@ def test_data_parallel_rejects_indivisible_batch():
 
 
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
-@pytest.mark.parametrize("strategy", ["zero1", "fsdp"])
+@pytest.mark.parametrize("strategy", STRATEGIES)
 def test_sharded_training_matches_unsharded_adamw(world_size, strategy, adamw_reference):
-    if strategy == "fsdp" and default_backend(world_size) == "gloo" and not FSDP_ON_CPU:
+    if strategy == "torch-fsdp" and default_backend(world_size) == "gloo" and not FSDP_ON_CPU:
         pytest.skip("FSDP on CPU needs torch >= 2.9")
     config = DataParallelConfig(steps=8, optimizer="adamw", lr=0.01)
     results = spawn(train_sharded, world_size, config, strategy, timeout=300)
-    total = sum(p.numel() for p in adamw_reference.parameters.values())
+    reference = adamw_reference.parameters
+    total = sum(p.numel() for p in reference.values())
     for result in results:
-        assert _max_difference(result.parameters, adamw_reference.parameters) < 1e-5
+        assert _max_difference(result.parameters, reference) < 1e-5
         assert result.losses == pytest.approx(adamw_reference.losses, rel=1e-5)
     state = [r.optimizer_state_numel for r in results]
-    assert sum(state) >= 2 * total  # exp_avg and exp_avg_sq of every parameter, somewhere
-    if strategy == "zero1":  # one flat vector cut in N equal slices
-        assert state == [2 * math.ceil(total / world_size)] * world_size
+    slices = sum(math.ceil(v.numel() / world_size) for v in reference.values())
+    matrices = sum(math.ceil(v.numel() / world_size) for v in reference.values() if v.dim() == 2)
+    vectors = sum(v.numel() for v in reference.values() if v.dim() != 2)
+    if strategy == "zero1":  # whole parameters, each on one rank
+        assert sum(state) == 2 * total
         assert all(r.parameter_numel == total for r in results)  # stage 1 keeps whole parameters
-    else:  # FSDP2 cuts every parameter along its first dimension
-        rows = {k: v.shape[0] for k, v in adamw_reference.parameters.items()}
+        assert all(r.held.gradients == 4 * total for r in results)  # and whole gradients
+    elif strategy == "zero2":  # a 1/N slice of every parameter, and of its gradient
+        assert state == [2 * slices] * world_size
+        assert all(r.held.gradients == 4 * slices for r in results)
+        assert all(r.parameter_numel == total for r in results)
+    elif strategy == "fsdp":  # 2-D weights sharded, 1-D parameters whole
+        assert state == [2 * (matrices + vectors)] * world_size
+        assert all(r.parameter_numel == matrices + vectors for r in results)
+        assert all(r.held.parameters == 4 * (matrices + vectors) for r in results)
+    else:  # torch's FSDP2 cuts every parameter along its first dimension
+        rows = {k: v.shape[0] for k, v in reference.items()}
         largest = sum(math.ceil(n / world_size) * v[0].numel() for (k, n), v in
-                      zip(rows.items(), adamw_reference.parameters.values(), strict=True))  # fmt: skip
+                      zip(rows.items(), reference.values(), strict=True))  # fmt: skip
         assert max(state) == 2 * largest
         assert sum(r.parameter_numel for r in results) == total  # stage 3 shards them
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+@pytest.mark.parametrize("strategy", PARITY_STRATEGIES)
+def test_strategies_match_one_process_with_tied_frozen_and_unused_parameters(
+    world_size, strategy, tied_reference
+):
+    results = spawn(strategy_worker, world_size, strategy, StrategyConfig(), timeout=300)
+    for result in results:
+        assert result.parameters.keys() == tied_reference.parameters.keys()
+        assert _max_difference(result.parameters, tied_reference.parameters) < 1e-6
+        assert result.losses == pytest.approx(tied_reference.losses, rel=1e-6)
+    torch.manual_seed(0)  # what rank 0 started from, and broadcast
+    start = dict(TiedModel(StrategyConfig()).named_parameters())
+    for name in ("frozen.weight", "unused.weight", "unused.bias"):  # never updated
+        assert torch.equal(results[-1].parameters[name], start[name].detach())
+    assert not torch.equal(results[-1].parameters["embed.weight"], start["embed.weight"].detach())
+
+
+@pytest.mark.parametrize("bucket_size_mb", [1e-4, 1e-3, 25.0])
+def test_ddp_buckets_match_one_process(bucket_size_mb, tied_reference):
+    config = StrategyConfig(bucket_size_mb=bucket_size_mb)
+    results = spawn(strategy_worker, 3, "ddp", config, timeout=300)
+    assert _max_difference(results[0].parameters, tied_reference.parameters) < 1e-6
+
+
+def test_ddp_buckets_follow_reverse_registration_order():
+    layers = [nn.Linear(10, 10) for _ in range(4)]  # 110 parameters (440 bytes) each
+    params = [p for layer in layers for p in layer.parameters()][::-1]
+    each = DDP._make_buckets(params, None)
+    assert [b.params for b in each] == [[p] for p in params]
+    cap = 440 / 2**20  # a bucket closes once it holds 440 bytes or more
+    buckets = DDP._make_buckets(params, cap)
+    assert [p for b in buckets for p in b.params] == params  # every parameter once, in order
+    assert all(
+        sum(p.numel() * 4 for p in b.params) - b.params[-1].numel() * 4 < 440 for b in buckets
+    )
+    assert [len(b.params) for b in buckets] == [2, 2, 2, 2]  # bias (40 B) + weight (400 B) each
+    assert all(b.buffer.numel() == sum(p.numel() for p in b.params) for b in buckets)
+
+
+def test_ddp_overlaps_communication_with_backward():
+    results = spawn(ddp_timeline_worker, 2, DDPTimelineConfig(steps=2), timeout=300)
+    for result in results:
+        for step in result:
+            first = min(t.launched for t in step.buckets)
+            assert step.backward_end > first  # a bucket was on the wire before backward ended
+            assert [t.index for t in step.buckets] == sorted(t.index for t in step.buckets)
+
+
+@pytest.mark.parametrize("dtype, tolerance", [(torch.float16, 2e-3), (torch.bfloat16, 1e-2)])
+def test_fsdp_mixed_precision_within_tolerance(dtype, tolerance, tied_reference):
+    config = StrategyConfig(compute_dtype=dtype)
+    results = spawn(strategy_worker, 2, "fsdp", config, timeout=300)
+    for result in results:
+        assert all(p.dtype == torch.float32 for p in result.parameters.values())  # fp32 masters
+        gap = _max_difference(result.parameters, tied_reference.parameters)
+        assert 0 < gap < tolerance  # not exact: the compute really ran in 16 bits
+
+
+@pytest.mark.parametrize("strategy", ["zero1", "zero2"])
+def test_zero_optimizers_resume_from_their_shards(strategy, tied_reference):
+    results = spawn(zero_resume_worker, 3, strategy, StrategyConfig(), 2, timeout=300)
+    for result in results:
+        assert _max_difference(result.parameters, tied_reference.parameters) < 1e-6
+
+
+def test_zero_optimizer_is_a_torch_optimizer():
+    assert issubclass(ZeroOptimizer, torch.optim.Optimizer)
+    assert issubclass(Zero2Optimizer, torch.optim.Optimizer)
 
 
 def test_zero_memory_matches_the_paper():
@@ -353,13 +485,13 @@ def test_pipeline_gradients_match_the_unsplit_model(world_size):
         for stage in range(world_size):
             measured = results[stage][index]
             for name, p in model[stage].named_parameters():
-                torch.testing.assert_close(measured["grads"][name], p.grad, rtol=1e-5, atol=1e-7)
+                torch.testing.assert_close(measured.grads[name], p.grad, rtol=1e-5, atol=1e-7)
         expected = peak_activations(
             (gpipe_schedule if config.schedule == "gpipe" else one_f_one_b_schedule)(
                 world_size, config.n_micro
             )
         )
-        assert [results[s][index]["peak_activations"] for s in range(world_size)] == expected
+        assert [results[s][index].peak_activations for s in range(world_size)] == expected
 
 
 @pytest.mark.parametrize("backward", [1.0, 2.0])
@@ -383,11 +515,32 @@ def test_1f1b_keeps_fewer_activations_than_gpipe():
 # ------------------------------------------------------------------ cost model and layout
 def test_cost_model():
     link = Link(alpha=1e-5, beta=1e-9)
-    assert all_reduce_time("ring", 1e9, 8, link) < all_reduce_time("naive", 1e9, 8, link)
-    assert all_reduce_time("naive", 4, 8, link) < all_reduce_time("ring", 4, 8, link)
-    n_star = crossover_bytes(8, link)
-    assert all_reduce_time("naive", n_star, 8, link) == pytest.approx(
-        all_reduce_time("ring", n_star, 8, link)
+    # the textbook formulas (Thakur, Rabenseifner and Gropp 2005), term by term
+    n, size = 8, 1e6
+    assert all_reduce_time("naive", size, n, link) == pytest.approx(2 * 7 * (1e-5 + size * 1e-9))
+    assert all_reduce_time("tree", size, n, link) == pytest.approx(2 * 3 * (1e-5 + size * 1e-9))
+    assert all_reduce_time("ring", size, n, link) == pytest.approx(
+        2 * 7 * 1e-5 + 2 * 7 / 8 * size * 1e-9
+    )
+    with_gamma = Link(alpha=1e-5, beta=1e-9, gamma=5e-10)
+    assert all_reduce_time("ring", size, n, with_gamma) - all_reduce_time(
+        "ring", size, n, link
+    ) == pytest.approx(7 / 8 * size * 5e-10)
+    for world in (2, 3, 4, 8, 64):  # the ring is never slower than reduce + broadcast
+        for b in (4, 4096, 1e9):
+            assert all_reduce_time("ring", b, world, link) <= all_reduce_time(
+                "naive", b, world, link
+            )
+    assert all_reduce_time("tree", 4, 64, link) < all_reduce_time("ring", 4, 64, link)
+    assert all_reduce_time("ring", 1e9, 64, link) < all_reduce_time("tree", 1e9, 64, link)
+    for world in (4, 8, 64):  # the tree-ring crossover is where the two times meet
+        n_star = crossover_bytes(world, link)
+        assert all_reduce_time("tree", n_star, world, link) == pytest.approx(
+            all_reduce_time("ring", n_star, world, link)
+        )
+    assert crossover_bytes(2, link) == 0
+    assert reduce_scatter_time(size, n, link) + all_gather_time(size, n, link) == pytest.approx(
+        all_reduce_time("ring", size, n, link)
     )
     rows = [
         {"algorithm": a, "world_size": n, "bytes": b, "seconds": all_reduce_time(a, b, n, link)}
@@ -396,8 +549,10 @@ def test_cost_model():
     fitted = fit_link(rows + [{"algorithm": "torch", "world_size": 2, "bytes": 4, "seconds": 1.0}])
     assert fitted.alpha == pytest.approx(link.alpha, rel=1e-6)
     assert fitted.beta == pytest.approx(link.beta, rel=1e-6)
-    with pytest.raises(ValueError, match="algorithm: 'tree'"):
-        all_reduce_time("tree", 4, 2, link)
+    with pytest.raises(ValueError, match="algorithm: 'butterfly'"):
+        all_reduce_time("butterfly", 4, 2, link)
+    with pytest.raises(ValueError, match="alpha: -1"):
+        Link(alpha=-1, beta=0)
 
 
 def test_layout_calculator():
@@ -417,16 +572,122 @@ def test_layout_calculator():
         assert c.data * c.tensor * c.pipeline == 16 and big.n_heads % c.tensor == 0
 
 
+def test_step_estimate_follows_the_cost_model():
+    shape = TransformerShape.gpt_like(n_layers=32, d_model=4096, n_heads=32, seq_len=4096)
+    cluster = Cluster(64)
+    plain = LayoutChoice(64, 1, 1, 0, 0, 0)
+    e = estimate_step(shape, plain, cluster, global_batch_size=256)
+    assert e.micro_batches == 4 and e.bubble_s == 0 and e.tensor_parallel_s == 0 == e.pipeline_s
+    per_device = 256 / 64 * training_flops(shape) / (989.4e12 * cluster.compute_efficiency)
+    assert e.compute_s == pytest.approx(per_device)
+    gradient = all_reduce_time("ring", 2 * parameter_count(shape), 64, INFINIBAND_NDR)
+    assert e.data_parallel_s == pytest.approx(max(0, gradient - 2 / 3 * e.compute_s / 4))
+    piped = estimate_step(shape, LayoutChoice(8, 2, 4, 0, 0, 0), cluster, global_batch_size=256)
+    assert piped.micro_batches == 32
+    assert piped.bubble_s == pytest.approx(piped.compute_s * 3 / 32)
+    assert piped.compute_s == pytest.approx(e.compute_s * 8 * 4 / 32)  # same work, 8 per model
+    assert piped.tensor_parallel_s > 0 and piped.pipeline_s > 0
+    with pytest.raises(ValueError, match="global_batch_size: 100"):
+        estimate_step(shape, plain, cluster, global_batch_size=100)
+
+
+def test_recommend_layout_picks_the_fastest_that_fits():
+    shape = TransformerShape.gpt_like(n_layers=32, d_model=4096, n_heads=32, seq_len=4096)
+    cluster = Cluster(64)
+    pick = recommend_layout(shape, cluster, global_batch_size=512)
+    assert pick.estimate == pick.considered[0]
+    assert all(pick.estimate.step_s <= e.step_s + 1e-6 for e in pick.considered)
+    for e in pick.considered:
+        assert e.choice.total_bytes <= 0.8 * 80e9 and 8 % e.choice.tensor == 0
+    c = pick.estimate.choice
+    assert f"data {c.data} x tensor {c.tensor} x pipeline {c.pipeline}" in pick.reason
+    assert recommend_layout(shape, Cluster(1), global_batch_size=8) is None  # 7B does not fit
+    small = TransformerShape.gpt_like(n_layers=12, d_model=768, n_heads=12, seq_len=1024)
+    assert recommend_layout(small, Cluster(8), 64).estimate.choice.tensor == 1  # no need for TP
+
+
 def test_exercise_checks_accept_right_and_reject_wrong_answers(capsys):
-    assert check_ring_chunks(ring_chunks)
-    assert not check_ring_chunks(lambda rank, step, n, phase: (rank, step))
-    assert check_tree_all_reduce_time(lambda n, N, a, b: 2 * math.ceil(math.log2(N)) * (a + n * b))
-    assert not check_tree_all_reduce_time(lambda n, N, a, b: 2 * (N - 1) * (a + n * b))
-    assert check_zero_memory(lambda n, N, s: zero_memory(n, N, s).total)
-    assert not check_zero_memory(lambda n, N, s: 16 * n / N)
-    assert check_peak_activations_1f1b(lambda p, m: [min(p - s, m) for s in range(p)])
-    assert not check_peak_activations_1f1b(lambda p, m: [m] * p)
-    assert "first failure" in capsys.readouterr().out
+    check_ring_chunks(ring_chunks)
+    with pytest.raises(AssertionError, match="ring_chunks"):
+        check_ring_chunks(lambda rank, step, n, phase: (rank, step))
+    check_tree_all_reduce_time(lambda n, N, a, b: 2 * math.ceil(math.log2(N)) * (a + n * b))
+    with pytest.raises(AssertionError, match="tree_all_reduce_time"):
+        check_tree_all_reduce_time(lambda n, N, a, b: 2 * (N - 1) * (a + n * b))
+    check_zero_memory(lambda n, N, s: zero_memory(n, N, s).total)
+    with pytest.raises(AssertionError, match="zero_bytes_per_rank"):
+        check_zero_memory(lambda n, N, s: 16 * n / N)
+    check_peak_activations_1f1b(lambda p, m: [min(p - s, m) for s in range(p)])
+    with pytest.raises(AssertionError, match="peak_activations_1f1b"):
+        check_peak_activations_1f1b(lambda p, m: [m] * p)
+    assert "FAILED" in capsys.readouterr().out
+
+
+def right_broadcast(tensor, src):
+    if dist.get_rank() == src:
+        for other in range(dist.get_world_size()):
+            if other != src:
+                dist.send(tensor, other)
+    else:
+        dist.recv(tensor, src)
+
+
+def root_only_broadcast(tensor, src):  # forgets to receive: ranks keep their own tensor
+    pass
+
+
+def right_all_reduce(tensor):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if rank == 0:
+        incoming = torch.empty_like(tensor)
+        for other in range(1, world):
+            dist.recv(incoming, other)
+            tensor += incoming
+    else:
+        dist.send(tensor, 0)
+    if rank == 0:  # self-contained: the check sends only this function's source to the ranks
+        for other in range(1, world):
+            dist.send(tensor, other)
+    else:
+        dist.recv(tensor, 0)
+
+
+def reduce_only_all_reduce(tensor):  # forgets the broadcast: only rank 0 has the sum
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if rank == 0:
+        incoming = torch.empty_like(tensor)
+        for other in range(1, world):
+            dist.recv(incoming, other)
+            tensor += incoming
+    else:
+        dist.send(tensor, 0)
+
+
+def right_evaluation(model, dataset, rank, world_size):
+    x, y = dataset[rank::world_size]
+    counts = torch.tensor([(model(x).argmax(-1) == y).sum().item(), len(y)])
+    dist.all_reduce(counts)
+    return counts.tolist()
+
+
+def mean_accuracy_evaluation(model, dataset, rank, world_size):  # averages, so totals differ
+    x, y = dataset[rank::world_size]
+    counts = torch.tensor([(model(x).argmax(-1) == y).sum().item(), len(y)])
+    return counts.tolist()
+
+
+@pytest.mark.parametrize(
+    "check, right, wrong",
+    [
+        (check_broadcast, right_broadcast, root_only_broadcast),
+        (check_all_reduce, right_all_reduce, reduce_only_all_reduce),
+        (check_distributed_evaluation, right_evaluation, mean_accuracy_evaluation),
+    ],
+)
+def test_distributed_exercise_checks(check, right, wrong, capsys):
+    check(right)
+    with pytest.raises(AssertionError, match="ranks"):
+        check(wrong)
+    assert "FAILED" in capsys.readouterr().out
 
 
 # --------------------------------------------------------------- measurement and torchrun

@@ -30,6 +30,8 @@ BENCHMARKS: dict[str, str] = {
     "optimizer-step-time": "trainfast.optim.benchmark:step_time_record",
     "muon-vs-adamw": "trainfast.optim.comparison:muon_vs_adamw_record",
     "all-reduce-time": "trainfast.distributed.benchmark:all_reduce_record",
+    "ddp-overlap": "trainfast.distributed.ddp_overlap:ddp_overlap_record",
+    "launcher-failure": "trainfast.distributed.launch_comparison:launcher_record",
     "matmul-throughput": "trainfast.precision.benchmark:matmul_throughput_record",
     "precision-step-time": "trainfast.precision.benchmark:step_time_record",
     "autocast-policy": "trainfast.precision.benchmark:autocast_policy_record",

@@ -24,6 +24,8 @@ from trainfast.distributed.collectives import (
     ring_shift,
     scatter,
 )
+from trainfast.distributed.ddp import DDP
+from trainfast.distributed.fsdp import FSDP
 from trainfast.distributed.launch import (
     SpawnError,
     default_backend,
@@ -33,6 +35,8 @@ from trainfast.distributed.launch import (
 )
 
 __all__ = [
+    "DDP",
+    "FSDP",
     "OPS",
     "SpawnError",
     "all_gather",

@@ -52,9 +52,7 @@ def _slowest_rank(samples: tuple[float, ...], device: torch.device) -> list[floa
     return slowest.tolist()
 
 
-def _agreed_repeats(
-    run: Callable[[], object], device: torch.device, budget_s: float
-) -> int:
+def _agreed_repeats(run: Callable[[], object], device: torch.device, budget_s: float) -> int:
     """Calls per timing so that one timing takes about ``budget_s``; the same on every rank.
 
     Times one warm-up call; the slowest rank's time decides, or ranks would disagree on how

@@ -33,9 +33,11 @@ from trainfast.distributed.launch import rank_device
 
 __all__ = [
     "DataParallelConfig",
+    "EvalCounts",
     "TrainResult",
     "average_gradients",
     "broadcast_parameters",
+    "evaluate_distributed",
     "main",
     "make_model",
     "make_optimizer",
@@ -71,6 +73,19 @@ class TrainResult:
     losses: list[float]
     parameters: dict[str, torch.Tensor]
     buckets: list[tuple[int, int]] = field(default_factory=list)  # DDP: (bucket index, numel)
+    evaluation: EvalCounts | None = None  # on the test split, summed over ranks
+
+
+@dataclass(frozen=True)
+class EvalCounts:
+    """Correct predictions and examples scored, over all ranks."""
+
+    correct: int
+    total: int
+
+    @property
+    def accuracy(self) -> float:
+        return self.correct / self.total
 
 
 def make_model(config: DataParallelConfig, seed: int) -> nn.Module:
@@ -114,6 +129,30 @@ def shard_batches(
             yield batch
             step += 1
         epoch += 1
+
+
+@torch.no_grad()
+def evaluate_distributed(
+    model: nn.Module, dataset: Dataset, rank: int, world_size: int, batch_size: int = 256
+) -> EvalCounts:
+    """Accuracy over ``dataset``, each rank scoring every ``N``-th example.
+
+    Counts, not accuracies, are summed across ranks: the mean of per-rank accuracies is wrong
+    when ranks score different numbers of examples. No example is scored twice (a
+    ``DistributedSampler`` would pad the last ranks with repeats).
+    """
+    device = next(model.parameters()).device
+    loader = DataLoader(torch.utils.data.Subset(dataset, range(rank, len(dataset), world_size)),
+                        batch_size=batch_size)  # fmt: skip
+    correct, total = 0, 0
+    for inputs, labels in loader:
+        predictions = model(inputs.to(device)).argmax(dim=-1)
+        correct += int((predictions == labels.to(device)).sum())
+        total += labels.numel()
+    counts = torch.tensor([correct, total], device=device)
+    if world_size > 1:
+        all_reduce(counts, op="sum")
+    return EvalCounts(int(counts[0]), int(counts[1]))
 
 
 def broadcast_parameters(model: nn.Module, src: int = 0) -> None:
@@ -164,7 +203,8 @@ def train_single_process(config: DataParallelConfig) -> TrainResult:
 
     model = make_model(config, config.seed)
     losses = _train(model, shard_batches(digits("train"), config, 0, 1), config, synchronize=False)
-    return TrainResult(losses, _parameters(model))
+    evaluation = evaluate_distributed(model, digits("test"), 0, 1)
+    return TrainResult(losses, _parameters(model), evaluation=evaluation)
 
 
 def _recording_hook(buckets, bucket):  # no annotations: DDP compares them with real classes
@@ -193,7 +233,8 @@ def train_data_parallel(
     if wrapper == "manual":
         broadcast_parameters(model, src=0)
         losses = _train(model, batches, config, synchronize=True)
-        return TrainResult(losses, _parameters(model))
+        evaluation = evaluate_distributed(model, digits("test"), rank, world_size)
+        return TrainResult(losses, _parameters(model), evaluation=evaluation)
     device_ids = [device.index] if device.type == "cuda" else None
     ddp = nn.parallel.DistributedDataParallel(model, device_ids, bucket_cap_mb=config.bucket_cap_mb)
     buckets: list[tuple[int, int]] = []
@@ -201,7 +242,8 @@ def train_data_parallel(
     losses = _train(ddp, batches, config, synchronize=False)
     starts = [i for i, (index, _) in enumerate(buckets) if index == 0]  # a step begins at bucket 0
     last_step = buckets[starts[-1] :] if starts else []
-    return TrainResult(losses, _parameters(ddp.module), last_step)
+    evaluation = evaluate_distributed(ddp.module, digits("test"), rank, world_size)
+    return TrainResult(losses, _parameters(ddp.module), last_step, evaluation)
 
 
 def main(argv: list[str] | None = None) -> None:

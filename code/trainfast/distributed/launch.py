@@ -3,21 +3,26 @@
 :func:`spawn` is the one-machine launcher the chapter uses for every algorithm: it runs
 ``fn(rank, world_size, *args)`` in ``world_size`` processes, each already inside an initialised
 default process group (gloo on CPU; NCCL when there is one GPU per rank), and returns the ranks'
-return values in rank order. It is to ``torch.multiprocessing.spawn`` what a test harness is to a
-script: it fails fast and loudly.
+return values in rank order.
 
-* **No ports to collide.** Ranks meet through a ``file://`` store in a fresh temporary folder,
-  and gloo's own connections use ports the operating system picks, so two builds or test runs
-  on one machine never fight over ``MASTER_PORT``.
-* **Nothing hangs.** Set-up and every collective have a timeout (``collective_timeout``); the
-  whole launch may have one too (``timeout``). A deadlock therefore ends as an error.
-* **A failing rank fails the launch, promptly.** The first rank to raise sends its traceback
-  home; the others are stopped (they may be waiting for it inside a collective) and
-  :class:`SpawnError` is raised with that rank's traceback. No process is left behind.
-* **Fast.** Processes are forked from a "forkserver" that has already imported torch, so a
-  launch costs a fraction of a second instead of one torch import per rank. The server keeps
-  the modules it preloaded (this package included) for the life of the launching process:
-  after editing the package, restart the notebook kernel.
+It is a thin layer over PyTorch's own ``torch.multiprocessing.start_processes`` (forkserver
+start method), which starts the processes, notices the first one that fails, terminates the
+others and kills the children if the parent dies. The ``launcher-failure`` benchmark
+(:mod:`trainfast.distributed.launch_comparison`) measured that it fails as fast as the
+hand-written launcher this module used to hold, blames the same rank and leaves no process
+behind, so that one is gone. What ``spawn`` adds:
+
+* **A process group per rank, and no ports to collide.** Ranks meet through a ``file://`` store
+  in a fresh temporary folder, so two builds on one machine never fight over ``MASTER_PORT``.
+* **Results and errors come home.** Each rank's return value (pickled) and, on failure, its
+  exception and traceback; a failure is a :class:`SpawnError` naming the rank. ``start_processes``
+  names the first process it sees fail, which may be a consequence (a peer whose connection
+  dropped), so the others get a second to report and the root cause is the one raised.
+* **Nothing hangs.** Set-up and every collective time out (``collective_timeout``); the whole
+  launch may have a deadline too (``timeout``).
+* **Fast.** The forkserver imports ``preload`` once, so a launch costs a fraction of a second.
+  It keeps those modules (this package included) for the life of the launching process: after
+  editing the package, restart the notebook kernel.
 
 ``fn`` must be importable by name (defined in a module, not in a notebook cell): the child
 processes look it up by its module and name. Under ``torchrun`` the process group already exists;
@@ -28,38 +33,60 @@ from __future__ import annotations
 
 import datetime
 import multiprocessing as mp
-import multiprocessing.connection
 import os
 import pickle
 import shutil
 import socket
 import tempfile
-import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from enum import IntEnum
 from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.multiprocessing as torch_mp
 
-__all__ = ["SpawnError", "default_backend", "init_from_env", "rank_device", "spawn"]
+__all__ = [
+    "DEFAULT_PRELOAD",
+    "FailureKind",
+    "SpawnError",
+    "default_backend",
+    "init_from_env",
+    "rank_device",
+    "spawn",
+]
 
-# Imported once by the forkserver, so no rank pays for them: torch, what torch.optim imports
-# lazily on its first step (torch._dynamo), and the data sets the book's workers load. A
-# module that is not installed is skipped.
+#: Modules the forkserver imports once, so that no rank pays for them: torch, what torch.optim
+#: imports lazily on its first step (torch._dynamo), and this package. Pass ``preload`` to
+#: :func:`spawn` to add what your workers import (a data set's module, say).
+DEFAULT_PRELOAD = ("torch", "torch.distributed", "torch._dynamo", "trainfast.distributed")
+
+
 #: Seconds the other ranks get to report after the first failure, to find the root cause.
 _GRACE_S = 1.0
 #: Error messages that only say a peer went away: consequences of another rank's failure.
 _PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
 
-_PRELOAD = [
-    "torch",
-    "torch.distributed",
-    "torch._dynamo",
-    "sklearn.datasets",
-    "trainfast.distributed",
-]
+
+class FailureKind(IntEnum):
+    """How a rank failed, in order of how likely it is the root cause (lowest first)."""
+
+    DIED = 0  # the process ended without a report: killed, out of memory, a native crash
+    RAISED = 1  # ``fn`` raised
+    PEER_GONE = 2  # ``fn`` raised only because a peer hung up: a consequence
+
+
+@dataclass(frozen=True)
+class _RankConfig:
+    """What every child needs besides its rank: where to meet and report, and how."""
+
+    folder: str  # holds the rendezvous store and each rank's result or error
+    backend: str
+    collective_timeout: float
+    threads: int
 
 
 class SpawnError(RuntimeError):
@@ -117,37 +144,12 @@ def _loopback_interface() -> str | None:
     return next((name for name in names if name.startswith("lo")), None)
 
 
-def _exit_when_parent_dies(parent_pid: int) -> None:
-    """Stop this rank if the launching process disappears (killed kernels leave no orphans)."""
-
-    def watch() -> None:
-        while True:
-            time.sleep(1.0)
-            try:
-                os.kill(parent_pid, 0)
-            except ProcessLookupError:
-                os._exit(1)
-            except PermissionError:  # pid reused by another user's process: parent is gone
-                os._exit(1)
-
-    threading.Thread(target=watch, daemon=True, name="trainfast-parent-watch").start()
-
-
 def _run_rank(
-    fn: Callable[..., Any],
-    rank: int,
-    world_size: int,
-    args: tuple,
-    store: str,
-    backend: str,
-    collective_timeout: float,
-    threads: int,
-    parent_pid: int,
-    conn: multiprocessing.connection.Connection,
+    rank: int, fn: Callable[..., Any], world_size: int, args: tuple, config: _RankConfig
 ) -> None:
-    """Body of one child process: join the group, run ``fn``, send the outcome home."""
-    _exit_when_parent_dies(parent_pid)
-    torch.set_num_threads(threads)
+    """Body of one child process: join the group, run ``fn``, write the outcome to a file."""
+    torch.set_num_threads(config.threads)
+    backend = config.backend
     if backend == "gloo" and "GLOO_SOCKET_IFNAME" not in os.environ:
         interface = _loopback_interface()  # one machine: talk over loopback, whatever DNS says
         if interface:
@@ -157,38 +159,62 @@ def _run_rank(
             torch.cuda.set_device(rank)
         dist.init_process_group(
             backend,
-            init_method=f"file://{store}",
+            init_method=f"file://{os.path.join(config.folder, 'store')}",
             rank=rank,
             world_size=world_size,
-            timeout=datetime.timedelta(seconds=collective_timeout),
+            timeout=datetime.timedelta(seconds=config.collective_timeout),
         )
-        outcome: tuple = ("ok", pickle.dumps(fn(rank, world_size, *args)))
+        result = fn(rank, world_size, *args)
     except BaseException as error:  # every failure must reach the parent
-        when = time.time()  # wall clock: comparable across ranks, to find the first failure
         try:
             cause = pickle.dumps(error)
         except Exception:  # an unpicklable exception still reports its text
             cause = None
-        outcome = ("error", type(error).__name__, str(error), traceback.format_exc(), cause, when)
-    conn.send(outcome)
-    conn.close()
-    if outcome[0] == "error":
+        when = time.time()  # wall clock: comparable across ranks, to find the first failure
+        report = (type(error).__name__, str(error), traceback.format_exc(), cause, when)
+        with open(os.path.join(config.folder, f"error-{rank}"), "wb") as file:
+            pickle.dump(report, file)
         os._exit(1)  # peers may be stuck in a collective with us: leave without a goodbye
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    with open(os.path.join(config.folder, f"result-{rank}"), "wb") as file:
+        pickle.dump(result, file)
+    dist.destroy_process_group()
 
 
-def _stop(processes: list) -> None:
-    """Terminate what is still running, then kill what ignores the request."""
-    for process in processes:
-        if process.is_alive():
-            process.terminate()
-    deadline = time.monotonic() + 2.0
-    for process in processes:
-        process.join(max(0.0, deadline - time.monotonic()))
-        if process.is_alive():
-            process.kill()
-            process.join()
+def _spawn_error(folder: str, rank: int, world_size: int, exitcode: int | None) -> SpawnError:
+    """The :class:`SpawnError` for a rank that failed, from the report it left (if any)."""
+    path = os.path.join(folder, f"error-{rank}")
+    if not os.path.exists(path):
+        message = (
+            f"rank {rank} of {world_size} died with exit code {exitcode} before returning "
+            "(killed, out of memory, or a crash in native code)"
+        )
+        return SpawnError(message, rank, "ProcessDied", "")
+    with open(path, "rb") as file:
+        error_type, text, rank_traceback, cause, _ = pickle.load(file)
+    message = (
+        f"rank {rank} of {world_size} raised {error_type}: {text}\n\n"
+        f"Traceback from rank {rank}:\n{rank_traceback}"
+    )
+    error = SpawnError(message, rank, error_type, rank_traceback)
+    error.__cause__ = _unpickle(cause)
+    return error
+
+
+def _root_cause(folder: str, world_size: int, first: int) -> int:
+    """The rank to blame: one that died without a report, else the earliest that raised for a
+    reason of its own, else the earliest "peer hung up" (``first``: the rank torch noticed)."""
+    candidates = []
+    for rank in range(world_size):
+        path = os.path.join(folder, f"error-{rank}")
+        if not os.path.exists(path):
+            if rank == first:
+                candidates.append((FailureKind.DIED, 0.0, rank))
+            continue
+        with open(path, "rb") as file:
+            _, text, _, _, when = pickle.load(file)
+        gone = any(marker in text for marker in _PEER_GONE)
+        candidates.append((FailureKind.PEER_GONE if gone else FailureKind.RAISED, when, rank))
+    return min(candidates)[2] if candidates else first
 
 
 def spawn(
@@ -199,6 +225,7 @@ def spawn(
     timeout: float | None = None,
     collective_timeout: float = 60.0,
     threads_per_rank: int = 1,
+    preload: Sequence[str] = DEFAULT_PRELOAD,
 ) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` in ``world_size`` processes; return results by rank.
 
@@ -206,10 +233,14 @@ def spawn(
     NCCL when there is a GPU per rank; see :func:`default_backend`) whose set-up and collectives
     time out after ``collective_timeout`` seconds. ``timeout`` bounds the whole launch. Results
     travel home pickled, so return tensors, numbers and dataclasses, not open files.
+    ``preload`` names modules the forkserver imports once when it first starts (a module that
+    is not installed is skipped); later calls cannot change what a running server preloaded.
 
     Raises :class:`SpawnError` with the failing rank's traceback as soon as one rank raises or
-    dies (within a second, while the others report, so that the root cause is the one named),
-    and ``TimeoutError`` when ``timeout`` passes; either way every child is stopped first.
+    dies, and ``TimeoutError`` when ``timeout`` passes, after stopping every child.
+    ``start_processes`` reports the first process it sees fail, which may be a consequence (a
+    peer whose connection dropped), so the others get a moment (``_GRACE_S``) to report and
+    the root cause is raised (see :class:`FailureKind`).
     """
     if not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"Invalid world_size: {world_size!r} (expected an int >= 1)")
@@ -219,100 +250,41 @@ def spawn(
     if backend not in ("gloo", "nccl", "mpi"):
         raise ValueError(f"Unknown backend: {backend!r} (expected 'gloo', 'nccl' or 'mpi')")
     method = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
-    context = mp.get_context(method)
-    if method == "forkserver":
-        context.set_forkserver_preload(_PRELOAD)  # takes effect when the server first starts
-
+    if method == "forkserver":  # takes effect when the server first starts
+        mp.get_context(method).set_forkserver_preload(list(preload))
     folder = tempfile.mkdtemp(prefix="trainfast-spawn-")
-    store = os.path.join(folder, "store")
-    processes, readers = [], []
+    config = _RankConfig(folder, backend, collective_timeout, threads_per_rank)
+    context = None
     try:
+        context = torch_mp.start_processes(
+            _run_rank, args=(fn, world_size, args, config), nprocs=world_size, join=False,
+            start_method=method,
+        )  # fmt: skip
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            while not context.join(timeout=0.05, grace_period=_GRACE_S):
+                if deadline is not None and time.monotonic() > deadline:
+                    ranks = [r for r, p in enumerate(context.processes) if p.is_alive()]
+                    raise TimeoutError(
+                        f"spawn: ranks {ranks} of {world_size} did not finish within {timeout} s "
+                        "(a deadlock, or a rank waiting for a message that never comes?)"
+                    )
+        except (torch_mp.ProcessRaisedException, torch_mp.ProcessExitedException) as failure:
+            exitcode = getattr(failure, "exit_code", None)
+            rank = _root_cause(folder, world_size, failure.error_index)  # torch names the first
+            error = _spawn_error(folder, rank, world_size, exitcode)
+            raise error from error.__cause__  # the rank's own exception, not torch's wrapper
+        results = []
         for rank in range(world_size):
-            reader, writer = context.Pipe(duplex=False)
-            process = context.Process(
-                target=_run_rank,
-                args=(
-                    fn,
-                    rank,
-                    world_size,
-                    args,
-                    store,
-                    backend,
-                    collective_timeout,
-                    threads_per_rank,
-                    os.getpid(),
-                    writer,
-                ),
-                name=f"trainfast-rank-{rank}",
-            )
-            process.start()
-            writer.close()  # the child holds its own copy; ours would hide its death
-            processes.append(process)
-            readers.append(reader)
-        return _collect(processes, readers, timeout)
+            with open(os.path.join(folder, f"result-{rank}"), "rb") as file:
+                results.append(pickle.load(file))
+        return results
     finally:
-        _stop(processes)
-        for reader in readers:
-            reader.close()
+        for process in context.processes if context is not None else []:
+            if process.is_alive():
+                process.kill()
+            process.join()
         shutil.rmtree(folder, ignore_errors=True)
-
-
-def _collect(processes: list, readers: list, timeout: float | None) -> list[Any]:
-    """Wait for every rank's outcome; raise on a failure or at the deadline.
-
-    One failure usually causes others (its peers lose their connection to it), so after the
-    first one arrives the others get a moment (``_GRACE_S``) to report, and the root cause is
-    raised: a rank that died without a word if any, else the earliest error that is not merely
-    "a peer hung up", else the earliest error.
-    """
-    world_size = len(processes)
-    results: dict[int, Any] = {}
-    failures: list[
-        tuple[int, float, SpawnError]
-    ] = []  # (kind: 0 died, 1 error, 2 peer gone, when, error)
-    deadline = None if timeout is None else time.monotonic() + timeout
-    grace = None
-    waiting = {reader: rank for rank, reader in enumerate(readers)}
-    while waiting:
-        limits = [t for t in (deadline, grace) if t is not None]
-        left = max(0.0, min(limits) - time.monotonic()) if limits else None
-        ready = mp.connection.wait(list(waiting), timeout=left)
-        if not ready and failures:
-            break  # the grace period is over
-        if not ready:
-            ranks = sorted(waiting.values())
-            raise TimeoutError(
-                f"spawn: ranks {ranks} of {world_size} did not finish within {timeout} s "
-                "(a deadlock, or a rank waiting for a message that never comes?)"
-            )
-        for reader in ready:
-            rank = waiting.pop(reader)
-            try:
-                outcome = reader.recv()
-            except EOFError:  # the pipe closed without a word: the process died
-                processes[rank].join(1.0)
-                message = (
-                    f"rank {rank} of {world_size} died with exit code {processes[rank].exitcode} "
-                    "before returning (killed, out of memory, or a crash in native code)"
-                )
-                failures.append((0, time.time(), SpawnError(message, rank, "ProcessDied", "")))
-            else:
-                if outcome[0] == "ok":
-                    results[rank] = pickle.loads(outcome[1])
-                    continue
-                _, error_type, text, rank_traceback, cause, when = outcome
-                message = (
-                    f"rank {rank} of {world_size} raised {error_type}: {text}\n\n"
-                    f"Traceback from rank {rank}:\n{rank_traceback}"
-                )
-                error = SpawnError(message, rank, error_type, rank_traceback)
-                error.__cause__ = _unpickle(cause)
-                failures.append((2 if any(p in text for p in _PEER_GONE) else 1, when, error))
-            if grace is None:
-                grace = time.monotonic() + _GRACE_S
-    if failures:
-        raise min(failures, key=lambda failure: failure[:2])[2]
-    return [results[rank] for rank in range(world_size)]
 
 
 def _unpickle(data: bytes | None) -> BaseException | None:

@@ -1,4 +1,10 @@
-"""Which parallel layout fits a model on given devices? A back-of-the-envelope calculator.
+"""Which parallel layout fits a model on given devices, and which is fastest? A calculator.
+
+The public entry point is :func:`recommend_layout` (stable: the book's JavaScript calculator
+mirrors it): the fastest layout that fits, its :class:`StepEstimate` and a sentence saying why.
+:func:`propose_layout` and :func:`layout_choices` answer the memory question alone. Everything
+here is arithmetic on :mod:`trainfast.accounting` (memory, FLOPs, GPU datasheets) and
+:mod:`trainfast.distributed.cost_model` (the alpha-beta model): no training code is imported.
 
 Given a transformer's shape, the memory of one device and the number of devices, the calculator
 tries every layout ``devices = data x tensor x pipeline`` with every ZeRO stage, estimates the
@@ -31,18 +37,33 @@ context; real runs need headroom (``reserve``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from trainfast.accounting import (
+    GPUS,
+    GPUSpec,
     TransformerShape,
     activation_bytes,
     checkpointed_layer_bytes,
     parameter_count,
+    training_flops,
     zero_memory,
+)
+from trainfast.distributed.cost_model import (
+    INFINIBAND_NDR,
+    NVLINK4,
+    Link,
+    all_gather_time,
+    all_reduce_time,
 )
 
 __all__ = [
+    "Cluster",
     "LayoutChoice",
+    "LayoutRecommendation",
+    "StepEstimate",
+    "estimate_step",
+    "recommend_layout",
     "TransformerShape",
     "activation_bytes",
     "layout_choices",
@@ -86,7 +107,8 @@ def layout_choices(
     of preference: fewest model-parallel devices, then the lowest ZeRO stage, then fewer stages.
 
     Tensor parallelism needs fast links (NVLink), so it stays within ``max_tensor`` devices and
-    must divide the heads; pipeline stages must divide the layers.
+    must divide the heads; there are at most as many pipeline stages as layers (uneven stages
+    when they do not divide: the estimate uses the average stage).
     """
     if n_devices < 1:
         raise ValueError(f"Invalid n_devices: {n_devices!r} (expected >= 1)")
@@ -95,7 +117,7 @@ def layout_choices(
         if tensor > max_tensor or shape.n_heads % tensor:
             continue
         for pipeline in _divisors(n_devices // tensor):
-            if shape.n_layers % pipeline:
+            if pipeline > shape.n_layers:
                 continue
             data = n_devices // (tensor * pipeline)
             for stage in (0, 1, 2, 3) if data > 1 else (0,):
@@ -125,3 +147,176 @@ def propose_layout(
     budget = device_memory_bytes * (1 - reserve)
     choices = layout_choices(shape, n_devices, max_tensor, recompute=recompute)  # preferred first
     return next((c for c in choices if c.total_bytes <= budget), None)
+
+
+# --------------------------------------------------------------------------- step time
+@dataclass(frozen=True)
+class Cluster:
+    """The devices a layout runs on: how many, how they are wired, how fast they compute.
+
+    ``compute_efficiency`` is the fraction of peak FLOP/s the matmuls reach (an assumption: 40-50 %
+    is typical of large runs, e.g. Llama 3's 38-43 % MFU on H100s, Dubey et al. 2024, Table 4).
+    The links are :mod:`~trainfast.distributed.cost_model`'s NVLink 4 inside a node and one
+    InfiniBand NDR port per GPU across nodes (a DGX H100 has eight ConnectX-7 400 Gb/s ports).
+    """
+
+    n_devices: int
+    gpu: GPUSpec = GPUS["H100 SXM 80GB"]
+    devices_per_node: int = 8
+    intra_node: Link = NVLINK4
+    inter_node: Link = INFINIBAND_NDR
+    compute_efficiency: float = 0.45
+
+    def __post_init__(self) -> None:
+        if self.n_devices < 1:
+            raise ValueError(f"Invalid n_devices: {self.n_devices!r} (expected >= 1)")
+        if not 0 < self.compute_efficiency <= 1:
+            raise ValueError(f"Invalid compute_efficiency: {self.compute_efficiency!r}")
+
+    def link(self, group_span: int) -> Link:
+        """The link a group of ranks ``group_span`` devices apart (stride x size) talks over."""
+        return self.intra_node if group_span <= self.devices_per_node else self.inter_node
+
+
+@dataclass(frozen=True)
+class StepEstimate:
+    """Seconds of one optimizer step of a layout, by part (the α-β model plus FLOPs; a model)."""
+
+    choice: LayoutChoice
+    micro_batch_size: int
+    micro_batches: int  # per pipeline per step: gradient accumulation steps when pipeline = 1
+    compute_s: float  # matmul FLOPs of this device / achieved FLOP/s
+    bubble_s: float  # the pipeline's idle time: compute x (p - 1) / m
+    tensor_parallel_s: float  # 4 all-reduces of activations per layer and micro-batch, exposed
+    pipeline_s: float  # activations and their gradients between stages, exposed
+    data_parallel_s: float  # gradient reduction (+ ZeRO-3 gathers) not hidden behind backward
+
+    @property
+    def step_s(self) -> float:
+        return (
+            self.compute_s + self.bubble_s + self.tensor_parallel_s + self.pipeline_s
+            + self.data_parallel_s
+        )  # fmt: skip
+
+
+def estimate_step(
+    shape: TransformerShape,
+    choice: LayoutChoice,
+    cluster: Cluster,
+    global_batch_size: int,
+    micro_batch_size: int = 1,
+) -> StepEstimate:
+    """Estimate one step of ``choice`` training ``global_batch_size`` sequences of ``shape``.
+
+    Each of the ``d`` data-parallel replicas runs ``m = B / (d b)`` micro-batches of ``b``
+    sequences (gradient accumulation when there is no pipeline). Compute is
+    :func:`~trainfast.accounting.training_flops` split over ``t p`` devices; the 1F1B bubble adds
+    ``(p - 1) / m`` of it. Tensor parallelism's all-reduces (two forward, two backward per layer
+    and micro-batch, bf16 activations, ring, NVLink when ``t`` fits in a node) wait on the
+    critical path. Pipeline messages are point to point. The data-parallel gradient all-reduce
+    (bf16; ZeRO-3 adds two all-gathers of the weights) overlaps with the last micro-batch's
+    backward, about 2/3 of its compute; only the rest is counted.
+    """
+    d, t, p = choice.data, choice.tensor, choice.pipeline
+    if global_batch_size % (d * micro_batch_size):
+        raise ValueError(
+            f"Invalid global_batch_size: {global_batch_size} is not a multiple of data x "
+            f"micro_batch_size = {d * micro_batch_size}"
+        )
+    m = global_batch_size // (d * micro_batch_size)
+    micro = replace(shape, batch_size=micro_batch_size)
+    flops_per_device = training_flops(micro) * m / (t * p)
+    compute = flops_per_device / (cluster.gpu.peak_flops["bf16"] * cluster.compute_efficiency)
+    bubble = compute * (p - 1) / m
+    activation = 2 * micro_batch_size * shape.seq_len * shape.d_model  # bf16 bytes
+    layers_per_stage = -(-shape.n_layers // p)
+    tensor = 0.0
+    if t > 1:
+        one = all_reduce_time("ring", activation, t, cluster.link(t))
+        tensor = 4 * layers_per_stage * m * one
+    pipeline = 0.0
+    if p > 1:
+        hop = cluster.link(t * p)  # consecutive stages are t devices apart
+        pipeline = 2 * m * (hop.alpha + activation * hop.beta)
+    data = 0.0
+    if d > 1:
+        gradient_bytes = 2 * parameter_count(shape) / (t * p)
+        link = cluster.link(d * t * p)
+        data = all_reduce_time("ring", gradient_bytes, d, link)
+        if choice.zero_stage == 3:
+            data += 2 * all_gather_time(gradient_bytes, d, link)
+        data = max(0.0, data - (2 / 3) * compute / m)
+    return StepEstimate(choice, micro_batch_size, m, compute, bubble, tensor, pipeline, data)
+
+
+@dataclass(frozen=True)
+class LayoutRecommendation:
+    """The layout :func:`recommend_layout` picked, its estimate, why, and what it beat."""
+
+    estimate: StepEstimate
+    reason: str
+    considered: list[StepEstimate]  # every layout that fits, fastest first
+
+
+def recommend_layout(
+    shape: TransformerShape,
+    cluster: Cluster,
+    global_batch_size: int,
+    micro_batch_size: int = 1,
+    *,
+    reserve: float = 0.2,
+    recompute: bool = False,
+    max_tensor: int = 8,
+) -> LayoutRecommendation | None:
+    """The fastest layout that fits in memory, with its estimated step time and the reason.
+
+    The book's one public entry point for choosing a layout: every ``data x tensor x pipeline x
+    ZeRO stage`` of ``cluster.n_devices`` whose memory estimate (:func:`layout_choices`, for
+    one micro-batch of ``micro_batch_size`` sequences) fits in ``1 - reserve`` of a device, timed
+    with :func:`estimate_step`; ties go to the simpler layout (lower ZeRO stage, fewer model-
+    parallel devices). Tensor parallelism must divide a node (``devices_per_node``), so its
+    all-reduces stay on NVLink. ``None`` if nothing fits. A model, not a measurement: it ignores kernel
+    efficiency differences, overlap beyond the last backward, and stragglers.
+    """
+    if not 0 <= reserve < 1:
+        raise ValueError(f"Invalid reserve: {reserve!r} (expected 0 <= reserve < 1)")
+    micro = replace(shape, batch_size=micro_batch_size)
+    budget = cluster.gpu.memory_bytes * (1 - reserve)
+    fitting = [
+        c for c in layout_choices(micro, cluster.n_devices, max_tensor, recompute=recompute)
+        if c.total_bytes <= budget
+        and global_batch_size % (c.data * micro_batch_size) == 0
+        and cluster.devices_per_node % min(c.tensor, cluster.devices_per_node) == 0
+    ]  # fmt: skip
+    if not fitting:
+        return None
+    estimates = sorted(
+        (estimate_step(shape, c, cluster, global_batch_size, micro_batch_size) for c in fitting),
+        key=lambda e: (round(e.step_s, 6), _preference(e.choice)),
+    )
+    best = estimates[0]
+    c = best.choice
+    parts = {
+        "compute": best.compute_s,
+        "pipeline bubble": best.bubble_s,
+        "tensor-parallel all-reduces": best.tensor_parallel_s,
+        "pipeline messages": best.pipeline_s,
+        "exposed data-parallel communication": best.data_parallel_s,
+    }
+    largest_overhead = max(list(parts)[1:], key=parts.get)
+    reason = (
+        f"data {c.data} x tensor {c.tensor} x pipeline {c.pipeline}, ZeRO-{c.zero_stage}: "
+        f"{c.total_bytes / 1e9:.0f} GB per device of {budget / 1e9:.0f} GB usable; "
+        f"{best.micro_batches} micro-batches of {micro_batch_size} per replica; estimated "
+        f"{best.step_s:.2f} s per step, {best.compute_s / best.step_s:.0%} of it compute "
+        f"(largest overhead: {largest_overhead}, {parts[largest_overhead]:.2f} s). "
+        f"{len(estimates)} layouts fit; "
+        + (
+            "the next fastest, "
+            f"data {estimates[1].choice.data} x tensor {estimates[1].choice.tensor} x pipeline "
+            f"{estimates[1].choice.pipeline}, ZeRO-{estimates[1].choice.zero_stage}, "
+            f"takes {estimates[1].step_s:.2f} s."
+            if len(estimates) > 1 else "it is the only one."
+        )
+    )  # fmt: skip
+    return LayoutRecommendation(best, reason, estimates)

@@ -28,6 +28,8 @@ from trainfast.distributed.launch import rank_device
 from trainfast.profiling.timing import timestamp
 
 __all__ = [
+    "StageResult",
+    "pipeline_communicate",
     "SCHEDULES",
     "PipelineConfig",
     "Slot",
@@ -186,66 +188,101 @@ def _wait_until(moment: float) -> None:
 
 def pipeline_sweep_worker(
     rank: int, world_size: int, configs: list[PipelineConfig]
-) -> list[dict[str, object]]:
+) -> list[StageResult]:
     """:func:`pipeline_worker` for each config in turn, in one launch."""
     return [pipeline_worker(rank, world_size, config) for config in configs]
 
 
-def pipeline_worker(rank: int, world_size: int, config: PipelineConfig) -> dict[str, object]:
+@dataclass
+class StageResult:
+    """What one pipeline stage reports after a step."""
+
+    grads: dict[str, torch.Tensor]  # this stage's parameter gradients
+    slots: list[Slot]  # its operations, seconds since a common start
+    busy_s: float  # time spent computing
+    total_s: float  # the step, start to end
+    peak_activations: int  # the most micro-batches whose activations it held at once
+
+
+def pipeline_communicate(
+    operation: str,
+    *,
+    tensor: torch.Tensor | None = None,
+    shape: tuple[int, ...] | None = None,
+    pending: list | None = None,
+) -> torch.Tensor | None:
+    """Every message of a pipeline schedule, so the schedule reads as the algorithm (after
+    picotron's helper of the same name).
+
+    ``"recv_forward"`` returns the activations from the previous stage and ``"recv_backward"``
+    the gradient from the next (both blocking: waiting here is the bubble); ``"send_forward"``
+    and ``"send_backward"`` post ``tensor`` without waiting, appending the request to
+    ``pending``. The first stage receives no activations and the last no gradients: those
+    calls return ``None`` and send nothing.
+    """
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    peer = {"recv_forward": rank - 1, "send_forward": rank + 1,
+            "recv_backward": rank + 1, "send_backward": rank - 1}.get(operation)  # fmt: skip
+    if peer is None:
+        raise ValueError(f"Unknown operation: {operation!r}")
+    if not 0 <= peer < world_size:
+        return None  # the first or last stage: nobody there
+    if operation.startswith("recv"):
+        received = torch.empty(shape, device=rank_device())
+        dist.recv(received, src=peer)
+        return received
+    pending.append(dist.isend(tensor, dst=peer))
+    return None
+
+
+def pipeline_worker(rank: int, world_size: int, config: PipelineConfig) -> StageResult:
     """Run one training step of stage ``rank``, following the schedule; time every op.
 
     The loss is the mean squared error over the whole batch, so the gradients equal those of the
-    unsplit model on the full batch. Returns this stage's parameter gradients, its op
-    :class:`Slot` list (seconds since a common start, read with
-    :func:`~trainfast.profiling.timestamp` once the device is idle), the busy time, the total
-    time and the most activations it held at once.
+    unsplit model on the full batch. Returns this stage's :class:`StageResult`: its gradients,
+    its op :class:`Slot` list (seconds since a common start, read with
+    :func:`~trainfast.profiling.timestamp` once the device is idle), the busy and total time and
+    the most activations it held at once.
     """
     device = rank_device()  # its own GPU under NCCL, else the CPU
     stage = make_pipeline_model(config, world_size)[rank].to(device)
     x, y = (t.to(device) for t in pipeline_batch(config))
     micro_x, micro_y = x.chunk(config.n_micro), y.chunk(config.n_micro)
     shape = micro_x[0].shape  # (batch_size / n_micro, width)
-    first, last = rank == 0, rank == world_size - 1
+    last = rank == world_size - 1
     alive: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # micro -> (stage input, output)
     sends, slots, peak = [], [], 0
     dist.barrier()
     origin = timestamp(device)
     for kind, i in SCHEDULES[config.schedule](world_size, config.n_micro)[rank]:
         if kind == "F":
-            inputs = micro_x[i].clone() if first else torch.empty(shape, device=device)
-            if not first:
-                dist.recv(inputs, src=rank - 1)  # waiting here is the bubble
-            inputs.requires_grad_(not first)
+            inputs = pipeline_communicate("recv_forward", shape=shape)
+            inputs = micro_x[i].clone() if inputs is None else inputs.requires_grad_()
             start = timestamp(device)
             outputs = stage(inputs)
             if last:  # sum of squared errors / all elements: micro losses add up to the mean
                 outputs = (outputs - micro_y[i]).pow(2).sum() / y.numel()
             _wait_until(start + config.op_seconds)
             end = timestamp(device)
-            if not last:
-                sends.append(dist.isend(outputs.detach(), dst=rank + 1))
+            pipeline_communicate("send_forward", tensor=outputs.detach(), pending=sends)
             alive[i] = (inputs, outputs)
             peak = max(peak, len(alive))
         else:
             inputs, outputs = alive.pop(i)
-            grad = None
-            if not last:
-                grad = torch.empty(shape, device=device)
-                dist.recv(grad, src=rank + 1)
+            grad = pipeline_communicate("recv_backward", shape=shape)  # None on the last stage
             start = timestamp(device)
             outputs.backward(grad)
             _wait_until(start + 2 * config.op_seconds)
             end = timestamp(device)
-            if not first:
-                sends.append(dist.isend(inputs.grad, dst=rank - 1))
+            pipeline_communicate("send_backward", tensor=inputs.grad, pending=sends)
         slots.append(Slot(rank, kind, i, start - origin, end - origin))
     for request in sends:
         request.wait()
     total = timestamp(device) - origin
-    return {
-        "grads": {name: p.grad.cpu() for name, p in stage.named_parameters()},
-        "slots": slots,
-        "busy_s": sum(slot.end - slot.start for slot in slots),
-        "total_s": total,
-        "peak_activations": peak,
-    }
+    return StageResult(
+        grads={name: p.grad.cpu() for name, p in stage.named_parameters()},
+        slots=slots,
+        busy_s=sum(slot.end - slot.start for slot in slots),
+        total_s=total,
+        peak_activations=peak,
+    )

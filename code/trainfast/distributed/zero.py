@@ -3,19 +3,16 @@
 Data parallelism keeps ``N`` identical copies of everything. Rajbhandari et al. (2020, "ZeRO:
 Memory Optimizations Toward Training Trillion Parameter Models") partition them instead:
 
-* stage 1 shards the optimizer state (Adam's fp32 master weights, ``exp_avg``, ``exp_avg_sq``);
-* stage 2 also shards the gradients (each rank keeps only the reduced slice it updates);
-* stage 3 also shards the parameters (gathered layer by layer when needed); PyTorch's
-  ``FullyShardedDataParallel`` (FSDP) is this stage.
+* stage 1 shards the optimizer state (:class:`ZeroOptimizer`);
+* stage 2 also shards the gradients (:class:`Zero2Optimizer`);
+* stage 3 also shards the parameters (:class:`~trainfast.distributed.fsdp.FSDP`; PyTorch's
+  ``FullyShardedDataParallel`` is this stage).
 
-:func:`~trainfast.accounting.zero_memory`, the paper's per-rank arithmetic, lives with the rest of
-the book's resource arithmetic in :mod:`trainfast.accounting` (imported here too, for the old
-import path). :class:`ZeroOptimizer` is a working
-stage-1 optimizer on our collectives: gradients are *reduce-scattered* (each rank receives the
-mean of its own 1/N slice), each rank steps an ordinary optimizer on its slice, and the updated
-slices are *all-gathered* back into the model. Reduce-scatter plus all-gather is exactly the ring
-all-reduce's traffic, so this saves memory at no extra communication. It keeps flat fp32
-buffers and ignores mixed precision and overlap, which real implementations do not.
+Both optimizers here are real ``torch.optim.Optimizer`` subclasses: they have ``param_groups``
+(a learning-rate scheduler can change them), ``add_param_group``, ``zero_grad``, and
+``state_dict``/``load_state_dict`` of *this rank's* shard of the state (each rank saves its own,
+as DeepSpeed's ZeRO checkpoints do). :func:`~trainfast.accounting.zero_memory`, the paper's
+per-rank arithmetic, lives in :mod:`trainfast.accounting` and is imported here too.
 """
 
 from __future__ import annotations
@@ -29,10 +26,11 @@ import torch.distributed as dist
 from torch import nn
 
 from trainfast.accounting import MemoryBreakdown, zero_memory
-from trainfast.distributed.collectives import all_gather, reduce_scatter
+from trainfast.distributed.collectives import all_gather, broadcast, reduce_scatter
 from trainfast.distributed.data_parallel import (
     DataParallelConfig,
     TrainResult,
+    average_gradients,
     broadcast_parameters,
     make_model,
     shard_batches,
@@ -43,74 +41,253 @@ from trainfast.distributed.launch import rank_device
 #: :class:`~trainfast.accounting.MemoryBreakdown`'s ``optimizer_state``).
 ZeroMemory = MemoryBreakdown
 
-__all__ = ["ShardedResult", "ZeroMemory", "ZeroOptimizer", "train_sharded", "zero_memory"]
+__all__ = [
+    "STRATEGIES",
+    "ShardedResult",
+    "Zero2Optimizer",
+    "ZeroMemory",
+    "ZeroOptimizer",
+    "held_bytes",
+    "train_sharded",
+    "zero_memory",
+]
 
 
-class ZeroOptimizer:
-    """ZeRO stage 1: each rank keeps optimizer state for 1/N of the parameters.
+def _world() -> tuple[int, int]:
+    if not dist.is_initialized():
+        raise RuntimeError("ZeRO optimizers need an initialised process group (run under spawn)")
+    return dist.get_rank(), dist.get_world_size()
 
-    Wraps any element-wise ``torch.optim`` optimizer (SGD, Adam, AdamW, ...): the parameters are
-    viewed as one flat vector, padded to a multiple of ``N`` and cut into ``N`` equal slices;
-    rank ``r`` runs ``optimizer_class`` on slice ``r`` only. Optimizers that look at whole
-    tensors (LAMB's trust ratio, Muon's orthogonalisation) would need whole-tensor shards.
-    Call it inside an initialised process group, after the gradients of the local loss exist.
+
+def _hyperparameters(group: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in group.items() if key != "params"}
+
+
+class ZeroOptimizer(torch.optim.Optimizer):
+    """ZeRO stage 1: each rank keeps the optimizer state of about 1/N of the parameters.
+
+    Every parameter has one owner, chosen greedily so that the ranks own nearly equal numbers of
+    elements (as torch's ``ZeroRedundancyOptimizer`` does). Rank ``r`` runs ``optimizer_cls``
+    only on the parameters it owns, so only it holds their state; after its step, each owner
+    broadcasts its updated parameters. Whole tensors, not slices, so any optimizer works, also
+    those that look at whole matrices (Muon, LAMB).
+
+    It shards only optimizer state: the gradients it sees must already be averaged over ranks,
+    which is data parallelism's job (:class:`~trainfast.distributed.ddp.DDP` or
+    :func:`~trainfast.distributed.data_parallel.average_gradients`).
     """
 
     def __init__(
-        self,
-        params: Iterable[nn.Parameter],
-        optimizer_class: type = torch.optim.AdamW,
-        **defaults: Any,
+        self, params: Iterable[nn.Parameter] | Iterable[dict], optimizer_cls: type, **kwargs: Any
     ) -> None:
-        self.params = [p for p in params if p.requires_grad]
-        if not self.params:
-            raise ValueError("ZeroOptimizer got no parameters that require gradients")
-        dtypes = {p.dtype for p in self.params}
-        if len(dtypes) != 1:
-            raise ValueError(f"Mixed parameter dtypes: {sorted(map(str, dtypes))} (expected one)")
-        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
-        self.numel = sum(p.numel() for p in self.params)
-        self.shard_size = -(-self.numel // self.world_size)  # ceil(numel / N)
-        flat = self._flatten([p.detach() for p in self.params])  # (N * shard_size,)
-        start = self.rank * self.shard_size
-        self.shard = nn.Parameter(flat[start : start + self.shard_size].clone())
-        self.optimizer = optimizer_class([self.shard], **defaults)
+        self.rank, self.world_size = _world()
+        self.optimizer_cls = optimizer_cls
+        self.owner: dict[nn.Parameter, int] = {}
+        self._owned_numel = [0] * self.world_size
+        self.local_optimizer: torch.optim.Optimizer | None = None
+        super().__init__(params, kwargs)  # calls add_param_group for every group
 
-    def _flatten(self, tensors: list[torch.Tensor]) -> torch.Tensor:
-        flat = torch.cat([t.reshape(-1) for t in tensors])
-        return nn.functional.pad(flat, (0, self.shard_size * self.world_size - self.numel))
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Add a group; give each of its parameters to the rank that owns the fewest elements."""
+        super().add_param_group(param_group)
+        group = self.param_groups[-1]
+        mine = []
+        for p in group["params"]:
+            owner = min(range(self.world_size), key=lambda r: (self._owned_numel[r], r))
+            self.owner[p] = owner
+            self._owned_numel[owner] += p.numel()
+            if owner == self.rank:
+                mine.append(p)
+        local_group = {**_hyperparameters(group), "params": mine}
+        if self.local_optimizer is None:
+            self.local_optimizer = self.optimizer_cls([local_group])
+        else:
+            self.local_optimizer.add_param_group(local_group)
 
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        for p in self.params:
-            if set_to_none:
-                p.grad = None
-            elif p.grad is not None:
-                p.grad.zero_()
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        """Step my parameters with the hyperparameters in ``param_groups``; share the results."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group, local in zip(self.param_groups, self.local_optimizer.param_groups, strict=True):
+            local.update(_hyperparameters(group))  # a scheduler may have changed them
+        self.local_optimizer.step()
+        for group in self.param_groups:
+            for p in group["params"]:
+                broadcast(p.data, src=self.owner[p], check=False)
+        return loss
 
-    def step(self) -> None:
-        """Reduce-scatter the mean gradient, update my slice, all-gather the new parameters."""
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
-        grad_slices = list(self._flatten(grads).split(self.shard_size))  # N x (shard_size,)
-        self.shard.grad = torch.empty_like(self.shard)
-        reduce_scatter(self.shard.grad, grad_slices, op="mean")
-        self.optimizer.step()
-        slices = [torch.empty_like(self.shard) for _ in range(self.world_size)]
-        all_gather(slices, self.shard.detach())
-        flat = torch.cat(slices)[: self.numel]
-        with torch.no_grad():
-            for p, new in zip(
-                self.params, flat.split([p.numel() for p in self.params]), strict=True
-            ):
-                p.copy_(new.view_as(p))
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's shard: its local optimizer's state dict, plus who owns what."""
+        return {
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "local": self.local_optimizer.state_dict(),
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load a shard saved by the same rank of a run with the same world size."""
+        if (state_dict["rank"], state_dict["world_size"]) != (self.rank, self.world_size):
+            raise ValueError(
+                f"Invalid state_dict: saved by rank {state_dict['rank']} of "
+                f"{state_dict['world_size']}, loaded by rank {self.rank} of {self.world_size}"
+            )
+        self.local_optimizer.load_state_dict(state_dict["local"])
+        for group, local in zip(self.param_groups, self.local_optimizer.param_groups, strict=True):
+            group.update(_hyperparameters(local))
 
     def state_numel(self) -> int:
         """Elements of optimizer state this rank holds (about 1/N of an unsharded optimizer's)."""
-        return sum(
-            value.numel()
-            for state in self.optimizer.state.values()
-            for value in state.values()
-            if torch.is_tensor(value) and value.dim() > 0
-        )
+        return _state_numel(self.local_optimizer)
+
+
+def _state_numel(optimizer: torch.optim.Optimizer) -> int:
+    return sum(
+        value.numel()
+        for state in optimizer.state.values()
+        for value in state.values()
+        if torch.is_tensor(value) and value.dim() > 0
+    )
+
+
+class Zero2Optimizer(torch.optim.Optimizer):
+    """ZeRO stage 2: optimizer state *and* gradients sharded; each rank keeps 1/N of each.
+
+    Every parameter is viewed flat, padded to a multiple of ``N`` and cut into ``N`` slices;
+    rank ``r`` keeps slice ``r`` as an fp32 master ``shard`` with its own optimizer state. A
+    hook (``register_post_accumulate_grad_hook``) fires as soon as backward has finished a
+    parameter's gradient: it reduce-scatters that gradient (the mean over ranks, so it does
+    data parallelism's averaging too), keeps this rank's slice as the shard's gradient and frees
+    the full one. So at most one full gradient exists at a time, instead of all of them. After
+    the step, each parameter is all-gathered from the updated slices.
+
+    Element-wise optimizers only (SGD, Adam, AdamW): a slice is not a matrix. A parameter must
+    get a gradient on all ranks or on none in a step (as with DDP), or the ranks would wait for
+    each other.
+    """
+
+    def __init__(
+        self, params: Iterable[nn.Parameter] | Iterable[dict], optimizer_cls: type, **kwargs: Any
+    ) -> None:
+        self.rank, self.world_size = _world()
+        self.optimizer_cls = optimizer_cls
+        self.shard: dict[nn.Parameter, nn.Parameter] = {}
+        self._hooks: list[Any] = []
+        self.local_optimizer: torch.optim.Optimizer | None = None
+        super().__init__(params, kwargs)
+
+    def _slices(self, tensor: torch.Tensor) -> list[torch.Tensor]:
+        """``N`` equal slices of a flat, zero-padded copy of ``tensor``."""
+        flat = tensor.detach().reshape(-1)
+        pad = -flat.numel() % self.world_size
+        return list(nn.functional.pad(flat, (0, pad)).chunk(self.world_size))
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Add a group: make my slice of each parameter and hook its gradient."""
+        super().add_param_group(param_group)
+        group = self.param_groups[-1]
+        shards = []
+        for p in group["params"]:
+            shard = nn.Parameter(self._slices(p)[self.rank].float().clone())
+            self.shard[p] = shard
+            shards.append(shard)
+            if p.requires_grad:
+                self._hooks.append(p.register_post_accumulate_grad_hook(self._reduce_gradient))
+        local_group = {**_hyperparameters(group), "params": shards}
+        if self.local_optimizer is None:
+            self.local_optimizer = self.optimizer_cls([local_group])
+        else:
+            self.local_optimizer.add_param_group(local_group)
+
+    def _reduce_gradient(self, p: nn.Parameter) -> None:
+        """During backward: keep my slice of the mean gradient, drop the full gradient."""
+        shard = self.shard[p]
+        mine = torch.empty_like(shard)
+        reduce_scatter(mine, [s.float() for s in self._slices(p.grad)], op="mean", check=False)
+        shard.grad = mine if shard.grad is None else shard.grad.add_(mine)  # accumulation
+        p.grad = None
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        super().zero_grad(set_to_none)
+        self.local_optimizer.zero_grad(set_to_none)
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        """Step my slices, then all-gather every parameter from everyone's slices."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group, local in zip(self.param_groups, self.local_optimizer.param_groups, strict=True):
+            local.update(_hyperparameters(group))
+        self.local_optimizer.step()
+        for group in self.param_groups:
+            for p in group["params"]:
+                shard = self.shard[p]
+                slices = [torch.empty_like(shard) for _ in range(self.world_size)]
+                all_gather(slices, shard, check=False)
+                p.copy_(torch.cat(slices)[: p.numel()].view_as(p))
+        return loss
+
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's shard: its slices' optimizer state and the slices (fp32 masters)."""
+        return {
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "local": self.local_optimizer.state_dict(),
+            "shards": [s.detach().clone() for s in self.shard.values()],
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load a shard saved by the same rank of a run with the same world size."""
+        if (state_dict["rank"], state_dict["world_size"]) != (self.rank, self.world_size):
+            raise ValueError(
+                f"Invalid state_dict: saved by rank {state_dict['rank']} of "
+                f"{state_dict['world_size']}, loaded by rank {self.rank} of {self.world_size}"
+            )
+        self.local_optimizer.load_state_dict(state_dict["local"])
+        with torch.no_grad():
+            for shard, saved in zip(self.shard.values(), state_dict["shards"], strict=True):
+                shard.copy_(saved)
+        for group, local in zip(self.param_groups, self.local_optimizer.param_groups, strict=True):
+            group.update(_hyperparameters(local))
+
+    def state_numel(self) -> int:
+        """Elements of optimizer state this rank holds."""
+        return _state_numel(self.local_optimizer)
+
+
+def held_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> MemoryBreakdown:
+    """Bytes of model state this rank holds now, by part, counted from the live tensors.
+
+    Parameters count only their local storage (a DTensor's local shard; our FSDP's flat shard);
+    gradients include a ZeRO-2 shard's; ``master_weights`` are a ZeRO-2 optimizer's fp32 slices;
+    ``optimizer_state`` is every state tensor of the optimizer (or of its local optimizer).
+    """
+
+    def size(t: torch.Tensor | None) -> int:
+        if t is None:
+            return 0
+        local = t.to_local() if hasattr(t, "to_local") else t
+        return local.numel() * local.element_size()
+
+    parameters = list(model.parameters())
+    masters = list(optimizer.shard.values()) if isinstance(optimizer, Zero2Optimizer) else []
+    inner = getattr(optimizer, "local_optimizer", optimizer)
+    state = sum(
+        size(value)
+        for s in inner.state.values()
+        for value in s.values()
+        if torch.is_tensor(value) and value.dim() > 0
+    )
+    return MemoryBreakdown(
+        parameters=sum(size(p) for p in parameters),
+        gradients=sum(size(p.grad) for p in parameters + masters),
+        master_weights=sum(size(m) for m in masters),
+        optimizer_state=state,
+    )
 
 
 @dataclass
@@ -119,11 +296,16 @@ class ShardedResult(TrainResult):
 
     optimizer_state_numel: int = 0  # elements of optimizer state held by this rank
     parameter_numel: int = 0  # elements of parameters held by this rank between steps
+    held: MemoryBreakdown | None = None  # bytes held after the last backward, before its step
 
 
 #: FSDP on CPU (gloo) trains correctly from torch 2.9: 2.4-2.5 need CUDA streams, 2.6 lacks CPU
 #: stream events, and before 2.9 gloo's reduce-scatter ignores AVG and sums the gradients.
 FSDP_ON_CPU = torch.torch_version.TorchVersion(torch.__version__) >= (2, 9)
+
+#: What :func:`train_sharded` can train with: ZeRO-1 and ZeRO-2 here, our FSDP (ZeRO-3) and
+#: PyTorch's ``fully_shard``.
+STRATEGIES = ("zero1", "zero2", "fsdp", "torch-fsdp")
 
 
 def _fully_shard() -> Any:
@@ -134,20 +316,43 @@ def _fully_shard() -> Any:
     return fully_shard
 
 
+def _wrap(model: nn.Module, strategy: str, config: DataParallelConfig) -> tuple[nn.Module, Any]:
+    """The model to run and the optimizer to step, for one strategy (AdamW throughout)."""
+    hyper = {"lr": config.lr, "weight_decay": 0.01}
+    if strategy == "zero1":
+        return model, ZeroOptimizer(model.parameters(), torch.optim.AdamW, **hyper)
+    if strategy == "zero2":
+        return model, Zero2Optimizer(model.parameters(), torch.optim.AdamW, **hyper)
+    if strategy == "fsdp":
+        from trainfast.distributed.fsdp import FSDP
+
+        wrapped = FSDP(model)
+        return wrapped, torch.optim.AdamW(wrapped.parameters(), **hyper)
+    if next(model.parameters()).device.type == "cpu" and not FSDP_ON_CPU:
+        raise RuntimeError(f"FSDP on CPU needs torch >= 2.9, not {torch.__version__}")
+    fully_shard = _fully_shard()
+    for layer in model:
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer)
+    fully_shard(model)
+    return model, torch.optim.AdamW(model.parameters(), **hyper)
+
+
 def train_sharded(
     rank: int, world_size: int, config: DataParallelConfig, strategy: str = "zero1"
 ) -> ShardedResult:
     """Train like :func:`~trainfast.distributed.data_parallel.train_data_parallel`, sharded.
 
-    ``strategy="zero1"`` uses :class:`ZeroOptimizer`; ``"fsdp"`` uses PyTorch's FSDP (its
-    ``fully_shard``, stage 3) on each linear layer and the whole model. Returns the
-    :class:`~trainfast.distributed.data_parallel.TrainResult` (full parameters, gathered) and the
-    optimizer state and parameter elements this rank held, as a :class:`ShardedResult`.
+    ``strategy`` is one of :data:`STRATEGIES`. ZeRO-1 averages gradients with data
+    parallelism's :func:`~trainfast.distributed.data_parallel.average_gradients`; ZeRO-2
+    reduce-scatters them during backward; the FSDPs reduce-scatter them in their backward.
+    Returns the full parameters (gathered), the optimizer state and parameter elements this rank
+    held, and the bytes of model state it held after the last backward.
     """
     from trainfast.datasets import digits
 
-    if strategy not in ("zero1", "fsdp"):
-        raise ValueError(f"Unknown strategy: {strategy!r} (expected 'zero1' or 'fsdp')")
+    if strategy not in STRATEGIES:
+        raise ValueError(f"Unknown strategy: {strategy!r} (expected one of {STRATEGIES})")
     if config.optimizer != "adamw":
         raise ValueError(
             f"Invalid optimizer: {config.optimizer!r} (sharding pays off with 'adamw')"
@@ -155,39 +360,40 @@ def train_sharded(
     device = rank_device()
     model = make_model(config, config.seed + rank).to(device)
     broadcast_parameters(model, src=0)  # FSDP assumes equal initial parameters too
-    if strategy == "zero1":
-        optimizer = ZeroOptimizer(
-            model.parameters(), torch.optim.AdamW, lr=config.lr, weight_decay=0.01
-        )
-    else:
-        if device.type == "cpu" and not FSDP_ON_CPU:
-            raise RuntimeError(f"FSDP on CPU needs torch >= 2.9, not {torch.__version__}")
-        fully_shard = _fully_shard()
-        for layer in model:
-            if isinstance(layer, nn.Linear):
-                fully_shard(layer)
-        fully_shard(model)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=0.01)
-    losses = []
+    model, optimizer = _wrap(model, strategy, config)
+    losses, held = [], None
     for inputs, labels in shard_batches(digits("train"), config, rank, world_size):
         inputs, labels = inputs.to(device), labels.to(device)
         loss = nn.functional.cross_entropy(model(inputs), labels)
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()  # FSDP reduce-scatters the gradients here; ZeRO-1 in step()
+        loss.backward()  # ZeRO-2 and the FSDPs reduce-scatter the gradients here
+        if strategy == "zero1":
+            average_gradients(model)  # data parallelism's job, not the optimizer's
+        elif strategy == "fsdp":
+            model.finish_gradient_synchronization()
+        held = held_bytes(model, optimizer)
         optimizer.step()
         reported = loss.detach().reshape(1)
         dist.all_reduce(reported)
         losses.append(float(reported) / world_size)
-    parameters, local_numel = {}, 0
-    for name, p in model.named_parameters():
-        full = p.full_tensor() if hasattr(p, "full_tensor") else p  # FSDP: gather the DTensor
-        local_numel += p.to_local().numel() if hasattr(p, "to_local") else p.numel()
-        parameters[name] = full.detach().cpu().clone()
-    if strategy == "zero1":
-        state_numel = optimizer.state_numel()
+    if strategy == "fsdp":
+        parameters = {k: v.detach().cpu().clone() for k, v in model.full_state_dict().items()}
+        local_numel = sum(p.numel() for p in model.parameters())
     else:
-        state_numel = sum(
-            (v.to_local() if hasattr(v, "to_local") else v).numel()
-            for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v) and v.dim() > 0
-        )  # fmt: skip
-    return ShardedResult(losses, parameters, [], state_numel, local_numel)
+        parameters, local_numel = {}, 0
+        for name, p in model.named_parameters():
+            full = p.full_tensor() if hasattr(p, "full_tensor") else p  # FSDP: gather the DTensor
+            local_numel += p.to_local().numel() if hasattr(p, "to_local") else p.numel()
+            parameters[name] = full.detach().cpu().clone()
+    inner = getattr(optimizer, "local_optimizer", optimizer)
+    state_numel = sum(
+        (v.to_local() if hasattr(v, "to_local") else v).numel()
+        for s in inner.state.values() for v in s.values() if torch.is_tensor(v) and v.dim() > 0
+    )  # fmt: skip
+    return ShardedResult(
+        losses,
+        parameters,
+        optimizer_state_numel=state_numel,
+        parameter_numel=local_numel,
+        held=held,
+    )

@@ -1,0 +1,162 @@
+"""Our own ``DistributedDataParallel``: gradient all-reduces overlapped with the backward pass.
+
+:func:`~trainfast.distributed.data_parallel.average_gradients` waits for the whole backward pass
+and then all-reduces one gradient at a time. :class:`DDP` does what
+``torch.nn.parallel.DistributedDataParallel`` does (Li et al., 2020, "PyTorch Distributed:
+Experiences on Accelerating Data Parallel Training"):
+
+1. At construction it broadcasts rank 0's parameters and buffers, so every replica starts equal.
+2. It groups the parameters into *buckets* in reverse registration order (the order backward
+   produces their gradients), ``bucket_size_mb`` each; ``None`` gives every parameter its own.
+3. A hook on every parameter (``Tensor.register_post_accumulate_grad_hook``) fires when backward
+   has finished that gradient. When a bucket's last gradient arrives, its gradients are copied
+   into one flat buffer and an *asynchronous* all-reduce starts, while backward goes on
+   computing the earlier layers' gradients.
+4. :meth:`DDP.finish_gradient_synchronization`, called after ``loss.backward()``, waits for the
+   all-reduces and writes the averaged gradients back.
+
+Parameters with ``requires_grad=False`` get no hook and are never sent. A parameter that got no
+gradient this step (a branch the forward pass skipped) leaves its bucket incomplete; the bucket
+is sent in ``finish_gradient_synchronization`` and the parameter's gradient stays ``None``, as
+in one process. That must be true on all ranks alike (torch needs ``find_unused_parameters`` for
+the rest). Tied weights are one parameter (``module.parameters()`` lists it once), so one hook
+fires after both uses have accumulated into it.
+
+``overlap=False`` launches the same buckets only in ``finish_gradient_synchronization``: the
+synchronous baseline the chapter measures the overlap against.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from trainfast.profiling.timing import timestamp
+
+__all__ = ["DDP", "BucketTiming"]
+
+
+@dataclass
+class BucketTiming:
+    """When one bucket's all-reduce ran, in ``timestamp()`` seconds."""
+
+    index: int
+    numel: int
+    launched: float
+    done: float = float("nan")
+
+
+@dataclass
+class _Bucket:
+    index: int
+    params: list[nn.Parameter]
+    buffer: torch.Tensor  # (sum of numel,), the flat gradients on the wire
+    ready: set[int] = field(default_factory=set)  # ids of parameters whose gradient is final
+    work: Any = None  # the asynchronous all-reduce, once launched
+    timing: BucketTiming | None = None
+
+
+class DDP(nn.Module):
+    """Data parallelism with bucketed, asynchronous gradient all-reduces during backward.
+
+    ``ddp = DDP(model, bucket_size_mb=25)``; then each step ``loss = f(ddp(x))``,
+    ``loss.backward()``, ``ddp.finish_gradient_synchronization()``, ``optimizer.step()``. Use
+    inside an initialised process group. ``timings`` holds the last step's bucket timings.
+    """
+
+    def __init__(
+        self, module: nn.Module, *, bucket_size_mb: float | None = None, overlap: bool = True
+    ) -> None:
+        super().__init__()
+        if bucket_size_mb is not None and not bucket_size_mb > 0:
+            raise ValueError(f"Invalid bucket_size_mb: {bucket_size_mb!r} (expected > 0 or None)")
+        if not dist.is_initialized():
+            raise RuntimeError("DDP needs an initialised process group (run under spawn)")
+        self.module = module
+        self.overlap = overlap
+        self.world_size = dist.get_world_size()
+        with torch.no_grad():
+            for tensor in [*module.parameters(), *module.buffers()]:
+                dist.broadcast(tensor, src=0)
+        trainable = [p for p in module.parameters() if p.requires_grad]  # tied weights once
+        self.buckets = self._make_buckets(trainable[::-1], bucket_size_mb)
+        self._bucket_of = {id(p): b for b in self.buckets for p in b.params}
+        self.timings: list[BucketTiming] = []
+        self.forward_done = float("nan")
+        for p in trainable:
+            p.register_post_accumulate_grad_hook(self._on_gradient_ready)
+
+    @staticmethod
+    def _make_buckets(params: list[nn.Parameter], bucket_size_mb: float | None) -> list[_Bucket]:
+        """Consecutive parameters (already in reverse order) until a bucket reaches its size."""
+        groups: list[list[nn.Parameter]] = []
+        limit = float("inf") if bucket_size_mb is None else bucket_size_mb * 2**20
+        size = limit  # start a new group at the first parameter
+        for p in params:
+            nbytes = p.numel() * p.element_size()
+            if bucket_size_mb is None or size >= limit or p.dtype != groups[-1][0].dtype:
+                groups.append([])
+                size = 0
+            groups[-1].append(p)
+            size += nbytes
+        return [
+            _Bucket(i, g, torch.zeros(sum(p.numel() for p in g), dtype=g[0].dtype, device=g[0].device))
+            for i, g in enumerate(groups)
+        ]  # fmt: skip
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        output = self.module(*args, **kwargs)
+        self.forward_done = timestamp()
+        return output
+
+    def _on_gradient_ready(self, p: nn.Parameter) -> None:
+        bucket = self._bucket_of[id(p)]
+        bucket.ready.add(id(p))
+        if self.overlap and len(bucket.ready) == len(bucket.params):
+            self._launch(bucket)
+
+    def _launch(self, bucket: _Bucket) -> None:
+        """Flatten the bucket's gradients (zeros where none came) and start the all-reduce."""
+        offset = 0
+        for p in bucket.params:
+            view = bucket.buffer[offset : offset + p.numel()]
+            view.copy_(p.grad.reshape(-1)) if p.grad is not None else view.zero_()
+            offset += p.numel()
+        timing = BucketTiming(bucket.index, bucket.buffer.numel(), timestamp())
+        self.timings.append(timing)
+        bucket.timing = timing
+        bucket.work = dist.all_reduce(bucket.buffer, async_op=True)
+
+        def done(future: Any, timing: BucketTiming = timing) -> None:
+            timing.done = timestamp()  # runs on the backend's thread when it finishes
+
+        bucket.work.get_future().then(done)
+
+    def finish_gradient_synchronization(self) -> None:
+        """Send what is still unsent, wait for every bucket, write back the mean gradients."""
+        for bucket in self.buckets:  # incomplete buckets (unused parameters), or overlap=False
+            if bucket.work is None and bucket.ready:
+                self._launch(bucket)
+        for bucket in self.buckets:
+            if bucket.work is None:
+                continue  # no parameter of this bucket got a gradient on this step
+            bucket.work.wait()
+            if bucket.timing.done != bucket.timing.done:  # NaN: the callback has not run yet
+                bucket.timing.done = timestamp()
+            bucket.buffer.div_(self.world_size)
+            offset = 0
+            for p in bucket.params:
+                if id(p) in bucket.ready:
+                    p.grad.copy_(bucket.buffer[offset : offset + p.numel()].view_as(p.grad))
+                offset += p.numel()
+            bucket.work = None
+            bucket.ready.clear()
+
+    def take_timings(self) -> list[BucketTiming]:
+        """The bucket timings since the last call (in launch order), and forget them."""
+        timings, self.timings = self.timings, []
+        return timings

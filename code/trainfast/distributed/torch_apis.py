@@ -4,7 +4,7 @@ The chapter builds each strategy from send/recv; production code calls PyTorch's
 
 * **tensor parallelism**: a ``DeviceMesh`` (the ranks, arranged in named dimensions) and
   ``parallelize_module`` with ``ColwiseParallel``/``RowwiseParallel`` plans; the weights become
-  ``DTensor``s (a local shard plus its placement on the mesh);
+  ``DTensor`` objects (a local shard plus its placement on the mesh);
 * **pipeline parallelism**: ``torch.distributed.pipelining``'s ``PipelineStage`` and a schedule
   (``ScheduleGPipe``, ``Schedule1F1B``, ...);
 * **fully sharded data parallelism**: ``fully_shard`` (FSDP2), parameters as ``DTensor`` shards.

@@ -192,7 +192,7 @@ def tune_then_repeat(
 ) -> Tuned:
     """Pick the lr with the best validation accuracy at ``tuning_seed``, then run it on ``seeds``.
 
-    ``run(lr, seed)`` trains once, e.g. a :func:`functools.partial` of :func:`train_and_score`.
+    ``run(lr, seed)`` trains once, e.g. a ``functools.partial`` of :func:`train_and_score`.
     The repeats use seeds the tuning did not, so the reported test accuracies are not the
     selected (hence optimistic) tuning run.
     """

@@ -2,7 +2,7 @@
 
 McCandlish et al. (2018, "An Empirical Model of Large-Batch Training",
 https://arxiv.org/abs/1812.06162) model a mini-batch gradient as the true gradient ``G`` plus
-noise whose covariance is ``Σ / B``. Up to a batch of about the *simple noise scale*
+noise whose covariance is ``Σ / B``. Up to a batch of about the *simple noise scale*::
 
     B_simple = tr(Σ) / |G|²
 
@@ -12,7 +12,7 @@ size*, and it grows as training proceeds and ``|G|`` shrinks, which is why large
 batch size up.
 
 The unbiased estimator of their Appendix A needs only the squared norms of gradients at two
-batch sizes ``b < B``: ``E|G_b|² = |G|² + tr(Σ)/b``, so
+batch sizes ``b < B``: ``E|G_b|² = |G|² + tr(Σ)/b``, so::
 
     |G|²  ≈ (B |G_B|² - b |G_b|²) / (B - b),
     tr(Σ) ≈ (|G_b|² - |G_B|²) / (1/b - 1/B),

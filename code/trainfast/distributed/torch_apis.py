@@ -153,7 +153,7 @@ def torch_apis_worker(
     theirs = {
         f"{rank}.{name}": p.grad.detach().cpu() for name, p in stage_module.named_parameters()
     }
-    ours = pipeline_worker(rank, world_size, replace(config, schedule="gpipe"))["grads"]
+    ours = pipeline_worker(rank, world_size, replace(config, schedule="gpipe")).grads
     ours = {f"{rank}.{name}": grad for name, grad in ours.items()}
     loss_gap = (
         abs(sum(micro.item() for micro in losses) / config.n_micro - reference_loss.item())

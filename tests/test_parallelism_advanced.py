@@ -18,7 +18,7 @@ from trainfast.distributed.exchange_parity import (
     exchange_error_worker,
     exchange_parity_worker,
 )
-from trainfast.distributed.exercises_advanced import check_capacity_mask, check_causal_ring_work
+from trainfast.distributed.exercises import check_capacity_mask, check_causal_ring_work
 from trainfast.distributed.moe import (
     ExpertParallelMoE,
     MoEConfig,

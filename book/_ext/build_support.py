@@ -258,6 +258,17 @@ def _on_doctree_read_prefaces(app: Sphinx, doctree: nodes.document) -> None:
         parent.insert(index, PrefaceMarker(line, "next"))
 
 
+def _viewcode_module(app: Sphinx, modname: str, attribute: str) -> str | None:
+    """The module whose source page shows ``modname.attribute``: where it is defined, except for
+    a value made outside the package (a type alias such as ``tuple[str, str | None]`` says
+    ``builtins``), which stays with the module that documents it instead of pointing the source
+    index at a module that has no source page."""
+    home = getattr(import_name(f"{modname}.{attribute}"), "__module__", None)
+    if modname.startswith(PACKAGE) and isinstance(home, str) and not home.startswith(PACKAGE):
+        return modname
+    return None
+
+
 class DropAutosummaryToctrees(SphinxTransform):
     """Remove autosummary's toctrees: ``_toc.yml`` is the navigation (see the module docstring)."""
 
@@ -562,12 +573,14 @@ def _write_notebooks(app: Sphinx, exception: Exception | None) -> None:
 
 
 def setup(app: Sphinx) -> dict:
+    app.setup_extension("sphinx.ext.viewcode")  # its events are connected below
     app.add_config_value("build_support_watch", [], "env", [list])
     app.add_config_value("build_support_gpu_notebooks", [], "html", [list])
     app.connect("config-inited", _on_config_inited)
     app.connect("builder-inited", _on_builder_inited)
     app.connect("env-get-outdated", _on_env_get_outdated)
     app.connect("missing-reference", _on_missing_reference)
+    app.connect("viewcode-follow-imported", _viewcode_module)
     app.connect("doctree-read", _on_doctree_read_prefaces, priority=480)  # before codeautolink
     app.add_transform(DropAutosummaryToctrees)
     app.add_css_file("reference.css")

@@ -57,6 +57,8 @@ from trainfast.distributed.cost_model import (
     all_reduce_time,
 )
 
+# ``TransformerShape`` and ``activation_bytes`` are importable from here for older code; they
+# live, and are documented, in trainfast.accounting.
 __all__ = [
     "Cluster",
     "LayoutChoice",
@@ -64,8 +66,6 @@ __all__ = [
     "StepEstimate",
     "estimate_step",
     "recommend_layout",
-    "TransformerShape",
-    "activation_bytes",
     "layout_choices",
     "propose_layout",
 ]

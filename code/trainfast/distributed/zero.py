@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from trainfast.accounting import MemoryBreakdown, zero_memory
+from trainfast.accounting import MemoryBreakdown, zero_memory  # noqa: F401 (older imports)
 from trainfast.distributed.collectives import all_gather, broadcast, reduce_scatter
 from trainfast.distributed.data_parallel import (
     DataParallelConfig,
@@ -45,12 +45,10 @@ __all__ = [
     "STRATEGIES",
     "ShardedResult",
     "Zero2Optimizer",
-    "ZeroMemory",
     "ZeroOptimizer",
     "held_bytes",
     "train_sharded",
-    "zero_memory",
-]
+]  # zero_memory and ZeroMemory stay importable here for older code; accounting documents them
 
 
 def _world() -> tuple[int, int]:
@@ -308,14 +306,6 @@ FSDP_ON_CPU = torch.torch_version.TorchVersion(torch.__version__) >= (2, 9)
 STRATEGIES = ("zero1", "zero2", "fsdp", "torch-fsdp")
 
 
-def _fully_shard() -> Any:
-    try:  # torch >= 2.6
-        from torch.distributed.fsdp import fully_shard
-    except ImportError:  # torch 2.4 and 2.5
-        from torch.distributed._composable.fsdp import fully_shard
-    return fully_shard
-
-
 def _wrap(model: nn.Module, strategy: str, config: DataParallelConfig) -> tuple[nn.Module, Any]:
     """The model to run and the optimizer to step, for one strategy (AdamW throughout)."""
     hyper = {"lr": config.lr, "weight_decay": 0.01}
@@ -330,11 +320,9 @@ def _wrap(model: nn.Module, strategy: str, config: DataParallelConfig) -> tuple[
         return wrapped, torch.optim.AdamW(wrapped.parameters(), **hyper)
     if next(model.parameters()).device.type == "cpu" and not FSDP_ON_CPU:
         raise RuntimeError(f"FSDP on CPU needs torch >= 2.9, not {torch.__version__}")
-    fully_shard = _fully_shard()
-    for layer in model:
-        if isinstance(layer, nn.Linear):
-            fully_shard(layer)
-    fully_shard(model)
+    from trainfast.distributed.torch_apis import torch_fully_shard
+
+    model = torch_fully_shard(model)  # each Linear its own unit, then the whole model
     return model, torch.optim.AdamW(model.parameters(), **hyper)
 
 

@@ -269,6 +269,14 @@ def _viewcode_module(app: Sphinx, modname: str, attribute: str) -> str | None:
     return None
 
 
+def _clear_generated_reference(app: Sphinx) -> None:
+    """Start the reference's generated pages afresh, before autosummary writes them, so that a
+    page of a module that no longer exists does not linger (and fail the build importing it)."""
+    generated = Path(app.srcdir) / "book" / "api" / "generated"
+    if generated.is_dir():
+        shutil.rmtree(generated)
+
+
 class DropAutosummaryToctrees(SphinxTransform):
     """Remove autosummary's toctrees: ``_toc.yml`` is the navigation (see the module docstring)."""
 
@@ -578,6 +586,7 @@ def setup(app: Sphinx) -> dict:
     app.add_config_value("build_support_gpu_notebooks", [], "html", [list])
     app.connect("config-inited", _on_config_inited)
     app.connect("builder-inited", _on_builder_inited)
+    app.connect("builder-inited", _clear_generated_reference, priority=400)  # before autosummary
     app.connect("env-get-outdated", _on_env_get_outdated)
     app.connect("missing-reference", _on_missing_reference)
     app.connect("viewcode-follow-imported", _viewcode_module)

@@ -270,11 +270,15 @@ def _viewcode_module(app: Sphinx, modname: str, attribute: str) -> str | None:
 
 
 def _clear_generated_reference(app: Sphinx) -> None:
-    """Start the reference's generated pages afresh, before autosummary writes them, so that a
-    page of a module that no longer exists does not linger (and fail the build importing it)."""
+    """Delete the reference's generated pages of modules that no longer exist, before autosummary
+    writes the others (it leaves a page whose text is unchanged alone), so that a deleted
+    module's page does not linger and fail the build importing it."""
     generated = Path(app.srcdir) / "book" / "api" / "generated"
-    if generated.is_dir():
-        shutil.rmtree(generated)
+    for page in generated.glob(f"{PACKAGE}*.rst"):
+        try:
+            importlib.import_module(page.stem)
+        except ImportError:
+            page.unlink()
 
 
 class DropAutosummaryToctrees(SphinxTransform):

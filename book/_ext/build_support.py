@@ -272,11 +272,18 @@ def _viewcode_module(app: Sphinx, modname: str, attribute: str) -> str | None:
 def _clear_generated_reference(app: Sphinx) -> None:
     """Delete the reference's generated pages of modules that no longer exist, before autosummary
     writes the others (it leaves a page whose text is unchanged alone), so that a deleted
-    module's page does not linger and fail the build importing it."""
+    module's page does not linger and fail the build importing it; and the source pages."""
     generated = Path(app.srcdir) / "book" / "api" / "generated"
     for page in generated.glob(f"{PACKAGE}*.rst"):
         try:
             importlib.import_module(page.stem)
+        except ImportError:
+            page.unlink()
+    # viewcode writes source pages only for modules that exist: remove the pages of deleted ones
+    for page in (Path(app.outdir) / "_modules" / PACKAGE).rglob("*.html"):
+        parts = page.relative_to(Path(app.outdir) / "_modules").with_suffix("").parts
+        try:
+            importlib.import_module(".".join(parts))
         except ImportError:
             page.unlink()
 

@@ -61,6 +61,20 @@ def _hyperparameters(group: dict[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in group.items() if key != "params"}
 
 
+def _step_local(optimizer: Any, closure: Any) -> Any:
+    """Run ``closure`` (with gradients on), copy the hyperparameters of ``optimizer.param_groups``
+    (a scheduler may have changed them) into its local optimizer and step it; the loss."""
+    loss = None
+    if closure is not None:
+        with torch.enable_grad():
+            loss = closure()
+    groups = zip(optimizer.param_groups, optimizer.local_optimizer.param_groups, strict=True)
+    for group, local in groups:
+        local.update(_hyperparameters(group))
+    optimizer.local_optimizer.step()
+    return loss
+
+
 class ZeroOptimizer(torch.optim.Optimizer):
     """ZeRO stage 1: each rank keeps the optimizer state of about 1/N of the parameters.
 
@@ -105,13 +119,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:
         """Step my parameters with the hyperparameters in ``param_groups``; share the results."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group, local in zip(self.param_groups, self.local_optimizer.param_groups, strict=True):
-            local.update(_hyperparameters(group))  # a scheduler may have changed them
-        self.local_optimizer.step()
+        loss = _step_local(self, closure)
         for group in self.param_groups:
             for p in group["params"]:
                 broadcast(p.data, src=self.owner[p], check=False)
@@ -214,13 +222,7 @@ class Zero2Optimizer(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:
         """Step my slices, then all-gather every parameter from everyone's slices."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group, local in zip(self.param_groups, self.local_optimizer.param_groups, strict=True):
-            local.update(_hyperparameters(group))
-        self.local_optimizer.step()
+        loss = _step_local(self, closure)
         for group in self.param_groups:
             for p in group["params"]:
                 shard = self.shard[p]

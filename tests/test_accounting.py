@@ -15,7 +15,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from trainfast.accounting import (
-    GPUS,
     OPTIMIZER_MOMENTS,
     PRECISION_RECIPES,
     PRESET_SHAPES,
@@ -26,7 +25,6 @@ from trainfast.accounting import (
     bytes_per_parameter,
     checkpointed_layer_bytes,
     counted_flops,
-    gpu_spec,
     linear_training_flops,
     matmul_flops,
     model_activation_bytes,
@@ -39,6 +37,7 @@ from trainfast.accounting import (
     training_run_seconds,
     zero_memory,
 )
+from trainfast.gpus import GPUS, gpu_for_device, gpu_spec
 from trainfast.optim.state import state_bytes_table
 from trainfast.transformer import Transformer, random_batch
 
@@ -373,9 +372,25 @@ def test_gpu_table():
     assert gpu_spec("NVIDIA A100-SXM4-80GB") is GPUS["A100 SXM 80GB"]
     for other in ("NVIDIA H100 PCIe", "NVIDIA A100-SXM4-40GB", "NVIDIA H200 NVL", "cpu"):
         assert gpu_spec(other) is None, other
+    assert gpu_spec("NVIDIA L4") is GPUS["L4 24GB"]
+    assert gpu_spec("Tesla T4", capability=(7, 5)) is GPUS["T4 16GB"]
+    assert gpu_spec("Tesla T4", capability=(8, 0)) is None  # the name and capability disagree
     for spec in GPUS.values():
-        assert {"fp32", "tf32", "bf16", "fp16"} <= set(spec.peak_flops)
-        assert spec.peak_flops["bf16"] == 2 * spec.peak_flops["tf32"]  # dense tensor cores
+        assert {"fp32", "fp16"} <= set(spec.peak_flops)
+        if "bf16" in spec.peak_flops:
+            # dense tensor cores; the L4 datasheet rounds (242 and 120 TFLOPS with sparsity)
+            assert spec.peak_flops["bf16"] == pytest.approx(2 * spec.peak_flops["tf32"], rel=0.01)
+        assert spec.shared_memory_per_block_bytes <= spec.shared_memory_per_sm_bytes
+        assert spec.max_threads_per_sm // 32 * 32 == spec.max_threads_per_sm
+    assert {"tf32", "bf16", "fp8"}.isdisjoint(GPUS["T4 16GB"].peak_flops)
+    assert [
+        GPUS[n].sm_target for n in ("H100 SXM 80GB", "A100 SXM 80GB", "L4 24GB", "T4 16GB")
+    ] == [
+        "sm_90",
+        "sm_80",
+        "sm_89",
+        "sm_75",
+    ]
     assert "fp8" not in GPUS["A100 SXM 80GB"].peak_flops
     with pytest.raises(ValueError, match="dtype for A100 SXM 80GB: 'fp8'"):
         GPUS["A100 SXM 80GB"].ridge_intensity("fp8")
@@ -384,10 +399,14 @@ def test_gpu_table():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_gpu_table_agrees_with_the_device():
-    spec = gpu_spec(torch.cuda.get_device_name())
+    spec = gpu_for_device(torch.device("cuda"))
     if spec is None:
         pytest.skip(f"{torch.cuda.get_device_name()} is not in the table")
     properties = torch.cuda.get_device_properties(0)
+    assert (properties.major, properties.minor) == spec.compute_capability
+    assert properties.shared_memory_per_block_optin == spec.shared_memory_per_block_bytes
+    assert properties.regs_per_multiprocessor == spec.registers_per_sm
+    assert properties.max_threads_per_multi_processor == spec.max_threads_per_sm
     assert properties.multi_processor_count == spec.sm_count
     assert 0.9 < properties.total_memory / spec.memory_bytes < 1.15
     if hasattr(properties, "L2_cache_size"):

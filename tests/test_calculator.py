@@ -7,7 +7,6 @@ from dataclasses import replace
 
 import pytest
 from trainfast.accounting import (
-    GPUS,
     PRESET_SHAPES,
     parameter_count,
     training_flops,
@@ -23,6 +22,7 @@ from trainfast.calculator import (
     write_script,
 )
 from trainfast.distributed.cost_model import Link, all_reduce_time
+from trainfast.gpus import GPUS
 
 SMALL = replace(PRESET_SHAPES["gpt2-small"], batch_size=4)
 

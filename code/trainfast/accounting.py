@@ -7,8 +7,8 @@ against the tensors autograd saves (:func:`saved_tensor_bytes`).
 
 Conventions:
 
-* **Units.** Bytes, FLOPs and seconds; ``GB`` means 10^9 bytes. On-chip sizes in the GPU table
-  (L2, shared memory) are binary, as NVIDIA and CUDA report them.
+* **Units.** Bytes, FLOPs and seconds; ``GB`` means 10^9 bytes. Hardware numbers come from
+  :mod:`trainfast.gpus`.
 * **FLOPs** are matrix-multiply FLOPs, 2 per multiply-add (PaLM's "model FLOPs", Chowdhery et
   al. 2022, Appendix B). Element-wise work (softmax, LayerNorm, GELU, the optimizer) is not
   counted; attention's ``QK^T`` and ``PV`` are, in full, with no discount for the causal mask;
@@ -24,20 +24,19 @@ Conventions:
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import Any, Literal
 
 import torch
 
+from trainfast.gpus import GPUSpec
+
 __all__ = [
-    "GPUS",
     "OPTIMIZER_MOMENTS",
     "PRECISION_RECIPES",
     "PRESET_SHAPES",
     "Attention",
-    "GPUSpec",
     "MemoryBreakdown",
     "PrecisionRecipe",
     "TransformerShape",
@@ -45,7 +44,6 @@ __all__ = [
     "bytes_per_parameter",
     "checkpointed_layer_bytes",
     "counted_flops",
-    "gpu_spec",
     "linear_training_flops",
     "matmul_flops",
     "matmul_parameter_count",
@@ -537,114 +535,6 @@ def training_memory(
         optimizer_state=n * per_param.optimizer_state * state,
         activations=activations,
     )
-
-
-# ----------------------------------------------------------------------------- hardware
-
-
-@dataclass(frozen=True)
-class GPUSpec:
-    """A GPU's datasheet numbers. ``peak_flops`` is dense (no 2:4 sparsity) FLOP/s per format:
-    ``"fp32"`` (CUDA cores), ``"tf32"``, ``"bf16"``, ``"fp16"``, ``"fp8"`` (tensor cores).
-    Bandwidths in bytes/s; NVLink and PCIe as NVIDIA states them, both directions together."""
-
-    name: str
-    memory_bytes: float
-    peak_flops: Mapping[str, float] = field(hash=False)  # a dict: the spec stays hashable
-    hbm_bytes_per_s: float
-    l2_bytes: int
-    shared_memory_per_sm_bytes: int
-    sm_count: int
-    nvlink_bytes_per_s: float
-    pcie_bytes_per_s: float
-
-    def ridge_intensity(self, dtype: str = "bf16") -> float:
-        """FLOPs per HBM byte above which a kernel can be compute-bound (the roofline's ridge)."""
-        if dtype not in self.peak_flops:
-            raise ValueError(
-                f"Unknown dtype for {self.name}: {dtype!r} (has {sorted(self.peak_flops)})"
-            )
-        return self.peak_flops[dtype] / self.hbm_bytes_per_s
-
-
-_TERA, _KIB, _MIB = 1e12, 1024, 1024**2
-#: Sources: NVIDIA H100 Tensor Core GPU Architecture whitepaper (2022; its table comparing A100,
-#: H100 SXM5 and H100 PCIe, "H100 SXM5" column) and the H100 datasheet (SXM column); the NVIDIA
-#: H200 datasheet (2024, SXM column); the NVIDIA A100 Tensor Core GPU Architecture whitepaper
-#: (2020) and the A100 datasheet (80GB SXM column).
-GPUS: dict[str, GPUSpec] = {
-    "H100 SXM 80GB": GPUSpec(
-        name="H100 SXM 80GB",
-        memory_bytes=80e9,  # datasheet: 80 GB HBM3
-        # whitepaper, dense: FP32 66.9, TF32 494.7, BF16/FP16 989.4, FP8 1978.9 TFLOPS
-        peak_flops={
-            "fp32": 66.9 * _TERA,
-            "tf32": 494.7 * _TERA,
-            "bf16": 989.4 * _TERA,
-            "fp16": 989.4 * _TERA,
-            "fp8": 1978.9 * _TERA,
-        },
-        hbm_bytes_per_s=3.35e12,  # datasheet: 3.35 TB/s (whitepaper: 3,352 GB/s)
-        l2_bytes=50 * _MIB,  # whitepaper: 50 MB L2
-        shared_memory_per_sm_bytes=228 * _KIB,  # whitepaper: configurable up to 228 KB per SM
-        sm_count=132,  # whitepaper: 132 SMs
-        nvlink_bytes_per_s=900e9,  # datasheet: NVLink 900 GB/s
-        pcie_bytes_per_s=128e9,  # datasheet: PCIe Gen5 128 GB/s
-    ),
-    "H200 SXM 141GB": GPUSpec(
-        name="H200 SXM 141GB",
-        memory_bytes=141e9,  # datasheet: 141 GB HBM3e
-        # datasheet: 67 / 989* / 1,979* / 1,979* / 3,958* TFLOPS (* with sparsity): the H100 SXM5's
-        # GH100 compute, whose unrounded dense numbers are the H100 whitepaper's
-        peak_flops={
-            "fp32": 66.9 * _TERA,
-            "tf32": 494.7 * _TERA,
-            "bf16": 989.4 * _TERA,
-            "fp16": 989.4 * _TERA,
-            "fp8": 1978.9 * _TERA,
-        },
-        hbm_bytes_per_s=4.8e12,  # datasheet: 4.8 TB/s
-        l2_bytes=50 * _MIB,  # not on the datasheet: the H100 SXM5's GH100 configuration
-        shared_memory_per_sm_bytes=228 * _KIB,  # as H100 (same SM)
-        sm_count=132,  # as H100 SXM5
-        nvlink_bytes_per_s=900e9,  # datasheet: NVLink 900 GB/s
-        pcie_bytes_per_s=128e9,  # datasheet: PCIe Gen5 128 GB/s
-    ),
-    "A100 SXM 80GB": GPUSpec(
-        name="A100 SXM 80GB",
-        memory_bytes=80e9,  # datasheet: 80 GB HBM2e
-        # datasheet, dense: FP32 19.5, TF32 156, BF16/FP16 312 TFLOPS; no FP8 tensor cores
-        peak_flops={
-            "fp32": 19.5 * _TERA,
-            "tf32": 156 * _TERA,
-            "bf16": 312 * _TERA,
-            "fp16": 312 * _TERA,
-        },
-        hbm_bytes_per_s=2.039e12,  # datasheet: 2,039 GB/s
-        l2_bytes=40 * _MIB,  # whitepaper: 40 MB L2
-        shared_memory_per_sm_bytes=164 * _KIB,  # whitepaper: configurable up to 164 KB per SM
-        sm_count=108,  # whitepaper: 108 SMs
-        nvlink_bytes_per_s=600e9,  # datasheet: NVLink 600 GB/s
-        pcie_bytes_per_s=64e9,  # datasheet: PCIe Gen4 64 GB/s
-    ),
-}
-
-#: ``torch.cuda.get_device_name()`` patterns of each entry (other variants, e.g. PCIe or 40GB
-#: cards, have other clocks or memory and get no match rather than a wrong one)
-_DEVICE_NAMES = [
-    (re.compile(r"H100 80GB HBM3|H100 SXM", re.IGNORECASE), "H100 SXM 80GB"),
-    (re.compile(r"H200(?! NVL)", re.IGNORECASE), "H200 SXM 141GB"),
-    (re.compile(r"A100[- ]SXM4?[- ]80GB", re.IGNORECASE), "A100 SXM 80GB"),
-]
-
-
-def gpu_spec(device_name: str) -> GPUSpec | None:
-    """The :data:`GPUS` entry for a ``torch.cuda.get_device_name()`` string, or None.
-
-    ``"NVIDIA H100 80GB HBM3"`` is the H100 SXM5; ``"NVIDIA H200"`` the H200 SXM;
-    ``"NVIDIA A100-SXM4-80GB"`` the A100 SXM 80GB.
-    """
-    return next((GPUS[key] for pattern, key in _DEVICE_NAMES if pattern.search(device_name)), None)
 
 
 # ----------------------------------------------------------------------------- utilisation

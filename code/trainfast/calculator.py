@@ -39,7 +39,6 @@ from pathlib import Path
 from typing import Any
 
 from trainfast.accounting import (
-    GPUS,
     OPTIMIZER_MOMENTS,
     PRECISION_RECIPES,
     PRESET_SHAPES,
@@ -53,9 +52,11 @@ from trainfast.accounting import (
     zero_memory,
 )
 from trainfast.distributed.cost_model import Link, all_reduce_time
+from trainfast.gpus import GPUS
 
 __all__ = [
     "GPUS_PER_NODE",
+    "NVLINK_GPUS",
     "LINK_LATENCY_S",
     "NETWORK_BYTES_PER_S",
     "RESERVE",
@@ -68,6 +69,8 @@ __all__ = [
 
 #: GPUs that share NVLink: an HGX/DGX H100 or A100 board has 8.
 GPUS_PER_NODE = 8
+#: The GPUs the calculator offers: those built into NVLink nodes (not the L4 or T4).
+NVLINK_GPUS = {name: spec for name, spec in GPUS.items() if spec.nvlink_bytes_per_s}
 #: Bytes/s one GPU sends to other nodes: one 400 Gb/s InfiniBand port per GPU (DGX H100
 #: datasheet: 8 single-port ConnectX-7 400 Gb/s).
 NETWORK_BYTES_PER_S = 400e9 / 8
@@ -111,8 +114,8 @@ class TrainingSetup:
         bytes_per_parameter(self.recipe, self.optimizer)  # checks both names
         if self.zero_stage not in (0, 1, 2, 3):
             raise ValueError(f"Invalid zero_stage: {self.zero_stage!r} (expected 0, 1, 2 or 3)")
-        if self.gpu not in GPUS:
-            raise ValueError(f"Unknown gpu: {self.gpu!r} (expected one of {sorted(GPUS)})")
+        if self.gpu not in NVLINK_GPUS:
+            raise ValueError(f"Unknown gpu: {self.gpu!r} (expected one of {sorted(NVLINK_GPUS)})")
         if self.shape.n_heads % self.tensor:
             raise ValueError(
                 f"Invalid tensor: {self.tensor} (must divide n_heads = {self.shape.n_heads})"
@@ -171,7 +174,7 @@ def _link(group: int, gpus_per_group_member: int, nvlink_bytes_per_s: float) -> 
 
 def estimate(setup: TrainingSetup) -> StepEstimate:
     """Memory per GPU and step time of ``setup`` (the model is in the module's docstring)."""
-    shape, gpu = setup.shape, GPUS[setup.gpu]
+    shape, gpu = setup.shape, NVLINK_GPUS[setup.gpu]
     d, t, p, m = setup.data, setup.tensor, setup.pipeline, setup.micro_batches
     recipe = PRECISION_RECIPES[setup.recipe]
     value_bytes = recipe.activation_bytes_per_value
@@ -240,7 +243,7 @@ def _grid() -> list[TrainingSetup]:
         for recipe in PRECISION_RECIPES
         for optimizer in OPTIMIZER_MOMENTS
         for stage in (0, 3)
-        for gpu in GPUS
+        for gpu in NVLINK_GPUS
     ]
     for t, p, d, stage, checkpointing in [
         (1, 1, 8, 1, False),
@@ -298,7 +301,7 @@ def export() -> dict[str, Any]:
                 "peak_flops": dict(spec.peak_flops),
                 "nvlink_bytes_per_s": spec.nvlink_bytes_per_s,
             }
-            for name, spec in GPUS.items()
+            for name, spec in NVLINK_GPUS.items()
         },
         "constants": {
             "gpus_per_node": GPUS_PER_NODE,

@@ -40,8 +40,6 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from trainfast.accounting import (
-    GPUS,
-    GPUSpec,
     TransformerShape,
     activation_bytes,
     checkpointed_layer_bytes,
@@ -56,6 +54,7 @@ from trainfast.distributed.cost_model import (
     all_gather_time,
     all_reduce_time,
 )
+from trainfast.gpus import GPUS, GPUSpec
 
 # ``TransformerShape`` and ``activation_bytes`` are importable from here for older code; they
 # live, and are documented, in trainfast.accounting.

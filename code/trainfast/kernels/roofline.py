@@ -8,7 +8,7 @@ computes at most ``P`` FLOP/s and moves at most ``W`` bytes/s, it can run no fas
 i.e. fusion), above it compute-bound (more FLOP/s needs faster arithmetic, e.g. lower precision).
 
 :class:`Roofline` holds the two limits (take them from measurements, :func:`measure_roofline`
-does, or from a datasheet, :class:`trainfast.accounting.GPUSpec`); :class:`OpCost` holds what an
+does, or from a datasheet, :class:`trainfast.gpus.GPUSpec`); :class:`OpCost` holds what an
 operation does, with the *minimum* traffic (every operand read once, every result written
 once: what a perfect cache would achieve). :func:`measure_roofline` times elementwise ops,
 reductions and matrix products on a device and returns them as points for :func:`plot_roofline`.

@@ -25,8 +25,9 @@ from typing import Any
 
 import torch
 
-from trainfast.accounting import TransformerShape, gpu_spec, training_flops, training_memory
+from trainfast.accounting import TransformerShape, training_flops, training_memory
 from trainfast.device import describe_environment
+from trainfast.gpus import gpu_spec
 from trainfast.precision.fp8 import has_fp8_tensor_cores, to_fp8
 from trainfast.precision.loss_scaling import GradScaler
 from trainfast.precision.numerics import MATMUL_MODES, autocast_policy, matmul_error
@@ -79,7 +80,7 @@ def matmul_throughput(
 
     ``fp8`` rows need FP8 tensor cores and dimensions that are multiples of 16 (other shapes
     are left out). ``of_peak`` is the fraction of the datasheet's dense peak for the dtype
-    (None where :func:`~trainfast.accounting.gpu_spec` does not know the device);
+    (None where :func:`~trainfast.gpus.gpu_spec` does not know the device);
     ``of_best`` the fraction of the best figure of the same dtype in this run.
     """
     spec = gpu_spec(describe_environment(device).device_name) if device.type == "cuda" else None

@@ -19,10 +19,8 @@ import pytest
 import torch
 import torch.distributed as dist
 from torch import nn
-from trainfast.accounting import parameter_count, training_flops
 from trainfast.distributed import OPS, SpawnError, ring_chunks, spawn
 from trainfast.distributed.cost_model import (
-    INFINIBAND_NDR,
     Link,
     all_gather_time,
     all_reduce_time,
@@ -48,15 +46,6 @@ from trainfast.distributed.exercises import (
     check_zero_memory,
 )
 from trainfast.distributed.launch import DEFAULT_PRELOAD, default_backend
-from trainfast.distributed.layout import (
-    Cluster,
-    LayoutChoice,
-    TransformerShape,
-    estimate_step,
-    layout_choices,
-    propose_layout,
-    recommend_layout,
-)
 from trainfast.distributed.parity import (
     COLLECTIVES,
     Case,
@@ -553,57 +542,6 @@ def test_cost_model():
         all_reduce_time("butterfly", 4, 2, link)
     with pytest.raises(ValueError, match="alpha: -1"):
         Link(alpha=-1, beta=0)
-
-
-def test_layout_calculator():
-    small = TransformerShape.gpt_like(n_layers=12, d_model=768, n_heads=12, seq_len=1024)
-    choice = propose_layout(small, 80e9, 8)
-    assert (choice.data, choice.tensor, choice.pipeline, choice.zero_stage) == (8, 1, 1, 0)
-    big = TransformerShape.gpt_like(n_layers=32, d_model=4096, n_heads=32, seq_len=4096)
-    choice = propose_layout(big, 80e9, 8)
-    assert choice is not None and choice.total_bytes <= 0.8 * 80e9
-    assert choice.tensor * choice.pipeline > 1 or choice.zero_stage > 0  # plain DP does not fit
-    ordered = layout_choices(big, 8)
-    assert choice == next(c for c in ordered if c.total_bytes <= 0.8 * 80e9)  # the first that fits
-    keys = [(c.tensor * c.pipeline, c.zero_stage, c.pipeline) for c in ordered]
-    assert keys == sorted(keys)  # least model parallelism first, then the lowest ZeRO stage
-    assert propose_layout(big, 16e9, 1) is None
-    for c in layout_choices(big, 16):
-        assert c.data * c.tensor * c.pipeline == 16 and big.n_heads % c.tensor == 0
-
-
-def test_step_estimate_follows_the_cost_model():
-    shape = TransformerShape.gpt_like(n_layers=32, d_model=4096, n_heads=32, seq_len=4096)
-    cluster = Cluster(64)
-    plain = LayoutChoice(64, 1, 1, 0, 0, 0)
-    e = estimate_step(shape, plain, cluster, global_batch_size=256)
-    assert e.micro_batches == 4 and e.bubble_s == 0 and e.tensor_parallel_s == 0 == e.pipeline_s
-    per_device = 256 / 64 * training_flops(shape) / (989.4e12 * cluster.compute_efficiency)
-    assert e.compute_s == pytest.approx(per_device)
-    gradient = all_reduce_time("ring", 2 * parameter_count(shape), 64, INFINIBAND_NDR)
-    assert e.data_parallel_s == pytest.approx(max(0, gradient - 2 / 3 * e.compute_s / 4))
-    piped = estimate_step(shape, LayoutChoice(8, 2, 4, 0, 0, 0), cluster, global_batch_size=256)
-    assert piped.micro_batches == 32
-    assert piped.bubble_s == pytest.approx(piped.compute_s * 3 / 32)
-    assert piped.compute_s == pytest.approx(e.compute_s * 8 * 4 / 32)  # same work, 8 per model
-    assert piped.tensor_parallel_s > 0 and piped.pipeline_s > 0
-    with pytest.raises(ValueError, match="global_batch_size: 100"):
-        estimate_step(shape, plain, cluster, global_batch_size=100)
-
-
-def test_recommend_layout_picks_the_fastest_that_fits():
-    shape = TransformerShape.gpt_like(n_layers=32, d_model=4096, n_heads=32, seq_len=4096)
-    cluster = Cluster(64)
-    pick = recommend_layout(shape, cluster, global_batch_size=512)
-    assert pick.estimate == pick.considered[0]
-    assert all(pick.estimate.step_s <= e.step_s + 1e-6 for e in pick.considered)
-    for e in pick.considered:
-        assert e.choice.total_bytes <= 0.8 * 80e9 and 8 % e.choice.tensor == 0
-    c = pick.estimate.choice
-    assert f"data {c.data} x tensor {c.tensor} x pipeline {c.pipeline}" in pick.reason
-    assert recommend_layout(shape, Cluster(1), global_batch_size=8) is None  # 7B does not fit
-    small = TransformerShape.gpt_like(n_layers=12, d_model=768, n_heads=12, seq_len=1024)
-    assert recommend_layout(small, Cluster(8), 64).estimate.choice.tensor == 1  # no need for TP
 
 
 def test_exercise_checks_accept_right_and_reject_wrong_answers(capsys):

@@ -57,6 +57,7 @@ from trainfast.distributed.pipeline import (
     PipelineConfig,
     bubble_fraction,
     gpipe_schedule,
+    interleaved_schedule,
     make_pipeline_model,
     one_f_one_b_schedule,
     peak_activations,
@@ -483,6 +484,64 @@ def test_pipeline_gradients_match_the_unsplit_model(world_size):
         assert [results[s][index].peak_activations for s in range(world_size)] == expected
 
 
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_interleaved_pipeline_gradients_match_the_unsplit_model(world_size):
+    config = PipelineConfig(
+        width=16,
+        layers_per_stage=1,
+        batch_size=24,
+        n_micro=2 * world_size,
+        schedule="interleaved",
+        n_chunks=2,
+    )
+    config = replace(config, batch_size=config.n_micro * 3)
+    results = spawn(pipeline_sweep_worker, world_size, [config], timeout=300)
+    model = make_pipeline_model(config, 2 * world_size)  # virtual stage c p + r on rank r
+    x, y = pipeline_batch(config)
+    (model(x) - y).pow(2).mean().backward()
+    for rank in range(world_size):
+        measured = results[rank][0]
+        for chunk in range(2):
+            for name, p in model[chunk * world_size + rank].named_parameters():
+                got = measured.grads[f"{chunk}.{name}"]
+                torch.testing.assert_close(got, p.grad, rtol=1e-5, atol=1e-7)
+    expected = peak_activations(interleaved_schedule(world_size, config.n_micro, 2))
+    assert [results[r][0].peak_activations for r in range(world_size)] == expected
+
+
+def test_interleaved_schedule_runs_each_forward_before_its_backward_and_shrinks_the_bubble():
+    for p in (1, 2, 3, 4):
+        for v in (1, 2, 3):
+            for m in (p, 2 * p, 3 * p):
+                schedule = interleaved_schedule(p, m, v)
+                for ops in schedule:  # every (micro, chunk) once each way, F first
+                    assert sorted(ops) == sorted(
+                        [(k, i, c) for k in "FB" for i in range(m) for c in range(v)]
+                    )
+                    assert all(
+                        ops.index(("F", i, c)) < ops.index(("B", i, c))
+                        for i in range(m)
+                        for c in range(v)
+                    )
+                for backward in (1.0, 2.0):  # a chunk is 1/v of a stage
+                    slots = simulate(schedule, forward=1 / v, backward=backward / v)
+                    ideal = m * (1 + backward)
+                    bubble = (max(s.end for s in slots) - ideal) / ideal
+                    assert bubble == pytest.approx((p - 1) / (v * m), abs=1e-12)
+                    assert bubble == pytest.approx(bubble_fraction(p, m) * (m + p - 1) / (v * m))
+                    done = {(s.kind, s.chunk * p + s.stage, s.micro): s for s in slots}
+                    for (kind, stage, i), slot in done.items():  # dependencies respected
+                        if kind == "F" and stage > 0:
+                            assert done[("F", stage - 1, i)].end <= slot.start
+                        if kind == "B" and stage < p * v - 1:
+                            assert done[("B", stage + 1, i)].end <= slot.start
+    # Korthikanti et al. 2022, Section 4.2.3: the first rank holds 1 + (p - 1) / (p v) times 1F1B's
+    peak = peak_activations(interleaved_schedule(4, 8, 2))[0] / 2
+    assert peak / peak_activations(one_f_one_b_schedule(4, 8))[0] == 1 + 3 / 8
+    with pytest.raises(ValueError, match="Invalid interleaving"):
+        interleaved_schedule(4, 6, 2)
+
+
 @pytest.mark.parametrize("backward", [1.0, 2.0])
 def test_simulated_bubble_matches_the_formula(backward):
     for p in range(1, 6):
@@ -533,8 +592,10 @@ def test_cost_model():
     )
     rows = [
         {"algorithm": a, "world_size": n, "bytes": b, "seconds": all_reduce_time(a, b, n, link)}
-        for a in ("naive", "ring") for n in (2, 3, 4) for b in (4, 4096, 2**22)
-    ]  # fmt: skip
+        for a in ("naive", "ring")
+        for n in (2, 3, 4)
+        for b in (4, 4096, 2**22)
+    ]
     fitted = fit_link(rows + [{"algorithm": "torch", "world_size": 2, "bytes": 4, "seconds": 1.0}])
     assert fitted.alpha == pytest.approx(link.alpha, rel=1e-6)
     assert fitted.beta == pytest.approx(link.beta, rel=1e-6)
@@ -641,8 +702,18 @@ def test_all_reduce_benchmark_record():
 
 def test_trainer_runs_unchanged_under_torchrun():
     steps = 4
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-               "-m", "trainfast.distributed.data_parallel", "--steps", str(steps)]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "trainfast.distributed.data_parallel",
+        "--steps",
+        str(steps),
+    ]
     run = subprocess.run(
         command,
         capture_output=True,

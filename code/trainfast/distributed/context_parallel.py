@@ -2,8 +2,9 @@
 
 Long sequences make attention the memory problem: the activations of every layer grow with the
 sequence, and tensor parallelism does not split the sequence inside attention. *Ring attention*
-(Liu, Zaharia and Abbeel, 2023; Brandon et al.'s "striped" variant; Megatron's "context
-parallelism") gives rank ``r`` the ``r``-th block of queries, keys and values. Each rank computes
+(Liu, Zaharia and Abbeel, 2023) gives rank ``r`` the ``r``-th block of queries, keys and values
+(Brandon et al.'s "striped" attention and Megatron's context parallelism assign the tokens
+differently, to balance causal work: see below). Each rank computes
 attention of its queries against the key block it holds, then passes that key/value block to its
 right neighbour and receives the left one's; after ``N`` steps it has seen every key block.
 

@@ -220,6 +220,10 @@ def test_bad_setups_name_the_value(change, message):
         replace(TrainingSetup(SMALL, global_batch=4), **change)
     with pytest.raises(ValueError, match="Invalid mfu: 1.5"):
         StepAssumptions(mfu=1.5)
+    with pytest.raises(ValueError, match="Invalid network_bytes_per_s: 0"):
+        StepAssumptions(network_bytes_per_s=0)
+    with pytest.raises(ValueError, match="Invalid overlap: -0.5"):
+        StepAssumptions(overlap=-0.5)
 
 
 def test_layout_search_uses_the_one_model():

@@ -131,3 +131,12 @@ def test_the_widget_names_a_bad_input(page):
     assert "Invalid tensor: 5" in message
     with pytest.raises(ValueError, match="Invalid tensor: 5"):
         _setup({"setup": setup})
+
+
+def test_the_widget_names_a_bad_assumption(page):
+    setup = dict(CASES[0]["setup"])
+    setup["assumptions"] = dict(setup["assumptions"], network_bytes_per_s=0)
+    page.evaluate(SET_INPUTS, setup)
+    assert "Invalid network_bytes_per_s: 0" in page.text_content('[data-out="error"]')
+    with pytest.raises(ValueError, match="Invalid network_bytes_per_s: 0"):
+        _setup({"setup": setup})

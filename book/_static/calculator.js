@@ -110,9 +110,10 @@
     if (!(a.overlap >= 0 && a.overlap <= 1)) return `Invalid overlap: ${a.overlap} (expected 0 <= overlap <= 1)`;
     if (!(a.reserve >= 0 && a.reserve < 1)) return `Invalid reserve: ${a.reserve} (expected 0 <= reserve < 1)`;
     if (!isPositiveInteger(a.gpus_per_node)) return `Invalid gpus_per_node: ${a.gpus_per_node} (expected a positive integer)`;
-    for (const name of ["nvlink_latency_s", "network_latency_s", "network_bytes_per_s"]) {
+    for (const name of ["nvlink_latency_s", "network_latency_s"]) {
       if (!(a[name] >= 0)) return `Invalid ${name}: ${a[name]} (expected >= 0)`;
     }
+    if (!(a.network_bytes_per_s > 0)) return `Invalid network_bytes_per_s: ${a.network_bytes_per_s} (expected > 0)`;
     for (const name of ["data", "tensor", "pipeline", "context", "virtual_stages", "experts", "top_k", "expert_parallel", "global_batch"]) {
       if (!isPositiveInteger(x[name])) return `Invalid ${name}: ${x[name]} (expected a positive integer)`;
     }

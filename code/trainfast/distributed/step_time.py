@@ -123,6 +123,13 @@ class StepAssumptions:
         if not 0 <= self.reserve < 1:
             raise ValueError(f"Invalid reserve: {self.reserve!r} (expected 0 <= reserve < 1)")
         _positive("gpus_per_node", self.gpus_per_node)
+        for name in ("nvlink_latency_s", "network_latency_s"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"Invalid {name}: {getattr(self, name)!r} (expected >= 0)")
+        if not self.network_bytes_per_s > 0:
+            raise ValueError(
+                f"Invalid network_bytes_per_s: {self.network_bytes_per_s!r} (expected > 0)"
+            )
 
 
 @dataclass(frozen=True)

@@ -97,11 +97,12 @@ def one_f_one_b_schedule(n_stages: int, n_micro: int) -> list[list[Op]]:
 def interleaved_schedule(n_stages: int, n_micro: int, n_chunks: int) -> list[list[ChunkOp]]:
     """Per rank, the op order of interleaved 1F1B with ``n_chunks`` model chunks per rank.
 
-    Megatron-LM's schedule (Narayanan et al. 2021, Section 2.2.2; ``forward_backward_pipelining
-    _with_interleaving``): the ``m v`` forwards of a rank run in groups of ``p`` micro-batches,
-    chunk by chunk (micro-batches 0..p-1 through chunk 0, then through chunk 1, ...), and the
-    backwards in the same groups with the chunks reversed. Rank ``r`` runs ``2 (p - r - 1) +
-    (v - 1) p`` warm-up forwards, then alternates one forward and one backward, then drains.
+    Megatron-LM's schedule (Narayanan et al. 2021, Section 2.2.2; in Megatron-LM's code,
+    ``forward_backward_pipelining_with_interleaving``): the ``m v`` forwards of a rank run in
+    groups of ``p`` micro-batches, chunk by chunk (micro-batches 0..p-1 through chunk 0, then
+    through chunk 1, ...), and the backwards in the same groups with the chunks reversed. Rank
+    ``r`` runs ``2 (p - r - 1) + (v - 1) p`` warm-up forwards, then alternates one forward and
+    one backward, then drains.
     ``n_micro`` must be a multiple of ``n_stages``.
     """
     p, m, v = n_stages, n_micro, n_chunks

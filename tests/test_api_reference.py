@@ -18,6 +18,7 @@ import pytest
 import trainfast
 import trainfast.calculator
 import yaml
+from trainfast.distributed.step_time import estimate
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "book" / "_ext"))
@@ -170,4 +171,4 @@ def test_the_calculator_is_embedded_with_the_package_data(small_build):
     assert "calculator.js" not in other, "pages without the widget should not load it"
     data = (html / "_static" / "calculator-data.js").read_text()
     assert data.startswith("window.TRAINFAST_CALCULATOR = ")
-    assert str(trainfast.calculator.estimate(trainfast.calculator._grid()[0]).step_s) in data
+    assert str(estimate(trainfast.calculator.grid()[0]).step_s) in data

@@ -1,4 +1,9 @@
-"""trainfast.calculator: its parts are the accounting functions, and the export is what it says."""
+"""The book's one step model (trainfast.distributed.step_time) and the widget's data export.
+
+The model's parts are the accounting functions and the alpha-beta collectives; its activation
+memory is checked against Korthikanti et al. (2022) for the paper's own models, and its FLOPs
+with full recomputation against Narayanan et al. (2021)'s Eq. 3.
+"""
 
 from __future__ import annotations
 
@@ -8,37 +13,96 @@ from dataclasses import replace
 import pytest
 from trainfast.accounting import (
     PRESET_SHAPES,
+    TransformerShape,
     parameter_count,
     training_flops,
     training_memory,
     training_run_seconds,
 )
-from trainfast.calculator import (
-    LINK_LATENCY_S,
-    NETWORK_BYTES_PER_S,
+from trainfast.calculator import estimate_dict, export, setup_from_dict, write_script
+from trainfast.distributed.cost_model import Link, all_gather_time, all_reduce_time
+from trainfast.distributed.layout import layout_choices, propose_layout, recommend_layout
+from trainfast.distributed.step_time import (
+    StepAssumptions,
     TrainingSetup,
+    all_to_all_time,
     estimate,
-    export,
-    write_script,
+    layer_activation_bytes,
 )
-from trainfast.distributed.cost_model import Link, all_reduce_time
 from trainfast.gpus import GPUS
 
 SMALL = replace(PRESET_SHAPES["gpt2-small"], batch_size=4)
+NO_OVERLAP = StepAssumptions(overlap=0.0)
+
+# Korthikanti et al. 2022, Table 3: (heads a, hidden h, layers, tensor-parallel t, micro-batch b),
+# sequences of s = 2048, vocabulary 51,200
+KORTHIKANTI_MODELS = {
+    "22B": (64, 6144, 48, 8, 4),
+    "175B": (96, 12288, 96, 8, 1),
+    "530B": (128, 20480, 105, 8, 1),
+    "1T": (160, 25600, 128, 8, 1),
+}
+
+
+@pytest.mark.parametrize("name", list(KORTHIKANTI_MODELS))
+def test_activation_memory_matches_korthikanti_et_al(name):
+    a, h, layers, t, b = KORTHIKANTI_MODELS[name]
+    s = 2048
+    shape = TransformerShape(51_200, h, layers, a, 4 * h, s, b)
+    sbh = s * b * h
+
+    def ours(tensor, sp, recompute):
+        return layer_activation_bytes(shape, tensor, sp, recompute, dropout=True)
+
+    # Eq. 1: no parallelism, nothing recomputed
+    assert ours(1, False, "none") == pytest.approx(sbh * (34 + 5 * a * s / h), rel=1e-12)
+    # Eq. 2: tensor parallelism alone
+    assert ours(t, False, "none") == pytest.approx(
+        sbh * (10 + 24 / t + 5 * a * s / (h * t)), rel=1e-12
+    )
+    # Eq. 3: tensor and sequence parallelism
+    assert ours(t, True, "none") == pytest.approx(sbh / t * (34 + 5 * a * s / h), rel=1e-12)
+    # Section 5: selective recomputation with sequence parallelism, sbh 34 / t; ours also keeps
+    # the fused kernel's fp32 log-sum-exp per head and token, which the paper does not count
+    lse = 4 * a * s * b / t
+    assert ours(t, True, "selective") == pytest.approx(sbh * 34 / t + lse, rel=1e-12)
+    assert lse / (sbh * 34 / t) < 0.002
+    # full recomputation keeps the layer's input: 2 sbh bytes, over t with sequence parallelism
+    assert ours(t, True, "full") == pytest.approx(2 * sbh / t, rel=1e-12)
+
+
+def test_interleaving_keeps_more_activations_as_korthikanti_et_al_say():
+    shape = TransformerShape(51_200, 12_288, 96, 96, 4 * 12_288, 2048, 1)
+    base = TrainingSetup(shape, tensor=8, pipeline=8, global_batch=64, recompute="selective")
+    plain, interleaved = estimate(base), estimate(replace(base, virtual_stages=2))
+    head = plain.memory.activations - 96 * layer_activation_bytes(shape, 8, True, "selective")
+    factor = (interleaved.memory.activations - head) / (plain.memory.activations - head)
+    assert factor == pytest.approx(1 + (8 - 1) / (8 * 2), rel=1e-12)  # Section 4.2.3
+
+
+def test_full_recomputation_flops_are_narayanan_et_al_eq_3():
+    # Narayanan et al. 2021, Table 1, the 145.6B row: F = 96 B s l h^2 (1 + s/6h + V/16lh)
+    B, s, L, h, V = 2304, 2048, 80, 12288, 51_200
+    shape = TransformerShape(V, h, L, 96, 4 * h, s, 1)
+    setup = TrainingSetup(shape, data=24, tensor=8, pipeline=8, global_batch=B, recompute="full")
+    result = estimate(setup)
+    peak = GPUS[setup.gpu].peak_flops["bf16"] * setup.assumptions.mfu
+    eq3 = 96 * B * s * L * h**2 * (1 + s / (6 * h) + V / (16 * L * h))
+    assert result.compute_s * setup.n_gpus * peak == pytest.approx(eq3, rel=1e-12)
 
 
 @pytest.mark.parametrize("recipe", ["fp32", "bf16-mixed", "pure-bf16"])
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
-@pytest.mark.parametrize("checkpointing", [False, True])
-def test_without_model_parallelism_memory_is_training_memory(recipe, stage, checkpointing):
+@pytest.mark.parametrize("recompute", ["selective", "full"])
+def test_without_model_parallelism_memory_is_training_memory(recipe, stage, recompute):
     setup = TrainingSetup(
-        SMALL, recipe, "adamw", stage, data=4, global_batch=32, checkpointing=checkpointing
+        SMALL, recipe, "adamw", stage, data=4, global_batch=32, recompute=recompute
     )
     expected = training_memory(
         SMALL,
         recipe=recipe,
         optimizer="adamw",
-        checkpointing=checkpointing,
+        checkpointing=recompute == "full",
         attention="sdpa",
         zero_stage=stage,
         world_size=4,
@@ -49,82 +113,159 @@ def test_without_model_parallelism_memory_is_training_memory(recipe, stage, chec
     )
 
 
-def test_tensor_and_pipeline_parallelism_split_the_model_state():
+def test_tensor_context_and_pipeline_parallelism_split_the_model_and_activations():
     one = estimate(TrainingSetup(SMALL, global_batch=4)).memory
     split = estimate(TrainingSetup(SMALL, tensor=4, pipeline=3, global_batch=4)).memory
     assert split.parameters == pytest.approx(one.parameters / 12)
     assert split.activations < one.activations
+    context = estimate(TrainingSetup(SMALL, context=4, global_batch=4, zero_stage=1)).memory
+    assert context.activations == pytest.approx(one.activations / 4)
+    assert context.optimizer_state == pytest.approx(one.optimizer_state / 4)  # ZeRO over d c
 
 
 def test_step_time_is_compute_at_mfu_plus_an_all_reduce():
     gpu = GPUS["A100 SXM 80GB"]
-    setup = TrainingSetup(
-        SMALL, "bf16-mixed", "adamw", data=4, global_batch=64, gpu=gpu.name, mfu=0.5
-    )
+    assumptions = StepAssumptions(mfu=0.5, overlap=0.0)
+    setup = TrainingSetup(SMALL, data=4, global_batch=64, gpu=gpu.name, assumptions=assumptions)
     result = estimate(setup)
-    compute = training_run_seconds(
+    flops = training_flops(replace(SMALL, batch_size=64))
+    flops += SMALL.n_layers * 64 * SMALL.n_heads * 4 * SMALL.seq_len**2 * SMALL.head_dim
+    assert result.compute_s == pytest.approx(flops / (4 * gpu.peak_flops["bf16"] * 0.5))
+    assert result.compute_s > training_run_seconds(
         training_flops(SMALL) / SMALL.tokens,
         64 * SMALL.seq_len,
         n_gpus=4,
         peak_flops=gpu.peak_flops["bf16"],
         mfu=0.5,
-    )
-    assert result.compute_s == pytest.approx(compute, rel=1e-12)
-    link = Link(LINK_LATENCY_S, 2 / gpu.nvlink_bytes_per_s)  # 4 GPUs share a node's NVLink
-    assert result.data_parallel_s == pytest.approx(
-        all_reduce_time("ring", parameter_count(SMALL) * 2, 4, link), rel=1e-12
-    )
+    )  # selective recomputation repeats the attention core
+    link = Link(assumptions.nvlink_latency_s, 2 / gpu.nvlink_bytes_per_s)  # 4 GPUs in a node
+    gradient = all_reduce_time("ring", parameter_count(SMALL) * 2, 4, link)
+    assert result.data_parallel_s == pytest.approx(gradient, rel=1e-12)
     assert result.bubble_s == result.tensor_parallel_s == result.pipeline_s == 0
-    across_nodes = estimate(replace(setup, data=16, global_batch=256))
-    network = Link(LINK_LATENCY_S, 1 / NETWORK_BYTES_PER_S)
-    assert across_nodes.data_parallel_s == pytest.approx(
-        all_reduce_time("ring", parameter_count(SMALL) * 2, 16, network), rel=1e-12
-    )
+    network = Link(assumptions.network_latency_s, 1 / assumptions.network_bytes_per_s)
+    across = estimate(replace(setup, data=16, global_batch=256))
+    expected = all_reduce_time("ring", parameter_count(SMALL) * 2, 16, network)
+    assert across.data_parallel_s == pytest.approx(expected, rel=1e-12)
+    # overlap hides the reduction behind the last micro-batch's backward, 2/3 of its compute
+    hidden = estimate(replace(setup, data=16, global_batch=256, assumptions=StepAssumptions(0.5)))
+    assert hidden.data_parallel_s == pytest.approx(max(0, expected - hidden.compute_s / 4 * 2 / 3))
 
 
-def test_pipeline_bubble_and_checkpointing_cost_time():
+def test_zero3_gathers_the_weights_for_every_micro_batch():
+    base = TrainingSetup(SMALL, zero_stage=3, data=16, global_batch=64, assumptions=NO_OVERLAP)
+    result = estimate(base)
+    n = parameter_count(SMALL)
+    link = Link(NO_OVERLAP.network_latency_s, 1 / NO_OVERLAP.network_bytes_per_s)
+    expected = all_reduce_time("ring", 2 * n, 16, link) / 2 + 2 * all_gather_time(2 * n, 16, link)
+    assert result.data_parallel_s == pytest.approx(expected, rel=1e-12)  # 1.5x an all-reduce
+    twice = estimate(replace(base, global_batch=128))  # m = 2: gathered four times
+    assert twice.data_parallel_s == pytest.approx(expected + 2 * all_gather_time(2 * n, 16, link))
+
+
+def test_pipeline_bubble_interleaving_and_recomputation_cost_time():
     base = TrainingSetup(SMALL, pipeline=4, global_batch=32)
     result = estimate(base)
     assert result.bubble_s == pytest.approx(result.compute_s * 3 / 8)
-    assert estimate(replace(base, checkpointing=True)).compute_s == pytest.approx(
-        result.compute_s * 4 / 3
-    )
+    interleaved = estimate(replace(base, virtual_stages=3))
+    assert interleaved.bubble_s == pytest.approx(result.compute_s * 3 / (3 * 8))
+    assert interleaved.pipeline_s == pytest.approx(3 * result.pipeline_s)
+    full = estimate(replace(base, recompute="full"))
+    none = estimate(replace(base, recompute="none"))
+    assert full.compute_s > result.compute_s > none.compute_s
+    assert full.memory.activations < result.memory.activations < none.memory.activations
+
+
+def test_context_parallel_sends_hide_behind_long_blocks_only():
+    long = replace(SMALL, seq_len=32_768, batch_size=1)
+    hidden = estimate(TrainingSetup(long, context=2, global_batch=1))  # 16k-token blocks
+    assert hidden.context_parallel_s == 0
+    slow = StepAssumptions(network_bytes_per_s=1e6)
+    exposed = estimate(TrainingSetup(long, context=16, global_batch=1, assumptions=slow))
+    assert exposed.context_parallel_s > 0
+
+
+def test_experts_add_parameters_and_all_to_alls():
+    base = TrainingSetup(SMALL, data=4, global_batch=16)
+    moe = replace(base, experts=8, top_k=2, expert_parallel=4)
+    dense, sparse = estimate(base), estimate(moe)
+    assert sparse.expert_parallel_s > 0 == dense.expert_parallel_s
+    h, f, L = SMALL.d_model, SMALL.d_ff, SMALL.n_layers
+    extra = L * (8 * (2 * h * f + f + h) / 4 - (2 * h * f + f + h) + 8 * h)
+    assert sparse.memory.parameters - dense.memory.parameters == pytest.approx(2 * extra)
+    activation = SMALL.tokens * h * 2 * 2  # 2 bytes, 2 experts per token
+    link = Link(StepAssumptions().nvlink_latency_s, 2 / GPUS[base.gpu].nvlink_bytes_per_s)
+    one = all_to_all_time(activation, 4, link)
+    assert sparse.expert_parallel_s == pytest.approx(4 * one * L * sparse.setup.micro_batches)
 
 
 @pytest.mark.parametrize(
     ("change", "message"),
     [
         ({"tensor": 5}, "Invalid tensor: 5"),
-        ({"pipeline": 5}, "Invalid pipeline: 5"),
+        ({"pipeline": 13}, "Invalid virtual_stages: 1"),
+        ({"context": 3}, "Invalid context: 3"),
         ({"global_batch": 6, "data": 4}, "Invalid global_batch: 6"),
+        ({"pipeline": 4, "virtual_stages": 2, "global_batch": 8}, "Invalid global_batch: 8"),
+        ({"experts": 4, "expert_parallel": 3}, "Invalid expert_parallel: 3"),
+        ({"top_k": 2}, "Invalid top_k: 2"),
         ({"zero_stage": 4}, "Invalid zero_stage: 4"),
-        ({"gpu": "V100"}, "Unknown gpu: 'V100'"),
+        ({"gpu": "V100"}, "Invalid gpu: 'V100'"),
         ({"recipe": "fp4"}, "Unknown recipe: 'fp4'"),
-        ({"mfu": 1.5}, "Invalid mfu: 1.5"),
+        ({"recompute": "some"}, "Invalid recompute: 'some'"),
         ({"data": 0}, "Invalid data: 0"),
     ],
 )
 def test_bad_setups_name_the_value(change, message):
     with pytest.raises(ValueError, match=message):
         replace(TrainingSetup(SMALL, global_batch=4), **change)
+    with pytest.raises(ValueError, match="Invalid mfu: 1.5"):
+        StepAssumptions(mfu=1.5)
+    with pytest.raises(ValueError, match="Invalid network_bytes_per_s: 0"):
+        StepAssumptions(network_bytes_per_s=0)
+    with pytest.raises(ValueError, match="Invalid overlap: -0.5"):
+        StepAssumptions(overlap=-0.5)
+
+
+def test_layout_search_uses_the_one_model():
+    shape = TransformerShape.gpt_like(n_layers=32, d_model=4096, n_heads=32, seq_len=4096)
+    base = TrainingSetup(shape, global_batch=512)
+    choices = layout_choices(base, 64)
+    assert all(e == estimate(e.setup) for e in choices)
+    keys = [
+        (e.setup.tensor * e.setup.pipeline, e.setup.zero_stage, e.setup.pipeline) for e in choices
+    ]
+    assert keys == sorted(keys)
+    proposal = propose_layout(base, 64)
+    assert proposal == next(e for e in choices if e.fits)
+    pick = recommend_layout(base, 64)
+    assert pick.estimate == pick.considered[0] and pick.estimate.fits
+    assert all(pick.estimate.step_s <= e.step_s + 1e-6 for e in pick.considered)
+    assert f"tensor {pick.estimate.setup.tensor}" in pick.reason
+    assert recommend_layout(replace(base, global_batch=8), 1) is None  # 7B does not fit
+    small = TransformerShape.gpt_like(n_layers=12, d_model=768, n_heads=12, seq_len=1024)
+    assert recommend_layout(TrainingSetup(small, global_batch=64), 8).estimate.setup.tensor == 1
 
 
 def test_export_is_json_with_the_package_results(tmp_path):
     data = export()
     assert len(data["cases"]) >= 100
-    case = data["cases"][-1]
-    setup = TrainingSetup(
-        replace(SMALL, **case["setup"]["shape"]),
-        **{k: v for k, v in case["setup"].items() if k != "shape"},
-    )
-    assert case["result"]["time"]["step"] == estimate(setup).step_s
-    assert case["result"]["memory"]["total"] == estimate(setup).memory.total
+    for case in data["cases"][::17]:
+        assert case["result"] == estimate_dict(estimate(setup_from_dict(case["setup"])))
     # the grid covers every choice the widget offers
     for key, names in [("recipe", "recipes"), ("optimizer", "optimizer_moments"), ("gpu", "gpus")]:
         assert {c["setup"][key] for c in data["cases"]} == set(data[names])
-    assert {c["setup"]["zero_stage"] for c in data["cases"]} == {0, 1, 2, 3}
-    assert {c["setup"]["checkpointing"] for c in data["cases"]} == {False, True}
-    assert len({(c["setup"]["tensor"], c["setup"]["pipeline"]) for c in data["cases"]}) >= 4
+    for key, least in [
+        ("zero_stage", 4),
+        ("recompute", 3),
+        ("virtual_stages", 3),
+        ("context", 3),
+        ("experts", 3),
+        ("dropout", 2),
+        ("tensor", 4),
+        ("pipeline", 4),
+    ]:
+        assert len({c["setup"][key] for c in data["cases"]}) >= least, key
+    assert {c["setup"]["assumptions"]["overlap"] for c in data["cases"]} == {0.0, 1.0}
     path = tmp_path / "calculator-data.js"
     write_script(path)
     text = path.read_text()

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import math
 import shutil
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from trainfast.accounting import PRESET_SHAPES
-from trainfast.calculator import TrainingSetup, _estimate_dict, estimate, export, write_script
+from trainfast.calculator import estimate_dict, export, setup_from_dict, write_script
+from trainfast.distributed.step_time import TrainingSetup, estimate
 
 ROOT = Path(__file__).resolve().parents[1]
 STATIC = ROOT / "book" / "_static"
@@ -58,9 +57,7 @@ def page(tmp_path_factory: pytest.TempPathFactory):
 
 
 def _setup(case: dict) -> TrainingSetup:
-    values = dict(case["setup"])
-    shape = replace(PRESET_SHAPES["tiny"], **values.pop("shape"))
-    return TrainingSetup(shape, **values)
+    return setup_from_dict(case["setup"])
 
 
 def _flat(result: dict, prefix: str = "") -> dict[str, float | bool]:
@@ -95,15 +92,16 @@ def test_the_widget_functions_match_python_on_the_grid(page):
         CASES,
     )
     for case, result in zip(CASES, got, strict=True):
-        expected = _estimate_dict(estimate(_setup(case)))  # recomputed here, not read back
+        expected = estimate_dict(estimate(_setup(case)))  # recomputed here, not read back
         wrong = _mismatches(expected, result)
         assert not wrong, f"{case['setup']}: " + "; ".join(wrong)
 
 
 SET_INPUTS = """x => {
   const form = document.querySelector('.trainfast-calculator form');
-  const values = Object.assign({}, x.shape, x);
+  const values = Object.assign({}, x.shape, x.assumptions, x);
   delete values.shape;
+  delete values.assumptions;
   for (const [name, value] of Object.entries(values)) {
     const input = form.elements[name];
     if (input.type === 'checkbox') input.checked = value; else input.value = String(value);
@@ -121,7 +119,7 @@ SET_INPUTS = """x => {
 def test_the_widget_shows_python_numbers_for_inputs_typed_in(page):
     for case in CASES:
         shown = page.evaluate(SET_INPUTS, case["setup"])
-        expected = _estimate_dict(estimate(_setup(case)))
+        expected = estimate_dict(estimate(_setup(case)))
         wrong = _mismatches(expected, shown)
         assert not wrong, f"{case['setup']}: " + "; ".join(wrong)
 
@@ -132,4 +130,13 @@ def test_the_widget_names_a_bad_input(page):
     message = page.text_content('[data-out="error"]')
     assert "Invalid tensor: 5" in message
     with pytest.raises(ValueError, match="Invalid tensor: 5"):
+        _setup({"setup": setup})
+
+
+def test_the_widget_names_a_bad_assumption(page):
+    setup = dict(CASES[0]["setup"])
+    setup["assumptions"] = dict(setup["assumptions"], network_bytes_per_s=0)
+    page.evaluate(SET_INPUTS, setup)
+    assert "Invalid network_bytes_per_s: 0" in page.text_content('[data-out="error"]')
+    with pytest.raises(ValueError, match="Invalid network_bytes_per_s: 0"):
         _setup({"setup": setup})

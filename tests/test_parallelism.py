@@ -19,10 +19,8 @@ import pytest
 import torch
 import torch.distributed as dist
 from torch import nn
-from trainfast.accounting import parameter_count, training_flops
 from trainfast.distributed import OPS, SpawnError, ring_chunks, spawn
 from trainfast.distributed.cost_model import (
-    INFINIBAND_NDR,
     Link,
     all_gather_time,
     all_reduce_time,
@@ -48,15 +46,6 @@ from trainfast.distributed.exercises import (
     check_zero_memory,
 )
 from trainfast.distributed.launch import DEFAULT_PRELOAD, default_backend
-from trainfast.distributed.layout import (
-    Cluster,
-    LayoutChoice,
-    TransformerShape,
-    estimate_step,
-    layout_choices,
-    propose_layout,
-    recommend_layout,
-)
 from trainfast.distributed.parity import (
     COLLECTIVES,
     Case,
@@ -68,6 +57,7 @@ from trainfast.distributed.pipeline import (
     PipelineConfig,
     bubble_fraction,
     gpipe_schedule,
+    interleaved_schedule,
     make_pipeline_model,
     one_f_one_b_schedule,
     peak_activations,
@@ -494,6 +484,64 @@ def test_pipeline_gradients_match_the_unsplit_model(world_size):
         assert [results[s][index].peak_activations for s in range(world_size)] == expected
 
 
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_interleaved_pipeline_gradients_match_the_unsplit_model(world_size):
+    config = PipelineConfig(
+        width=16,
+        layers_per_stage=1,
+        batch_size=24,
+        n_micro=2 * world_size,
+        schedule="interleaved",
+        n_chunks=2,
+    )
+    config = replace(config, batch_size=config.n_micro * 3)
+    results = spawn(pipeline_sweep_worker, world_size, [config], timeout=300)
+    model = make_pipeline_model(config, 2 * world_size)  # virtual stage c p + r on rank r
+    x, y = pipeline_batch(config)
+    (model(x) - y).pow(2).mean().backward()
+    for rank in range(world_size):
+        measured = results[rank][0]
+        for chunk in range(2):
+            for name, p in model[chunk * world_size + rank].named_parameters():
+                got = measured.grads[f"{chunk}.{name}"]
+                torch.testing.assert_close(got, p.grad, rtol=1e-5, atol=1e-7)
+    expected = peak_activations(interleaved_schedule(world_size, config.n_micro, 2))
+    assert [results[r][0].peak_activations for r in range(world_size)] == expected
+
+
+def test_interleaved_schedule_runs_each_forward_before_its_backward_and_shrinks_the_bubble():
+    for p in (1, 2, 3, 4):
+        for v in (1, 2, 3):
+            for m in (p, 2 * p, 3 * p):
+                schedule = interleaved_schedule(p, m, v)
+                for ops in schedule:  # every (micro, chunk) once each way, F first
+                    assert sorted(ops) == sorted(
+                        [(k, i, c) for k in "FB" for i in range(m) for c in range(v)]
+                    )
+                    assert all(
+                        ops.index(("F", i, c)) < ops.index(("B", i, c))
+                        for i in range(m)
+                        for c in range(v)
+                    )
+                for backward in (1.0, 2.0):  # a chunk is 1/v of a stage
+                    slots = simulate(schedule, forward=1 / v, backward=backward / v)
+                    ideal = m * (1 + backward)
+                    bubble = (max(s.end for s in slots) - ideal) / ideal
+                    assert bubble == pytest.approx((p - 1) / (v * m), abs=1e-12)
+                    assert bubble == pytest.approx(bubble_fraction(p, m) * (m + p - 1) / (v * m))
+                    done = {(s.kind, s.chunk * p + s.stage, s.micro): s for s in slots}
+                    for (kind, stage, i), slot in done.items():  # dependencies respected
+                        if kind == "F" and stage > 0:
+                            assert done[("F", stage - 1, i)].end <= slot.start
+                        if kind == "B" and stage < p * v - 1:
+                            assert done[("B", stage + 1, i)].end <= slot.start
+    # Korthikanti et al. 2022, Section 4.2.3: the first rank holds 1 + (p - 1) / (p v) times 1F1B's
+    peak = peak_activations(interleaved_schedule(4, 8, 2))[0] / 2
+    assert peak / peak_activations(one_f_one_b_schedule(4, 8))[0] == 1 + 3 / 8
+    with pytest.raises(ValueError, match="Invalid interleaving"):
+        interleaved_schedule(4, 6, 2)
+
+
 @pytest.mark.parametrize("backward", [1.0, 2.0])
 def test_simulated_bubble_matches_the_formula(backward):
     for p in range(1, 6):
@@ -544,8 +592,10 @@ def test_cost_model():
     )
     rows = [
         {"algorithm": a, "world_size": n, "bytes": b, "seconds": all_reduce_time(a, b, n, link)}
-        for a in ("naive", "ring") for n in (2, 3, 4) for b in (4, 4096, 2**22)
-    ]  # fmt: skip
+        for a in ("naive", "ring")
+        for n in (2, 3, 4)
+        for b in (4, 4096, 2**22)
+    ]
     fitted = fit_link(rows + [{"algorithm": "torch", "world_size": 2, "bytes": 4, "seconds": 1.0}])
     assert fitted.alpha == pytest.approx(link.alpha, rel=1e-6)
     assert fitted.beta == pytest.approx(link.beta, rel=1e-6)
@@ -553,57 +603,6 @@ def test_cost_model():
         all_reduce_time("butterfly", 4, 2, link)
     with pytest.raises(ValueError, match="alpha: -1"):
         Link(alpha=-1, beta=0)
-
-
-def test_layout_calculator():
-    small = TransformerShape.gpt_like(n_layers=12, d_model=768, n_heads=12, seq_len=1024)
-    choice = propose_layout(small, 80e9, 8)
-    assert (choice.data, choice.tensor, choice.pipeline, choice.zero_stage) == (8, 1, 1, 0)
-    big = TransformerShape.gpt_like(n_layers=32, d_model=4096, n_heads=32, seq_len=4096)
-    choice = propose_layout(big, 80e9, 8)
-    assert choice is not None and choice.total_bytes <= 0.8 * 80e9
-    assert choice.tensor * choice.pipeline > 1 or choice.zero_stage > 0  # plain DP does not fit
-    ordered = layout_choices(big, 8)
-    assert choice == next(c for c in ordered if c.total_bytes <= 0.8 * 80e9)  # the first that fits
-    keys = [(c.tensor * c.pipeline, c.zero_stage, c.pipeline) for c in ordered]
-    assert keys == sorted(keys)  # least model parallelism first, then the lowest ZeRO stage
-    assert propose_layout(big, 16e9, 1) is None
-    for c in layout_choices(big, 16):
-        assert c.data * c.tensor * c.pipeline == 16 and big.n_heads % c.tensor == 0
-
-
-def test_step_estimate_follows_the_cost_model():
-    shape = TransformerShape.gpt_like(n_layers=32, d_model=4096, n_heads=32, seq_len=4096)
-    cluster = Cluster(64)
-    plain = LayoutChoice(64, 1, 1, 0, 0, 0)
-    e = estimate_step(shape, plain, cluster, global_batch_size=256)
-    assert e.micro_batches == 4 and e.bubble_s == 0 and e.tensor_parallel_s == 0 == e.pipeline_s
-    per_device = 256 / 64 * training_flops(shape) / (989.4e12 * cluster.compute_efficiency)
-    assert e.compute_s == pytest.approx(per_device)
-    gradient = all_reduce_time("ring", 2 * parameter_count(shape), 64, INFINIBAND_NDR)
-    assert e.data_parallel_s == pytest.approx(max(0, gradient - 2 / 3 * e.compute_s / 4))
-    piped = estimate_step(shape, LayoutChoice(8, 2, 4, 0, 0, 0), cluster, global_batch_size=256)
-    assert piped.micro_batches == 32
-    assert piped.bubble_s == pytest.approx(piped.compute_s * 3 / 32)
-    assert piped.compute_s == pytest.approx(e.compute_s * 8 * 4 / 32)  # same work, 8 per model
-    assert piped.tensor_parallel_s > 0 and piped.pipeline_s > 0
-    with pytest.raises(ValueError, match="global_batch_size: 100"):
-        estimate_step(shape, plain, cluster, global_batch_size=100)
-
-
-def test_recommend_layout_picks_the_fastest_that_fits():
-    shape = TransformerShape.gpt_like(n_layers=32, d_model=4096, n_heads=32, seq_len=4096)
-    cluster = Cluster(64)
-    pick = recommend_layout(shape, cluster, global_batch_size=512)
-    assert pick.estimate == pick.considered[0]
-    assert all(pick.estimate.step_s <= e.step_s + 1e-6 for e in pick.considered)
-    for e in pick.considered:
-        assert e.choice.total_bytes <= 0.8 * 80e9 and 8 % e.choice.tensor == 0
-    c = pick.estimate.choice
-    assert f"data {c.data} x tensor {c.tensor} x pipeline {c.pipeline}" in pick.reason
-    assert recommend_layout(shape, Cluster(1), global_batch_size=8) is None  # 7B does not fit
-    small = TransformerShape.gpt_like(n_layers=12, d_model=768, n_heads=12, seq_len=1024)
-    assert recommend_layout(small, Cluster(8), 64).estimate.choice.tensor == 1  # no need for TP
 
 
 def test_exercise_checks_accept_right_and_reject_wrong_answers(capsys):
@@ -703,8 +702,18 @@ def test_all_reduce_benchmark_record():
 
 def test_trainer_runs_unchanged_under_torchrun():
     steps = 4
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-               "-m", "trainfast.distributed.data_parallel", "--steps", str(steps)]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "trainfast.distributed.data_parallel",
+        "--steps",
+        str(steps),
+    ]
     run = subprocess.run(
         command,
         capture_output=True,

@@ -12,7 +12,12 @@ import pytest
 import torch
 from trainfast.accounting import TransformerShape
 from trainfast.distributed import SpawnError, spawn
-from trainfast.distributed.context_parallel import ring_attention_worker, ring_block_kind
+from trainfast.distributed.context_parallel import (
+    context_chunks,
+    ring_attention_work,
+    ring_attention_worker,
+    ring_block_kind,
+)
 from trainfast.distributed.exchange_parity import (
     all_to_all_sizes,
     exchange_error_worker,
@@ -82,6 +87,36 @@ def test_ring_attention_matches_full_attention(world_size):
             torch.testing.assert_close(
                 ours, theirs, rtol=1e-10, atol=1e-12, msg=f"rank {rank} {name}"
             )
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_balanced_ring_attention_matches_full_attention(world_size):
+    """Rank i holds chunks i and 2N-1-i; forward and backward equal one process's rows."""
+    results = spawn(ring_attention_worker, world_size, (2, 3, 32, 8), 7, True, timeout=120)
+    for rank, pairs in enumerate(results):
+        assert len(pairs) == 8
+        for name, (ours, theirs) in pairs.items():
+            assert ours.shape == (2, 3, 32 // world_size, 8), name
+            torch.testing.assert_close(
+                ours, theirs, rtol=1e-10, atol=1e-12, msg=f"rank {rank} {name}"
+            )
+
+
+def test_balanced_split_evens_the_causal_work():
+    for world_size in (1, 2, 3, 4, 8):
+        seq = 16 * world_size
+        plain = ring_attention_work(world_size, seq, is_causal=True)
+        balanced = ring_attention_work(world_size, seq, is_causal=True, balanced=True)
+        for work in (plain, balanced):  # every score entry of the causal mask, once
+            assert sum(work) == seq * (seq + 1) // 2
+        assert len(set(balanced)) == 1  # the same on every rank
+        assert plain == sorted(plain) and (world_size == 1 or plain[-1] > balanced[-1])
+        full = ring_attention_work(world_size, seq, is_causal=False, balanced=True)
+        assert full == [seq * seq // world_size] * world_size
+        chunks = sorted(c for r in range(world_size) for c in context_chunks(r, world_size, True))
+        assert chunks == list(range(2 * world_size))
+    with pytest.raises(ValueError, match="Invalid seq_len: 10"):
+        ring_attention_work(3, 10, balanced=True)
 
 
 def test_ring_attention_causal_schedule_skips_future_blocks():

@@ -1,15 +1,15 @@
 /* Train Faster: "will it fit, and how long will a step take?" calculator.
  *
  * Hand-written, no dependencies, no network: it fills every <div class="trainfast-calculator">
- * on the page. The formulas are trainfast.calculator.estimate's, line for line; the presets and
- * a grid of cases computed in Python come from calculator-data.js, which the build writes
- * (trainfast.calculator.write_script), and tests/test_calculator_widget.py checks in a browser
+ * on the page. The formulas are trainfast.distributed.step_time.estimate's, line for line; the
+ * presets, default assumptions and a grid of cases computed in Python come from calculator-data.js,
+ * which the build writes (trainfast.calculator.write_script), and tests/test_calculator_widget.py checks in a browser
  * that this file gives the same numbers on every case.
  */
 (function () {
   "use strict";
 
-  // --- the model: trainfast.accounting and trainfast.calculator, in the same order ---------
+  // --- the model: trainfast.accounting and trainfast.distributed.step_time, in the same order ---
 
   function parameterCount(s) {
     const h = s.d_model, f = s.d_ff;
@@ -38,12 +38,13 @@
     return s.n_layers * layer + linearTrainingFlops(tokens, h, s.vocab_size);
   }
 
-  // activation_bytes with attention="sdpa" and no dropout
-  function activationBytes(s, tensor, sequenceParallel, valueBytes) {
-    const h = s.d_model, f = s.d_ff;
-    const tokenWise = 4 * h * valueBytes;
+  // accounting.activation_bytes
+  function activationBytes(s, tensor, sequenceParallel, valueBytes, dropout, attention) {
+    const h = s.d_model, f = s.d_ff, a = s.n_heads;
+    const tokenWise = 4 * h * valueBytes + (dropout ? 2 * h : 0);
     let split = (4 * h + 2 * f) * valueBytes;
-    split += s.n_heads * 4;
+    if (attention === "manual") split += a * s.seq_len * (valueBytes + (dropout ? 1 + valueBytes : 0));
+    else split += a * 4;
     if (sequenceParallel) return (s.seq_len * s.batch_size * (tokenWise + split)) / tensor;
     return s.seq_len * s.batch_size * (tokenWise + split / tensor);
   }
@@ -51,6 +52,13 @@
   function checkpointedLayerBytes(s, tensor, sequenceParallel, valueBytes) {
     const kept = s.seq_len * s.batch_size * s.d_model * valueBytes;
     return sequenceParallel ? kept / tensor : kept;
+  }
+
+  // step_time.layer_activation_bytes
+  function layerActivationBytes(s, tensor, sequenceParallel, recompute, valueBytes, dropout) {
+    if (recompute === "full") return checkpointedLayerBytes(s, tensor, sequenceParallel, valueBytes);
+    const attention = recompute === "none" ? "manual" : "sdpa";
+    return activationBytes(s, tensor, sequenceParallel, valueBytes, dropout, attention);
   }
 
   function zeroMemory(n, worldSize, stage, paramBytes, gradBytes, optimizerBytes) {
@@ -62,44 +70,87 @@
     };
   }
 
+  // cost_model: ring all-reduce, reduce-scatter, all-gather; step_time.all_to_all_time
   function allReduceRing(nBytes, worldSize, link) {
     if (worldSize === 1) return 0.0;
     const latencies = 2.0 * (worldSize - 1);
     const volume = (2.0 * (worldSize - 1) * nBytes) / worldSize;
-    return latencies * link.alpha + volume * link.beta;
+    return latencies * link.alpha + volume * link.beta + ((worldSize - 1) * nBytes / worldSize) * 0.0;
   }
 
-  function link(group, members, nvlink, c) {
-    const inside = group * members <= c.gpus_per_node;
-    const bandwidth = inside ? nvlink / 2 : c.network_bytes_per_s;
-    return { alpha: c.link_latency_s, beta: 1.0 / bandwidth };
+  function reduceScatter(nBytes, n, link) {
+    return (n - 1) * link.alpha + ((n - 1) / n) * nBytes * (link.beta + 0.0);
   }
 
-  /** Check a setup as TrainingSetup does; return an error message or null. */
+  function allGather(nBytes, n, link) {
+    return (n - 1) * link.alpha + ((n - 1) / n) * nBytes * link.beta;
+  }
+
+  function allToAll(nBytes, n, link) {
+    return (n - 1) * link.alpha + ((n - 1) / n) * nBytes * link.beta;
+  }
+
+  function link(span, nvlink, a) {
+    if (span <= a.gpus_per_node) return { alpha: a.nvlink_latency_s, beta: 2.0 / nvlink };
+    return { alpha: a.network_latency_s, beta: 1.0 / a.network_bytes_per_s };
+  }
+
+  function isPositiveInteger(value) {
+    return Number.isInteger(value) && value >= 1;
+  }
+
+  /** Check a setup as TrainingSetup and StepAssumptions do; return an error message or null. */
   function problem(x, data) {
     for (const name of ["vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "seq_len", "batch_size"]) {
-      if (!Number.isInteger(x.shape[name]) || x.shape[name] < 1) return `Invalid ${name}: ${x.shape[name]} (expected a positive integer)`;
-    }
-    for (const name of ["data", "tensor", "pipeline", "global_batch"]) {
-      if (!Number.isInteger(x[name]) || x[name] < 1) return `Invalid ${name}: ${x[name]} (expected a positive integer)`;
+      if (!isPositiveInteger(x.shape[name])) return `Invalid ${name}: ${x.shape[name]} (expected a positive integer)`;
     }
     if (x.shape.d_model % x.shape.n_heads) return `Invalid n_heads: ${x.shape.n_heads} (must divide d_model = ${x.shape.d_model})`;
-    if (x.shape.n_heads % x.tensor) return `Invalid tensor: ${x.tensor} (must divide n_heads = ${x.shape.n_heads})`;
-    if (x.shape.n_layers % x.pipeline) return `Invalid pipeline: ${x.pipeline} (must divide n_layers = ${x.shape.n_layers})`;
-    if (x.global_batch % (x.shape.batch_size * x.data))
-      return `Invalid global_batch: ${x.global_batch} (must be a multiple of micro-batch ${x.shape.batch_size} x data ${x.data})`;
-    if (!(x.mfu > 0 && x.mfu <= 1)) return `Invalid mfu: ${x.mfu} (expected 0 < mfu <= 1)`;
-    if (!(x.recipe in data.recipes) || !(x.optimizer in data.optimizer_moments) || !(x.gpu in data.gpus)) return "Unknown choice";
+    const a = x.assumptions;
+    if (!(a.mfu > 0 && a.mfu <= 1)) return `Invalid mfu: ${a.mfu} (expected 0 < mfu <= 1)`;
+    if (!(a.overlap >= 0 && a.overlap <= 1)) return `Invalid overlap: ${a.overlap} (expected 0 <= overlap <= 1)`;
+    if (!(a.reserve >= 0 && a.reserve < 1)) return `Invalid reserve: ${a.reserve} (expected 0 <= reserve < 1)`;
+    if (!isPositiveInteger(a.gpus_per_node)) return `Invalid gpus_per_node: ${a.gpus_per_node} (expected a positive integer)`;
+    for (const name of ["nvlink_latency_s", "network_latency_s"]) {
+      if (!(a[name] >= 0)) return `Invalid ${name}: ${a[name]} (expected >= 0)`;
+    }
+    if (!(a.network_bytes_per_s > 0)) return `Invalid network_bytes_per_s: ${a.network_bytes_per_s} (expected > 0)`;
+    for (const name of ["data", "tensor", "pipeline", "context", "virtual_stages", "experts", "top_k", "expert_parallel", "global_batch"]) {
+      if (!isPositiveInteger(x[name])) return `Invalid ${name}: ${x[name]} (expected a positive integer)`;
+    }
+    if (!(x.recipe in data.recipes)) return `Unknown recipe: ${x.recipe}`;
+    if (!(x.optimizer in data.optimizer_moments)) return `Unknown optimizer: ${x.optimizer}`;
+    const s = x.shape, m = x.global_batch / (s.batch_size * x.data);
+    const checks = [
+      [![0, 1, 2, 3].includes(x.zero_stage), "zero_stage", "expected 0, 1, 2 or 3"],
+      [!(x.gpu in data.gpus), "gpu", "expected an NVLink GPU"],
+      [!data.recompute.includes(x.recompute), "recompute", "expected none, selective or full"],
+      [s.n_heads % x.tensor, "tensor", `must divide n_heads = ${s.n_heads}`],
+      [s.seq_len % (2 * x.context), "context", `2 x context must divide ${s.seq_len}`],
+      [x.pipeline * x.virtual_stages > s.n_layers, "virtual_stages", `pipeline x virtual_stages must not exceed n_layers = ${s.n_layers}`],
+      [x.top_k > x.experts, "top_k", `must not exceed experts = ${x.experts}`],
+      [x.experts % x.expert_parallel, "expert_parallel", "must divide experts"],
+      [(x.data * x.context) % x.expert_parallel, "expert_parallel", "must divide data x context"],
+      [x.global_batch % (s.batch_size * x.data), "global_batch", `must be a multiple of micro-batch ${s.batch_size} x data ${x.data}`],
+    ];
+    for (const [bad, name, why] of checks) if (bad) return `Invalid ${name}: ${x[name]} (${why})`;
+    if (x.virtual_stages > 1 && m % x.pipeline)
+      return `Invalid global_batch: ${x.global_batch} (interleaving needs micro-batches ${m} to be a multiple of pipeline ${x.pipeline})`;
     return null;
   }
 
-  /** trainfast.calculator.estimate: the same dictionary as _estimate_dict. */
+  /** trainfast.distributed.step_time.estimate: the same dictionary as calculator.estimate_dict. */
   function estimate(x, data) {
-    const s = x.shape, gpu = data.gpus[x.gpu], c = data.constants;
-    const d = x.data, t = x.tensor, p = x.pipeline;
-    const m = Math.floor(x.global_batch / (s.batch_size * d));
+    const a = x.assumptions, shape = x.shape, gpu = data.gpus[x.gpu];
+    const d = x.data, t = x.tensor, p = x.pipeline, c = x.context;
+    const v = x.virtual_stages, m = Math.floor(x.global_batch / (shape.batch_size * d));
+    const k = x.top_k, e = x.expert_parallel;
+    const h = shape.d_model, f = shape.d_ff, L = shape.n_layers;
     const recipe = data.recipes[x.recipe];
     const valueBytes = recipe.activation_bytes_per_value;
+    const routed = Object.assign({}, shape, { d_ff: f * k });
+    const local = Object.assign({}, routed, { seq_len: Math.floor(shape.seq_len / c) });
+    const stageLayers = Math.ceil(L / p);
+    const nvlink = gpu.nvlink_bytes_per_s;
 
     const per = {
       parameters: recipe.weight_bytes,
@@ -107,45 +158,98 @@
       master_weights: recipe.master_bytes,
       optimizer_state: data.optimizer_moments[x.optimizer] * recipe.state_bytes_per_moment,
     };
-    const local = parameterCount(s) / (t * p);
-    const state = zeroMemory(local, d, x.zero_stage, per.parameters, per.gradients, per.optimizer_state);
-    const master = zeroMemory(local, d, x.zero_stage, 2, 2, per.master_weights);
-    const sequenceParallel = t > 1;
-    const layer = activationBytes(s, t, sequenceParallel, valueBytes);
-    const layersAlive = Math.floor(s.n_layers / p) * Math.min(p, m);
-    let layers;
-    if (x.checkpointing) {
-      layers = layersAlive * checkpointedLayerBytes(s, t, sequenceParallel, valueBytes) + layer;
-    } else {
-      layers = layersAlive * layer;
+    const mlp = 2 * h * f + f + h;
+    const expertParams = x.experts > 1 ? L * x.experts * mlp : 0;
+    let denseParams = parameterCount(shape) - (x.experts > 1 ? L * mlp : 0);
+    denseParams += x.experts > 1 ? L * h * x.experts : 0;
+    const parts = [[denseParams / (t * p), d * c], [expertParams / (t * p * e), Math.floor((d * c) / e)]];
+    const state = [0.0, 0.0, 0.0, 0.0];
+    for (const [n, replicas] of parts) {
+      const shard = zeroMemory(n, replicas, x.zero_stage, per.parameters, per.gradients, per.optimizer_state);
+      const master = zeroMemory(n, replicas, x.zero_stage, 2, 2, per.master_weights);
+      state[0] += shard.parameters;
+      state[1] += shard.gradients;
+      state[2] += master.optimizer_state;
+      state[3] += shard.optimizer_state;
     }
-    const tokens = s.seq_len * s.batch_size;
-    const head = tokens * (2 * s.d_model + s.vocab_size / t) * valueBytes;
+    const sp = t > 1;
+    const one = layerActivationBytes(local, t, sp, x.recompute, valueBytes, x.dropout);
+    const layersAlive = v > 1 ? L * (1 + (p - 1) / (p * v)) : stageLayers * Math.min(p, m);
+    let layers = layersAlive * one;
+    if (x.recompute === "full") layers += layerActivationBytes(local, t, sp, "selective", valueBytes, x.dropout);
+    const localTokens = local.seq_len * local.batch_size;
+    const head = localTokens * (2 * h + shape.vocab_size / t) * valueBytes;
     const memory = {
-      parameters: state.parameters,
-      gradients: state.gradients,
-      master_weights: master.optimizer_state,
-      optimizer_state: state.optimizer_state,
+      parameters: state[0],
+      gradients: state[1],
+      master_weights: state[2],
+      optimizer_state: state[3],
       activations: layers + head,
     };
     memory.total = 0 + memory.parameters + memory.gradients + memory.master_weights + memory.optimizer_state + memory.activations;
 
-    let flops = trainingFlops(Object.assign({}, s, { batch_size: x.global_batch }));
-    if (x.checkpointing) flops *= 4 / 3;
-    const peak = gpu.peak_flops[data.compute_format[x.recipe]];
-    const compute = flops / (d * t * p * peak * x.mfu);
-    const bubble = (compute * (p - 1)) / m;
-    const gradBytes = local * per.gradients;
-    let dataParallel = allReduceRing(gradBytes, d, link(d, t * p, gpu.nvlink_bytes_per_s, c));
-    if (x.zero_stage === 3) dataParallel *= 1.5;
-    const activation = tokens * s.d_model * valueBytes;
-    const perLayer = 4 * allReduceRing(activation, t, link(t, 1, gpu.nvlink_bytes_per_s, c));
-    const tensorParallel = perLayer * Math.floor(s.n_layers / p) * m;
-    const stage = link(t * p, 1, gpu.nvlink_bytes_per_s, c);
-    const pipeline = p > 1 ? 2 * m * (stage.alpha + (activation / t) * stage.beta) : 0.0;
-    const time = { compute: compute, bubble: bubble, data_parallel: dataParallel, tensor_parallel: tensorParallel, pipeline: pipeline };
-    time.step = compute + bubble + dataParallel + tensorParallel + pipeline;
-    return { memory: memory, fits: memory.total <= gpu.memory_bytes * (1 - c.reserve), time: time };
+    const step = Object.assign({}, routed, { batch_size: x.global_batch });
+    let flops = trainingFlops(step);
+    const headDim = Math.floor(h / shape.n_heads);
+    const attentionForward = step.batch_size * shape.n_heads * 4 * shape.seq_len ** 2 * headDim;
+    if (x.recompute === "full") flops += (flops - linearTrainingFlops(step.seq_len * step.batch_size, h, shape.vocab_size)) / 3;
+    else if (x.recompute === "selective") flops += L * attentionForward;
+    const achieved = gpu.peak_flops[data.compute_format[x.recipe]] * a.mfu;
+    const compute = flops / (d * c * t * p * achieved);
+    const bubble = (compute * (p - 1)) / (v * m);
+    const forwards = x.recompute === "full" ? 2 : 1;
+
+    const activation = localTokens * h * valueBytes;
+    const tensor = 2 * (forwards + 1) * allReduceRing(activation, t, link(t, nvlink, a));
+    const tensorParallel = tensor * stageLayers * m;
+
+    let contextParallel = 0.0;
+    if (c > 1) {
+      const kvBlock = (2 * activation) / t;
+      const send = link(t * c, nvlink, a);
+      let blockS = ((shape.batch_size * shape.n_heads) / t) * 4 * local.seq_len ** 2 * headDim;
+      blockS /= achieved;
+      const forward = Math.max(0.0, send.alpha + kvBlock * send.beta - blockS);
+      const backward = Math.max(0.0, send.alpha + 2 * kvBlock * send.beta - 2 * blockS);
+      const perLayer = (c - 1) * (forwards * forward + backward);
+      contextParallel = perLayer * stageLayers * m;
+    }
+
+    let expertParallel = 0.0;
+    if (e > 1) {
+      const routedBytes = (activation / t) * k;
+      const oneA2a = allToAll(routedBytes, e, link(t * c * p * e, nvlink, a));
+      expertParallel = 2 * (forwards + 1) * oneA2a * stageLayers * m;
+    }
+
+    let pipeline = 0.0;
+    if (p > 1) {
+      const hop = link(t * c * p, nvlink, a);
+      pipeline = 2 * v * m * (hop.alpha + (activation / t) * hop.beta);
+    }
+
+    let dataParallel = 0.0;
+    const dataLink = link(t * c * p * d, nvlink, a);
+    for (const [n, r] of parts) {
+      if (!n || r <= 1) continue;
+      const gradBytes = n * per.gradients;
+      if (x.zero_stage === 3) {
+        const weightBytes = n * per.parameters;
+        dataParallel += reduceScatter(gradBytes, r, dataLink);
+        dataParallel += 2 * m * allGather(weightBytes, r, dataLink);
+      } else {
+        dataParallel += allReduceRing(gradBytes, r, dataLink);
+      }
+    }
+    const hidden = x.zero_stage === 3 ? compute : ((compute / m) * (forwards + 1)) / (forwards + 2);
+    dataParallel = Math.max(0.0, dataParallel - a.overlap * hidden);
+
+    const time = {
+      compute: compute, bubble: bubble, data_parallel: dataParallel, tensor_parallel: tensorParallel,
+      context_parallel: contextParallel, expert_parallel: expertParallel, pipeline: pipeline,
+    };
+    time.step = compute + bubble + dataParallel + tensorParallel + contextParallel + expertParallel + pipeline;
+    return { memory: memory, fits: memory.total <= gpu.memory_bytes * (1 - a.reserve), time: time };
   }
 
   // --- the widget -----------------------------------------------------------------------------
@@ -168,9 +272,20 @@
   const TIME_PARTS = [
     ["compute", "compute (matmuls at the assumed MFU)"],
     ["bubble", "pipeline bubble"],
-    ["data_parallel", "gradient all-reduce (data parallel)"],
+    ["data_parallel", "gradient reduction not hidden (data parallel)"],
     ["tensor_parallel", "activation all-reduces (tensor parallel)"],
+    ["context_parallel", "key/value sends not hidden (context parallel)"],
+    ["expert_parallel", "token all-to-alls (expert parallel)"],
     ["pipeline", "sends between stages (pipeline)"],
+  ];
+  const ASSUMPTION_FIELDS = [
+    ["mfu", "assumed MFU"],
+    ["overlap", "overlap of the gradient reduction"],
+    ["gpus_per_node", "GPUs per NVLink node"],
+    ["nvlink_latency_s", "NVLink latency (s)"],
+    ["network_latency_s", "network latency (s)"],
+    ["network_bytes_per_s", "network bytes/s per GPU"],
+    ["reserve", "memory reserve"],
   ];
 
   function el(tag, attrs, children) {
@@ -188,7 +303,7 @@
   }
 
   function numberInput(name, value, step) {
-    return el("input", { type: "number", name: name, value: String(value), min: step ? "0.01" : "1", step: step || "1" });
+    return el("input", { type: "number", name: name, value: String(value), min: step ? "0" : "1", step: step || "1" });
   }
 
   function select(name, options, value) {
@@ -221,9 +336,12 @@
       field("precision recipe", select("recipe", Object.keys(data.recipes), "bf16-mixed")),
       field("optimizer", select("optimizer", Object.keys(data.optimizer_moments), "adamw")),
       field("ZeRO stage", select("zero_stage", [0, 1, 2, 3], 1)),
-      field("activation checkpointing", el("input", { type: "checkbox", name: "checkpointing" })),
+      field("activation recomputation", select("recompute", data.recompute, "selective")),
+      field("dropout", el("input", { type: "checkbox", name: "dropout" })),
       field("micro-batch (sequences)", numberInput("batch_size", 1)),
       field("global batch (sequences)", numberInput("global_batch", 256)),
+      field("experts per MLP (1: dense)", numberInput("experts", 1)),
+      field("experts per token (top-k)", numberInput("top_k", 1)),
     ]));
     form.appendChild(el("fieldset", {}, [
       el("legend", { text: "Hardware and layout" }),
@@ -231,8 +349,12 @@
       field("data parallel d", numberInput("data", 8)),
       field("tensor parallel t", numberInput("tensor", 1)),
       field("pipeline parallel p", numberInput("pipeline", 1)),
-      field("assumed MFU", numberInput("mfu", 0.4, "0.01")),
+      field("virtual stages per rank v", numberInput("virtual_stages", 1)),
+      field("context parallel c", numberInput("context", 1)),
+      field("expert parallel e", numberInput("expert_parallel", 1)),
     ]));
+    form.appendChild(el("fieldset", {}, [el("legend", { text: "Assumptions" })].concat(
+      ASSUMPTION_FIELDS.map(([name, label]) => field(label, numberInput(name, data.assumptions[name], "any"))))));
     const output = el("div", { class: "tfc-output", "aria-live": "polite" });
     root.replaceChildren(el("div", { class: "tfc" }, [form, output]));
 
@@ -242,11 +364,13 @@
       const s = {};
       for (const [name] of SHAPE_FIELDS) s[name] = int(name);
       s.batch_size = int("batch_size");
-      return {
-        shape: s, recipe: value("recipe"), optimizer: value("optimizer"), zero_stage: int("zero_stage"),
-        data: int("data"), tensor: int("tensor"), pipeline: int("pipeline"), global_batch: int("global_batch"),
-        gpu: value("gpu"), checkpointing: form.elements.checkpointing.checked, mfu: Number(value("mfu")),
-      };
+      const assumptions = {};
+      for (const [name] of ASSUMPTION_FIELDS) assumptions[name] = Number(value(name));
+      const x = { shape: s, recipe: value("recipe"), optimizer: value("optimizer"), gpu: value("gpu"),
+        recompute: value("recompute"), dropout: form.elements.dropout.checked, assumptions: assumptions };
+      for (const name of ["zero_stage", "data", "tensor", "pipeline", "context", "virtual_stages", "experts",
+        "top_k", "expert_parallel", "global_batch"]) x[name] = int(name);
+      return x;
     }
 
     function row(label, key, raw, shown, extra) {
@@ -270,14 +394,14 @@
         bar.appendChild(el("span", { class: `tfc-part tfc-part-${i}`, title: `${label}: ${gb(r.memory[key])} GB`,
           style: `width: ${(100 * r.memory[key]) / scale}%` }));
       });
-      bar.appendChild(el("span", { class: "tfc-capacity", style: `left: ${(100 * capacity * (1 - data.constants.reserve)) / scale}%` }));
+      bar.appendChild(el("span", { class: "tfc-capacity", style: `left: ${(100 * capacity * (1 - x.assumptions.reserve)) / scale}%` }));
       const memoryRows = MEMORY_PARTS.map(([key, label], i) =>
         row(label, "memory." + key, r.memory[key], gb(r.memory[key]) + " GB", el("td", {}, [el("span", { class: `tfc-swatch tfc-part-${i}` })])));
       memoryRows.push(row("total per GPU", "memory.total", r.memory.total, gb(r.memory.total) + " GB"));
       const timeRows = TIME_PARTS.map(([key, label]) => row(label, "time." + key, r.time[key], seconds(r.time[key])));
       timeRows.push(row("step", "time.step", r.time.step, seconds(r.time.step)));
       const tokensPerSecond = (x.global_batch * x.shape.seq_len) / r.time.step;
-      const usable = gb(capacity * (1 - data.constants.reserve));
+      const usable = gb(capacity * (1 - x.assumptions.reserve));
       const verdict = r.fits
         ? `Fits: ${gb(r.memory.total)} GB of the ${usable} GB usable on each ${x.gpu}.`
         : `Does not fit: ${gb(r.memory.total)} GB per GPU, more than the ${usable} GB usable on one ${x.gpu}.`;
@@ -285,10 +409,10 @@
         el("p", { class: r.fits ? "tfc-verdict tfc-fits" : "tfc-verdict tfc-nofit", "data-out": "fits", "data-value": String(r.fits), text: verdict }),
         bar,
         el("table", { class: "tfc-table" }, [el("caption", { text: "Memory per GPU" }), el("tbody", {}, memoryRows)]),
-        el("table", { class: "tfc-table" }, [el("caption", { text: "Time per step (no overlap of communication)" }), el("tbody", {}, timeRows)]),
+        el("table", { class: "tfc-table" }, [el("caption", { text: "Time per step (a model, not a measurement)" }), el("tbody", {}, timeRows)]),
         el("p", { class: "tfc-note", text:
-          `${x.data * x.tensor * x.pipeline} GPUs, ${Math.floor(x.global_batch / (x.shape.batch_size * x.data))} micro-batches per step, ` +
-          `about ${Math.round(tokensPerSecond).toLocaleString("en")} tokens/s. Formulas: trainfast.calculator.estimate.` }),
+          `${x.data * x.context * x.tensor * x.pipeline} GPUs, ${Math.floor(x.global_batch / (x.shape.batch_size * x.data))} micro-batches per step, ` +
+          `about ${Math.round(tokensPerSecond).toLocaleString("en")} tokens/s. Formulas: trainfast.distributed.step_time.estimate.` }),
       );
     }
 

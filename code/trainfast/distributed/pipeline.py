@@ -10,9 +10,17 @@ order in which each stage does its forward (F) and backward (B) passes of ``m`` 
   ``s`` alternates one forward and one backward, so at most ``p - s`` micro-batches are alive.
 
 Both leave each stage idle for ``p - 1`` forward-plus-backward slots per batch (the *bubble*),
-a fraction ``(p - 1) / (m + p - 1)`` of the time; 1F1B does not shrink the bubble, it shrinks
-the memory. The schedules are pure functions; :func:`simulate` times them with fixed op costs,
-and :func:`pipeline_worker` runs them for real, one stage per rank.
+``(p - 1) / m`` of the ideal time, a fraction ``(p - 1) / (m + p - 1)`` of the step; 1F1B does
+not shrink the bubble, it shrinks the memory.
+
+* Interleaved 1F1B (Narayanan et al., 2021, "Efficient Large-Scale Language Model Training on
+  GPU Clusters", Section 2.2.2): each rank holds ``v`` non-consecutive chunks of layers (virtual
+  stages ``r, r + p, ..., r + (v - 1) p``), so the pipeline fills ``v`` times faster: the bubble
+  is ``(p - 1) / (v m)`` of the ideal time, at the price of ``v`` times more messages.
+
+The schedules are pure functions; :func:`simulate` times them with fixed op costs, and
+:func:`pipeline_worker` runs them for real, one rank per stage (``v`` chunks per rank when
+interleaved).
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ from trainfast.distributed.launch import rank_device
 from trainfast.profiling.timing import timestamp
 
 __all__ = [
+    "ChunkOp",
     "StageResult",
     "pipeline_communicate",
     "SCHEDULES",
@@ -35,6 +44,8 @@ __all__ = [
     "Slot",
     "bubble_fraction",
     "gpipe_schedule",
+    "interleaved_schedule",
+    "schedule_for",
     "make_pipeline_model",
     "one_f_one_b_schedule",
     "peak_activations",
@@ -45,6 +56,12 @@ __all__ = [
 ]
 
 Op = tuple[str, int]  # ("F" or "B", micro-batch index)
+ChunkOp = tuple[str, int, int]  # ("F" or "B", micro-batch index, model chunk on this rank)
+
+
+def _unpack(op: Op | ChunkOp) -> tuple[str, int, int]:
+    """(kind, micro-batch, chunk) of an op; a plain schedule's ops are chunk 0."""
+    return (op[0], op[1], op[2] if len(op) == 3 else 0)
 
 
 def bubble_fraction(n_stages: int, n_micro: int) -> float:
@@ -77,16 +94,52 @@ def one_f_one_b_schedule(n_stages: int, n_micro: int) -> list[list[Op]]:
     return orders
 
 
+def interleaved_schedule(n_stages: int, n_micro: int, n_chunks: int) -> list[list[ChunkOp]]:
+    """Per rank, the op order of interleaved 1F1B with ``n_chunks`` model chunks per rank.
+
+    Megatron-LM's schedule (Narayanan et al. 2021, Section 2.2.2; in Megatron-LM's code,
+    ``forward_backward_pipelining_with_interleaving``): the ``m v`` forwards of a rank run in
+    groups of ``p`` micro-batches, chunk by chunk (micro-batches 0..p-1 through chunk 0, then
+    through chunk 1, ...), and the backwards in the same groups with the chunks reversed. Rank
+    ``r`` runs ``2 (p - r - 1) + (v - 1) p`` warm-up forwards, then alternates one forward and
+    one backward, then drains.
+    ``n_micro`` must be a multiple of ``n_stages``.
+    """
+    p, m, v = n_stages, n_micro, n_chunks
+    bubble_fraction(p, m)
+    if v < 1 or m % p:
+        raise ValueError(
+            f"Invalid interleaving: {v} chunks, {m} micro-batches on {p} stages (need chunks "
+            ">= 1 and micro-batches a multiple of stages)"
+        )
+    total = m * v
+
+    def op(kind: str, k: int) -> ChunkOp:
+        chunk = (k // p) % v
+        return (kind, (k // (p * v)) * p + k % p, chunk if kind == "F" else v - 1 - chunk)
+
+    orders = []
+    for rank in range(p):
+        warmup = min(2 * (p - rank - 1) + (v - 1) * p, total)
+        ops = [op("F", k) for k in range(warmup)]
+        for j in range(total - warmup):
+            ops += [op("F", warmup + j), op("B", j)]
+        ops += [op("B", j) for j in range(total - warmup, total)]
+        orders.append(ops)
+    return orders
+
+
 #: Schedule name -> function of (n_stages, n_micro).
 SCHEDULES = {"gpipe": gpipe_schedule, "1f1b": one_f_one_b_schedule}
 
 
-def peak_activations(schedule: list[list[Op]]) -> list[int]:
-    """Per stage, the most micro-batches whose forward is done and backward is not."""
+def peak_activations(schedule: list[list[Op]] | list[list[ChunkOp]]) -> list[int]:
+    """Per stage, the most micro-batches whose forward is done and backward is not (with chunks:
+    micro-batch chunks, each ``1 / v`` of a stage's layers)."""
     peaks = []
     for ops in schedule:
         alive = peak = 0
-        for kind, _ in ops:
+        for kind, *_ in ops:
             alive += 1 if kind == "F" else -1
             peak = max(peak, alive)
         peaks.append(peak)
@@ -97,21 +150,26 @@ def peak_activations(schedule: list[list[Op]]) -> list[int]:
 class Slot:
     """One op of a simulated or measured pipeline: who did what, when (in time units or s)."""
 
-    stage: int
+    stage: int  # the rank
     kind: str  # "F" or "B"
     micro: int
     start: float
     end: float
+    chunk: int = 0  # the model chunk on this rank (interleaved schedules)
 
 
-def simulate(schedule: list[list[Op]], forward: float = 1.0, backward: float = 2.0) -> list[Slot]:
+def simulate(
+    schedule: list[list[Op]] | list[list[ChunkOp]], forward: float = 1.0, backward: float = 2.0
+) -> list[Slot]:
     """Start and end of every op when F costs ``forward`` and B ``backward`` and sends are free.
 
-    An op starts when its stage is free and its input exists: F(s, i) needs F(s - 1, i); B(s, i)
-    needs B(s + 1, i) (the last stage needs its own F). Raises ``ValueError`` on a schedule
-    that deadlocks.
+    An op starts when its rank is free and its input exists. Chunk ``c`` on rank ``s`` is virtual
+    stage ``c p + s`` of ``v p``: F needs the previous virtual stage's F of the same micro-batch,
+    B the next one's B (the last needs its own F). Raises ``ValueError`` on a schedule that
+    deadlocks.
     """
     n_stages = len(schedule)
+    n_virtual = n_stages * (1 + max(_unpack(op)[2] for ops in schedule for op in ops))
     done: dict[tuple[str, int, int], float] = {}
     position, free = [0] * n_stages, [0.0] * n_stages
     slots: list[Slot] = []
@@ -120,16 +178,17 @@ def simulate(schedule: list[list[Op]], forward: float = 1.0, backward: float = 2
         for s in range(n_stages):
             if position[s] == len(schedule[s]):
                 continue
-            kind, i = schedule[s][position[s]]
-            need = ("F", s - 1, i) if kind == "F" else ("B", s + 1, i)
-            if kind == "F" and s == 0 or kind == "B" and s == n_stages - 1:
-                need = ("F", s, i) if kind == "B" else None
+            kind, i, chunk = _unpack(schedule[s][position[s]])
+            stage = chunk * n_stages + s
+            need = ("F", stage - 1, i) if kind == "F" else ("B", stage + 1, i)
+            if kind == "F" and stage == 0 or kind == "B" and stage == n_virtual - 1:
+                need = ("F", stage, i) if kind == "B" else None
             if need is not None and need not in done:
                 continue
             start = max(free[s], done[need] if need else 0.0)
             end = start + (forward if kind == "F" else backward)
-            done[(kind, s, i)], free[s] = end, end
-            slots.append(Slot(s, kind, i, start, end))
+            done[(kind, stage, i)], free[s] = end, end
+            slots.append(Slot(s, kind, i, start, end, chunk))
             position[s] += 1
             progressed = True
         if not progressed:
@@ -150,16 +209,29 @@ class PipelineConfig:
     # > 0: a forward also waits this long, a backward twice as long, as if each stage had a device
     # of its own; measures the schedule on a machine with fewer cores than stages.
     op_seconds: float = 0.0
+    n_chunks: int = 1  # model chunks per rank: > 1 with the "interleaved" schedule
 
     def __post_init__(self) -> None:
-        if self.schedule not in SCHEDULES:
+        if self.schedule not in (*SCHEDULES, "interleaved"):
             raise ValueError(
-                f"Unknown schedule: {self.schedule!r} (expected one of {list(SCHEDULES)})"
+                f"Unknown schedule: {self.schedule!r} (expected one of "
+                f"{[*SCHEDULES, 'interleaved']})"
+            )
+        if self.n_chunks < 1 or self.n_chunks > 1 and self.schedule != "interleaved":
+            raise ValueError(
+                f"Invalid n_chunks: {self.n_chunks} (expected 1, or more when interleaved)"
             )
         if self.batch_size % self.n_micro:
             raise ValueError(
                 f"Invalid n_micro: {self.n_micro} does not divide batch_size {self.batch_size}"
             )
+
+
+def schedule_for(config: PipelineConfig, n_stages: int) -> list[list[Op]] | list[list[ChunkOp]]:
+    """The op order of every rank for ``config`` on ``n_stages`` ranks."""
+    if config.schedule == "interleaved":
+        return interleaved_schedule(n_stages, config.n_micro, config.n_chunks)
+    return SCHEDULES[config.schedule](n_stages, config.n_micro)
 
 
 def make_pipeline_model(config: PipelineConfig, n_stages: int) -> nn.Sequential:
@@ -210,6 +282,9 @@ def pipeline_communicate(
     tensor: torch.Tensor | None = None,
     shape: tuple[int, ...] | None = None,
     pending: list | None = None,
+    stage: int | None = None,
+    n_stages: int | None = None,
+    micro: int = 0,
 ) -> torch.Tensor | None:
     """Every message of a pipeline schedule, so the schedule reads as the algorithm (after
     picotron's helper of the same name).
@@ -218,69 +293,85 @@ def pipeline_communicate(
     the gradient from the next (both blocking: waiting here is the bubble); ``"send_forward"``
     and ``"send_backward"`` post ``tensor`` without waiting, appending the request to
     ``pending``. The first stage receives no activations and the last no gradients: those
-    calls return ``None`` and send nothing.
+    calls return ``None`` and send nothing. ``stage`` of ``n_stages`` is the (virtual) stage
+    doing it, by default this rank of the world; virtual stage ``k`` lives on rank ``k mod N``.
+    Each message is tagged with its micro-batch and stage boundary, so a rank that talks to the
+    same neighbour about several chunks cannot confuse them (gloo matches tags; NCCL ignores
+    them and matches in order).
     """
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    peer = {"recv_forward": rank - 1, "send_forward": rank + 1,
-            "recv_backward": rank + 1, "send_backward": rank - 1}.get(operation)  # fmt: skip
-    if peer is None:
+    stage = rank if stage is None else stage
+    n_stages = world_size if n_stages is None else n_stages
+    step = {"recv_forward": -1, "send_forward": 1, "recv_backward": 1, "send_backward": -1}
+    if operation not in step:
         raise ValueError(f"Unknown operation: {operation!r}")
-    if not 0 <= peer < world_size:
+    other = stage + step[operation]
+    if not 0 <= other < n_stages:
         return None  # the first or last stage: nobody there
+    boundary = min(stage, other)  # between stages boundary and boundary + 1
+    tag = 2 * (micro * n_stages + boundary) + ("backward" in operation)
+    peer = other % world_size
     if operation.startswith("recv"):
         received = torch.empty(shape, device=rank_device())
-        dist.recv(received, src=peer)
+        dist.recv(received, src=peer, tag=tag)
         return received
-    pending.append(dist.isend(tensor, dst=peer))
+    pending.append(dist.isend(tensor, dst=peer, tag=tag))
     return None
 
 
 def pipeline_worker(rank: int, world_size: int, config: PipelineConfig) -> StageResult:
-    """Run one training step of stage ``rank``, following the schedule; time every op.
+    """Run one training step of stage ``rank`` (of chunks ``rank, rank + N, ...`` when
+    interleaved), following the schedule; time every op.
 
     The loss is the mean squared error over the whole batch, so the gradients equal those of the
     unsplit model on the full batch. Returns this stage's :class:`StageResult`: its gradients,
     its op :class:`Slot` list (seconds since a common start, read with
     :func:`~trainfast.profiling.timestamp` once the device is idle), the busy and total time and
-    the most activations it held at once.
+    the most activations it held at once. Gradients are named as in the stage's module, or, when
+    interleaved, ``"{chunk}.{name}"``.
     """
     device = rank_device()  # its own GPU under NCCL, else the CPU
-    stage = make_pipeline_model(config, world_size)[rank].to(device)
+    n_virtual = world_size * config.n_chunks  # virtual stage c p + rank is this rank's chunk c
+    model = make_pipeline_model(config, n_virtual)
+    chunks = nn.ModuleList(model[c * world_size + rank] for c in range(config.n_chunks)).to(device)
     x, y = (t.to(device) for t in pipeline_batch(config))
     micro_x, micro_y = x.chunk(config.n_micro), y.chunk(config.n_micro)
     shape = micro_x[0].shape  # (batch_size / n_micro, width)
-    last = rank == world_size - 1
-    alive: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # micro -> (stage input, output)
+    alive: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}  # (micro, chunk) -> ...
     sends, slots, peak = [], [], 0
     dist.barrier()
     origin = timestamp(device)
-    for kind, i in SCHEDULES[config.schedule](world_size, config.n_micro)[rank]:
+    for kind, i, c in map(_unpack, schedule_for(config, world_size)[rank]):
+        where = {"stage": c * world_size + rank, "n_stages": n_virtual, "micro": i}
         if kind == "F":
-            inputs = pipeline_communicate("recv_forward", shape=shape)
+            inputs = pipeline_communicate("recv_forward", shape=shape, **where)
             inputs = micro_x[i].clone() if inputs is None else inputs.requires_grad_()
             start = timestamp(device)
-            outputs = stage(inputs)
-            if last:  # sum of squared errors / all elements: micro losses add up to the mean
+            outputs = chunks[c](inputs)
+            if where["stage"] == n_virtual - 1:  # squared errors / all elements: micro losses add
                 outputs = (outputs - micro_y[i]).pow(2).sum() / y.numel()
-            _wait_until(start + config.op_seconds)
+            _wait_until(start + config.op_seconds / config.n_chunks)
             end = timestamp(device)
-            pipeline_communicate("send_forward", tensor=outputs.detach(), pending=sends)
-            alive[i] = (inputs, outputs)
+            pipeline_communicate("send_forward", tensor=outputs.detach(), pending=sends, **where)
+            alive[(i, c)] = (inputs, outputs)
             peak = max(peak, len(alive))
         else:
-            inputs, outputs = alive.pop(i)
-            grad = pipeline_communicate("recv_backward", shape=shape)  # None on the last stage
+            inputs, outputs = alive.pop((i, c))
+            grad = pipeline_communicate("recv_backward", shape=shape, **where)  # None: last
             start = timestamp(device)
             outputs.backward(grad)
-            _wait_until(start + 2 * config.op_seconds)
+            _wait_until(start + 2 * config.op_seconds / config.n_chunks)
             end = timestamp(device)
-            pipeline_communicate("send_backward", tensor=inputs.grad, pending=sends)
-        slots.append(Slot(rank, kind, i, start - origin, end - origin))
+            pipeline_communicate("send_backward", tensor=inputs.grad, pending=sends, **where)
+        slots.append(Slot(rank, kind, i, start - origin, end - origin, c))
     for request in sends:
         request.wait()
     total = timestamp(device) - origin
     return StageResult(
-        grads={name: p.grad.cpu() for name, p in stage.named_parameters()},
+        grads={
+            name: p.grad.cpu()
+            for name, p in (chunks[0] if config.n_chunks == 1 else chunks).named_parameters()
+        },
         slots=slots,
         busy_s=sum(slot.end - slot.start for slot in slots),
         total_s=total,

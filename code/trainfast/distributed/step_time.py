@@ -1,0 +1,405 @@
+"""The book's one model of a training step: memory per GPU and seconds per step of a layout.
+
+:func:`estimate` takes a :class:`TrainingSetup` (the model, the recipe, the layout ``data x
+context x tensor x pipeline`` with optional interleaving and experts, the recomputation choice)
+and :class:`StepAssumptions` (what cannot be derived: utilisation, overlap, the links), and
+returns a :class:`StepEstimate`. The layout calculator (:mod:`~trainfast.distributed.layout`),
+the browser widget (its data come from :mod:`trainfast.calculator`, and
+``book/_static/calculator.js`` repeats this module line for line) and the chapters all call it.
+
+**Placement.** Ranks are ordered ``[tensor, context, pipeline, data]``, innermost first, as in
+Llama 3 (Dubey et al. 2024, Section 3.3.2): a group talks over NVLink when its span (the
+product of its size and the sizes inside it) fits in a node, else over the network.
+
+**Memory per GPU.** Model state: the dense parameters over ``t p``, the experts over ``t p e``
+(``e`` = expert parallelism), times the recipe's bytes per parameter
+(:func:`~trainfast.accounting.bytes_per_parameter`), sharded by the ZeRO stage over the
+``d c`` ranks that hold the same weights (``d c / e`` for the experts). Activations: one
+micro-batch per layer (:func:`layer_activation_bytes`, divided by ``c``), for the layers a
+stage keeps alive: ``ceil(L / p) min(p, m)`` under 1F1B and ``L (1 + (p - 1) / (p v))`` under
+interleaved 1F1B (Korthikanti et al. 2022, Section 4.2.3), plus the head (final LayerNorm and
+``V / t`` logits per token).
+
+**Time.** Compute: the step's matmul FLOPs (:func:`~trainfast.accounting.training_flops`, MLP
+times ``k`` routed experts, plus what recomputation repeats) over ``n_gpus x peak x mfu``.
+Bubble: ``(p - 1) / (v m)`` of the compute (Narayanan et al. 2021, Section 2.2). Tensor
+parallelism: 4 ring all-reduces of a micro-batch's activations per layer (6 with full
+recomputation: the forward runs twice), on the critical path (Shoeybi et al. 2019). Context
+parallelism (ring attention): ``c - 1`` steps per layer, each sending a key/value block while
+the previous block's attention computes; only the excess is counted. Experts: 4 all-to-alls
+per MoE layer (6 with full recomputation). Pipeline: 2 point-to-point messages per micro-batch,
+stage boundary and virtual stage. Data parallelism: the gradient reduction (ZeRO-3 adds the
+weights' all-gathers, twice per micro-batch: 1.5x the traffic for one micro-batch, Rajbhandari
+et al. 2020), of which ``overlap`` of the last micro-batch's backward hides (ZeRO-3: of all
+the compute, as FSDP prefetches).
+
+Not modelled: kernel efficiency beyond the one ``mfu``, stragglers, the embedding stage's
+imbalance, communication buffers and fragmentation (the ``reserve``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+from trainfast.accounting import (
+    PRECISION_RECIPES,
+    MemoryBreakdown,
+    TransformerShape,
+    activation_bytes,
+    bytes_per_parameter,
+    checkpointed_layer_bytes,
+    linear_training_flops,
+    parameter_count,
+    training_flops,
+    zero_memory,
+)
+from trainfast.distributed.cost_model import (
+    INFINIBAND_NDR,
+    NVLINK4,
+    Link,
+    all_gather_time,
+    all_reduce_time,
+    reduce_scatter_time,
+)
+from trainfast.gpus import GPUS
+
+__all__ = [
+    "COMPUTE_FORMAT",
+    "NVLINK_GPUS",
+    "RECOMPUTE",
+    "Recompute",
+    "StepAssumptions",
+    "StepEstimate",
+    "TrainingSetup",
+    "all_to_all_time",
+    "estimate",
+    "layer_activation_bytes",
+]
+
+Recompute = Literal["none", "selective", "full"]
+#: Activation recomputation choices (Korthikanti et al. 2022): keep everything; recompute the
+#: attention core (scores, softmax, dropout, scores x V) in backward; recompute whole layers.
+RECOMPUTE: tuple[str, ...] = ("none", "selective", "full")
+#: The GPUs the model offers: those built into NVLink nodes (not the L4 or T4).
+NVLINK_GPUS = {name: spec for name, spec in GPUS.items() if spec.nvlink_bytes_per_s}
+#: Matmul format of each precision recipe (a key of ``GPUSpec.peak_flops``).
+COMPUTE_FORMAT = {name: "fp32" if name == "fp32" else "bf16" for name in PRECISION_RECIPES}
+
+
+def _positive(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"Invalid {name}: {value!r} (expected a positive integer)")
+
+
+@dataclass(frozen=True)
+class StepAssumptions:
+    """What the model cannot derive, each with where its default comes from.
+
+    ``mfu``: the fraction of peak FLOP/s the matmuls reach; Llama 3 405B reached 38-43 % in BF16
+    on H100s (Dubey et al. 2024, Table 4). ``overlap``: the fraction of the last micro-batch's
+    backward that hides the gradient reduction (1: DDP's and Megatron's bucketed overlap works
+    fully; 0: none, an upper estimate). The links: NVLink at half the GPU's datasheet figure
+    (which counts both directions) with :data:`~trainfast.distributed.cost_model.NVLINK4`'s
+    latency; across nodes one 400 Gb/s InfiniBand NDR port per GPU (a DGX H100 has eight
+    ConnectX-7 ports), :data:`~trainfast.distributed.cost_model.INFINIBAND_NDR`. Latencies are
+    assumptions of a few microseconds per message, not measurements. ``reserve``: the share of
+    memory left for the CUDA context, the allocator and buffers.
+    """
+
+    mfu: float = 0.4
+    overlap: float = 1.0
+    gpus_per_node: int = 8
+    nvlink_latency_s: float = NVLINK4.alpha
+    network_latency_s: float = INFINIBAND_NDR.alpha
+    network_bytes_per_s: float = INFINIBAND_NDR.bandwidth
+    reserve: float = 0.1
+
+    def __post_init__(self) -> None:
+        if isinstance(self.mfu, bool) or not 0 < self.mfu <= 1:
+            raise ValueError(f"Invalid mfu: {self.mfu!r} (expected 0 < mfu <= 1)")
+        if isinstance(self.overlap, bool) or not 0 <= self.overlap <= 1:
+            raise ValueError(f"Invalid overlap: {self.overlap!r} (expected 0 <= overlap <= 1)")
+        if not 0 <= self.reserve < 1:
+            raise ValueError(f"Invalid reserve: {self.reserve!r} (expected 0 <= reserve < 1)")
+        _positive("gpus_per_node", self.gpus_per_node)
+        for name in ("nvlink_latency_s", "network_latency_s"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"Invalid {name}: {getattr(self, name)!r} (expected >= 0)")
+        if not self.network_bytes_per_s > 0:
+            raise ValueError(
+                f"Invalid network_bytes_per_s: {self.network_bytes_per_s!r} (expected > 0)"
+            )
+
+
+@dataclass(frozen=True)
+class TrainingSetup:
+    """One training configuration. ``shape.batch_size`` is the micro-batch (sequences per model
+    replica per forward); ``global_batch`` is in sequences, a multiple of ``micro_batch x data``;
+    the quotient is ``m``, the micro-batches per step. ``context`` splits each sequence (ring
+    attention), ``virtual_stages`` interleaves ``v`` model chunks per pipeline rank.
+    ``experts > 1`` makes every MLP a mixture of ``experts`` MLPs of ``d_ff``, ``top_k`` per
+    token, sharded over ``expert_parallel`` ranks of the ``data x context`` group."""
+
+    shape: TransformerShape
+    recipe: str = "bf16-mixed"
+    optimizer: str = "adamw"
+    zero_stage: int = 0
+    data: int = 1
+    tensor: int = 1
+    pipeline: int = 1
+    context: int = 1
+    virtual_stages: int = 1
+    experts: int = 1
+    top_k: int = 1
+    expert_parallel: int = 1
+    global_batch: int = 1
+    gpu: str = "H100 SXM 80GB"
+    recompute: str = "selective"
+    dropout: bool = False
+    assumptions: StepAssumptions = field(default_factory=StepAssumptions)
+
+    def __post_init__(self) -> None:
+        for name in (
+            "data",
+            "tensor",
+            "pipeline",
+            "context",
+            "virtual_stages",
+            "experts",
+            "top_k",
+            "expert_parallel",
+            "global_batch",
+        ):
+            _positive(name, getattr(self, name))
+        bytes_per_parameter(self.recipe, self.optimizer)  # checks both names
+        s, b = self.shape, self.shape.batch_size
+        problems = [
+            (self.zero_stage not in (0, 1, 2, 3), "zero_stage", "expected 0, 1, 2 or 3"),
+            (self.gpu not in NVLINK_GPUS, "gpu", f"expected one of {sorted(NVLINK_GPUS)}"),
+            (self.recompute not in RECOMPUTE, "recompute", f"expected one of {RECOMPUTE}"),
+            (s.n_heads % self.tensor, "tensor", f"must divide n_heads = {s.n_heads}"),
+            (s.seq_len % (2 * self.context), "context", f"2 x context must divide {s.seq_len}"),
+            (
+                self.pipeline * self.virtual_stages > s.n_layers,
+                "virtual_stages",
+                f"pipeline x virtual_stages must not exceed n_layers = {s.n_layers}",
+            ),
+            (self.top_k > self.experts, "top_k", f"must not exceed experts = {self.experts}"),
+            (self.experts % self.expert_parallel, "expert_parallel", "must divide experts"),
+            (
+                (self.data * self.context) % self.expert_parallel,
+                "expert_parallel",
+                "must divide data x context",
+            ),
+            (
+                self.global_batch % (b * self.data),
+                "global_batch",
+                f"must be a multiple of micro-batch {b} x data {self.data}",
+            ),
+        ]
+        for bad, name, why in problems:
+            if bad:
+                raise ValueError(f"Invalid {name}: {getattr(self, name)!r} ({why})")
+        if self.virtual_stages > 1 and self.micro_batches % self.pipeline:
+            raise ValueError(
+                f"Invalid global_batch: {self.global_batch!r} (interleaving needs micro-batches "
+                f"{self.micro_batches} to be a multiple of pipeline {self.pipeline})"
+            )
+
+    @property
+    def n_gpus(self) -> int:
+        return self.data * self.context * self.tensor * self.pipeline
+
+    @property
+    def micro_batches(self) -> int:
+        """``m``: micro-batches each pipeline runs per step."""
+        return self.global_batch // (self.shape.batch_size * self.data)
+
+
+@dataclass(frozen=True)
+class StepEstimate:
+    """Memory per GPU by part (bytes), whether it fits, and a step's time by part (seconds)."""
+
+    setup: TrainingSetup
+    memory: MemoryBreakdown
+    fits: bool
+    compute_s: float  # matmul FLOPs (with recomputation) at mfu
+    bubble_s: float  # the pipeline's idle time: compute x (p - 1) / (v m)
+    data_parallel_s: float  # gradient reduction (+ ZeRO-3 gathers) not hidden by overlap
+    tensor_parallel_s: float  # activation all-reduces, on the critical path
+    context_parallel_s: float  # ring attention's key/value sends beyond the block compute
+    expert_parallel_s: float  # all-to-alls of the routed tokens
+    pipeline_s: float  # point-to-point sends between stages
+
+    @property
+    def step_s(self) -> float:
+        return (
+            self.compute_s
+            + self.bubble_s
+            + self.data_parallel_s
+            + self.tensor_parallel_s
+            + self.context_parallel_s
+            + self.expert_parallel_s
+            + self.pipeline_s
+        )
+
+
+def layer_activation_bytes(
+    shape: TransformerShape,
+    tensor: int = 1,
+    sequence_parallel: bool = False,
+    recompute: str = "none",
+    *,
+    value_bytes: float = 2.0,
+    dropout: bool = False,
+) -> float:
+    """Bytes one layer keeps for backward for one micro-batch, by recomputation choice.
+
+    ``"none"``: everything, :func:`~trainfast.accounting.activation_bytes` with the attention
+    scores (Korthikanti et al. 2022: ``s b h (34 + 5 a s / h)`` for 2-byte values and dropout).
+    ``"selective"``: the attention core is recomputed, so the scores, softmax and its dropout
+    are not kept: the fused-attention count, ``34 s b h`` plus an fp32 log-sum-exp per head and
+    token (``4 a s b`` bytes, which the paper does not count). ``"full"``: only the layer's
+    input (:func:`~trainfast.accounting.checkpointed_layer_bytes`).
+    """
+    if recompute not in RECOMPUTE:
+        raise ValueError(f"Invalid recompute: {recompute!r} (expected one of {RECOMPUTE})")
+    if recompute == "full":
+        return checkpointed_layer_bytes(shape, tensor, sequence_parallel, value_bytes=value_bytes)
+    attention = "manual" if recompute == "none" else "sdpa"
+    return activation_bytes(
+        shape,
+        tensor,
+        sequence_parallel,
+        value_bytes=value_bytes,
+        dropout=dropout,
+        attention=attention,
+    )
+
+
+def all_to_all_time(n_bytes: float, world_size: int, link: Link) -> float:
+    """Pairwise all-to-all of ``n_bytes`` per rank: ``(N-1) alpha + ((N-1)/N) n beta`` (each rank
+    keeps ``1 / N`` and sends one block to each of the others, Thakur et al. 2005)."""
+    n = world_size
+    return (n - 1) * link.alpha + (n - 1) / n * n_bytes * link.beta
+
+
+def _link(span: int, nvlink_bytes_per_s: float, a: StepAssumptions) -> Link:
+    """NVLink (one direction) if a group of ``span`` consecutive GPUs fits in a node."""
+    if span <= a.gpus_per_node:
+        return Link(alpha=a.nvlink_latency_s, beta=2.0 / nvlink_bytes_per_s)
+    return Link(alpha=a.network_latency_s, beta=1.0 / a.network_bytes_per_s)
+
+
+def estimate(setup: TrainingSetup) -> StepEstimate:
+    """Memory per GPU and step time of ``setup`` (the model is in the module's docstring)."""
+    a, shape, gpu = setup.assumptions, setup.shape, NVLINK_GPUS[setup.gpu]
+    d, t, p, c = setup.data, setup.tensor, setup.pipeline, setup.context
+    v, m, k, e = setup.virtual_stages, setup.micro_batches, setup.top_k, setup.expert_parallel
+    h, f, L = shape.d_model, shape.d_ff, shape.n_layers
+    value_bytes = PRECISION_RECIPES[setup.recipe].activation_bytes_per_value
+    routed = replace(shape, d_ff=f * k)  # the k experts a token visits: k times the MLP
+    local = replace(routed, seq_len=shape.seq_len // c)  # this rank's share of the sequence
+    stage_layers = -(-L // p)
+    nvlink = gpu.nvlink_bytes_per_s
+
+    # memory: model state of one slice, sharded by ZeRO over the ranks holding the same weights
+    per = bytes_per_parameter(setup.recipe, setup.optimizer)
+    mlp = 2 * h * f + f + h
+    expert_params = L * setup.experts * mlp if setup.experts > 1 else 0
+    dense_params = parameter_count(shape) - (L * mlp if setup.experts > 1 else 0)
+    dense_params += L * h * setup.experts if setup.experts > 1 else 0  # the routers
+    parts = [(dense_params / (t * p), d * c), (expert_params / (t * p * e), d * c // e)]
+    state = [0.0, 0.0, 0.0, 0.0]  # weights, gradients, master weights, optimizer state
+    for n, replicas in parts:
+        shard = zero_memory(
+            n, replicas, setup.zero_stage, per.parameters, per.gradients, per.optimizer_state
+        )
+        master = zero_memory(n, replicas, setup.zero_stage, optimizer_bytes=per.master_weights)
+        state[0] += shard.parameters
+        state[1] += shard.gradients
+        state[2] += master.optimizer_state  # master weights shard like the moments
+        state[3] += shard.optimizer_state
+    sp = t > 1
+    one = layer_activation_bytes(
+        local, t, sp, setup.recompute, value_bytes=value_bytes, dropout=setup.dropout
+    )
+    if v > 1:
+        layers_alive = L * (1 + (p - 1) / (p * v))
+    else:
+        layers_alive = stage_layers * min(p, m)
+    layers = layers_alive * one
+    if setup.recompute == "full":  # backward recomputes one layer's activations at a time
+        layers += layer_activation_bytes(
+            local, t, sp, "selective", value_bytes=value_bytes, dropout=setup.dropout
+        )
+    head = local.tokens * (2 * h + shape.vocab_size / t) * value_bytes
+    memory = MemoryBreakdown(*state, activations=layers + head)
+
+    # compute at mfu, the bubble, then communication
+    step = replace(routed, batch_size=setup.global_batch)
+    flops = training_flops(step)
+    attention_forward = step.batch_size * shape.n_heads * 4 * shape.seq_len**2 * shape.head_dim
+    if setup.recompute == "full":  # one more forward of every layer
+        flops += (flops - linear_training_flops(step.tokens, h, shape.vocab_size)) / 3
+    elif setup.recompute == "selective":  # one more forward of the attention core
+        flops += L * attention_forward
+    achieved = gpu.peak_flops[COMPUTE_FORMAT[setup.recipe]] * a.mfu
+    compute = flops / (setup.n_gpus * achieved)
+    bubble = compute * (p - 1) / (v * m)
+    forwards = 2 if setup.recompute == "full" else 1  # full recomputation runs it twice
+
+    activation = local.tokens * h * value_bytes  # one micro-batch's (s / c, b, h) on this rank
+    tensor = 2 * (forwards + 1) * all_reduce_time("ring", activation, t, _link(t, nvlink, a))
+    tensor_parallel = tensor * stage_layers * m
+
+    context_parallel = 0.0
+    if c > 1:
+        kv_block = 2 * activation / t  # K and V of this rank's heads and tokens
+        send = _link(t * c, nvlink, a)
+        block_s = shape.batch_size * shape.n_heads / t * 4 * local.seq_len**2 * shape.head_dim
+        block_s /= achieved  # one block of attention forward (QK^T and PV) on this rank
+        forward = max(0.0, send.alpha + kv_block * send.beta - block_s)
+        backward = max(0.0, send.alpha + 2 * kv_block * send.beta - 2 * block_s)  # + dK, dV
+        per_layer = (c - 1) * (forwards * forward + backward)
+        context_parallel = per_layer * stage_layers * m
+
+    expert_parallel = 0.0
+    if e > 1:
+        routed_bytes = activation / t * k  # the tokens of this rank, k copies
+        one_a2a = all_to_all_time(routed_bytes, e, _link(t * c * p * e, nvlink, a))
+        expert_parallel = 2 * (forwards + 1) * one_a2a * stage_layers * m
+
+    pipeline = 0.0
+    if p > 1:
+        hop = _link(t * c * p, nvlink, a)
+        pipeline = 2 * v * m * (hop.alpha + activation / t * hop.beta)
+
+    data_parallel = 0.0
+    replicas = [(n, r) for n, r in parts if n and r > 1]
+    data_link = _link(t * c * p * d, nvlink, a)
+    for n, r in replicas:
+        grad_bytes = n * per.gradients
+        if setup.zero_stage == 3:  # reduce-scatter, and gather the weights for every pass
+            weight_bytes = n * per.parameters
+            data_parallel += reduce_scatter_time(grad_bytes, r, data_link)
+            data_parallel += 2 * m * all_gather_time(weight_bytes, r, data_link)
+        else:
+            data_parallel += all_reduce_time("ring", grad_bytes, r, data_link)
+    # the last micro-batch's backward (with its recomputation); ZeRO-3 prefetches behind all
+    hidden = compute if setup.zero_stage == 3 else compute / m * (forwards + 1) / (forwards + 2)
+    data_parallel = max(0.0, data_parallel - a.overlap * hidden)
+
+    return StepEstimate(
+        setup=setup,
+        memory=memory,
+        fits=memory.total <= gpu.memory_bytes * (1 - a.reserve),
+        compute_s=compute,
+        bubble_s=bubble,
+        data_parallel_s=data_parallel,
+        tensor_parallel_s=tensor_parallel,
+        context_parallel_s=context_parallel,
+        expert_parallel_s=expert_parallel,
+        pipeline_s=pipeline,
+    )

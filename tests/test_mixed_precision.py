@@ -671,6 +671,30 @@ def test_listings_are_the_packages_own_code():
     assert chapters.listing_problems("mixed_precision") == []
 
 
+#: Numbers the mixed-precision chapter may type because no cell computes them:
+#: * format constants: bit widths (1, 2, 4, 5, 7, 8, 10, 11, 16, 23, 32), float16's largest value
+#:   65504 and 2^16 = 65536, e4m3's 448, the binade [1, 2), E2M1's values (0, 0.5, 1, 1.5, 2, 3,
+#:   4, 6), block sizes 16 and 32, TF32's rounding at 7 and 10 bits;
+#: * inputs the cells are given and the prose names: 15 and 16 added to 65504, 0.01 added a
+#:   thousand times, logits of 12, outliers of 100 and 1000, the MLP's widths 64 and 10, its batch
+#:   of 256, SGD's learning rate 0.01 and momentum 0.9, a weight near 0.1, the last 50 steps, tiles
+#:   of 128 x 256;
+#: * published figures, cited: DeepSeek-V3's tiles (1 x 128, 128 x 128), about 14 accumulator
+#:   bits, "nearly 2%" at K = 4096, promotion every 128; Transformer Engine's history of 1024;
+#:   ZeRO's 16 = 2 + 2 + 12 bytes; nanoGPT's 50,257 -> 50,304 (a multiple of 64); tensor-core
+#:   alignment to multiples of 8, 64 or 128; torch 2.9 (the new TF32 API); exercise 5.
+MIXED_PRECISION_CONSTANTS = {
+    "0", "0.01", "0.1", "0.5", "0.9", "1", "1.5", "2", "2.9", "3", "4", "5", "6", "7", "8", "10",
+    "11", "12", "14", "15", "16", "23", "32", "50", "64", "100", "128", "256", "448",
+    "1000", "1024", "4096", "65504", "65536", "50,257", "50,304",
+}  # fmt: skip
+
+
+def test_chapter_prose_types_no_number_that_code_produced():
+    assert chapters.typed_numbers("mixed_precision", allow=MIXED_PRECISION_CONSTANTS) == []
+
+
 @pytest.mark.chapter
-def test_chapter_executes():
-    chapters.execute_chapter("mixed_precision")
+def test_chapter_executes_within_its_budget():
+    seconds = chapters.execute_chapter("mixed_precision")
+    assert seconds < 150, f"the chapter took {seconds:.0f} s; the budget is 150 s on this CPU"

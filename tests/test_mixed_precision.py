@@ -678,15 +678,17 @@ def test_listings_are_the_packages_own_code():
 #: * inputs the cells are given and the prose names: 15 and 16 added to 65504, 0.01 added a
 #:   thousand times, logits of 12, outliers of 100 and 1000, the MLP's widths 64 and 10, its batch
 #:   of 256, SGD's learning rate 0.01 and momentum 0.9, a weight near 0.1, the last 50 steps, tiles
-#:   of 128 x 256;
+#:   of 128 x 256; exercise 7's 7 billion parameters on an 80 GB GPU;
 #: * published figures, cited: DeepSeek-V3's tiles (1 x 128, 128 x 128), about 14 accumulator
 #:   bits, "nearly 2%" at K = 4096, promotion every 128; Transformer Engine's history of 1024;
 #:   ZeRO's 16 = 2 + 2 + 12 bytes; nanoGPT's 50,257 -> 50,304 (a multiple of 64); tensor-core
-#:   alignment to multiples of 8, 64 or 128; torch 2.9 (the new TF32 API); exercise 5.
+#:   alignment to multiples of 8, 64 or 128; torch 2.9 (the new TF32 API); DeepSpeed's defaults
+#:   (initial scale power 16, a 1000-step window, hysteresis 2, minimum scale 1), torch's
+#:   GradScaler's factors 2 and 0.5; exercise 5.
 MIXED_PRECISION_CONSTANTS = {
     "0", "0.01", "0.1", "0.5", "0.9", "1", "1.5", "2", "2.9", "3", "4", "5", "6", "7", "8", "10",
     "11", "12", "14", "15", "16", "23", "32", "50", "64", "100", "128", "256", "448",
-    "1000", "1024", "4096", "65504", "65536", "50,257", "50,304",
+    "80", "1000", "1024", "4096", "65504", "65536", "50,257", "50,304",
 }  # fmt: skip
 
 
@@ -698,3 +700,123 @@ def test_chapter_prose_types_no_number_that_code_produced():
 def test_chapter_executes_within_its_budget():
     seconds = chapters.execute_chapter("mixed_precision")
     assert seconds < 150, f"the chapter took {seconds:.0f} s; the budget is 150 s on this CPU"
+
+
+# --- Kahan-compensated AdamW, FP8 linear, and the decision exercises ------------------------------
+
+
+def test_kahan_adamw_matches_torch_adamw_on_float32_weights():
+    from trainfast.precision import KahanAdamW
+
+    generator = torch.Generator().manual_seed(0)
+    start = [torch.randn(32, 16, generator=generator), torch.randn(16, generator=generator)]
+    ours_params = [nn.Parameter(p.clone()) for p in start]
+    torch_params = [nn.Parameter(p.clone()) for p in start]
+    settings = dict(lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+    ours_opt, torch_opt = (
+        KahanAdamW(ours_params, **settings),
+        torch.optim.AdamW(torch_params, **settings),
+    )
+    for _ in range(50):
+        for a, b in zip(ours_params, torch_params, strict=True):
+            grad = torch.randn(a.shape, generator=generator)
+            a.grad, b.grad = grad.clone(), grad.clone()
+        ours_opt.step()
+        torch_opt.step()
+    for a, b in zip(ours_params, torch_params, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="learning rate: -1"):
+        KahanAdamW(ours_params, lr=-1)
+    with pytest.raises(ValueError, match="index 1: 1.0"):
+        KahanAdamW(ours_params, betas=(0.9, 1.0))
+
+
+def test_kahan_add_keeps_the_updates_a_bf16_weight_rounds_away():
+    from trainfast.precision import kahan_add_
+
+    plain = torch.ones(4, dtype=torch.bfloat16)
+    compensated, compensation = plain.clone(), torch.zeros(4, dtype=torch.bfloat16)
+    for _ in range(1000):
+        plain += 2.0**-10  # a quarter of bf16's spacing at 1: rounded away every time
+        kahan_add_(compensated, torch.full((4,), 2.0**-10), compensation)
+    assert torch.equal(plain, torch.ones(4, dtype=torch.bfloat16))
+    exact = 1 + 1000 * 2.0**-10
+    assert (compensated.float() + compensation.float() - exact).abs().max() < 2.0**-8
+
+
+def test_kahan_adamw_rescues_pure_bf16_training():
+    from trainfast.datasets import digits
+    from trainfast.precision import KahanAdamW
+
+    x, y = digits("train").tensors
+    runs = {
+        name: train_recipe(recipe, x, y, make, steps=150)
+        for name, recipe, make in (
+            ("master", "bf16 autocast", lambda p: torch.optim.AdamW(p, lr=1e-3)),
+            ("pure", "pure bf16", lambda p: torch.optim.AdamW(p, lr=1e-3)),
+            ("kahan", "pure bf16", lambda p: KahanAdamW(p, lr=1e-3)),
+        )
+    }
+    last = {name: sum(run.losses[-30:]) / 30 for name, run in runs.items()}
+    assert last["kahan"] < last["pure"]
+    assert abs(last["kahan"] - last["master"]) < abs(last["pure"] - last["master"]) / 2
+
+
+def test_fp8_linear_is_close_to_the_float32_linear_and_updates_both_histories():
+    from trainfast.precision import DelayedScaling, fp8_linear
+
+    generator = torch.Generator().manual_seed(0)
+    x, weight = torch.randn(2, 5, 32, generator=generator), torch.randn(8, 32, generator=generator)
+    x_scaling, w_scaling = DelayedScaling(), DelayedScaling()
+    fp8_linear(x, weight, x_scaling, w_scaling)  # first call: scale 1, records the amaxes
+    out = fp8_linear(x, weight, x_scaling, w_scaling)
+    exact = torch.nn.functional.linear(x, weight)
+    assert out.shape == (2, 5, 8)
+    assert ((out - exact).norm() / exact.norm()).item() < 0.08
+    assert len(x_scaling.amax_history) == len(w_scaling.amax_history) == 2
+    with pytest.raises(ValueError, match="\\(out, in\\)"):
+        fp8_linear(x, weight.t(), x_scaling, w_scaling)
+
+
+def test_kahan_add_check(capsys):
+    from trainfast.precision import kahan_add_
+
+    ex.check_kahan_add(kahan_add_)
+    assert "All 3 cases passed" in capsys.readouterr().out
+
+    def plain(param, update, compensation):  # no compensation: small updates vanish
+        param.copy_(param.float() + update)
+
+    with pytest.raises(
+        AssertionError, match="one step, bf16 weights: weights match but the compensation"
+    ):
+        ex.check_kahan_add(plain)
+
+
+def test_recipe_choice_check(capsys):
+    from trainfast.accounting import bytes_per_parameter
+
+    def choose(n_params, budget):
+        for recipe in ex.RECIPE_PREFERENCE:
+            if bytes_per_parameter(recipe, "adamw").total * n_params <= budget:
+                return recipe
+        return "does not fit"
+
+    ex.check_recipe_choice(choose)
+    assert "All 6 cases passed" in capsys.readouterr().out
+    with pytest.raises(AssertionError, match="chose 'pure-bf16'"):
+        ex.check_recipe_choice(lambda n, budget: "pure-bf16")  # always the smallest: not the best
+
+
+def test_fp8_linear_check(capsys):
+    from trainfast.precision import fp8_linear, to_fp8
+
+    ex.check_fp8_linear(fp8_linear)
+    assert "All 6 cases passed" in capsys.readouterr().out
+
+    def current_scaling(x, weight, x_scaling, w_scaling):  # ignores the history
+        (x8, sx), (w8, sw) = to_fp8(x.reshape(-1, x.shape[-1])), to_fp8(weight)
+        return ((x8.float() @ w8.float().t()) / (sx * sw)).reshape(*x.shape[:-1], -1)
+
+    with pytest.raises(AssertionError, match="step 0"):
+        ex.check_fp8_linear(current_scaling)

@@ -11,11 +11,14 @@
 * :mod:`~trainfast.precision.block_scaling`: MXFP8 and NVFP4 block scaling, emulated;
 * :mod:`~trainfast.precision.accumulation`: a dot product's accumulator with too few bits, and
   promotion to float32 every N terms (DeepSeek-V3);
+* :mod:`~trainfast.precision.compensated`: Kahan-compensated AdamW for bf16 weights without
+  master weights;
 * :mod:`~trainfast.precision.tf32`: TF32 on and off through the installed torch's API.
 """
 
 from trainfast.precision.accumulation import accumulation_error, limited_precision_sum
 from trainfast.precision.block_scaling import BLOCK_FORMATS, BlockFormat, fake_quantize
+from trainfast.precision.compensated import KahanAdamW, kahan_adamw_step_, kahan_add_
 from trainfast.precision.formats import (
     FORMAT_NAMES,
     FloatFormat,
@@ -29,6 +32,7 @@ from trainfast.precision.formats import (
 from trainfast.precision.fp8 import (
     FP8_RECIPES,
     DelayedScaling,
+    fp8_linear,
     fp8_matmul,
     fp8_scale,
     from_fp8,
@@ -62,6 +66,7 @@ __all__ = [
     "RECIPES",
     "FloatFormat",
     "GradScaler",
+    "KahanAdamW",
     "RecipeRun",
     "TrainingRecipe",
     "accumulation_error",
@@ -69,11 +74,14 @@ __all__ = [
     "decompose",
     "float_format",
     "fake_quantize",
+    "fp8_linear",
     "format_from_bits",
     "fp8_matmul",
     "fp8_scale",
     "from_fp8",
     "has_fp8_tensor_cores",
+    "kahan_add_",
+    "kahan_adamw_step_",
     "limited_precision_sum",
     "matmul_error",
     "representable_values",

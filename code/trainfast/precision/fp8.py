@@ -32,6 +32,7 @@ from trainfast.accounting import PrecisionRecipe
 __all__ = [
     "FP8_RECIPES",
     "DelayedScaling",
+    "fp8_linear",
     "fp8_matmul",
     "fp8_scale",
     "from_fp8",
@@ -209,3 +210,28 @@ class DelayedScaling:
             -self.history_len :
         ]
         return x_fp8, scale
+
+
+def fp8_linear(
+    x: Tensor,
+    weight: Tensor,
+    x_scaling: DelayedScaling,
+    weight_scaling: DelayedScaling,
+    out_dtype: torch.dtype = torch.float32,
+) -> Tensor:
+    """``x @ weight.T`` with both operands cast to FP8 under delayed scaling, emulated.
+
+    ``x`` is ``(..., in_features)``, ``weight`` ``(out_features, in_features)`` as in
+    ``torch.nn.functional.linear``. Each operand is quantised by its own
+    :class:`DelayedScaling` (which then records the operand's amax for the next call), the
+    product of the FP8 values is taken in float32 and divided by both scales. A forward pass
+    only: a training recipe would also quantise the gradients (in e5m2) in backward.
+    """
+    if weight.ndim != 2 or x.shape[-1] != weight.shape[1]:
+        raise ValueError(
+            f"fp8_linear needs (..., in) and (out, in), got {tuple(x.shape)} and {tuple(weight.shape)}"
+        )
+    x8, scale_x = x_scaling.quantize(x.reshape(-1, x.shape[-1]))  # (tokens, in)
+    w8, scale_w = weight_scaling.quantize(weight)  # (out, in)
+    out = (x8.float() @ w8.float().t()) / (scale_x * scale_w)  # (tokens, out)
+    return out.reshape(*x.shape[:-1], weight.shape[0]).to(out_dtype)

@@ -431,6 +431,44 @@ def test_tf32_matmuls_sets_the_installed_api_and_restores_it():
     torch.get_float32_matmul_precision()  # the legacy reader still works: nothing was mixed
 
 
+def test_tf32_matmuls_falls_back_to_allow_tf32_on_an_older_torch(monkeypatch):
+    import trainfast.precision.tf32 as tf32
+
+    matmul = torch.backends.cuda.matmul
+    new_api_state = matmul.fp32_precision if tf32.has_fp32_precision_api() else None
+    monkeypatch.setattr(tf32, "has_fp32_precision_api", lambda: False)
+    try:
+        before = matmul.allow_tf32
+        with tf32.tf32_matmuls(True):
+            assert matmul.allow_tf32 is True
+        assert matmul.allow_tf32 == before
+    finally:
+        if new_api_state is not None:
+            matmul.fp32_precision = new_api_state  # the legacy setter also set the new state
+    torch.get_float32_matmul_precision()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_fp8_benchmark_variants_and_fast_accumulation_on_a_gpu():
+    from trainfast.precision import has_fp8_tensor_cores, scaled_matmul
+    from trainfast.precision.benchmark import FP8_VARIANTS, matmul_throughput
+
+    device = torch.device("cuda")
+    if not has_fp8_tensor_cores(device):
+        pytest.skip("needs FP8 tensor cores (compute capability 8.9+)")
+    rows = matmul_throughput([("square 256", 256, 256, 256)], list(FP8_VARIANTS), device, repeats=2)
+    assert [row["dtype"] for row in rows] == list(FP8_VARIANTS)
+    a, b = torch.randn(256, 512, device="cuda"), torch.randn(512, 128, device="cuda")
+    a8, sa = to_fp8(a)
+    b8, sb = to_fp8(b)
+    exact = a @ b
+    for fast in (False, True):
+        out = scaled_matmul(a8, b8.t().contiguous().t(), sa.reciprocal(), sb.reciprocal(),
+                            out_dtype=torch.float32, use_fast_accum=fast)  # fmt: skip
+        assert ((out - exact).norm() / exact.norm()).item() < 0.08
+
+
 def test_delayed_scaling_uses_the_history_before_the_tensor_and_saturates_on_a_jump():
     from trainfast.precision import DelayedScaling, fp8_scale
 

@@ -1,13 +1,17 @@
 """The mixed-precision chapter's measurements, as ``python -m trainfast.measure`` benchmarks.
 
 * ``matmul-throughput`` (:func:`matmul_throughput_record`): TFLOP/s of ``torch.matmul`` per
-  dtype (fp32 with TF32 off, TF32, fp16, bf16, and FP8 through ``torch._scaled_mm`` where the GPU
-  has FP8 tensor cores) and shape (aligned squares, a dimension off by one, a GPT-2 LM head with
+  dtype (fp32 with TF32 off, TF32, fp16, bf16, and FP8 through
+  :func:`~trainfast.precision.fp8.scaled_matmul` where the GPU has FP8 tensor cores: operands
+  quantised beforehand with float32 promotion (``fp8``) or fast accumulation
+  (``fp8 fast-accum``), and with both per-tensor casts inside the timed call (``fp8 + casts``))
+  and shape (aligned squares, a dimension off by one, a GPT-2 LM head with
   the raw 50,257-token vocabulary and the padded 50,304), against the datasheet peak and the
   best figure of the run. The largest bf16 square is also timed as a bare loop of back-to-back
   products, to show what the harness costs.
 * ``precision-step-time`` (:func:`step_time_record`): one training step of the book's
-  transformer under each recipe: time, tokens/s, model FLOPs utilisation, and peak memory
+  transformer under each recipe (loss scaling by ``torch.amp.GradScaler``, whose state stays on
+  the device, not the book's host-side :class:`~trainfast.precision.GradScaler`): time, tokens/s, model FLOPs utilisation, and peak memory
   measured by the caching allocator beside the memory :mod:`trainfast.accounting` predicts.
 * ``autocast-policy`` (:func:`autocast_policy_record`): which dtype autocast gives each op, on
   the device it ran on (CPU and CUDA policies differ).
@@ -28,10 +32,10 @@ import torch
 from trainfast.accounting import TransformerShape, training_flops, training_memory
 from trainfast.device import describe_environment
 from trainfast.gpus import gpu_spec
-from trainfast.precision.fp8 import has_fp8_tensor_cores, to_fp8
-from trainfast.precision.loss_scaling import GradScaler
+from trainfast.precision.fp8 import has_fp8_tensor_cores, scaled_matmul, to_fp8
 from trainfast.precision.numerics import MATMUL_MODES, autocast_policy, matmul_error
 from trainfast.precision.recipes import RECIPES, training_step
+from trainfast.precision.tf32 import tf32_matmuls
 from trainfast.profiling import benchmark
 from trainfast.records import Record, make_record
 
@@ -43,13 +47,16 @@ __all__ = [
     "step_time_record",
 ]
 
-#: dtype name -> (storage dtype, float32 matmul precision, datasheet key)
-_MATMUL_DTYPES: dict[str, tuple[torch.dtype, str, str]] = {
-    "fp32": (torch.float32, "highest", "fp32"),
-    "tf32": (torch.float32, "high", "tf32"),
-    "fp16": (torch.float16, "highest", "fp16"),
-    "bf16": (torch.bfloat16, "highest", "bf16"),
+#: dtype name -> (storage dtype, TF32 on, datasheet key)
+_MATMUL_DTYPES: dict[str, tuple[torch.dtype, bool, str]] = {
+    "fp32": (torch.float32, False, "fp32"),
+    "tf32": (torch.float32, True, "tf32"),
+    "fp16": (torch.float16, False, "fp16"),
+    "bf16": (torch.bfloat16, False, "bf16"),
 }
+
+#: FP8 variants :func:`matmul_throughput` can time (datasheet key "fp8").
+FP8_VARIANTS = ("fp8", "fp8 fast-accum", "fp8 + casts")
 
 
 def _matmul_fn(m: int, k: int, n: int, name: str, device: torch.device) -> Callable[[], object]:
@@ -57,12 +64,24 @@ def _matmul_fn(m: int, k: int, n: int, name: str, device: torch.device) -> Calla
     generator = torch.Generator().manual_seed(0)
     a = torch.randn(m, k, generator=generator).to(device)  # random data, never zeros
     b = torch.randn(k, n, generator=generator).to(device)
-    if name == "fp8":
+    # What a training step pays: amax, scale and cast, then the product. Eager and unfused (to_fp8
+    # upcasts to float32 first), so an upper bound on the casts' cost; fused casts are cheaper.
+    if name == "fp8 + casts":
+        a16, b16_t = a.bfloat16(), b.t().contiguous().bfloat16()  # (M, K), (N, K)
+
+        def with_casts() -> object:
+            a8, scale_a = to_fp8(a16)
+            b8_t, scale_b = to_fp8(b16_t)
+            return scaled_matmul(a8, b8_t.t(), scale_a.reciprocal(), scale_b.reciprocal())
+
+        return with_casts
+    if name in FP8_VARIANTS:  # operands quantised once, outside the timed call
         a8, scale_a = to_fp8(a)
         b8, scale_b = to_fp8(b)
-        b8 = b8.t().contiguous().t()  # column-major, as _scaled_mm wants
+        b8 = b8.t().contiguous().t()  # column-major, as the scaled product wants
         inv_a, inv_b = scale_a.reciprocal(), scale_b.reciprocal()
-        return lambda: torch._scaled_mm(a8, b8, scale_a=inv_a, scale_b=inv_b, out_dtype=torch.bfloat16)
+        fast = name == "fp8 fast-accum"
+        return lambda: scaled_matmul(a8, b8, inv_a, inv_b, use_fast_accum=fast)
     dtype = _MATMUL_DTYPES[name][0]
     a, b = a.to(dtype), b.to(dtype)
     return lambda: a @ b
@@ -78,31 +97,33 @@ def matmul_throughput(
 ) -> list[dict[str, Any]]:
     """TFLOP/s of each ``(label, m, k, n)`` shape in each dtype; one row per pair.
 
-    ``fp8`` rows need FP8 tensor cores and dimensions that are multiples of 16 (other shapes
-    are left out). ``of_peak`` is the fraction of the datasheet's dense peak for the dtype
+    FP8 rows (:data:`FP8_VARIANTS`) need FP8 tensor cores and dimensions that are multiples
+    of 16 (other shapes are left out); on a CPU they are skipped. ``of_peak`` is the fraction of the datasheet's dense peak for the dtype
     (None where :func:`~trainfast.gpus.gpu_spec` does not know the device);
     ``of_best`` the fraction of the best figure of the same dtype in this run.
     """
     spec = gpu_spec(describe_environment(device).device_name) if device.type == "cuda" else None
     rows = []
     for name in dtypes:
-        if name == "fp8" and not has_fp8_tensor_cores(device):
+        fp8 = name in FP8_VARIANTS
+        if fp8 and not has_fp8_tensor_cores(device):
             continue
-        precision = _MATMUL_DTYPES.get(name, (None, "highest", "fp8"))[1]
-        previous = torch.get_float32_matmul_precision()
-        torch.set_float32_matmul_precision(precision)
-        try:
+        with tf32_matmuls(_MATMUL_DTYPES.get(name, (None, False, "fp8"))[1]):
             for label, m, k, n in shapes:
-                if name == "fp8" and any(size % 16 for size in (m, k, n)):
+                if fp8 and any(size % 16 for size in (m, k, n)):
                     continue
-                timing = benchmark(_matmul_fn(m, k, n, name, device), warmup=warmup, repeats=repeats, device=device)
+                timing = benchmark(
+                    _matmul_fn(m, k, n, name, device), warmup=warmup, repeats=repeats, device=device
+                )
                 tflops = 2 * m * k * n / timing.median / 1e12
-                peak = spec.peak_flops.get(_MATMUL_DTYPES.get(name, (None, None, "fp8"))[2]) if spec else None
+                peak = (
+                    spec.peak_flops.get(_MATMUL_DTYPES.get(name, (None, None, "fp8"))[2])
+                    if spec
+                    else None
+                )
                 rows.append({"shape": label, "m": m, "k": k, "n": n, "dtype": name,
                              "median_ms": timing.median * 1e3, "tflops": tflops,
                              "of_peak": tflops * 1e12 / peak if peak else None})  # fmt: skip
-        finally:
-            torch.set_float32_matmul_precision(previous)
     for row in rows:
         best = max(r["tflops"] for r in rows if r["dtype"] == row["dtype"])
         row["of_best"] = row["tflops"] / best
@@ -127,11 +148,13 @@ def matmul_throughput_record(device: torch.device, quick: bool) -> Record:
         sizes = [1024, 4096] if quick else [1024, 2048, 4096, 8192]
         odd = [("square, K = 4095", 4096, 4095, 4096)]
         head = [(f"LM head, vocab {v}", 8192, 768, v) for v in (50257, 50304)]
-        runs = [(["fp32", "tf32", "fp16", "bf16", "fp8"], sizes, odd + head)]
+        runs = [(["fp32", "tf32", "fp16", "bf16", *FP8_VARIANTS], sizes, odd + head)]
         repeats, calls = (5 if quick else 20), 20
     else:  # CPU: fp32, and bf16 only at sizes its slow kernels can afford
         sizes = [64, 128] if quick else [256, 512, 1024]
-        odd = [("square, K = 127", 128, 127, 128)] if quick else [("square, K = 511", 512, 511, 512)]
+        odd = (
+            [("square, K = 127", 128, 127, 128)] if quick else [("square, K = 511", 512, 511, 512)]
+        )
         head = [] if quick else [(f"LM head, vocab {v}", 256, 128, v) for v in (50257, 50304)]
         runs = [(["fp32"], sizes, odd + head), (["bf16"], [s for s in sizes if s <= 512], odd)]
         repeats, calls = (3 if quick else 5), 3
@@ -147,12 +170,15 @@ def matmul_throughput_record(device: torch.device, quick: bool) -> Record:
     rows.append(dict(harness, timing=f"bare loop of {calls}", median_ms=2 * largest**3 / bare_tflops / 1e9,
                      tflops=bare_tflops, of_peak=harness["of_peak"] and harness["of_peak"] * bare_tflops / harness["tflops"],
                      of_best=None))  # fmt: skip
-    print(f"matmul-throughput: bf16 {largest}^3 through the harness reaches "
-          f"{harness['tflops'] / bare_tflops:.1%} of a bare loop of {calls} products ({bare_tflops:.3g} TFLOP/s)")
+    print(
+        f"matmul-throughput: bf16 {largest}^3 through the harness reaches "
+        f"{harness['tflops'] / bare_tflops:.1%} of a bare loop of {calls} products ({bare_tflops:.3g} TFLOP/s)"
+    )
     return make_record(
         "matmul-throughput",
-        "TFLOP/s of torch.matmul per dtype and shape (fp32 with TF32 off; FP8 via torch._scaled_mm "
-        "with per-tensor scales), random inputs, median of timings with CUDA events on a GPU; "
+        "TFLOP/s of torch.matmul per dtype and shape (fp32 with TF32 off; FP8 via the scaled matmul "
+        "with per-tensor scales: fp8 = operands quantised beforehand, float32 promotion; fp8 "
+        "fast-accum = use_fast_accum=True; fp8 + casts = both casts from bf16 timed too), random inputs, median of timings with CUDA events on a GPU; "
         "of_peak: fraction of the datasheet dense peak; of_best: of the best of that dtype in "
         "this run. The last row times the largest bf16 square as a bare loop of back-to-back calls.",
         rows,
@@ -169,17 +195,18 @@ _MEMORY_RECIPE = {"fp32": "fp32", "tf32": "fp32", "bf16 autocast": "amp",
                   "fp16 autocast + scaler": "amp", "pure bf16": "pure-bf16"}  # fmt: skip
 
 
-def _step_row(shape: TransformerShape, recipe_name: str, device: torch.device, repeats: int) -> dict[str, Any]:
+def _step_row(
+    shape: TransformerShape, recipe_name: str, device: torch.device, repeats: int
+) -> dict[str, Any]:
     from trainfast.transformer import Transformer, random_batch
 
     recipe = RECIPES["fp32" if recipe_name == "tf32" else recipe_name]
-    previous = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("high" if recipe_name == "tf32" else "highest")
-    try:
+    with tf32_matmuls(recipe_name == "tf32"):
         torch.manual_seed(0)
         model = Transformer(shape, attention="sdpa").to(device=device, dtype=recipe.param_dtype)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
-        scaler = GradScaler(device.type) if recipe.loss_scaling else None
+        # torch's scaler keeps scale and found-inf on the device; the book's reads them on the host
+        scaler = torch.amp.GradScaler(device.type) if recipe.loss_scaling else None
         tokens, targets = random_batch(shape, device=device)
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
@@ -192,14 +219,18 @@ def _step_row(shape: TransformerShape, recipe_name: str, device: torch.device, r
                                "iqr_ms": timing.iqr * 1e3, "tokens_per_s": shape.tokens / timing.median}  # fmt: skip
         spec = gpu_spec(describe_environment(device).device_name) if device.type == "cuda" else None
         peak_key = {"fp32": "fp32", "tf32": "tf32"}.get(recipe_name, "bf16")
-        row["mfu"] = training_flops(shape) / timing.median / spec.peak_flops[peak_key] if spec else None
-        predicted = training_memory(shape, recipe=_MEMORY_RECIPE[recipe_name], optimizer="adamw", attention="sdpa")
+        row["mfu"] = (
+            training_flops(shape) / timing.median / spec.peak_flops[peak_key] if spec else None
+        )
+        predicted = training_memory(
+            shape, recipe=_MEMORY_RECIPE[recipe_name], optimizer="adamw", attention="sdpa"
+        )
         row["predicted_gb"] = predicted.total / 1e9
-        row["peak_memory_gb"] = torch.cuda.max_memory_allocated(device) / 1e9 if device.type == "cuda" else None
+        row["peak_memory_gb"] = (
+            torch.cuda.max_memory_allocated(device) / 1e9 if device.type == "cuda" else None
+        )
         row["final_loss"] = float(losses[-1])
         return row
-    finally:
-        torch.set_float32_matmul_precision(previous)
 
 
 def step_time_record(device: torch.device, quick: bool) -> Record:

@@ -14,19 +14,27 @@ import torch
 from torch import Tensor
 
 from trainfast.checks import Case, report
+from trainfast.precision.compensated import kahan_add_
 from trainfast.precision.formats import FORMAT_NAMES, float_format, round_mantissa
+from trainfast.precision.fp8 import DelayedScaling, fp8_linear
 from trainfast.precision.loss_scaling import updated_scale
 
 __all__ = [
+    "RECIPE_PREFERENCE",
     "check_format_limits",
+    "check_fp8_linear",
     "check_fp8_quantize",
+    "check_kahan_add",
+    "check_recipe_choice",
     "check_rounding",
     "check_scale_update",
     "check_stochastic_rounding",
 ]
 
 
-def check_format_limits(limits: Callable[[int, int, bool], tuple[float, float, float, float]]) -> None:
+def check_format_limits(
+    limits: Callable[[int, int, bool], tuple[float, float, float, float]],
+) -> None:
     """Check ``limits(exponent_bits, mantissa_bits, has_infinity) -> (max, min_normal,
     min_subnormal, eps)`` for every format of the chapter, against their bit-layout formulas
     (which the tests check against ``torch.finfo``)."""
@@ -48,8 +56,12 @@ def check_format_limits(limits: Callable[[int, int, bool], tuple[float, float, f
 
 def _rounding_inputs(seed: int) -> Tensor:
     generator = torch.Generator().manual_seed(seed)
-    spread = torch.randn(2000, generator=generator) * torch.exp2(torch.randint(-60, 60, (2000,), generator=generator).float())
-    ties = torch.tensor([1 + 2.0**-8, 1 + 3 * 2.0**-8, -(1 + 2.0**-8), 1 + 2.0**-11, 1 + 3 * 2.0**-11])
+    spread = torch.randn(2000, generator=generator) * torch.exp2(
+        torch.randint(-60, 60, (2000,), generator=generator).float()
+    )
+    ties = torch.tensor(
+        [1 + 2.0**-8, 1 + 3 * 2.0**-8, -(1 + 2.0**-8), 1 + 2.0**-11, 1 + 3 * 2.0**-11]
+    )
     return torch.cat([spread, ties, torch.tensor([0.0, -0.0, 1.0, 3.0e38])])
 
 
@@ -66,7 +78,12 @@ def check_rounding(round_to_bits: Callable[[Tensor, int], Tensor], *, seed: int 
         got = round_to_bits(x.clone(), bits)
         case = f"{bits} mantissa bits on {x.numel()} values (ties included)"
         if got.dtype != torch.float32 or got.shape != x.shape:
-            results.append((case, f"returned {got.dtype} {tuple(got.shape)}, expected float32 {tuple(x.shape)}"))
+            results.append(
+                (
+                    case,
+                    f"returned {got.dtype} {tuple(got.shape)}, expected float32 {tuple(x.shape)}",
+                )
+            )
             continue
         wrong = (got != expected).nonzero().flatten()
         problem = None
@@ -93,8 +110,14 @@ def check_scale_update(
         problem = None
         for step in range(12):
             found = step in overflows
-            theirs, their_tracker = updated_scale(theirs, their_tracker, found, growth_factor=growth,
-                                                  backoff_factor=backoff, growth_interval=interval)
+            theirs, their_tracker = updated_scale(
+                theirs,
+                their_tracker,
+                found,
+                growth_factor=growth,
+                backoff_factor=backoff,
+                growth_interval=interval,
+            )
             ours, tracker = update(ours, tracker, found, growth, backoff, interval)
             if (ours, tracker) != (theirs, their_tracker):
                 problem = f"after step {step}: (scale, tracker) = {(ours, tracker)}, expected {(theirs, their_tracker)}"
@@ -103,7 +126,9 @@ def check_scale_update(
     report(results)
 
 
-def check_fp8_quantize(quantize: Callable[[Tensor], tuple[Tensor, Tensor]], *, seed: int = 0) -> None:
+def check_fp8_quantize(
+    quantize: Callable[[Tensor], tuple[Tensor, Tensor]], *, seed: int = 0
+) -> None:
     """Check ``quantize(x) -> (x_fp8, scale)``: e4m3fn, per-tensor scale ``448 / amax(x)``.
 
     The dequantised ``x_fp8 / scale`` must match the reference within e4m3's rounding, the
@@ -114,7 +139,9 @@ def check_fp8_quantize(quantize: Callable[[Tensor], tuple[Tensor, Tensor]], *, s
     cases = {
         "normal values": torch.randn(256, generator=generator),
         "tiny values (1e-6)": torch.randn(256, generator=generator) * 1e-6,
-        "one outlier of 1e4": torch.cat([torch.randn(255, generator=generator), torch.tensor([1e4])]),
+        "one outlier of 1e4": torch.cat(
+            [torch.randn(255, generator=generator), torch.tensor([1e4])]
+        ),
         "all zeros": torch.zeros(16),
     }
     largest = torch.finfo(torch.float8_e4m3fn).max
@@ -144,7 +171,10 @@ def _bfloat16_neighbours(x: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def check_stochastic_rounding(
-    round_stochastic: Callable[[Tensor, torch.Generator], Tensor], *, samples: int = 4000, seed: int = 0
+    round_stochastic: Callable[[Tensor, torch.Generator], Tensor],
+    *,
+    samples: int = 4000,
+    seed: int = 0,
 ) -> None:
     """Check ``round_stochastic(x, generator) -> bfloat16``: each value rounds to one of its two
     bfloat16 neighbours, up with probability equal to its distance from the lower one, so
@@ -155,7 +185,14 @@ def check_stochastic_rounding(
     out = round_stochastic(x.clone(), generator)
     results: list[Case] = []
     if out.dtype != torch.bfloat16 or out.shape != x.shape:
-        report([("output", f"returned {out.dtype} {tuple(out.shape)}, expected bfloat16 {tuple(x.shape)}")])
+        report(
+            [
+                (
+                    "output",
+                    f"returned {out.dtype} {tuple(out.shape)}, expected bfloat16 {tuple(x.shape)}",
+                )
+            ]
+        )
         return
     lower, upper = _bfloat16_neighbours(values)
     for j, value in enumerate(values.tolist()):
@@ -170,4 +207,101 @@ def check_stochastic_rounding(
             if abs(mean - value) > 4 * spread:
                 problem = f"mean of {samples} roundings is {mean!r}, expected {value!r} (biased)"
         results.append((f"x = {value!r}", problem))
+    report(results)
+
+
+def check_kahan_add(kahan_add: Callable[[Tensor, Tensor, Tensor], None], *, seed: int = 0) -> None:
+    """Check ``kahan_add(param, update, compensation)`` (in place) against :func:`kahan_add_`.
+
+    Cases: one step on random bf16 weights; 1000 updates each below half a weight's spacing,
+    whose total the compensated weights must keep (within one bf16 spacing) where a plain
+    addition keeps none; and float32 weights, where the result is a float32 sum.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    cases: list[tuple[str, Tensor, list[Tensor]]] = [
+        ("one step, bf16 weights", torch.randn(64, generator=generator).bfloat16(),
+         [torch.randn(64, generator=generator) * 1e-2]),
+        ("1000 updates below half a spacing", torch.full((8,), 1.0, dtype=torch.bfloat16),
+         [torch.full((8,), 2.0**-10) for _ in range(1000)]),
+        ("float32 weights", torch.randn(64, generator=generator),
+         [torch.randn(64, generator=generator) * 1e-3 for _ in range(10)]),
+    ]  # fmt: skip
+    results: list[Case] = []
+    for label, start, updates in cases:
+        ours, theirs = start.clone(), start.clone()
+        ours_comp, theirs_comp = torch.zeros_like(start), torch.zeros_like(start)
+        for update in updates:
+            kahan_add(ours, update.clone(), ours_comp)
+            kahan_add_(theirs, update, theirs_comp)
+        problem = None
+        if ours.dtype != start.dtype or ours_comp.dtype != start.dtype:
+            problem = f"dtypes changed to {ours.dtype} / {ours_comp.dtype}, expected {start.dtype}"
+        elif not torch.equal(ours, theirs):
+            worst = (ours.float() - theirs.float()).abs().max().item()
+            problem = f"weights differ from the reference by up to {worst:.3g}"
+        elif not torch.equal(ours_comp, theirs_comp):
+            problem = "weights match but the compensation differs from the reference"
+        results.append((label, problem))
+    report(results)
+
+
+#: Recipes for :func:`check_recipe_choice`, most precise first (memory of AdamW model state in
+#: :func:`trainfast.accounting.bytes_per_parameter`).
+RECIPE_PREFERENCE = ("amp", "bf16-no-master", "pure-bf16")
+
+
+def _fitting_recipe(n_params: int, budget_bytes: float) -> str:
+    from trainfast.accounting import bytes_per_parameter
+
+    for recipe in RECIPE_PREFERENCE:
+        if bytes_per_parameter(recipe, "adamw").total * n_params <= budget_bytes:
+            return recipe
+    return "does not fit"
+
+
+def check_recipe_choice(choose: Callable[[int, float], str]) -> None:
+    """Check ``choose(n_params, budget_bytes) -> recipe``: the first of
+    :data:`RECIPE_PREFERENCE` whose AdamW model state fits the budget, or ``"does not fit"``."""
+    cases = [
+        ("7B parameters in 80 GB", 7e9, 80e9),
+        ("7B parameters in 120 GB", 7e9, 120e9),
+        ("7B parameters in 60 GB", 7e9, 60e9),
+        ("1B parameters in 12 GB", 1e9, 12e9),
+        ("1B parameters in 16 GB", 1e9, 16e9),
+        ("70B parameters in 80 GB", 70e9, 80e9),
+    ]
+    results: list[Case] = []
+    for label, n_params, budget in cases:
+        expected, got = _fitting_recipe(int(n_params), budget), choose(int(n_params), budget)
+        results.append(
+            (label, None if got == expected else f"chose {got!r}, expected {expected!r}")
+        )
+    report(results)
+
+
+def check_fp8_linear(
+    linear: Callable[[Tensor, Tensor, DelayedScaling, DelayedScaling], Tensor], *, seed: int = 0
+) -> None:
+    """Check ``linear(x, weight, x_scaling, weight_scaling)`` against :func:`fp8_linear` over six
+    steps with a jump in the activations: same outputs, and the same amax histories afterwards
+    (the function must use each scaling's delayed scale, then record the amax)."""
+    generator = torch.Generator().manual_seed(seed)
+    weight = torch.randn(16, 32, generator=generator) * 0.1  # (out, in)
+    steps = [torch.randn(4, 8, 32, generator=generator) * s for s in (1, 1.2, 1.1, 20, 1, 1)]
+    ours_x, ours_w = DelayedScaling(history_len=4), DelayedScaling(history_len=4)
+    ref_x, ref_w = DelayedScaling(history_len=4), DelayedScaling(history_len=4)
+    results: list[Case] = []
+    for step, x in enumerate(steps):
+        got = linear(x.clone(), weight.clone(), ours_x, ours_w)
+        expected = fp8_linear(x, weight, ref_x, ref_w)
+        problem = None
+        if got.shape != expected.shape:
+            problem = f"output shape {tuple(got.shape)}, expected {tuple(expected.shape)}"
+        elif not torch.allclose(got.float(), expected, rtol=1e-5, atol=1e-6):
+            problem = f"outputs differ by up to {(got.float() - expected).abs().max().item():.3g}"
+        elif ours_x.amax_history != ref_x.amax_history:
+            problem = f"x amax history {ours_x.amax_history}, expected {ref_x.amax_history}"
+        results.append((f"step {step} (activations x{x.abs().max().item():.3g})", problem))
+        if problem:
+            break
     report(results)

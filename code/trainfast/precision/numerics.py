@@ -2,7 +2,8 @@
 
 * :func:`running_sum` adds one value over and over in a given dtype: once the sum's spacing
   exceeds twice the value, every addition rounds back to the same sum ("swamping"). This is
-  why matrix products accumulate in float32 even when their inputs are 16-bit.
+  why matrix products should accumulate in float32 even when their inputs are 16-bit (how many
+  bits a GPU's accumulator really keeps: :mod:`~trainfast.precision.accumulation`).
 * :func:`softmax_naive` exponentiates raw logits and overflows; :func:`softmax_stable`
   subtracts the maximum first (the log-sum-exp trick) and cannot.
 * :func:`matmul_error` measures a matrix product's relative error against float64 for each
@@ -21,6 +22,7 @@ from torch import Tensor
 
 from trainfast.precision.formats import round_to_tf32
 from trainfast.precision.fp8 import fp8_matmul, has_fp8_tensor_cores
+from trainfast.precision.tf32 import tf32_matmuls
 
 __all__ = [
     "AUTOCAST_OPS",
@@ -80,11 +82,13 @@ def matmul_error(
     ``C_64`` is their product in float64 on the CPU. Modes:
 
     * ``fp32``: float32 inputs and arithmetic (TF32 off);
-    * ``tf32``: on CUDA, a real float32 matmul under ``torch.set_float32_matmul_precision("high")``
-      (the tensor cores round the inputs to 10 mantissa bits); elsewhere emulated by rounding the inputs with
+    * ``tf32``: on CUDA, a real float32 matmul with TF32 on (:func:`~trainfast.precision.tf32.tf32_matmuls`;
+      the tensor cores round the inputs to 10 mantissa bits); elsewhere emulated by rounding the inputs with
       :func:`round_to_tf32` and multiplying in float32;
     * ``bf16`` / ``fp16``: inputs cast to that dtype and multiplied by the device's own kernel
-      (float32 accumulation on GPUs and in oneDNN; the result is rounded to 16 bits);
+      (float32 accumulation in oneDNN; on GPUs cuBLAS may reduce partly in reduced precision
+      unless ``torch.backends.cuda.matmul.allow_{fp16,bf16}_reduced_precision_reduction`` is off;
+      the result is rounded to 16 bits);
     * ``fp8``: :func:`~trainfast.precision.fp8.fp8_matmul`, both inputs in e4m3 with per-tensor
       scales, a float32 result (real FP8 tensor cores where the GPU has them, else emulated).
 
@@ -97,15 +101,13 @@ def matmul_error(
     a = torch.randn(m, k, generator=generator)
     b = torch.randn(k, n, generator=generator)
     reference = a.double() @ b.double()
-    emulated = (mode == "tf32" and device.type != "cuda") or (mode == "fp8" and not has_fp8_tensor_cores(device))
+    emulated = (mode == "tf32" and device.type != "cuda") or (
+        mode == "fp8" and not has_fp8_tensor_cores(device)
+    )
     a_dev, b_dev = a.to(device), b.to(device)
     if mode in ("fp32", "tf32") and device.type == "cuda":
-        previous = torch.get_float32_matmul_precision()
-        torch.set_float32_matmul_precision("high" if mode == "tf32" else "highest")
-        try:
+        with tf32_matmuls(mode == "tf32"):
             product = a_dev @ b_dev
-        finally:
-            torch.set_float32_matmul_precision(previous)
     elif mode == "tf32":
         product = round_to_tf32(a_dev) @ round_to_tf32(b_dev)
     elif mode == "fp32":
@@ -131,7 +133,9 @@ AUTOCAST_OPS: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
     "addmm": lambda a, b: torch.addmm(a, a, b),
     "bmm": lambda a, b: torch.bmm(a[None], b[None]),
     "conv1d": lambda a, b: F.conv1d(a[None], b[:, :, None]),
-    "scaled_dot_product_attention": lambda a, b: F.scaled_dot_product_attention(a[None], b[None], b[None]),
+    "scaled_dot_product_attention": lambda a, b: F.scaled_dot_product_attention(
+        a[None], b[None], b[None]
+    ),
     "softmax": lambda a, b: torch.softmax(a, -1),
     "log_softmax": lambda a, b: torch.log_softmax(a, -1),
     "layer_norm": lambda a, b: F.layer_norm(a, (a.shape[-1],)),
@@ -148,11 +152,15 @@ AUTOCAST_OPS: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
     "add": lambda a, b: a + b,
     "mse_loss": lambda a, b: F.mse_loss(a, b),
     "cross_entropy": lambda a, b: F.cross_entropy(a, _long(a)),
-    "binary_cross_entropy_with_logits": lambda a, b: F.binary_cross_entropy_with_logits(a, b.sigmoid()),
+    "binary_cross_entropy_with_logits": lambda a, b: F.binary_cross_entropy_with_logits(
+        a, b.sigmoid()
+    ),
 }
 
 
-def autocast_policy(device: torch.device | str, dtype: torch.dtype = torch.bfloat16) -> list[dict[str, str]]:
+def autocast_policy(
+    device: torch.device | str, dtype: torch.dtype = torch.bfloat16
+) -> list[dict[str, str]]:
     """What ``torch.autocast(device, dtype)`` does to each op of :data:`AUTOCAST_OPS`.
 
     Each op runs twice under autocast: on float32 inputs and on ``dtype`` inputs. If float32

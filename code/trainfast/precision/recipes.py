@@ -51,7 +51,9 @@ RECIPES: dict[str, TrainingRecipe] = {
     "fp16 autocast + scaler": TrainingRecipe(
         "fp16 autocast + scaler", autocast_dtype=torch.float16, loss_scaling=True
     ),
-    "fp16 autocast, no scaler": TrainingRecipe("fp16 autocast, no scaler", autocast_dtype=torch.float16),
+    "fp16 autocast, no scaler": TrainingRecipe(
+        "fp16 autocast, no scaler", autocast_dtype=torch.float16
+    ),
     "pure bf16": TrainingRecipe("pure bf16", param_dtype=torch.bfloat16),
 }
 
@@ -62,7 +64,7 @@ def training_step(
     inputs: Tensor,
     targets: Tensor,
     recipe: TrainingRecipe,
-    scaler: GradScaler | None = None,
+    scaler: GradScaler | torch.amp.GradScaler | None = None,
     loss_divisor: float = 1.0,
 ) -> Tensor:
     """One step of ``recipe``: autocast forward, (scaled) backward, update.
@@ -97,7 +99,11 @@ def digits_classifier(seed: int = 0, hidden: int = 64) -> nn.Module:
     """The chapter's model: an MLP 64 -> hidden -> hidden -> 10 with GELU, seeded."""
     torch.manual_seed(seed)
     return nn.Sequential(
-        nn.Linear(64, hidden), nn.GELU(), nn.Linear(hidden, hidden), nn.GELU(), nn.Linear(hidden, 10)
+        nn.Linear(64, hidden),
+        nn.GELU(),
+        nn.Linear(hidden, hidden),
+        nn.GELU(),
+        nn.Linear(hidden, 10),
     )
 
 
@@ -136,7 +142,9 @@ def train_recipe(
     """
     recipe = RECIPES[recipe] if isinstance(recipe, str) else recipe
     if steps < 1 or batch_size < 1 or not loss_divisor > 0:
-        raise ValueError(f"Invalid settings: steps={steps}, batch_size={batch_size}, loss_divisor={loss_divisor}")
+        raise ValueError(
+            f"Invalid settings: steps={steps}, batch_size={batch_size}, loss_divisor={loss_divisor}"
+        )
     model = digits_classifier(seed).to(device=inputs.device, dtype=recipe.param_dtype)
     params = list(model.parameters())
     optimizer = make_optimizer(params)
@@ -147,7 +155,9 @@ def train_recipe(
         batch = torch.randint(0, len(targets), (batch_size,), generator=generator).to(inputs.device)
         scale = scaler.get_scale() if scaler is not None else 1.0
         before = [p.detach().clone() for p in params]
-        loss = training_step(model, optimizer, inputs[batch], targets[batch], recipe, scaler, loss_divisor)
+        loss = training_step(
+            model, optimizer, inputs[batch], targets[batch], recipe, scaler, loss_divisor
+        )
         nonzero = [p.grad != 0 for p in params]
         unchanged = [p.detach() == b for p, b in zip(params, before, strict=True)]
         n_nonzero = sum(int(n.sum()) for n in nonzero)
@@ -157,7 +167,8 @@ def train_recipe(
             run.skipped.append(step)
         run.zero_gradients.append(1 - n_nonzero / sum(p.numel() for p in params))
         run.lost_updates.append(
-            sum(int((n & u).sum()) for n, u in zip(nonzero, unchanged, strict=True)) / max(n_nonzero, 1)
+            sum(int((n & u).sum()) for n, u in zip(nonzero, unchanged, strict=True))
+            / max(n_nonzero, 1)
         )
     return run
 

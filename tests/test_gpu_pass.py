@@ -20,6 +20,7 @@ from trainfast.gpu_pass import (
     Status,
     Step,
     apply_timeouts,
+    compile_report_rows,
     default_steps,
     run_pass,
     select_steps,
@@ -78,7 +79,13 @@ def test_a_failure_and_a_hang_are_reported_and_the_pass_goes_on(tmp_path):
 
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["environment"] == "device: test"
-    assert summary["counts"] == {"passed": 1, "failed": 1, "timed out": 1, "not available": 1}
+    assert summary["counts"] == {
+        "passed": 1,
+        "failed": 1,
+        "timed out": 1,
+        "not available": 1,
+        "not run": 0,
+    }
     assert [s["name"] for s in summary["steps"]] == [s.name for s in steps]
     markdown = (tmp_path / "summary.md").read_text()
     assert "| fake:hangs | timed out |" in markdown and "RuntimeError: boom" in markdown
@@ -95,6 +102,29 @@ def test_a_later_pass_into_the_same_folder_keeps_the_steps_it_did_not_run(tmp_pa
     ]
     write_summary(tmp_path, [], {})  # an empty pass changes nothing
     assert len(json.loads((tmp_path / "summary.json").read_text())["steps"]) == 2
+
+
+def test_a_budget_leaves_steps_that_do_not_fit_for_a_later_call(tmp_path):
+    steps = [Step(n, [PYTHON, "-c", "import time; time.sleep(1.5)"], 30) for n in "abc"]
+    steps[0].timeout = 1  # the first step always starts, its limit cut to the budget
+    results = run_pass(steps, tmp_path, echo=None, budget=20)
+    assert [r.status for r in results] == [Status.TIMED_OUT, Status.NOT_RUN, Status.NOT_RUN]
+    assert "not run: its limit 30 s >" in results[1].error
+    (tmp_path / "summary.json").unlink()
+    first = run_pass(
+        [Step("x", [PYTHON, "-c", "import time; time.sleep(60)"], 50)],
+        tmp_path,
+        echo=None,
+        budget=2,
+    )
+    assert first[0].status is Status.TIMED_OUT and first[0].timeout <= 2
+
+
+def test_compile_report_is_not_available_without_a_gpu_or_the_function():
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here: the pass runs the report")
+    rows = compile_report_rows("cpu")
+    assert isinstance(rows, str) and "not available" in rows
 
 
 def test_steps_are_chosen_by_name_or_kind_and_limits_set_per_step(tmp_path):
@@ -177,8 +207,8 @@ def test_the_real_quick_steps_pass_on_cpu(tmp_path):
     assert summary["environment"].startswith("device: cpu")
     steps = {s["name"]: s for s in summary["steps"]}
     assert steps["measure:copy-bandwidth"]["status"] == "passed"
-    # "not available" until trainfast.kernels.compile_report exists, then it must pass
-    assert steps["compile-report"]["status"] in ("passed", "not available")
+    # on a CPU the live report is not available (before and after compile_report exists)
+    assert steps["compile-report"]["status"] == "not available"
     (record,) = (tmp_path / "records").glob("copy-bandwidth--cpu--*.json")
     assert (out / "records" / record.name).read_bytes() == record.read_bytes()
     assert "| measure:copy-bandwidth | passed |" in run.stdout  # the summary, printed

@@ -36,7 +36,7 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, is_dataclass, replace
 from datetime import datetime, timezone
 from enum import Enum
 from pathlib import Path
@@ -81,6 +81,7 @@ class Status(str, Enum):
     FAILED = "failed"
     TIMED_OUT = "timed out"
     NOT_AVAILABLE = "not available"
+    NOT_RUN = "not run"  # the invocation's --budget was spent before it started
 
 
 @dataclass
@@ -178,17 +179,7 @@ def run_step(step: Step, logs: Path, echo: TextIO | None = sys.stdout) -> StepRe
             )
         except OSError as error:
             log.write(f"could not start: {error!r}\n")
-            return StepResult(
-                step.name,
-                step.kind,
-                Status.FAILED,
-                0.0,
-                step.timeout,
-                None,
-                subprocess.list2cmdline(step.command),
-                str(log_path),
-                f"could not start: {error!r}",
-            )
+            return _result(step, Status.FAILED, 0.0, None, log_path, f"could not start: {error!r}")
         assert process.stdout is not None
         reader = threading.Thread(
             target=_pump, args=(process.stdout, log, echo, f"[{step.name}] "), daemon=True
@@ -222,18 +213,21 @@ def run_step(step: Step, logs: Path, echo: TextIO | None = sys.stdout) -> StepRe
     if status is not Status.PASSED:
         tail = output[-ERROR_TAIL_CHARS:]
         error = (f"{details['problem']}\n" if details.get("problem") else "") + tail
-    return StepResult(
-        step.name,
-        step.kind,
-        status,
-        round(seconds, 2),
-        step.timeout,
-        process.returncode,
-        subprocess.list2cmdline(step.command),
-        str(log_path),
-        error,
-        details,
-    )
+    return _result(step, status, seconds, process.returncode, log_path, error, details)
+
+
+def _result(
+    step: Step,
+    status: Status,
+    seconds: float,
+    returncode: int | None,
+    log: Path,
+    error: str | None,
+    details: dict[str, object] | None = None,
+) -> StepResult:
+    fields = (step.name, step.kind, status, round(seconds, 2), step.timeout, returncode)
+    command = subprocess.list2cmdline(step.command)
+    return StepResult(*fields, command, str(log), error, details or {})
 
 
 # --- the steps ---------------------------------------------------------------------------------
@@ -278,86 +272,28 @@ def default_steps(
     env["WANDB_SILENT"] = "true"
     if device == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = ""
-    module = [python, "-m", "trainfast.gpu_pass"]
-    steps = [
-        Step(
-            f"measure:{name}",
-            [
-                *module,
-                "--run-benchmark",
-                name,
-                "--records",
-                str(records),
-                "--copy-to",
-                str(out / "records"),
-                "--device",
-                device,
-                "--result",
-                str(out / "results" / f"measure--{name}.json"),
-                *(["--quick"] if quick else []),
-            ],
-            DEFAULT_TIMEOUTS["measure"],
-            env=env,
-            result_file=out / "results" / f"measure--{name}.json",
-        )
-        for name in BENCHMARKS
-    ]
-    steps += [
-        Step(
-            f"chapter:{name}",
-            [
-                *module,
-                "--execute-chapter",
-                str(root / "book" / f"{name}.md"),
-                "--notebook",
-                str(out / "notebooks" / f"{name}.ipynb"),
-                "--device",
-                device,
-                "--result",
-                str(out / "results" / f"chapter--{name}.json"),
-            ],
-            DEFAULT_TIMEOUTS["chapter"],
-            env=env,
-            cwd=root / "book",
-            result_file=out / "results" / f"chapter--{name}.json",
-        )
-        for name in chapters(root)
-    ]
-    steps.append(
-        Step(
-            "pytest-gpu",
-            [
-                python,
-                "-m",
-                "pytest",
-                "-m",
-                "gpu",
-                "-q",
-                "-p",
-                "no:cacheprovider",
-                f"--junitxml={out / 'pytest-gpu.xml'}",
-                *gpu_test_files(root),
-            ],
-            DEFAULT_TIMEOUTS["pytest-gpu"],
-            env=env,
-        )
-    )
-    steps.append(
-        Step(
-            "compile-report",
-            [
-                *module,
-                "--compile-report",
-                "--device",
-                device,
-                "--result",
-                str(out / "results" / "compile-report.json"),
-            ],
-            DEFAULT_TIMEOUTS["compile-report"],
-            env=env,
-            result_file=out / "results" / "compile-report.json",
-        )
-    )
+
+    def own(name: str, kind: str, arguments: list[str], cwd: Path = root) -> Step:
+        """A step that runs this module in its own process (see :func:`main`)."""
+        result = out / "results" / f"{name.replace(':', '--')}.json"
+        command = [python, "-m", "trainfast.gpu_pass", *arguments, "--device", device]
+        command += ["--result", str(result)]
+        timeout = DEFAULT_TIMEOUTS[kind]
+        return Step(name, command, timeout, env=env, cwd=cwd, result_file=result)
+
+    steps: list[Step] = []
+    for name in BENCHMARKS:
+        arguments = ["--run-benchmark", name, "--records", str(records)]
+        arguments += ["--copy-to", str(out / "records"), *(["--quick"] if quick else [])]
+        steps.append(own(f"measure:{name}", "measure", arguments))
+    for name in chapters(root):
+        arguments = ["--execute-chapter", str(root / "book" / f"{name}.md")]
+        arguments += ["--notebook", str(out / "notebooks" / f"{name}.ipynb")]
+        steps.append(own(f"chapter:{name}", "chapter", arguments, cwd=root / "book"))
+    pytest = [python, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider"]
+    pytest += [f"--junitxml={out / 'pytest-gpu.xml'}", *gpu_test_files(root)]
+    steps.append(Step("pytest-gpu", pytest, DEFAULT_TIMEOUTS["pytest-gpu"], env=env, cwd=root))
+    steps.append(own("compile-report", "compile-report", ["--compile-report"]))
     return steps
 
 
@@ -464,16 +400,28 @@ def run_pass(
     out: Path,
     header: dict[str, object] | None = None,
     echo: TextIO | None = sys.stdout,
+    budget: float | None = None,
 ) -> list[StepResult]:
     """Run ``steps`` one after another, each under its own limit, and write the summary.
 
     A failed or timed-out step is reported and the pass goes on; the summary is rewritten after
-    every step, so a pass that is itself killed still leaves one.
+    every step, so a pass that is itself killed still leaves one. With ``budget`` (seconds for
+    the whole call), a step starts only if its limit fits in what is left (the first step runs
+    with its limit cut to the budget); the others are reported "not run", for a later call.
     """
     header = dict(header or {})
     header.setdefault("started", _now())
     results: list[StepResult] = []
+    start = time.perf_counter()
     for number, step in enumerate(steps, start=1):
+        left = None if budget is None else budget - (time.perf_counter() - start)
+        if left is not None and ((left < step.timeout and results) or left <= 0):
+            _say(echo, f"== {step.name}: not run ({left:.0f} s of the budget left)")
+            note = f"not run: its limit {step.timeout:g} s > {max(left, 0):.0f} s left of --budget"
+            results.append(_result(step, Status.NOT_RUN, 0.0, None, Path(), note))
+            continue
+        if left is not None and left < step.timeout:
+            step = replace(step, timeout=left)
         _say(echo, f"== [{number}/{len(steps)}] {step.name} (limit {step.timeout:g} s)")
         result = run_step(step, out / "logs", echo)
         results.append(result)
@@ -585,32 +533,52 @@ def _run_benchmark(name: str, args: argparse.Namespace) -> int:
     return status
 
 
-def _compile_report(args: argparse.Namespace) -> int:
-    """Call ``trainfast.kernels.compile_report`` if the package has it; else say not available."""
-    import importlib
-    import inspect
+def compile_report_rows(device: str) -> list[dict[str, object]] | str:
+    """The live compile report: ``trainfast.kernels.compile_report.compile_report`` for the GPU
+    this pass runs on, one row per (kernel, dtype); or why it is not available here.
 
-    from trainfast.device import pick_device
+    On a GPU machine the kernels are compiled there, for the GPU they run on; the chapter's
+    ahead-of-time report (compiled on a CPU for the same GPU) is what these rows are set beside.
+    """
+    import importlib
+
+    import torch
 
     try:
-        found = importlib.import_module("trainfast.kernels.compile_report")
+        module = importlib.import_module("trainfast.kernels.compile_report")
     except ModuleNotFoundError as error:
         if error.name != "trainfast.kernels.compile_report":
             raise
-        import trainfast.kernels
+        return "trainfast.kernels.compile_report is not available in this version of the package"
+    report = getattr(module, "compile_report", None)
+    if not callable(report):
+        return "trainfast.kernels.compile_report has no compile_report function: not available"
+    from trainfast.gpus import gpu_for_device
 
-        found = getattr(trainfast.kernels, "compile_report", None)
-    if inspect.ismodule(found):
-        found = getattr(found, "compile_report", None) or getattr(found, "main", None)
-    if not callable(found):
-        print("trainfast.kernels.compile_report: not available in this version of the package")
-        _write_result(args.result, {"summary": "not available"})
+    target = gpu_for_device(device)
+    if target is None:
+        return f"no GPU in trainfast.gpus.GPUS matches device {device!r}: report not available"
+    dtypes = [torch.float16] + ([torch.bfloat16] if target.compute_capability >= (8, 0) else [])
+    rows: list[dict[str, object]] = []
+    for dtype in dtypes:
+        for kernel in report(target, dtype):
+            fields = asdict(kernel) if is_dataclass(kernel) else {}
+            row = {"gpu": target.name, "dtype": str(dtype).removeprefix("torch.")}
+            row.update({k: v for k, v in fields.items() if isinstance(v, (str, int, float, bool))})
+            row["verdict"] = str(getattr(kernel, "verdict", ""))
+            rows.append(row)
+    return rows
+
+
+def _compile_report(args: argparse.Namespace) -> int:
+    rows = compile_report_rows(args.device)
+    if isinstance(rows, str):
+        print(rows)  # contains "not available"
+        _write_result(args.result, {"summary": rows})
         return NOT_AVAILABLE_EXIT
-    parameters = inspect.signature(found).parameters
-    report = found(pick_device(args.device)) if parameters else found()
-    text = report if isinstance(report, str) else getattr(report, "to_markdown", lambda: report)()
-    print(text)
-    _write_result(args.result, {"summary": str(text).strip().splitlines()[0] if text else ""})
+    for row in rows:
+        print(json.dumps(row))
+    _write_result(args.result, {"summary": f"{len(rows)} kernels compiled", "rows": rows})
     return 0
 
 
@@ -647,6 +615,17 @@ def main(argv: list[str] | None = None) -> int:
         type=Path,
         default=ROOT / "book" / "records",
         help="where benchmarks write their records (default book/records)",
+    )
+    parser.add_argument(
+        "--budget",
+        type=float,
+        metavar="SECONDS",
+        help="wall time for this call: steps whose limit no longer fits are left 'not run'",
+    )
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="skip the steps OUT/summary.json already has as passed or not available",
     )
     parser.add_argument("--list", action="store_true", help="list the steps and their limits")
     # what a step runs, in its own process
@@ -685,6 +664,9 @@ def main(argv: list[str] | None = None) -> int:
     steps = default_steps(out, args.device, args.quick, args.records.resolve())
     apply_timeouts(steps, args.timeout)
     steps = select_steps(steps, args.only)
+    if args.resume:
+        done = _settled_steps(out)
+        steps = [step for step in steps if step.name not in done]
     if args.list:
         for step in steps:
             print(f"{step.name}\t{step.timeout:g} s")
@@ -709,9 +691,21 @@ def main(argv: list[str] | None = None) -> int:
         print(header["environment"], file=sys.stderr)
         return 2
     print(header["environment"], flush=True)
-    results = run_pass(steps, out, header)
+    results = run_pass(steps, out, header, budget=args.budget)
+    if not results:
+        write_summary(out, [], {**header, "finished": _now()})
     print((out / "summary.md").read_text(), flush=True)
-    return 0 if all(r.status in (Status.PASSED, Status.NOT_AVAILABLE) for r in results) else 1
+    settled = (Status.PASSED, Status.NOT_AVAILABLE)
+    return 0 if all(r.status in settled for r in results) else 1
+
+
+def _settled_steps(out: Path) -> set[str]:
+    """Names of the steps an earlier call into ``out`` finished (passed, or not available)."""
+    path = out / "summary.json"
+    if not path.exists():
+        return set()
+    settled = {Status.PASSED.value, Status.NOT_AVAILABLE.value}
+    return {s["name"] for s in json.loads(path.read_text())["steps"] if s["status"] in settled}
 
 
 if __name__ == "__main__":

@@ -256,3 +256,18 @@ def test_a_real_chapter_executes_and_its_environment_line_is_in_the_summary(tmp_
     assert step["status"] == "passed"
     assert step["details"]["environment"].startswith("device: cpu")
     assert (tmp_path / "notebooks" / "memory_hierarchy.ipynb").exists()
+
+
+def test_the_gpu_wheels_are_pinned_as_the_book_pins_them():
+    def pins(name: str) -> dict[str, str]:
+        lines = (ROOT / name).read_text().splitlines()
+        found = [line.split("#")[0].strip() for line in lines]
+        pairs = [line.split("==") for line in found if line]
+        assert all(len(pair) == 2 for pair in pairs), f"{name}: not every line pins one version"
+        return {package.lower().replace("_", "-"): version for package, version in pairs}
+
+    gpu, book = pins("requirements-gpu-pass.txt"), pins("requirements.txt")
+    differ = {p: (v, book[p]) for p, v in gpu.items() if p in book and book[p] != v}
+    assert not differ, f"requirements-gpu-pass.txt and requirements.txt differ: {differ}"
+    assert {"nbclient", "ipykernel", "jupytext", "myst-nb", "wandb", "sweeps"} <= set(gpu)
+    assert ".whl/" in (ROOT / ".gitignore").read_text().split()

@@ -209,6 +209,9 @@ def run_step(step: Step, logs: Path, echo: TextIO | None = sys.stdout) -> StepRe
         status = Status.FAILED
     if status is Status.PASSED and details.get("problem"):
         status = Status.FAILED  # the step ran but did not do what was asked (wrong device, ...)
+    lines = [line for line in output.splitlines() if line.strip()]
+    if status is Status.PASSED and lines and not details.get("summary"):
+        details["summary"] = lines[-1][:200]  # pytest's counts, the record a benchmark wrote
     error = None
     if status is not Status.PASSED:
         tail = output[-ERROR_TAIL_CHARS:]

@@ -47,8 +47,12 @@ __all__ = [
     "Status",
     "Step",
     "StepResult",
+    "apply_timeouts",
+    "chapters",
+    "compile_report_rows",
     "default_steps",
     "execute_chapter",
+    "gpu_test_files",
     "main",
     "run_pass",
     "run_step",
@@ -418,7 +422,7 @@ def run_pass(
     start = time.perf_counter()
     for number, step in enumerate(steps, start=1):
         left = None if budget is None else budget - (time.perf_counter() - start)
-        if left is not None and ((left < step.timeout and results) or left <= 0):
+        if left is not None and ((left < step.timeout and bool(results)) or left <= 0):
             _say(echo, f"== {step.name}: not run ({left:.0f} s of the budget left)")
             note = f"not run: its limit {step.timeout:g} s > {max(left, 0):.0f} s left of --budget"
             results.append(_result(step, Status.NOT_RUN, 0.0, None, Path(), note))

@@ -8,7 +8,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: book test lint measure clean
+.PHONY: book test lint measure gpu-pass gpu-wheels clean
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -30,6 +30,26 @@ lint: $(STAMP)
 # Write measurement records for this machine into book/records (run on the GPU runner too).
 measure: $(STAMP)
 	$(BIN)/python -m trainfast.measure --out book/records
+
+# On a CUDA machine: every benchmark, every chapter executed, the GPU tests and the compile
+# report, each step under its own time limit; summary in $(GPU_PASS_OUT)/summary.md (README,
+# "The GPU pass"). Runs with the machine's own python3 and the wheels from .whl/ on PYTHONPATH.
+GPU_PASS_OUT  ?= gpu-pass
+GPU_PASS_ARGS ?=
+gpu-pass:
+	PYTHONPATH="$(CURDIR)/code:$$PYTHONPATH" PYTHONUNBUFFERED=1 \
+	  $(PYTHON) -m trainfast.gpu_pass --out $(GPU_PASS_OUT) $(GPU_PASS_ARGS)
+
+# The wheels the GPU machine lacks for the pass (requirements-gpu-pass.txt), into .whl/.
+WHEEL_PYTHON ?= 3.12
+WHEELHOUSE   ?= .whl
+gpu-wheels:
+	$(PYTHON) -m pip download --quiet --no-deps --only-binary=:all: \
+	  --python-version $(WHEEL_PYTHON) --implementation cp \
+	  --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
+	  --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+	  --platform manylinux1_x86_64 -d $(WHEELHOUSE) -r requirements-gpu-pass.txt
+	@du -ch $(WHEELHOUSE)/*.whl | tail -1
 
 clean:
 	rm -rf _build

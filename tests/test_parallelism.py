@@ -691,9 +691,10 @@ def test_distributed_exercise_checks(check, right, wrong, capsys):
 
 # --------------------------------------------------------------- measurement and torchrun
 def test_all_reduce_benchmark_record():
+    from trainfast.distributed.benchmark import all_reduce_record
     from trainfast.measure import BENCHMARKS, run_benchmark
 
-    assert BENCHMARKS["all-reduce-time"] == "trainfast.distributed.benchmark:all_reduce_record"
+    assert BENCHMARKS["all-reduce-time"] is all_reduce_record
     record = run_benchmark("all-reduce-time", torch.device("cpu"), quick=True)
     assert {row["algorithm"] for row in record.rows} == {"naive", "ring", "torch"}
     assert {row["world_size"] for row in record.rows} == {2, 4}

@@ -5,14 +5,16 @@ the book workflow); it writes one JSON record per benchmark into ``--out`` (the 
 in ``book/records``), stamped by :mod:`trainfast.records` with the device, versions, date and
 this command line.
 
-Each benchmark is a function ``(device, quick) -> Record`` named below by its import path, so
-listing them imports nothing heavy.
+Each benchmark is a function ``(device, quick) -> Record`` that lives beside the code it
+measures; :data:`BENCHMARKS` names each one and holds the function itself, so a reader (or an
+editor's "go to definition") follows a name straight to its producer. Importing the benchmark
+modules costs almost nothing once torch is imported (they import their heavy helpers lazily),
+so ``--list`` stays cheap.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import shlex
 import sys
 from collections.abc import Callable
@@ -21,53 +23,79 @@ from pathlib import Path
 import torch
 
 from trainfast.device import environment_line, pick_device
+from trainfast.distributed.benchmark import all_reduce_record
+from trainfast.distributed.ddp_overlap import ddp_overlap_record
+from trainfast.distributed.launch_comparison import launcher_record
+from trainfast.kernels.allocator import allocator_rounding_record, allocator_snapshot_record
+from trainfast.kernels.benchmarks import (
+    attention_record,
+    copy_record,
+    host_transfer_record,
+    matmul_record,
+    roofline_record,
+    strided_record,
+)
+from trainfast.kernels.checkpointing import checkpointing_record
+from trainfast.optim import benchmark as optim_benchmark
+from trainfast.optim.comparison import muon_vs_adamw_record
+from trainfast.precision import benchmark as precision_benchmark
+from trainfast.profiling.benchmarks import (
+    case_study_record,
+    compile_time_record,
+    launch_overhead_record,
+    timing_pitfalls_record,
+)
 from trainfast.records import Record, write_record
+from trainfast.training.benchmarks import scaling_study_record
 
-__all__ = ["BENCHMARKS", "main", "run_benchmark"]
+__all__ = ["BENCHMARKS", "Benchmark", "benchmark_function", "main", "run_benchmark"]
 
-#: benchmark name -> "module:function"; the function takes (device, quick) and returns a Record.
-BENCHMARKS: dict[str, str] = {
-    "optimizer-step-time": "trainfast.optim.benchmark:step_time_record",
-    "muon-vs-adamw": "trainfast.optim.comparison:muon_vs_adamw_record",
-    "all-reduce-time": "trainfast.distributed.benchmark:all_reduce_record",
-    "ddp-overlap": "trainfast.distributed.ddp_overlap:ddp_overlap_record",
-    "launcher-failure": "trainfast.distributed.launch_comparison:launcher_record",
-    "matmul-throughput": "trainfast.precision.benchmark:matmul_throughput_record",
-    "precision-step-time": "trainfast.precision.benchmark:step_time_record",
-    "autocast-policy": "trainfast.precision.benchmark:autocast_policy_record",
-    "matmul-error": "trainfast.precision.benchmark:matmul_error_record",
-    "copy-bandwidth": "trainfast.kernels.benchmarks:copy_record",
-    "matmul-tiles": "trainfast.kernels.benchmarks:matmul_record",
-    "attention-forward": "trainfast.kernels.benchmarks:attention_record",
-    "roofline": "trainfast.kernels.benchmarks:roofline_record",
-    "strided-access": "trainfast.kernels.benchmarks:strided_record",
-    "host-transfers": "trainfast.kernels.benchmarks:host_transfer_record",
-    "activation-checkpointing": "trainfast.kernels.checkpointing:checkpointing_record",
-    "caching-allocator": "trainfast.kernels.allocator:allocator_rounding_record",
-    "allocator-snapshot": "trainfast.kernels.allocator:allocator_snapshot_record",
-    "profiling-case-study": "trainfast.profiling.benchmarks:case_study_record",
-    "timing-pitfalls": "trainfast.profiling.benchmarks:timing_pitfalls_record",
-    "launch-overhead": "trainfast.profiling.benchmarks:launch_overhead_record",
-    "compile-time": "trainfast.profiling.benchmarks:compile_time_record",
-    "scaling-study": "trainfast.training.benchmarks:scaling_study_record",
+#: What a benchmark is: it takes the device and ``quick`` (small sizes, for a smoke test).
+Benchmark = Callable[[torch.device, bool], Record]
+
+#: benchmark name -> the function that measures it and returns its record.
+BENCHMARKS: dict[str, Benchmark] = {
+    "optimizer-step-time": optim_benchmark.step_time_record,
+    "muon-vs-adamw": muon_vs_adamw_record,
+    "all-reduce-time": all_reduce_record,
+    "ddp-overlap": ddp_overlap_record,
+    "launcher-failure": launcher_record,
+    "matmul-throughput": precision_benchmark.matmul_throughput_record,
+    "precision-step-time": precision_benchmark.step_time_record,
+    "autocast-policy": precision_benchmark.autocast_policy_record,
+    "matmul-error": precision_benchmark.matmul_error_record,
+    "copy-bandwidth": copy_record,
+    "matmul-tiles": matmul_record,
+    "attention-forward": attention_record,
+    "roofline": roofline_record,
+    "strided-access": strided_record,
+    "host-transfers": host_transfer_record,
+    "activation-checkpointing": checkpointing_record,
+    "caching-allocator": allocator_rounding_record,
+    "allocator-snapshot": allocator_snapshot_record,
+    "profiling-case-study": case_study_record,
+    "timing-pitfalls": timing_pitfalls_record,
+    "launch-overhead": launch_overhead_record,
+    "compile-time": compile_time_record,
+    "scaling-study": scaling_study_record,
 }
 
 
-def _resolve(name: str) -> Callable[[torch.device, bool], Record]:
+def benchmark_function(name: str) -> Benchmark:
+    """The function registered as benchmark ``name``; ``ValueError`` naming it if unknown."""
     if name not in BENCHMARKS:
         raise ValueError(f"Unknown benchmark: {name!r} (known: {sorted(BENCHMARKS)})")
-    module, function = BENCHMARKS[name].split(":")
-    return getattr(importlib.import_module(module), function)
+    return BENCHMARKS[name]
 
 
 def run_benchmark(name: str, device: torch.device | None = None, quick: bool = False) -> Record:
     """Run one benchmark by name and return its record (without writing it)."""
-    return _resolve(name)(device or pick_device(), quick)
+    return benchmark_function(name)(device or pick_device(), quick)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m trainfast.measure", description=__doc__)
-    parser.add_argument("--out", type=Path, required=True, help="folder for the JSON records")
+    parser.add_argument("--out", type=Path, help="folder for the JSON records (required to run)")
     parser.add_argument("--only", nargs="+", metavar="NAME", help="run only these benchmarks")
     parser.add_argument("--device", help="cuda, mps or cpu (default: the best available)")
     parser.add_argument("--quick", action="store_true", help="small sizes, for a smoke test")
@@ -77,17 +105,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.list:
         print("\n".join(BENCHMARKS))
         return 0
+    if args.out is None:
+        parser.error("--out is required (except with --list)")
     names = args.only or list(BENCHMARKS)
-    for name in names:
-        _resolve(name)  # fail on an unknown name before running anything
+    unknown = [name for name in names if name not in BENCHMARKS]
+    if unknown:  # fail before running anything
+        raise ValueError(f"Unknown benchmarks: {unknown} (known: {sorted(BENCHMARKS)})")
     device = pick_device(args.device)
     command = shlex.join(["python", "-m", "trainfast.measure", *(argv or sys.argv[1:])])
-    print(environment_line(device))
+    print(environment_line(device), flush=True)
     for name in names:
-        record = _resolve(name)(device, args.quick)
+        record = BENCHMARKS[name](device, args.quick)
         record.command = command
         path = write_record(record, args.out)
-        print(f"{name}: wrote {path}")
+        print(f"{name}: wrote {path}", flush=True)
     return 0
 
 

@@ -1,0 +1,273 @@
+"""The GPU pass's plumbing, dry-run on CPU: time limits, failures reported, summary written.
+
+Fake steps (tiny Python commands) prove that a failing step is reported with its traceback, a
+hanging one is killed at its limit, and the pass goes on; the real quick steps (one benchmark,
+the compile report, one small chapter) prove the commands the pass builds work.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from trainfast.gpu_pass import (
+    Status,
+    Step,
+    apply_timeouts,
+    compile_report_rows,
+    default_steps,
+    run_pass,
+    select_steps,
+    write_summary,
+)
+from trainfast.measure import BENCHMARKS
+
+ROOT = Path(__file__).resolve().parents[1]
+PYTHON = sys.executable
+ENV = {**os.environ, "PYTHONPATH": str(ROOT / "code"), "OMP_NUM_THREADS": "1"}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return False
+    return state != "Z"
+
+
+def test_a_failure_and_a_hang_are_reported_and_the_pass_goes_on(tmp_path):
+    pid_file = tmp_path / "grandchild.pid"
+    hang = (
+        "import subprocess, sys, time\n"
+        "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+        f"open({str(pid_file)!r}, 'w').write(str(p.pid))\n"
+        "print('hanging', flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    steps = [
+        Step("fake:fails", [PYTHON, "-c", "def f():\n    raise RuntimeError('boom')\nf()"], 30),
+        Step("fake:hangs", [PYTHON, "-c", hang], 3),
+        Step("fake:absent", [PYTHON, "-c", "print('not available'); raise SystemExit(3)"], 30),
+        Step("fake:passes", [PYTHON, "-c", "print('fine')"], 30),
+    ]
+    start = time.perf_counter()
+    results = run_pass(steps, tmp_path, {"environment": "device: test"}, echo=None)
+    assert time.perf_counter() - start < 40
+
+    statuses = {r.name: r.status for r in results}
+    assert statuses == {
+        "fake:fails": Status.FAILED,
+        "fake:hangs": Status.TIMED_OUT,
+        "fake:absent": Status.NOT_AVAILABLE,
+        "fake:passes": Status.PASSED,
+    }
+    failed, hung = results[0], results[1]
+    assert "Traceback" in failed.error and "RuntimeError: boom" in failed.error
+    assert failed.returncode == 1
+    assert 3 <= hung.seconds < 20 and "hanging" in hung.error and "killed after 3 s" in hung.error
+    deadline = time.time() + 10  # the step's own child was killed with it (its process group)
+    while _alive(int(pid_file.read_text())) and time.time() < deadline:
+        time.sleep(0.2)
+    assert not _alive(int(pid_file.read_text()))
+    assert results[3].error is None and "fine" in Path(results[3].log).read_text()
+
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["environment"] == "device: test"
+    assert summary["counts"] == {
+        "passed": 1,
+        "failed": 1,
+        "timed out": 1,
+        "not available": 1,
+        "not run": 0,
+    }
+    assert [s["name"] for s in summary["steps"]] == [s.name for s in steps]
+    markdown = (tmp_path / "summary.md").read_text()
+    assert "| fake:hangs | timed out |" in markdown and "RuntimeError: boom" in markdown
+
+
+def test_a_later_pass_into_the_same_folder_keeps_the_steps_it_did_not_run(tmp_path):
+    steps = [Step("a", [PYTHON, "-c", "pass"], 30), Step("b", [PYTHON, "-c", "pass"], 30)]
+    run_pass(steps, tmp_path, echo=None)
+    run_pass([Step("b", [PYTHON, "-c", "raise SystemExit(1)"], 30)], tmp_path, echo=None)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert [(s["name"], s["status"]) for s in summary["steps"]] == [
+        ("a", "passed"),
+        ("b", "failed"),
+    ]
+    write_summary(tmp_path, [], {})  # an empty pass changes nothing
+    assert len(json.loads((tmp_path / "summary.json").read_text())["steps"]) == 2
+
+
+def test_a_budget_leaves_steps_that_do_not_fit_for_a_later_call(tmp_path):
+    steps = [Step(n, [PYTHON, "-c", "import time; time.sleep(1.5)"], 30) for n in "abc"]
+    steps[0].timeout = 1  # the first step always starts, its limit cut to the budget
+    results = run_pass(steps, tmp_path, echo=None, budget=20)
+    assert [r.status for r in results] == [Status.TIMED_OUT, Status.NOT_RUN, Status.NOT_RUN]
+    assert "not run: its limit 30 s >" in results[1].error
+    (tmp_path / "summary.json").unlink()
+    first = run_pass(
+        [Step("x", [PYTHON, "-c", "import time; time.sleep(60)"], 50)],
+        tmp_path,
+        echo=None,
+        budget=2,
+    )
+    assert first[0].status is Status.TIMED_OUT and first[0].timeout <= 2
+
+
+def test_compile_report_is_not_available_without_a_gpu_or_the_function():
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here: the pass runs the report")
+    rows = compile_report_rows("cpu")
+    assert isinstance(rows, str) and "not available" in rows
+
+
+def test_steps_are_chosen_by_name_or_kind_and_limits_set_per_step(tmp_path):
+    steps = default_steps(tmp_path, "cpu", quick=True)
+    names = [s.name for s in steps]
+    assert names[: len(BENCHMARKS)] == [f"measure:{n}" for n in BENCHMARKS]
+    assert "chapter:optimizers" in names and names[-2:] == ["pytest-gpu", "compile-report"]
+    assert all(s.timeout < 600 for s in steps)  # each fits one 10-minute device call
+    assert [s.name for s in select_steps(steps, ["chapter:optimizers", "pytest-gpu"])] == [
+        "chapter:optimizers",
+        "pytest-gpu",
+    ]
+    assert len(select_steps(steps, ["measure"])) == len(BENCHMARKS)
+    with pytest.raises(ValueError, match=r"\['chapter:nope'\]"):
+        select_steps(steps, ["chapter", "chapter:nope"])
+    apply_timeouts(steps, ["100", "chapter=200", "chapter:optimizers=7"])
+    limits = {s.name: s.timeout for s in steps}
+    assert limits["measure:roofline"] == 100 and limits["chapter:profiling"] == 200
+    assert limits["chapter:optimizers"] == 7
+    for bad in ["soon", "chapter=-1", "nothing=5"]:
+        with pytest.raises(ValueError, match=bad):
+            apply_timeouts(steps, [bad])
+    with pytest.raises(ValueError, match="timeout must be positive, got 0"):
+        Step("x", ["true"], 0)
+
+
+def test_a_failing_chapter_is_reported_with_its_cell_traceback(tmp_path):
+    chapter = tmp_path / "broken.md"
+    chapter.write_text(
+        "---\njupytext:\n  text_representation:\n    extension: .md\n    format_name: myst\n"
+        "kernelspec:\n  display_name: Python 3\n  language: python\n  name: python3\n---\n\n"
+        "# Broken\n\n```{code-cell} ipython3\nprint('device: cpu (test)')\n```\n\n"
+        "```{code-cell} ipython3\n1 / 0\n```\n"
+    )
+    result = tmp_path / "result.json"
+    notebook = tmp_path / "broken.ipynb"
+    command = [
+        PYTHON,
+        "-m",
+        "trainfast.gpu_pass",
+        "--execute-chapter",
+        str(chapter),
+        "--notebook",
+        str(notebook),
+        "--device",
+        "cpu",
+        "--result",
+        str(result),
+    ]
+    step = Step("chapter:broken", command, 120, env=ENV, result_file=result)
+    (outcome,) = run_pass([step], tmp_path / "out", echo=None)
+    assert outcome.status is Status.FAILED
+    assert "ZeroDivisionError" in outcome.error
+    assert outcome.details["environment"] == "device: cpu (test)"
+    assert notebook.exists()  # saved as far as it ran
+
+
+def test_the_real_quick_steps_pass_on_cpu(tmp_path):
+    out = tmp_path / "out"
+    command = [
+        PYTHON,
+        "-m",
+        "trainfast.gpu_pass",
+        "--device",
+        "cpu",
+        "--quick",
+        "--out",
+        str(out),
+        "--records",
+        str(tmp_path / "records"),
+        "--timeout",
+        "240",
+        "--only",
+        "measure:copy-bandwidth",
+        "compile-report",
+    ]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=600, env=ENV)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["environment"].startswith("device: cpu")
+    steps = {s["name"]: s for s in summary["steps"]}
+    assert steps["measure:copy-bandwidth"]["status"] == "passed"
+    # on a CPU the live report is not available (before and after compile_report exists)
+    assert steps["compile-report"]["status"] == "not available"
+    (record,) = (tmp_path / "records").glob("copy-bandwidth--cpu--*.json")
+    assert (out / "records" / record.name).read_bytes() == record.read_bytes()
+    assert "| measure:copy-bandwidth | passed |" in run.stdout  # the summary, printed
+
+
+def test_list_and_a_missing_cuda_device(tmp_path):
+    listing = subprocess.run(
+        [PYTHON, "-m", "trainfast.gpu_pass", "--list", "--only", "chapter"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=ENV,
+    )
+    assert listing.returncode == 0 and "chapter:optimizers\t540 s" in listing.stdout
+    if torch.cuda.is_available():
+        return
+    run = subprocess.run(
+        [PYTHON, "-m", "trainfast.gpu_pass", "--out", str(tmp_path), "--only", "pytest-gpu"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=ENV,
+    )
+    assert run.returncode == 2 and "'cuda' is not available" in run.stderr
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["steps"] == [] and "'cuda' is not available" in summary["environment"]
+
+
+@pytest.mark.chapter
+def test_a_real_chapter_executes_and_its_environment_line_is_in_the_summary(tmp_path):
+    command = [
+        PYTHON,
+        "-m",
+        "trainfast.gpu_pass",
+        "--device",
+        "cpu",
+        "--out",
+        str(tmp_path),
+        "--only",
+        "chapter:memory_hierarchy",
+    ]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=900, env=ENV)
+    assert run.returncode == 0, run.stdout[-3000:]
+    (step,) = json.loads((tmp_path / "summary.json").read_text())["steps"]
+    assert step["status"] == "passed"
+    assert step["details"]["environment"].startswith("device: cpu")
+    assert (tmp_path / "notebooks" / "memory_hierarchy.ipynb").exists()
+
+
+def test_the_gpu_wheels_are_pinned_as_the_book_pins_them():
+    def pins(name: str) -> dict[str, str]:
+        lines = (ROOT / name).read_text().splitlines()
+        found = [line.split("#")[0].strip() for line in lines]
+        pairs = [line.split("==") for line in found if line]
+        assert all(len(pair) == 2 for pair in pairs), f"{name}: not every line pins one version"
+        return {package.lower().replace("_", "-"): version for package, version in pairs}
+
+    gpu, book = pins("requirements-gpu-pass.txt"), pins("requirements.txt")
+    differ = {p: (v, book[p]) for p, v in gpu.items() if p in book and book[p] != v}
+    assert not differ, f"requirements-gpu-pass.txt and requirements.txt differ: {differ}"
+    assert {"nbclient", "ipykernel", "jupytext", "myst-nb", "wandb", "sweeps"} <= set(gpu)
+    assert ".whl/" in (ROOT / ".gitignore").read_text().split()

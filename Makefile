@@ -40,7 +40,7 @@ gpu-pass:
 	PYTHONPATH="$(CURDIR)/code:$$PYTHONPATH" PYTHONUNBUFFERED=1 \
 	  $(PYTHON) -m trainfast.gpu_pass --out $(GPU_PASS_OUT) $(GPU_PASS_ARGS)
 
-# The wheels the GPU machine lacks for the pass (requirements-gpu-pass.txt), into .whl/.
+# The wheels the GPU machine lacks for the pass (.ci/gpu-wheels.txt), into .whl/.
 WHEEL_PYTHON ?= 3.12
 WHEELHOUSE   ?= .whl
 gpu-wheels:
@@ -48,7 +48,7 @@ gpu-wheels:
 	  --python-version $(WHEEL_PYTHON) --implementation cp \
 	  --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
 	  --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-	  --platform manylinux1_x86_64 -d $(WHEELHOUSE) -r requirements-gpu-pass.txt
+	  --platform manylinux1_x86_64 -d $(WHEELHOUSE) -r .ci/gpu-wheels.txt
 	@du -ch $(WHEELHOUSE)/*.whl | tail -1
 
 clean:

@@ -266,8 +266,8 @@ def test_the_gpu_wheels_are_pinned_as_the_book_pins_them():
         assert all(len(pair) == 2 for pair in pairs), f"{name}: not every line pins one version"
         return {package.lower().replace("_", "-"): version for package, version in pairs}
 
-    gpu, book = pins("requirements-gpu-pass.txt"), pins("requirements.txt")
+    gpu, book = pins(".ci/gpu-wheels.txt"), pins("requirements.txt")
     differ = {p: (v, book[p]) for p, v in gpu.items() if p in book and book[p] != v}
-    assert not differ, f"requirements-gpu-pass.txt and requirements.txt differ: {differ}"
+    assert not differ, f".ci/gpu-wheels.txt and requirements.txt differ: {differ}"
     assert {"nbclient", "ipykernel", "jupytext", "myst-nb", "wandb", "sweeps"} <= set(gpu)
     assert ".whl/" in (ROOT / ".gitignore").read_text().split()

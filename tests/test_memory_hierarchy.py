@@ -642,7 +642,12 @@ def test_cpu_peak_reads_clock_and_vector_width():
 
 def test_occupancy_names_the_limiting_resource():
     from trainfast.gpus import GPUS
-    from trainfast.kernels.occupancy import bytes_in_flight, occupancy, sm_clock_hz
+    from trainfast.kernels.occupancy import (
+        HOPPER_LATENCY_CYCLES,
+        bytes_in_flight,
+        occupancy,
+        sm_clock_hz,
+    )
 
     h100, t4 = GPUS["H100 SXM 80GB"], GPUS["T4 16GB"]
     full = occupancy(h100, threads_per_block=256, registers_per_thread=32)
@@ -661,6 +666,8 @@ def test_occupancy_names_the_limiting_resource():
     with pytest.raises(ValueError, match="registers_per_thread"):
         occupancy(h100, threads_per_block=128, registers_per_thread=256)
     assert bytes_in_flight(2e12, 500e-9) == pytest.approx(1e6)
+    latencies = [HOPPER_LATENCY_CYCLES[k] for k in ("shared memory", "L1 cache", "L2 cache", "HBM")]
+    assert latencies == sorted(latencies)  # each level further out answers later
     assert sm_clock_hz(h100, 128) == pytest.approx(1.98e9, rel=1e-3)  # the H100 SXM's boost clock
 
 

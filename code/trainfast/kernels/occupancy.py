@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from trainfast.gpus import GPUSpec
 
 __all__ = [
+    "HOPPER_LATENCY_CYCLES",
     "REGISTER_ALLOCATION_UNIT",
     "RESERVED_SHARED_MEMORY_PER_BLOCK",
     "SHARED_MEMORY_BYTES_PER_CLOCK",
@@ -42,6 +43,11 @@ RESERVED_SHARED_MEMORY_PER_BLOCK = 1024  # the runtime keeps 1 KiB per block (cc
 #: 32 banks of 4 bytes, each serving one 32-bit word per clock: 128 bytes per clock per SM when
 #: no two threads of a warp hit different words of one bank (CUDA C++ Programming Guide)
 SHARED_MEMORY_BYTES_PER_CLOCK = 32 * 4
+
+#: Load latencies in clock cycles on a Hopper GPU (an H800 PCIe) measured by pointer-chasing
+#: microbenchmarks: published by Luo et al., "Benchmarking and Dissecting the Nvidia Hopper GPU
+#: Architecture" (IPDPS 2024, arXiv:2402.13499), section IV-B. NVIDIA publishes no latencies.
+HOPPER_LATENCY_CYCLES = {"shared memory": 29.0, "L1 cache": 40.7, "L2 cache": 263.0, "HBM": 478.8}
 
 
 @dataclass(frozen=True)

@@ -600,11 +600,89 @@ def test_bandwidth_measurements_return_rows():
 
     copies = copy_bandwidth(torch.device("cpu"), [4096, 1 << 20])
     assert [r["bytes"] for r in copies] == [4096, 1 << 20] and all(r["gb_per_s"] > 0 for r in copies)
-    strided = strided_bandwidth(torch.device("cpu"), [1, 4], n=1 << 12)
-    assert [r["touched_bytes"] for r in strided] == [1 << 14, 1 << 16]
+    strided = strided_bandwidth(torch.device("cpu"), [1, 4, 64], n=1 << 12, repeats=2)
+    assert {r["buffer_bytes"] for r in strided} == {1 << 14}  # one buffer at every stride
+    line = strided[0]["unit_bytes"]
+    assert [r["pass_bytes"] for r in strided] == [1 << 14, 1 << 14, line * (1 << 12) // 64]
+    assert all(r["seconds_min"] <= r["seconds"] <= r["seconds_max"] for r in strided)
     host = host_transfer_costs(torch.device("cpu"))
     assert [r["operation"] for r in host] == ["100 x sum(), one sync", "100 x sum() + .item()"]
     assert all(isinstance(size, int) and size > 0 for size in cache_sizes().values())
+
+
+def test_strided_order_reads_every_element_once_in_stride_passes():
+    from trainfast.kernels.bandwidth import cache_line_bytes, strided_order
+
+    assert strided_order(8, 2).tolist() == [0, 2, 4, 6, 1, 3, 5, 7]
+    for stride in (1, 4, 64):
+        order = strided_order(1 << 10, stride)
+        assert order.dtype == torch.int32 and sorted(order.tolist()) == list(range(1 << 10))
+        first_pass = torch.arange(0, 1 << 10, stride, dtype=torch.int32)
+        assert torch.equal(order[: (1 << 10) // stride], first_pass)
+    with pytest.raises(ValueError, match="stride"):
+        strided_order(10, 4)
+    line = cache_line_bytes()
+    assert line is None or (line > 0 and line & (line - 1) == 0)  # a power of two
+
+
+def test_cpu_peak_reads_clock_and_vector_width():
+    from trainfast.kernels.roofline import cpu_peak_flops
+
+    info = "cpu MHz\t\t: 2000.000\nflags\t\t: fpu sse2 avx avx2 fma\n"
+    peak = cpu_peak_flops(2, cpuinfo=info)
+    assert (peak.isa, peak.lanes, peak.flops_per_cycle) == ("AVX2 + FMA", 8, 32)
+    assert peak.peak_flops == 2 * 2e9 * 32
+    assert cpu_peak_flops(1, cpuinfo=info.replace("avx2 fma", "avx2 fma avx512f")).lanes == 16
+    assert cpu_peak_flops(1, cpuinfo="cpu MHz : 1000\nflags : sse2\n").flops_per_cycle == 8
+    with pytest.raises(ValueError, match="threads"):
+        cpu_peak_flops(0, cpuinfo=info)
+    with pytest.raises(ValueError, match="cpuinfo"):
+        cpu_peak_flops(1, cpuinfo="model name : none\n")
+
+
+def test_occupancy_names_the_limiting_resource():
+    from trainfast.gpus import GPUS
+    from trainfast.kernels.occupancy import (
+        HOPPER_LATENCY_CYCLES,
+        bytes_in_flight,
+        occupancy,
+        sm_clock_hz,
+    )
+
+    h100, t4 = GPUS["H100 SXM 80GB"], GPUS["T4 16GB"]
+    full = occupancy(h100, threads_per_block=256, registers_per_thread=32)
+    assert (full.blocks_per_sm, full.warps_per_sm, full.fraction) == (8, 64, 1.0)
+    assert full.limit == "threads"
+    heavy = occupancy(h100, threads_per_block=128, registers_per_thread=255)  # 8,192 per warp
+    assert (heavy.blocks_per_sm, heavy.warps_per_sm, heavy.limit) == (2, 8, "registers")
+    big = {"threads_per_block": 128, "registers_per_thread": 32, "shared_memory_per_block": 100 << 10}
+    smem = occupancy(h100, **big)
+    assert (smem.blocks_per_sm, smem.limit) == (2, "shared memory")  # 228 KiB / (100 + 1) KiB
+    tiny = occupancy(h100, threads_per_block=32, registers_per_thread=16)
+    assert (tiny.blocks_per_sm, tiny.limit) == (32, "blocks")
+    assert occupancy(t4, threads_per_block=256, registers_per_thread=32).warps_per_sm == 32
+    with pytest.raises(ValueError, match="shared_memory_per_block"):
+        occupancy(t4, **big)
+    with pytest.raises(ValueError, match="registers_per_thread"):
+        occupancy(h100, threads_per_block=128, registers_per_thread=256)
+    assert bytes_in_flight(2e12, 500e-9) == pytest.approx(1e6)
+    latencies = [HOPPER_LATENCY_CYCLES[k] for k in ("shared memory", "L1 cache", "L2 cache", "HBM")]
+    assert latencies == sorted(latencies)  # each level further out answers later
+    assert sm_clock_hz(h100, 128) == pytest.approx(1.98e9, rel=1e-3)  # the H100 SXM's boost clock
+
+
+def test_rms_norm_dispatches_six_operations_and_eager_saves_about_twice_the_bytes():
+    from trainfast.accounting import saved_tensor_bytes
+    from trainfast.kernels.fusion import dispatched_operations, rms_norm
+
+    x = torch.randn(8, 16, requires_grad=True)
+    weight = torch.randn(16, requires_grad=True)
+    reference = torch.nn.functional.rms_norm(x, (16,), weight, eps=1e-6)
+    torch.testing.assert_close(rms_norm(x, weight), reference, rtol=1e-5, atol=1e-6)
+    operations = dispatched_operations(rms_norm, x, weight)
+    assert [op.split(".")[1] for op in operations] == ["pow", "mean", "add", "rsqrt", "mul", "mul"]
+    # distinct storages: x, 1/rms, x/rms, w (x and 1/rms are each saved twice)
+    assert saved_tensor_bytes(lambda: rms_norm(x, weight)) == 4 * (2 * 8 * 16 + 8 + 16)
 
 
 ALLOCATOR_CASES = [  # (request, block, segment), from CUDACachingAllocator.cpp's rules
@@ -647,6 +725,25 @@ def _fake_snapshot():
     }  # fmt: skip
 
 
+def test_cached_block_use_follows_best_fit_and_the_split_rules():
+    from trainfast.kernels.allocator import cached_block_use
+
+    mib = 1 << 20
+    assert cached_block_use(12 * mib, 15 * mib, pool="large") == 12 * mib  # split: 3 MiB stay free
+    assert cached_block_use(14 * mib + mib // 2, 15 * mib, pool="large") == 15 * mib  # no split
+    assert cached_block_use(16 * mib, 15 * mib, pool="large") is None  # too small
+    assert cached_block_use(mib, 15 * mib, pool="large") is None  # a small-pool request
+    assert cached_block_use(1000, 2 * mib, pool="small") == 1024  # split at 512 bytes or more
+    assert cached_block_use(2 * mib - 100, 2 * mib, pool="large") == 2 * mib  # 512 B left: whole
+    # max_split_size_mb: big blocks serve only big requests, within 20 MiB, whole
+    kwargs = {"pool": "large", "max_split_size_bytes": 200 * mib}
+    assert cached_block_use(5 * mib, 300 * mib, **kwargs) is None
+    assert cached_block_use(250 * mib, 300 * mib, **kwargs) is None
+    assert cached_block_use(290 * mib, 300 * mib, **kwargs) == 300 * mib
+    with pytest.raises(ValueError, match="pool"):
+        cached_block_use(1, 2, pool="medium")
+
+
 def test_trimmed_snapshot_is_small_json_and_memory_viz_reads_it():
     import json
 
@@ -670,6 +767,8 @@ def test_checkpointing_trades_memory_for_compute():
     assert (off["checkpointing"], on["checkpointing"]) == (False, True)
     assert on["saved_bytes"] < off["saved_bytes"] / 2
     assert off["counted_flops"] == off["model_flops"] < on["counted_flops"]
+    for r in (off, on):
+        assert r["step_seconds_min"] <= r["step_seconds"] <= r["step_seconds_max"]
     assert off["predicted_bytes"] <= off["saved_bytes"] <= off["predicted_bytes"] * 1.1
 
 
@@ -776,6 +875,23 @@ def test_listings_resolve_to_package_code():
     import chapters
 
     assert chapters.listing_problems("memory_hierarchy") == []
+
+
+#: Constants the memory-hierarchy chapter may type: the illustrative step times of its opening
+#: (100 and 300 ms); Kaplan et al.'s 2 + 4 = 6 FLOPs per weight per token and the float32 add's
+#: 1 FLOP per 12 bytes; the settings its cells are keyed by (GPT-2's context of 1,024, the
+#: benchmark's 4096 tokens, tile sizes 16, 64, 128 and 256, stride 1); NVIDIA's hardware
+#: constants (32 threads per warp, 32-byte sectors, 128-byte lines, 4-byte float32); base-2
+#: exponentials; and the caching allocator's 512-byte rounding (kMinBlockSize).
+MEMORY_HIERARCHY_CONSTANTS = {
+    "1", "2", "4", "6", "12", "16", "32", "64", "100", "128", "256", "300", "512", "1,024", "4096",
+}  # fmt: skip
+
+
+def test_chapter_prose_types_no_number_that_code_produced():
+    import chapters
+
+    assert chapters.typed_numbers("memory_hierarchy", allow=MEMORY_HIERARCHY_CONSTANTS) == []
 
 
 @pytest.mark.chapter

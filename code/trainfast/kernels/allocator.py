@@ -12,10 +12,17 @@ The rules, from ``c10/cuda/CUDACachingAllocator.cpp`` (constants unchanged from 
 2.x), are :func:`block_bytes` and :func:`segment_bytes`:
 
 * every request is rounded up to a multiple of 512 bytes (``kMinBlockSize``);
-* requests up to 1 MiB (``kSmallSize``) come from 2 MiB segments of a *small* pool;
-* requests up to 10 MiB (``kMinLargeAlloc``) from 20 MiB segments (``kLargeBuffer``) of the
-  *large* pool; larger ones get a segment of their own, rounded up to 2 MiB (``kRoundLarge``);
-* a cached block larger than a request is split; the rest stays free in the same segment.
+* requests up to 1 MiB (``kSmallSize``) come from 2 MiB segments of a *small* pool, larger ones
+  from the *large* pool; when no cached block fits, a request under 10 MiB (``kMinLargeAlloc``)
+  gets a 20 MiB segment (``kLargeBuffer``), a larger one a segment of its own, rounded up to
+  2 MiB (``kRoundLarge``);
+* a request takes the smallest cached block of its pool (and stream) that is large enough:
+  *best fit*, with no upper limit by default. :func:`cached_block_use` says what it occupies:
+  the block is *split* only if the rest is worth keeping (at least 512 bytes in the small pool,
+  more than 1 MiB in the large one); otherwise the request takes the whole block;
+* ``max_split_size_mb`` (``PYTORCH_CUDA_ALLOC_CONF``; unlimited by default) stops that for big
+  blocks: a block at least that large is never split and serves only requests at least that
+  large and within 20 MiB of its size (``max_non_split_rounding_mb``).
 
 With ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` the allocator instead maps more
 physical memory into one growing virtual segment per stream, which removes most of the
@@ -48,6 +55,7 @@ __all__ = [
     "allocator_rounding_record",
     "allocator_snapshot_record",
     "block_bytes",
+    "cached_block_use",
     "memory_timeline",
     "plot_memory_timeline",
     "record_snapshot",
@@ -89,6 +97,44 @@ def segment_bytes(nbytes: int) -> int:
     if size < K_MIN_LARGE_ALLOC:
         return K_LARGE_BUFFER
     return K_ROUND_LARGE * -(-size // K_ROUND_LARGE)
+
+
+def cached_block_use(
+    nbytes: int,
+    free_block_bytes: int,
+    *,
+    pool: str,
+    max_split_size_bytes: int | None = None,
+    max_non_split_rounding_bytes: int = K_LARGE_BUFFER,
+) -> int | None:
+    """The bytes a request of ``nbytes`` occupies when served from a cached free block, or None
+    if that block cannot serve it (``get_free_block`` and ``should_split`` in
+    ``CUDACachingAllocator.cpp``).
+
+    ``pool`` is the block's pool (``"small"``: blocks of 2 MiB segments, ``"large"``: the rest);
+    a request uses only the pool of its own size. If the block is split, the request occupies
+    its rounded size (:func:`block_bytes`) and the rest stays free; if not, the whole block.
+    ``max_split_size_bytes`` is ``max_split_size_mb`` in bytes (None: unlimited, the default).
+    """
+    if pool not in ("small", "large"):
+        raise ValueError(f"Invalid pool: {pool!r} (expected 'small' or 'large')")
+    if nbytes <= 0 or free_block_bytes <= 0:
+        raise ValueError(f"Invalid sizes: {nbytes}, {free_block_bytes} (both must be positive)")
+    size = block_bytes(nbytes)
+    if ("small" if size <= K_SMALL_SIZE else "large") != pool or free_block_bytes < size:
+        return None
+    limit = max_split_size_bytes if max_split_size_bytes is not None else float("inf")
+    if size < limit <= free_block_bytes:  # do not hand an oversized block to a smaller request
+        return None
+    if size >= limit and free_block_bytes >= size + max_non_split_rounding_bytes:
+        return None
+    remaining = free_block_bytes - size
+    split = (
+        remaining >= K_MIN_BLOCK_SIZE
+        if pool == "small"
+        else (size < limit and remaining > K_SMALL_SIZE)
+    )
+    return size if split else free_block_bytes
 
 
 # --- snapshots ---------------------------------------------------------------------------------
@@ -230,7 +276,10 @@ def allocator_rounding_record(device: torch.device, quick: bool) -> Record:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
             torch.cuda.empty_cache()
-            allocated, reserved = torch.cuda.memory_allocated(device), torch.cuda.memory_reserved(device)
+            allocated, reserved = (
+                torch.cuda.memory_allocated(device),
+                torch.cuda.memory_reserved(device),
+            )
             with torch.cuda.stream(stream):
                 tensor = torch.empty(nbytes, dtype=torch.uint8, device=device)
             row["allocated_bytes"] = torch.cuda.memory_allocated(device) - allocated
@@ -292,11 +341,15 @@ def allocator_snapshot_record(device: torch.device, quick: bool) -> Record:
             _set_expandable_segments(expandable)
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(device)
-            snapshot = record_snapshot(_variable_batch_workload(device, steps, width), device=device)
+            snapshot = record_snapshot(
+                _variable_batch_workload(device, steps, width), device=device
+            )
             stats = torch.cuda.memory_stats(device)
             row["peak_allocated_bytes"] = stats["allocated_bytes.all.peak"]
             row["peak_reserved_bytes"] = stats["reserved_bytes.all.peak"]
-            row["unused_reserved_at_peak"] = row["peak_reserved_bytes"] - row["peak_allocated_bytes"]
+            row["unused_reserved_at_peak"] = (
+                row["peak_reserved_bytes"] - row["peak_allocated_bytes"]
+            )
             row["snapshot"] = snapshot
         rows.append(row)
     if device.type == "cuda":

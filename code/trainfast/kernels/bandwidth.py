@@ -3,11 +3,14 @@
 * :func:`copy_bandwidth`: a copy at growing sizes. Bytes counted are read *plus* written. While
   source and destination fit in a cache (a CPU's L1/L2/L3, a GPU's L2), the copy runs at that
   cache's speed; past the last level it runs at main memory's. The curve *is* the hierarchy.
-* :func:`strided_bandwidth`: the same number of useful elements read with a stride. Memory moves
-  in fixed units (64-byte cache lines on a CPU, 32-byte sectors of 128-byte lines on an NVIDIA
-  GPU); reading every ``stride``-th float wastes the rest of each unit. On a GPU this is
-  *coalescing*: the 32 threads of a warp reading 32 neighbouring floats need 4 sectors, reading
-  32 floats 32 apart need 32.
+* :func:`strided_bandwidth`: one gather (``torch.index_select``) that reads every element of one
+  buffer exactly once, in stride order: ``stride`` passes, each reading every ``stride``-th
+  element. Every stride runs the same code on the same buffer and touches the same elements;
+  only the order changes. Memory moves in fixed units (a CPU's cache line,
+  :func:`cache_line_bytes`; a 32-byte *sector* on an NVIDIA GPU), so once the buffer is larger
+  than the last cache, each pass fetches every unit again and uses ``1/stride`` of it, until the
+  stride reaches the unit. On a GPU this is *coalescing*: the 32 threads of a warp reading 32
+  neighbouring floats need 4 sectors, reading 32 floats 32 apart need 32.
 * :func:`host_transfer_costs`: what crossing to the host costs (CUDA only): ``.item()``, which
   waits for the GPU to finish everything queued, and copies over PCIe from pageable and from
   pinned (page-locked) memory.
@@ -17,6 +20,7 @@ All timing goes through :func:`trainfast.profiling.benchmark`; results are rows 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -25,7 +29,14 @@ import torch
 
 from trainfast.profiling import benchmark
 
-__all__ = ["cache_sizes", "copy_bandwidth", "host_transfer_costs", "strided_bandwidth"]
+__all__ = [
+    "cache_line_bytes",
+    "cache_sizes",
+    "copy_bandwidth",
+    "host_transfer_costs",
+    "strided_bandwidth",
+    "strided_order",
+]
 
 
 def cache_sizes() -> dict[str, int]:
@@ -44,6 +55,22 @@ def cache_sizes() -> dict[str, int]:
         multiplier = {"K": 1024, "M": 1024**2, "G": 1024**3}.get(size[-1], 1)
         sizes[f"L{level}{'d' if kind == 'Data' else ''}"] = int(size.rstrip("KMG")) * multiplier
     return sizes
+
+
+def cache_line_bytes() -> int | None:
+    """This CPU's cache-line size in bytes, as Linux reports it for CPU 0's L1 data cache
+    (``coherency_line_size`` in ``/sys``, else ``sysconf(LEVEL1_DCACHE_LINESIZE)``, what
+    ``getconf LEVEL1_DCACHE_LINESIZE`` prints); None where neither says."""
+    path = Path("/sys/devices/system/cpu/cpu0/cache/index0/coherency_line_size")
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        pass
+    try:
+        size = os.sysconf("SC_LEVEL1_DCACHE_LINESIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+    return size if size > 0 else None
 
 
 def _repeats_for(nbytes: float) -> tuple[int, int]:
@@ -74,31 +101,60 @@ def copy_bandwidth(
     return rows
 
 
+def strided_order(n: int, stride: int, *, device: torch.device | str = "cpu") -> torch.Tensor:
+    """The indices ``0, stride, 2·stride, …, 1, 1 + stride, …``: every one of ``range(n)`` once,
+    in ``stride`` passes of every ``stride``-th element (int32, for ``torch.index_select``).
+
+    ``n`` must be a multiple of ``stride``. ``strided_order(8, 2)`` is ``[0, 2, 4, 6, 1, 3, 5, 7]``.
+    """
+    if stride < 1 or n < 1 or n % stride:
+        raise ValueError(f"Invalid n, stride: {n}, {stride} (need n a positive multiple of stride)")
+    order = torch.arange(n, dtype=torch.int32, device=device)
+    return order.view(n // stride, stride).t().reshape(-1)  # (stride passes of n / stride)
+
+
 def strided_bandwidth(
     device: torch.device,
     strides: Sequence[int],
     *,
-    n: int = 1 << 22,
+    n: int = 1 << 24,
     dtype: torch.dtype = torch.float32,
+    repeats: int = 5,
 ) -> list[dict[str, Any]]:
-    """Copy ``n`` elements read ``stride`` apart into a contiguous tensor, for each stride.
+    """Gather all ``n`` elements of one buffer in stride order (:func:`strided_order`), per stride.
 
-    ``useful_gb_per_s`` counts only the elements copied (read + written); ``touched_bytes`` is
-    the span of memory the reads cover, which grows with the stride.
+    The same ``torch.index_select`` runs at every stride, on the same buffer, reading the same
+    ``n`` elements into a contiguous output: code path and footprint are fixed, only the order
+    of the reads changes. Make the buffer larger than the last cache (the default, 64 MiB of
+    float32, is twice this machine's L3 and more than a GPU's L2), or lines fetched in one pass
+    survive to the next. ``useful_gb_per_s`` counts the bytes gathered once (``n`` elements),
+    ``pass_bytes`` the distinct memory units one pass touches (``unit_bytes``: the cache line on
+    a CPU, the 32-byte sector on a GPU; what must stay cached for the next pass to hit), and
+    ``seconds``, ``seconds_min`` and ``seconds_max`` the median and range of ``repeats`` samples.
     """
     element = torch.tensor([], dtype=dtype).element_size()
-    source = torch.randn(n * max(strides), device=device).to(dtype)
+    source = torch.randn(n, device=device).to(dtype)
+    out = torch.empty(n, device=device, dtype=dtype)
+    unit = 32 if device.type == "cuda" else (cache_line_bytes() or 64)  # sector / cache line
     rows = []
     for stride in strides:
-        view = source.as_strided((n,), (stride,))  # every stride-th element
-        out = torch.empty(n, device=device, dtype=dtype)
-        number, repeats = _repeats_for(2 * n * element)
-        timing = benchmark(lambda view=view, out=out: out.copy_(view), warmup=2, repeats=repeats,
-                           device=device, number=number)  # fmt: skip
+        if n % stride:
+            raise ValueError(f"Invalid stride: {stride} (must divide n = {n})")
+        index = strided_order(n, stride, device=device)
+        timing = benchmark(lambda index=index: torch.index_select(source, 0, index, out=out),
+                           warmup=1, repeats=repeats, device=device)  # fmt: skip
+        if not torch.equal(
+            out[: n // stride], source[::stride]
+        ):  # pragma: no cover - the first pass
+            raise RuntimeError(f"index_select gathered the wrong elements at stride {stride}")
         rows.append({
-            "stride": stride, "elements": n, "touched_bytes": n * stride * element,
-            "seconds": timing.median, "useful_gb_per_s": 2 * n * element / timing.median / 1e9,
+            "stride": stride, "elements": n, "buffer_bytes": n * element,
+            "unit_bytes": unit, "pass_bytes": unit * n // max(stride, unit // element),
+            "seconds": timing.median, "seconds_min": min(timing.samples),
+            "seconds_max": max(timing.samples), "repeats": repeats,
+            "useful_gb_per_s": n * element / timing.median / 1e9,
         })  # fmt: skip
+        del index
     return rows
 
 

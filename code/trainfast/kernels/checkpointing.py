@@ -45,7 +45,8 @@ def checkpointing_costs(
 ) -> list[dict[str, Any]]:
     """One row per setting (checkpointing off, on): time, FLOPs and activation memory of a step.
 
-    ``step_seconds`` is the median of forward + backward (:func:`trainfast.profiling.benchmark`);
+    ``step_seconds`` is the median of forward + backward over ``repeats`` samples
+    (:func:`trainfast.profiling.benchmark`), ``step_seconds_min`` and ``_max`` their range;
     ``counted_flops`` what ``FlopCounterMode`` counts for the step (recomputation included);
     ``saved_bytes`` the bytes autograd keeps after the forward (parameters excluded), measured
     with :func:`trainfast.accounting.saved_tensor_bytes`; ``predicted_bytes`` the formula of
@@ -80,6 +81,9 @@ def checkpointing_costs(
         rows.append({
             "checkpointing": checkpointing,
             "step_seconds": timing.median,
+            "step_seconds_min": min(timing.samples),
+            "step_seconds_max": max(timing.samples),
+            "repeats": repeats,
             "counted_flops": flops,
             "model_flops": training_flops(shape),
             "saved_bytes": saved,
@@ -114,7 +118,8 @@ def checkpointing_record(device: torch.device, quick: bool) -> Record:
         f"{str(dtype).removeprefix('torch.')}, {attention} attention; with and without "
         "checkpointing every block.",
         rows,
-        units={"step_seconds": "s", "saved_bytes": "bytes", "predicted_bytes": "bytes",
+        units={"step_seconds": "s", "step_seconds_min": "s", "step_seconds_max": "s",
+               "saved_bytes": "bytes", "predicted_bytes": "bytes",
                "peak_step_bytes": "bytes"},  # fmt: skip
         environment=describe_environment(device),
     )

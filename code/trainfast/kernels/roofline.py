@@ -16,8 +16,10 @@ reductions and matrix products on a device and returns them as points for :func:
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -26,8 +28,10 @@ from trainfast.accounting import matmul_flops
 from trainfast.profiling import benchmark
 
 __all__ = [
+    "CpuPeak",
     "OpCost",
     "Roofline",
+    "cpu_peak_flops",
     "elementwise_cost",
     "matmul_cost",
     "measure_roofline",
@@ -75,6 +79,59 @@ class OpCost:
         return self.flops / self.bytes
 
 
+@dataclass(frozen=True)
+class CpuPeak:
+    """A CPU's theoretical float32 peak, from its clock and vector width (:func:`cpu_peak_flops`).
+
+    ``peak_flops = threads · clock_hz · flops_per_cycle``, with ``flops_per_cycle = fma_units ·
+    lanes · 2`` (a fused multiply-add is two FLOPs). ``isa`` names the widest vector extension
+    found (``lanes`` float32 values per register).
+    """
+
+    threads: int
+    clock_hz: float
+    isa: str
+    lanes: int
+    fma_units: int
+
+    @property
+    def flops_per_cycle(self) -> int:
+        return self.fma_units * self.lanes * 2
+
+    @property
+    def peak_flops(self) -> float:
+        return self.threads * self.clock_hz * self.flops_per_cycle
+
+
+def cpu_peak_flops(threads: int, *, fma_units: int = 2, cpuinfo: str | None = None) -> CpuPeak:
+    """The theoretical float32 peak of ``threads`` cores of this CPU: MFU's denominator.
+
+    PaLM's MFU (Chowdhery et al. 2022, Appendix B) divides by the hardware's *theoretical* peak,
+    not by a measured one. A GPU's comes from its datasheet (:data:`trainfast.gpus.GPUS`); a
+    CPU's is ``clock · fma_units · lanes · 2`` per core, with the clock and vector extensions
+    read from ``/proc/cpuinfo`` (``cpu MHz``, the flags ``avx512f``, ``avx2`` with ``fma``, or
+    ``sse2``: 16, 8 or 4 float32 lanes). ``fma_units`` (two on most server cores since Intel
+    Haswell and AMD Zen 4) and the reported clock (nominal; turbo runs faster) are assumptions:
+    a core that splits 512-bit operations into two halves (Zen 4) peaks at half this.
+    """
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"Invalid threads: {threads!r} (need a positive int)")
+    if cpuinfo is None:
+        cpuinfo = Path("/proc/cpuinfo").read_text()
+    clock = re.search(r"^cpu MHz\s*:\s*([\d.]+)", cpuinfo, re.MULTILINE)
+    flags = re.search(r"^flags\s*:(.*)$", cpuinfo, re.MULTILINE)
+    if clock is None or flags is None:
+        raise ValueError("Invalid cpuinfo: no 'cpu MHz' or 'flags' line to read the peak from")
+    names = set(flags.group(1).split())
+    if "avx512f" in names:
+        isa, lanes = "AVX-512", 16
+    elif {"avx2", "fma"} <= names:
+        isa, lanes = "AVX2 + FMA", 8
+    else:
+        isa, lanes, fma_units = "SSE2 (no FMA: one add and one multiply per cycle)", 4, 1
+    return CpuPeak(threads, float(clock.group(1)) * 1e6, isa, lanes, fma_units)
+
+
 def elementwise_cost(
     name: str, n: int, *, inputs: int, outputs: int = 1, flops_per_element: float = 1,
     element_bytes: int = 4,
@@ -90,7 +147,9 @@ def reduction_cost(name: str, n: int, *, element_bytes: int = 4) -> OpCost:
 
 def matmul_cost(m: int, k: int, n: int, *, element_bytes: int = 4) -> OpCost:
     """``(m, k) @ (k, n)``: ``2mkn`` FLOPs, and each of A, B, C moved once."""
-    return OpCost(f"matmul {m}x{k}x{n}", matmul_flops(m, k, n), (m * k + k * n + m * n) * element_bytes)
+    return OpCost(
+        f"matmul {m}x{k}x{n}", matmul_flops(m, k, n), (m * k + k * n + m * n) * element_bytes
+    )
 
 
 def _operations(
@@ -110,12 +169,16 @@ def _operations(
     side = int(n**0.5)
     matrix, vector = x[: side * side].view(side, side), y[:side].view(side, 1)
     gemv = matmul_cost(side, side, 1, element_bytes=size)
-    ops.append((OpCost(f"matrix-vector {side}x{side}", gemv.flops, gemv.bytes), lambda: matrix @ vector))
+    ops.append(
+        (OpCost(f"matrix-vector {side}x{side}", gemv.flops, gemv.bytes), lambda: matrix @ vector)
+    )
     for m in matmul_sizes:
         a = torch.randn(m, m, device=device, dtype=dtype)
         b = torch.randn(m, m, device=device, dtype=dtype)
         c = torch.empty(m, m, device=device, dtype=dtype)
-        ops.append((matmul_cost(m, m, m, element_bytes=size), lambda a=a, b=b, c=c: torch.mm(a, b, out=c)))
+        ops.append(
+            (matmul_cost(m, m, m, element_bytes=size), lambda a=a, b=b, c=c: torch.mm(a, b, out=c))
+        )
     return ops
 
 
@@ -188,7 +251,9 @@ def plot_roofline(
                 label=f"{label}: {roofline.peak_flops / 1e9:,.0f} GFLOP/s, {roofline.bytes_per_s / 1e9:,.1f} GB/s")  # fmt: skip
     first = next(iter(rooflines.values()), None)
     if first is not None:
-        ax.axvline(first.ridge, color="0.7", linestyle=":", label=f"ridge: {first.ridge:.1f} FLOPs/byte")
+        ax.axvline(
+            first.ridge, color="0.7", linestyle=":", label=f"ridge: {first.ridge:.1f} FLOPs/byte"
+        )
     markers = "osD^v<>ph*"
     for i, (label, intensity, flops) in enumerate(points):
         ax.plot(intensity, flops, markers[i % len(markers)], markersize=7, label=label)

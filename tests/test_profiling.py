@@ -4,6 +4,7 @@ package), traces, the case study's fixes, the benchmarks, the exercises and the 
 from __future__ import annotations
 
 import ast
+import contextlib
 import gzip
 import json
 import statistics
@@ -117,6 +118,38 @@ def test_before_sample_runs_untimed_before_every_sample():
     assert timing.median < 0.005  # the 10 ms sleep before each sample is not in the samples
 
 
+def test_cuda_samples_start_and_end_on_an_idle_device(monkeypatch):
+    """On a GPU every sample is bracketed by synchronisations, so that a host-bound function
+    timed after a GPU-bound one is not hidden behind the other's queued kernels. Checked on a
+    CPU with a fake CUDA clock that logs what the harness asks of it."""
+    from trainfast.profiling import timing
+
+    log: list[str] = []
+
+    class FakeEvent:
+        def __init__(self, enable_timing: bool) -> None:
+            assert enable_timing
+            self.stamp = 0.0
+
+        def record(self) -> None:
+            log.append("record")
+            self.stamp = float(len(log))
+
+        def elapsed_time(self, end: FakeEvent) -> float:
+            return end.stamp - self.stamp  # "milliseconds"
+
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: log.append("sync"))
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
+    fns = {"gpu_bound": lambda: log.append("a"), "host_bound": lambda: log.append("b")}
+    samples = timing.cuda_event_samples(fns, {"gpu_bound": 1, "host_bound": 2},
+                                        torch.device("cuda", 0), 2, None)  # fmt: skip
+    one_round = ["sync", "record", "a", "record", "sync", "sync", "record", "b", "b", "record",
+                 "sync"]  # fmt: skip
+    assert log == one_round * 2
+    assert samples == {"gpu_bound": [2e-3, 2e-3], "host_bound": [1.5e-3, 1.5e-3]}
+
+
 def test_timestamp_is_the_host_clock_after_the_device_is_idle():
     first = timestamp()
     time.sleep(0.002)
@@ -228,6 +261,38 @@ def test_profile_steps_writes_a_small_gzipped_trace_with_the_named_ranges(tmp_pa
     assert profile.operators == sorted(profile.operators, key=lambda r: r.self_cpu_s, reverse=True)
     with pytest.raises(KeyError, match="aten::nothing"):
         profile.operator("aten::nothing")
+
+
+def test_profile_steps_asks_for_the_gpu_kernels_on_cuda(monkeypatch, tmp_path):
+    from torch.profiler import ProfilerActivity
+    from trainfast.profiling import traces
+
+    assert traces.profiler_activities("cpu") == [ProfilerActivity.CPU]
+    assert traces.profiler_activities(None) == [ProfilerActivity.CPU]
+    assert traces.profiler_activities("cuda:0") == [ProfilerActivity.CPU, ProfilerActivity.CUDA]
+    asked = {}
+
+    class Stop(Exception):
+        pass
+
+    def fake_profile(**settings):
+        asked.update(settings)
+        raise Stop
+
+    monkeypatch.setattr(traces, "profile", fake_profile)
+    with pytest.raises(Stop):
+        profile_steps(lambda: None, out_dir=tmp_path, device="cuda")
+    assert ProfilerActivity.CUDA in asked["activities"]
+
+
+def test_the_chapter_profiles_on_its_device():
+    """Without ``device=`` the profiler records no kernel on a GPU: every call must pass it."""
+    page = (ROOT / "book" / "profiling.md").read_text()
+    calls = page.split("profile_steps(")[1:]
+    assert calls
+    for call in calls:
+        arguments = call[: call.index(")\n")]
+        assert "device=device" in arguments, arguments
 
 
 def test_profile_steps_records_memory_and_rejects_bad_schedules(tmp_path):

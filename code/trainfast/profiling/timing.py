@@ -235,11 +235,15 @@ def cuda_event_samples(
     repeats: int,
     before_sample: Callable[[], object] | None,
 ) -> dict[str, list[float]]:
-    """Each sample between two CUDA events on the current stream; one synchronisation at the end.
+    """Each sample between two CUDA events on the current stream, the device idle around it.
 
     The clock of :func:`benchmark_side_by_side` on a GPU (call that, not this): the events
-    timestamp the GPU's stream, so the host may run ahead queueing work and the samples still
-    measure the GPU's time. Returns seconds per call, by name.
+    timestamp the GPU's stream, so within a sample the host may run ahead queueing work and the
+    sample still measures the GPU's time. Between samples the host waits for the device: were
+    a GPU-bound function's kernels still queued when the next sample's start event is
+    recorded, the GPU would reach that event only after they ran, while the host had already
+    been queueing the next function's launches, and a host-bound function would be timed short
+    by the backlog it was hidden behind. Returns seconds per call, by name.
     """
     with torch.cuda.device(device):
         events = {
@@ -249,17 +253,17 @@ def cuda_event_samples(
             ]
             for name in fns
         }
-        torch.cuda.synchronize(device)  # nothing queued before us may land in the first sample
         for i in range(repeats):
             for name, fn in fns.items():
                 if before_sample is not None:
                     before_sample()
+                torch.cuda.synchronize(device)  # the queue is empty when the sample starts
                 start, end = events[name][i]
                 start.record()
                 for _ in range(numbers[name]):
                     fn()
                 end.record()
-        torch.cuda.synchronize(device)
+                torch.cuda.synchronize(device)  # and this sample's work is done when it ends
         return {
             name: [start.elapsed_time(end) / 1e3 / numbers[name] for start, end in pairs]
             for name, pairs in events.items()

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
-__all__ = ["OperatorTime", "StepProfile", "annotate", "profile_steps"]
+__all__ = ["OperatorTime", "StepProfile", "annotate", "profile_steps", "profiler_activities"]
 
 
 @functools.cache
@@ -102,6 +102,19 @@ def _device_time(event: Any, prefix: str) -> float:
     return float(getattr(event, attribute)) if attribute else 0.0
 
 
+def profiler_activities(device: torch.device | str | None) -> list[ProfilerActivity]:
+    """What ``torch.profiler`` must record for work on ``device``: the CPU, and CUDA on a GPU.
+
+    Without ``ProfilerActivity.CUDA`` the profiler records only the host side: the operators and
+    their launches, and no kernel at all, so a GPU trace would show nothing of the GPU.
+    """
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    activities = [ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    return activities
+
+
 def profile_steps(
     step_fn: Callable[[], object],
     *,
@@ -122,7 +135,7 @@ def profile_steps(
     sorted by time on the device if ``device`` is CUDA, else by CPU time (``self``: the time
     spent in the operator itself, not in what it calls). ``record_shapes``, ``profile_memory``
     and ``with_stack`` are the profiler's own options; each makes the trace larger and slower
-    to record.
+    to record. Pass the ``device`` the step runs on: the default, the CPU, records no kernel.
     """
     for name, value, least in (("wait", wait, 0), ("warmup", warmup, 0), ("active", active, 1)):
         if value < least:
@@ -131,9 +144,7 @@ def profile_steps(
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     trace = out_dir / "trace.json.gz"
-    activities = [ProfilerActivity.CPU]
-    if device.type == "cuda":
-        activities.append(ProfilerActivity.CUDA)
+    activities = profiler_activities(device)
 
     def export(profiler: profile) -> None:
         profiler.export_chrome_trace(str(trace))  # gzip-compressed: the name ends in .gz

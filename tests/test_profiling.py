@@ -57,7 +57,9 @@ def test_benchmark_agrees_with_torch_utils_benchmark():
         time.sleep(0.003)
 
     ours = benchmark(work, warmup=1, repeats=9, device="cpu").median
-    theirs = Timer(stmt="work()", globals={"work": work}).blocked_autorange(min_run_time=0.05).median
+    theirs = (
+        Timer(stmt="work()", globals={"work": work}).blocked_autorange(min_run_time=0.05).median
+    )
     assert 0.7 < ours / theirs < 1.4, (ours, theirs)
 
 
@@ -158,6 +160,33 @@ def test_timestamp_is_the_host_clock_after_the_device_is_idle():
         assert timestamp("cuda") >= first
 
 
+def test_nvidia_smi_is_asked_about_the_gpu_by_uuid_not_by_cuda_index(tmp_path, monkeypatch):
+    """CUDA's index 0 may be nvidia-smi's GPU 3 (CUDA_VISIBLE_DEVICES=3): ask by UUID."""
+    import types
+    import uuid
+
+    from trainfast.device import nvidia_smi_id, nvidia_smi_query
+
+    raw = uuid.UUID("58d39a4f-e1b2-4c6d-8e9f-0a1b2c3d4e5f")
+    asked = []
+
+    def properties(index: int) -> types.SimpleNamespace:
+        asked.append(index)
+        return types.SimpleNamespace(uuid=types.SimpleNamespace(bytes=raw.bytes))
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", properties)
+    assert nvidia_smi_id(torch.device("cuda", 1)) == "GPU-58d39a4f-e1b2-4c6d-8e9f-0a1b2c3d4e5f"
+    assert asked == [1]
+    with pytest.raises(ValueError, match="cpu"):
+        nvidia_smi_id(torch.device("cpu"))
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text('#!/bin/sh\necho "${1#--id=}"\n')  # answers with the --id it was given
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    answer = nvidia_smi_query(["uuid"], torch.device("cuda", 1))
+    assert answer == {"uuid": "GPU-58d39a4f-e1b2-4c6d-8e9f-0a1b2c3d4e5f"}
+
+
 # --- one timer in the package ----------------------------------------------------------------
 
 PACKAGE = Path(trainfast.__file__).parent
@@ -171,9 +200,15 @@ _CLOCKS = ("perf_counter", "perf_counter_ns", "monotonic", "monotonic_ns", "proc
 ALLOWED_CLOCKS = {
     ("profiling/timing.py", "perf_counter"): "the harness itself: its one host clock",
     ("profiling/timing.py", "cuda.Event"): "the harness itself: its one device clock",
-    ("distributed/launch.py", "monotonic"): "deadlines of the launcher's timeouts, not a measurement",
+    (
+        "distributed/launch.py",
+        "monotonic",
+    ): "deadlines of the launcher's timeouts, not a measurement",
     ("distributed/launch.py", "time.time"): "a rank's failure date, to tell which failed first",
-    ("distributed/launch_comparison.py", "time.time"): "a failure's date, compared across processes",
+    (
+        "distributed/launch_comparison.py",
+        "time.time",
+    ): "a failure's date, compared across processes",
     ("records.py", "datetime.now"): "the date a record was created, not a duration",
 }
 
@@ -383,7 +418,6 @@ def test_cumulative_fixes_add_one_fix_at_a_time():
 
 
 def test_compare_fixes_times_side_by_side_and_compares_curves():
-
     rows, curves = compare_fixes(
         {"baseline": Fixes(), "fused": Fixes(fused_optimizer=True)},
         steps_per_sample=2, rounds=2, warmup_samples=0,
@@ -415,7 +449,9 @@ def test_timing_without_synchronize_is_flagged_and_the_pitfall_rows_are_complete
 
     cpu = torch.device("cpu")
     assert not benchmark(lambda: None, device="cpu", synchronize=False).synchronized
-    rows = wrong_and_right(cpu, 32, torch.float32, 3) + zeros_and_random(cpu, 32, torch.float32, 3, 1)
+    rows = wrong_and_right(cpu, 32, torch.float32, 3) + zeros_and_random(
+        cpu, 32, torch.float32, 3, 1
+    )
     rows += cold_and_warm(cpu, 2**20, 3)
     assert len(rows) == 7 and all(set(row) == set(rows[0]) for row in rows)
     assert rows[2]["ratio"] == 1.0 and rows[3]["ratio"] == 1.0 and rows[6]["ratio"] == 1.0
@@ -557,7 +593,9 @@ def test_check_bucketing(capsys):
         check_bucketing(lambda tokens, buckets: tokens)  # no padding: one shape per length
     assert "compiles for 3 buckets" in capsys.readouterr().out
     with pytest.raises(AssertionError, match="wrong padding"):
-        check_bucketing(lambda tokens, buckets: torch.nn.functional.pad(tokens, (0, 64 - len(tokens)), value=1))
+        check_bucketing(
+            lambda tokens, buckets: torch.nn.functional.pad(tokens, (0, 64 - len(tokens)), value=1)
+        )
 
 
 def test_check_fewer_dispatches():
@@ -565,7 +603,9 @@ def test_check_fewer_dispatches():
 
     check_fewer_dispatches(lambda tensors, factors: list(torch._foreach_mul(tensors, factors)))
     with pytest.raises(AssertionError, match="64 operations"):
-        check_fewer_dispatches(lambda tensors, factors: [t * f for t, f in zip(tensors, factors, strict=True)])
+        check_fewer_dispatches(
+            lambda tensors, factors: [t * f for t, f in zip(tensors, factors, strict=True)]
+        )
     with pytest.raises(AssertionError, match="differ"):
         check_fewer_dispatches(lambda tensors, factors: list(torch._foreach_mul(tensors, 1.0)))
 

@@ -372,7 +372,9 @@ def baseline_losses():
     return train_with_fixes(Fixes(), STEPS)
 
 
-@pytest.mark.parametrize("fix", ["data_workers", "no_item", "bf16", "fused_optimizer", "sdpa"])
+@pytest.mark.parametrize(
+    "fix", ["data_workers", "no_item", "bf16", "fused_optimizer", "sdpa", "foreach_optimizer"]
+)
 def test_each_fix_alone_keeps_the_loss_curve(fix, baseline_losses):
 
     losses = train_with_fixes(Fixes(**{fix: True}), STEPS)
@@ -417,7 +419,29 @@ def test_cumulative_fixes_add_one_fix_at_a_time():
         cumulative_fixes(torch.device("cpu"), skip=["fast"])
 
 
-def test_compare_fixes_times_side_by_side_and_compares_curves():
+def test_compare_fixes_builds_each_run_after_the_last_one_has_stopped_its_workers(monkeypatch):
+    """A run's loader workers would tokenize its next batches while another run is timed."""
+    import multiprocessing
+
+    from trainfast.profiling import case_study
+
+    built, alive_at_build = [], []
+
+    class Watched(case_study.CaseStudy):
+        def __init__(self, *args, **kwargs) -> None:
+            # every earlier run has trained and been closed, and no worker process is left
+            assert all(run.logged and run.loader is None for run in built)
+            alive_at_build.append(len(multiprocessing.active_children()))
+            super().__init__(*args, **kwargs)
+            built.append(self)
+
+    monkeypatch.setattr(case_study, "CaseStudy", Watched)
+    workers = Fixes(data_workers=True)
+    compare_fixes({"a": workers, "b": workers, "c": Fixes()}, steps_per_sample=1, rounds=1)
+    assert alive_at_build == [0, 0, 0] and len(built) == 3
+
+
+def test_compare_fixes_times_each_run_and_compares_curves():
     rows, curves = compare_fixes(
         {"baseline": Fixes(), "fused": Fixes(fused_optimizer=True)},
         steps_per_sample=2, rounds=2, warmup_samples=0,
@@ -625,6 +649,25 @@ def test_chapter_executes_within_its_budget():
 
     seconds = chapters.execute_chapter("profiling")
     assert seconds < 120, f"the profiling chapter took {seconds:.0f} s (budget 120 s)"
+
+
+def test_rank_sum_test_agrees_with_scipy_mann_whitney_exact():
+    import random
+
+    from trainfast.profiling.timing import rank_sum_test
+
+    stats = pytest.importorskip("scipy.stats")
+    rng = random.Random(0)
+    for m, n, shift in [(15, 15, 0.3), (5, 7, 1.0), (10, 12, 0.0), (3, 3, 5.0)]:
+        before = [rng.gauss(0.0, 1.0) for _ in range(m)]
+        after = [rng.gauss(-shift, 1.0) for _ in range(n)]
+        theirs = stats.mannwhitneyu(before, after, method="exact", alternative="two-sided")
+        share, p_value = rank_sum_test(before, after)
+        assert share == pytest.approx(theirs.statistic / (m * n), rel=1e-12)
+        assert p_value == pytest.approx(theirs.pvalue, rel=1e-9)
+    assert rank_sum_test([2.0, 3.0, 4.0], [1.0, 1.5, 1.2]) == (1.0, pytest.approx(2 / 20))
+    with pytest.raises(ValueError, match="Invalid samples: 0 and 1"):
+        rank_sum_test([], [1.0])
 
 
 def test_paired_sign_test_counts_rounds_and_gives_the_binomial_tail():

@@ -512,6 +512,27 @@ def test_overhead_helpers_measure_rates_and_refuse_cuda_graphs_on_a_cpu():
         cuda_graph(small_kernels, x)
 
 
+def test_autocast_matmul_ratio_times_both_precisions_side_by_side(monkeypatch):
+    from trainfast.profiling import overhead
+
+    seen_dtypes = []
+    linear = torch.nn.functional.linear
+
+    def watched(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        out = linear(x, weight)
+        seen_dtypes.append(out.dtype)
+        return out
+
+    monkeypatch.setattr(torch.nn.functional, "linear", watched)
+    rows = overhead.autocast_matmul_ratio([8, 64], tokens=16, repeats=2)
+    assert [row["width"] for row in rows] == [8, 64]
+    for row in rows:
+        assert row["ratio"] == pytest.approx(row["bf16_us"] / row["fp32_us"])
+    assert {torch.float32, torch.bfloat16} == set(seen_dtypes)  # autocast really ran in bf16
+    with pytest.raises(ValueError, match="width: 0"):
+        overhead.autocast_matmul_ratio([0])
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_graph_replays_the_captured_function_on_new_inputs():

@@ -575,6 +575,25 @@ def test_counting_backend_counts_graph_breaks_and_recompiles():
                                      "aot_autograd_misses"}  # fmt: skip
 
 
+def test_cudagraph_skip_reasons_reports_what_torch_compile_skips_silently():
+    from torch._dynamo.utils import counters
+    from trainfast.profiling.compilation import cudagraph_skip_reasons
+
+    def scale_in_place(x: torch.Tensor) -> torch.Tensor:
+        x.mul_(2.0)  # a mutated input: one of the rules CUDA graphs need
+        return torch.tanh(x).sum()
+
+    torch._dynamo.reset()
+    before = counters["inductor"]["cudagraph_skips"]
+    x = torch.randn(8)
+    reasons = cudagraph_skip_reasons(lambda: torch.compile(scale_in_place, backend="cudagraphs")(x))
+    assert len(reasons) == 1 and reasons[0].startswith("cpu device"), reasons
+    assert counters["inductor"]["cudagraph_skips"] == before + 1
+    torch._dynamo.reset()
+    assert cudagraph_skip_reasons(lambda: torch.compile(scale_in_place, backend="eager")(x)) == []
+    torch._dynamo.reset()
+
+
 def test_use_compile_cache_points_inductor_at_the_folder(tmp_path, monkeypatch):
     import os
 

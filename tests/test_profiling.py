@@ -330,6 +330,49 @@ def test_the_chapter_profiles_on_its_device():
         assert "device=device" in arguments, arguments
 
 
+def test_trace_times_measures_busy_idle_and_overlap_in_a_synthetic_trace(tmp_path):
+    from trainfast.profiling import trace_times
+
+    def event(name: str, cat: str, ts: float, dur: float) -> dict:
+        return {"ph": "X", "name": name, "cat": cat, "ts": ts, "dur": dur}
+
+    events = [
+        event("ProfilerStep#1", "user_annotation", 100, 100),  # the span: 100 to 300 µs
+        event("ProfilerStep#2", "user_annotation", 200, 100),
+        event("aten::mm", "cpu_op", 90, 30),  # clipped to 100-120
+        event("aten::empty", "cpu_op", 110, 5),  # nested: counts once
+        event("aten::add", "cpu_op", 200, 50),
+        event("gemm", "kernel", 115, 40),  # 115-155
+        event("Memcpy HtoD", "gpu_memcpy", 240, 100),  # clipped to 240-300
+        event("cudaLaunchKernel", "cuda_runtime", 100, 200),  # not device work
+        {"ph": "i", "name": "marker", "ts": 150},
+    ]
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    times = trace_times(path)
+    assert times.span_s == pytest.approx(200e-6)
+    assert times.host_busy_s == pytest.approx(70e-6)  # 100-120 and 200-250
+    assert times.device_busy_s == pytest.approx(100e-6)  # 115-155 and 240-300
+    assert times.overlap_s == pytest.approx(15e-6)  # 115-120 and 240-250
+    assert times.device_idle_s == pytest.approx(100e-6)
+    assert times.host_busy_fraction == pytest.approx(0.35)
+    path.write_text(json.dumps({"traceEvents": events[2:]}))
+    with pytest.raises(ValueError, match="no ProfilerStep"):
+        trace_times(path)
+
+
+def test_trace_times_of_a_cpu_profile_sees_operators_and_no_gpu(tmp_path):
+    from trainfast.profiling import trace_times
+
+    study = _tiny_study()
+    profile = profile_steps(lambda: study.run(1), wait=0, warmup=1, active=2, out_dir=tmp_path)
+    times = trace_times(profile)
+    assert 0 < times.host_busy_s < times.span_s
+    assert times.device_busy_s == times.overlap_s == 0.0
+    steps = sum(r.total_cpu_s for r in profile.operators if r.name.startswith("ProfilerStep"))
+    assert times.span_s == pytest.approx(steps, rel=0.05)  # the steps follow each other
+
+
 def test_profile_steps_records_memory_and_rejects_bad_schedules(tmp_path):
     profile = profile_steps(
         lambda: torch.ones(1024, 1024).sum(), wait=0, warmup=0, active=1, out_dir=tmp_path,

@@ -720,6 +720,40 @@ def test_check_fewer_dispatches():
 # --- the chapter -----------------------------------------------------------------------------
 
 
+def _find_sync(profile, sync_operators=("aten::_local_scalar_dense", "aten::nonzero")) -> str:
+    """The chapter's solution: the named part whose time holds a sync operator."""
+    from trainfast.profiling.exercises import SYNC_STEP_PARTS
+
+    with gzip.open(profile.trace, "rt") as file:
+        events = [e for e in json.load(file)["traceEvents"] if e.get("ph") == "X"]
+    parts = [
+        e for e in events if e.get("cat") == "user_annotation" and e["name"] in SYNC_STEP_PARTS
+    ]
+    sync = next((e for e in events if e["name"] in sync_operators), None)
+    if sync is None:
+        return "no sync found"
+    return next(p["name"] for p in parts if p["ts"] <= sync["ts"] <= p["ts"] + p["dur"])
+
+
+def test_check_find_sync(capsys):
+    from trainfast.profiling.exercises import check_find_sync, planted_sync_step
+
+    check_find_sync(_find_sync)
+    assert "All 4 cases passed." in capsys.readouterr().out
+    with pytest.raises(AssertionError, match="boolean-mask indexing planted in 'prepare'"):
+        check_find_sync(lambda profile: _find_sync(profile, ("aten::_local_scalar_dense",)))
+    with pytest.raises(AssertionError, match="planted in 'log'"):  # the busiest part: 'compute'
+        check_find_sync(
+            lambda profile: max(
+                ("prepare", "compute", "log"), key=lambda part: profile.operator(part).self_cpu_s
+            )  # fmt: skip
+        )
+    with pytest.raises(ValueError, match="how: 'print'"):
+        planted_sync_step("log", "print")
+    with pytest.raises(ValueError, match="part: 'data'"):
+        planted_sync_step("data", ".item()")
+
+
 def test_listings_come_from_the_package():
     import chapters
 

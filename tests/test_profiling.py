@@ -361,6 +361,39 @@ def test_trace_times_measures_busy_idle_and_overlap_in_a_synthetic_trace(tmp_pat
         trace_times(path)
 
 
+def test_allocated_bytes_timeline_follows_allocs_and_completed_frees():
+    from trainfast.profiling.traces import allocated_bytes_timeline
+
+    events = [
+        {"action": "segment_alloc", "size": 2**21},
+        {"action": "alloc", "size": 512},
+        {"action": "alloc", "size": 1024},
+        {"action": "free_requested", "size": 512},  # still held until the stream is done
+        {"action": "free_completed", "size": 512},
+        {"action": "free_completed", "size": 4096},  # allocated before recording began
+    ]
+    snapshot = {"segments": [], "device_traces": [events]}
+    assert allocated_bytes_timeline(snapshot) == [0, 512, 1536, 1536, 1024, -3072]
+    with pytest.raises(ValueError, match="device_index: 1"):
+        allocated_bytes_timeline(snapshot, device_index=1)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_allocated_bytes_timeline_of_a_real_snapshot():
+    from trainfast.profiling.traces import allocated_bytes_timeline
+
+    torch.cuda.memory._record_memory_history(max_entries=1000)
+    try:
+        x = torch.empty(2**20, device="cuda")  # 4 MiB
+        del x
+        torch.cuda.synchronize()
+        timeline = allocated_bytes_timeline(torch.cuda.memory._snapshot())
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+    assert max(timeline) >= 4 * 2**20 and timeline[-1] <= max(timeline) - 4 * 2**20
+
+
 def test_trace_times_of_a_cpu_profile_sees_operators_and_no_gpu(tmp_path):
     from trainfast.profiling import trace_times
 

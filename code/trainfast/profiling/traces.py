@@ -20,6 +20,10 @@ nanoseconds when no tool listens, so it can stay in the code).
 much of the recorded steps the host spent inside operators, how much the GPU spent running
 kernels, and how much of the two overlapped.
 
+:func:`allocated_bytes_timeline` reads a snapshot of the CUDA caching allocator's history
+(``torch.cuda.memory._record_memory_history``, then ``torch.cuda.memory._snapshot()``) as the
+bytes allocated after each event, the curve that https://pytorch.org/memory_viz draws.
+
 When not to use it: the profiler adds overhead per operator (microseconds), so never time with
 it; time with :func:`~trainfast.profiling.benchmark` and profile to explain the time.
 """
@@ -42,6 +46,7 @@ __all__ = [
     "OperatorTime",
     "StepProfile",
     "TraceTimes",
+    "allocated_bytes_timeline",
     "annotate",
     "profile_steps",
     "profiler_activities",
@@ -301,3 +306,29 @@ def trace_times(trace: StepProfile | str | Path) -> TraceTimes:
         device_busy_s=_length(device) / 1e6,
         overlap_s=_intersection(host, device) / 1e6,
     )
+
+
+def allocated_bytes_timeline(snapshot: dict[str, Any], device_index: int = 0) -> list[int]:
+    """Net bytes allocated since recording began, after each event of an allocator snapshot.
+
+    ``snapshot`` is what ``torch.cuda.memory._snapshot()`` returns after
+    ``torch.cuda.memory._record_memory_history()``: its ``device_traces[device_index]`` lists
+    events with an ``action`` and a ``size`` in bytes. An ``alloc`` adds its size, a
+    ``free_completed`` (the block really back in the pool, after the streams that used it are
+    done) subtracts it; other actions (``free_requested``, ``segment_alloc``, ...) change
+    nothing that tensors hold. Memory allocated before recording began is not in the trace, so
+    the curve starts at zero and may go below it.
+    """
+    traces = snapshot.get("device_traces", [])
+    if not 0 <= device_index < len(traces):
+        raise ValueError(
+            f"Invalid device_index: {device_index} (the snapshot has {len(traces)} device(s))"
+        )
+    allocated, timeline = 0, []
+    for event in traces[device_index]:
+        if event["action"] == "alloc":
+            allocated += int(event["size"])
+        elif event["action"] == "free_completed":
+            allocated -= int(event["size"])
+        timeline.append(allocated)
+    return timeline

@@ -690,9 +690,11 @@ def test_plot_waterfall_draws_one_bar_per_variant_plus_the_total():
 
     rows = [{"variant": "baseline", "step_ms": 10.0, "iqr_ms": 1.0},
             {"variant": "+ a", "step_ms": 8.0, "iqr_ms": 1.0},
-            {"variant": "+ b", "step_ms": 9.0, "iqr_ms": 0.5}]  # fmt: skip
+            {"variant": "+ b", "step_ms": 9.0, "iqr_ms": 0.5},
+            {"variant": "foreach alone", "step_ms": 7.0, "iqr_ms": 0.5}]  # fmt: skip
     ax = plot_waterfall(rows)
-    assert len(ax.patches) == 4 and ax.get_ylabel().endswith("(ms)")
+    assert len(ax.patches) == 4 and ax.get_ylabel().endswith("(ms)")  # "alone" is no link
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["baseline", "+ a", "+ b", "all fixes"]
     colors = [patch.get_facecolor()[:3] for patch in ax.patches]
     assert colors[1] != colors[2]  # faster and slower are told apart
     with pytest.raises(ValueError, match="needs a baseline"):

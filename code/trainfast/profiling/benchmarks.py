@@ -32,10 +32,13 @@ __all__ = [
 def case_study_record(device: torch.device, quick: bool = False) -> Record:
     """Every fix this device can run, added one at a time; on a CPU, bf16 is measured alone.
 
-    On a CPU without bfloat16 arithmetic units autocast to bf16 is emulated and many times
-    slower, which would hide every later fix in the chain; so on a CPU the chain leaves it out
-    and one extra run measures it alone against the baseline. ``quick`` leaves out the fixes
-    that compile and trains a few steps.
+    At the CPU model's width (``d_model`` 32) autocast's casts cost more than bfloat16
+    arithmetic saves, even on a CPU with ``avx512_bf16``, so bf16 makes the step slower
+    (:func:`~trainfast.profiling.overhead.autocast_matmul_ratio` shows the crossover by width,
+    and the profiling chapter measures both), which would blur every later fix; so on a CPU the chain
+    leaves it out and one extra run measures it alone against the baseline. The foreach AdamW,
+    which ``AdamW(params)`` picks on CUDA, is measured alone everywhere. ``quick`` leaves out
+    the fixes that compile and trains a few steps.
     """
     from trainfast.accounting import TransformerShape
     from trainfast.profiling.case_study import (
@@ -54,6 +57,7 @@ def case_study_record(device: torch.device, quick: bool = False) -> Record:
     variants = cumulative_fixes(device, skip=skip)
     if device.type != "cuda":
         variants["bf16 alone"] = Fixes(bf16=True)
+    variants["foreach alone"] = Fixes(foreach_optimizer=True)  # AdamW's default on CUDA
     if device.type == "cpu":
         torch.set_num_threads(1)  # a tiny model: threads would only wait for each other
     rows, _ = compare_fixes(

@@ -795,6 +795,19 @@ def test_listings_come_from_the_package():
     assert chapters.listing_problems("profiling") == []
 
 
+#: Constants the profiling chapter may type: the numbers of its numbered lists (1 to 8), which
+#: also cover "inference with batch 1"; the 256 MB buffer that Triton's ``do_bench`` writes to
+#: flush the L2 cache (triton.testing); and exercise 4's problem size, 64 tensors (the default
+#: of ``check_fewer_dispatches``, a statement of the exercise, not a measurement).
+PROFILING_CONSTANTS = {"1", "2", "3", "4", "5", "6", "7", "8", "64", "256"}
+
+
+def test_chapter_prose_types_no_number_that_code_produced() -> None:
+    import chapters
+
+    assert chapters.typed_numbers("profiling", allow=PROFILING_CONSTANTS) == []
+
+
 @pytest.mark.chapter
 def test_chapter_executes_within_its_budget():
     import chapters

@@ -60,9 +60,10 @@ def case_study_record(device: torch.device, quick: bool = False) -> Record:
     variants["foreach alone"] = Fixes(foreach_optimizer=True)  # AdamW's default on CUDA
     if device.type == "cpu":
         torch.set_num_threads(1)  # a tiny model: threads would only wait for each other
+    passes = 1 if quick else 3
     rows, _ = compare_fixes(
         variants, config, device,
-        steps_per_sample=2 if quick else 10, rounds=2 if quick else 9,
+        steps_per_sample=2 if quick else 10, rounds=2 if quick else 9, passes=passes,
     )  # fmt: skip
     shape = config.shape
     description = (
@@ -70,7 +71,8 @@ def case_study_record(device: torch.device, quick: bool = False) -> Record:
         f"{shape.n_layers} layers, d_model {shape.d_model}, {shape.n_heads} heads, vocabulary "
         f"{shape.vocab_size}, {shape.batch_size} x {shape.seq_len} tokens per step; word-level "
         f"tokens of Python's docs, {config.workers} loader worker(s) when on) with each fix "
-        "added to the ones before, timed side by side in one run (median of rounds); speedup is "
+        "added to the ones before, each run built, timed and torn down in turn, "
+        f"{passes} pass(es) over all of them (median of the samples); speedup is "
         "over the baseline; loss_deviation is the largest relative difference from the "
         f"baseline's loss over the first {LOSS_HORIZON} steps."
         + (" Quick smoke test: compile left out, tiny model." if quick else "")

@@ -31,6 +31,7 @@ what is computed, so each run's loss curve must equal the baseline's within
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -42,7 +43,7 @@ from torch.utils.data import DataLoader
 
 from trainfast.accounting import TransformerShape
 from trainfast.profiling.text import TokenWindows, WordTokenizer, python_docs_text
-from trainfast.profiling.timing import benchmark
+from trainfast.profiling.timing import Timing, benchmark
 from trainfast.profiling.traces import annotate
 from trainfast.transformer import Transformer
 
@@ -325,42 +326,52 @@ def compare_fixes(
     steps_per_sample: int = 5,
     rounds: int = 5,
     warmup_samples: int = 1,
+    passes: int = 1,
 ) -> tuple[list[dict[str, Any]], dict[str, list[float]]]:
     """Time one run per variant, one after the other; return a row per variant and each curve.
 
     Each variant is built, takes one first step (timed: it includes compilation and starting the
-    workers), then ``warmup_samples`` untimed samples, then ``rounds`` samples of
+    workers), then ``warmup_samples`` untimed samples, then ``rounds // passes`` samples of
     ``steps_per_sample`` steps, and is torn down (:meth:`CaseStudy.close`) before the next is
-    built. The variants do not take turns (as :func:`~trainfast.profiling.benchmark_side_by_side`
-    would have them) because a run's loader workers keep working while they are alive: between
-    two of its samples they would tokenize its next batches for free, on cores the variant being
-    timed needs, and nine runs of four workers would be dozens of processes. Compare the samples
-    of two variants with a test that does not pair them
-    (:func:`~trainfast.profiling.timing.rank_sum_test`). Every variant trains the same number
-    of steps on the same batches, so the loss curves can be compared step by step.
+    built; ``passes`` times over, so that a burst of load on the machine lands on a part of
+    each variant's samples rather than on all of one variant's. The variants do not take
+    turns sample by sample (as :func:`~trainfast.profiling.benchmark_side_by_side` would have
+    them) because a run's loader workers keep working while they are alive: between two of its
+    samples they would tokenize its next batches for free, on cores the variant being timed
+    needs, and nine runs of four workers would be dozens of processes. Compare the samples of
+    two variants with a test that does not pair them
+    (:func:`~trainfast.profiling.timing.rank_sum_test`). Every pass starts from the same
+    weights and batches, so the loss curves (of the first pass) can be compared step by step.
 
     A row has the variant's name, its fixes, ``step_ms`` (median), ``iqr_ms``, ``samples`` and
-    ``samples_ms`` (every sample, per step, in order),
-    ``speedup`` (the first variant's step time over this one's), ``first_step_s``, and
-    ``loss_deviation`` from the first variant's curve over the first :data:`LOSS_HORIZON` steps,
-    with its :func:`loss_tolerance`. The curves returned are whole.
+    ``samples_ms`` (every sample, per step, pass after pass),
+    ``speedup`` (the first variant's step time over this one's), ``first_step_s`` (first pass),
+    and ``loss_deviation`` from the first variant's curve over the first :data:`LOSS_HORIZON`
+    steps, with its :func:`loss_tolerance`. The curves returned are whole.
     """
     if not variants:
         raise ValueError("Invalid variants: nothing to compare")
+    if passes < 1 or rounds % passes:
+        raise ValueError(f"Invalid passes: {passes} (need a divisor of rounds={rounds})")
     device = torch.device(device)
     config = config or CaseStudyConfig()
-    first_step, timings, curves = {}, {}, {}
-    for name, fixes in variants.items():
-        study = CaseStudy(fixes, config, device)
-        first_step[name] = benchmark(
-            partial(study.run, 1), warmup=0, repeats=1, device=device
-        ).median
-        timings[name] = benchmark(
-            partial(study.run, steps_per_sample), warmup=warmup_samples, repeats=rounds,
-            device=device,
-        )  # fmt: skip
-        curves[name] = study.losses()
-        study.close()  # its workers must not run while the next variant is timed
+    first_step: dict[str, float] = {}
+    curves: dict[str, list[float]] = {}
+    samples: dict[str, list[float]] = {name: [] for name in variants}
+    timings: dict[str, Timing] = {}
+    for _ in range(passes):
+        for name, fixes in variants.items():
+            study = CaseStudy(fixes, config, device)
+            first = benchmark(partial(study.run, 1), warmup=0, repeats=1, device=device).median
+            first_step.setdefault(name, first)
+            timing = benchmark(
+                partial(study.run, steps_per_sample), warmup=warmup_samples,
+                repeats=rounds // passes, device=device,
+            )  # fmt: skip
+            samples[name] += timing.samples
+            timings[name] = dataclasses.replace(timing, samples=tuple(samples[name]))
+            curves.setdefault(name, study.losses())
+            study.close()  # its workers must not run while the next variant is timed
     baseline = next(iter(variants))
     rows = []
     for name, fixes in variants.items():

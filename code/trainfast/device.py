@@ -92,9 +92,10 @@ def nvidia_smi_query(
     ``fields`` are nvidia-smi's names (``driver_version``, ``clocks.sm``, ``clocks.max.sm``,
     ``clocks.mem``, ``power.draw``, ``temperature.gpu``; ``nvidia-smi --help-query-gpu`` lists
     them). The GPU is ``device`` (default: the current CUDA device), named to nvidia-smi by
-    its UUID (:func:`nvidia_smi_id`; nvidia-smi's first GPU where torch sees none). Values come back as nvidia-smi prints them,
-    units stripped. Returns None when there is no ``nvidia-smi``, it fails, or takes over 10 s:
-    describing the machine must never stop a measurement.
+    its UUID (:func:`nvidia_smi_id`; nvidia-smi's first GPU where torch sees none). Values come
+    back as nvidia-smi prints them, units stripped. Returns None when there is no
+    ``nvidia-smi``, it fails, or takes over 10 s: describing the machine must never stop a
+    measurement.
     """
     executable = shutil.which("nvidia-smi")
     if executable is None or not fields:

@@ -3,8 +3,8 @@
 :func:`benchmark` is the package's one timer (CUDA events on a GPU, ``perf_counter`` on a CPU,
 every sample kept); every benchmark in the package times through it, or through its relatives
 :func:`benchmark_side_by_side` (several functions taking turns) and :func:`timestamp` (a point on
-a timeline). :func:`profile_steps` records training steps with ``torch.profiler``, and :func:`trace_times`
-measures busy and idle time in what it recorded.
+a timeline). :func:`profile_steps` records training steps with ``torch.profiler``, and
+:func:`trace_times` measures busy and idle time in what it recorded.
 
 The case study (:mod:`trainfast.profiling.case_study`) needs :mod:`trainfast.transformer`; import
 it from its module.

@@ -106,10 +106,10 @@ def loss_tolerance(fixes: Fixes) -> float:
       numbers, so the losses are the same bit for bit.
     - **1e-4** for ``fused_optimizer``, ``foreach_optimizer``, ``sdpa``, ``compile``,
       ``cuda_graphs``: they change the order of float32 additions (one fused kernel, another
-      attention algorithm, Inductor's fused loops). One step differs by float32 rounding, about 1e-7 relative, and over the
-      horizon training carries that forward without much growth. A real bug (a missing mask, a
-      wrong scale) is off by far more, and even a 1 % change of the learning rate exceeds 1e-4
-      within the horizon (a test checks that).
+      attention algorithm, Inductor's fused loops). One step differs by float32 rounding, about
+      1e-7 relative, and over the horizon training carries that forward without much growth. A
+      real bug (a missing mask, a wrong scale) is off by far more, and even a 1 % change of
+      the learning rate exceeds 1e-4 within the horizon (a test checks that).
     - **5e-3** for ``bf16``: bfloat16 keeps 8 significant bits, a rounding error of up to
       2**-9 = 0.2 % per value. Autocast rounds the inputs of the matmuls (their sums stay
       float32) and keeps softmax, normalisation and the loss in float32, so the errors average

@@ -4,6 +4,7 @@ package), traces, the case study's fixes, the benchmarks, the exercises and the 
 from __future__ import annotations
 
 import ast
+import contextlib
 import gzip
 import json
 import statistics
@@ -56,7 +57,9 @@ def test_benchmark_agrees_with_torch_utils_benchmark():
         time.sleep(0.003)
 
     ours = benchmark(work, warmup=1, repeats=9, device="cpu").median
-    theirs = Timer(stmt="work()", globals={"work": work}).blocked_autorange(min_run_time=0.05).median
+    theirs = (
+        Timer(stmt="work()", globals={"work": work}).blocked_autorange(min_run_time=0.05).median
+    )
     assert 0.7 < ours / theirs < 1.4, (ours, theirs)
 
 
@@ -117,12 +120,71 @@ def test_before_sample_runs_untimed_before_every_sample():
     assert timing.median < 0.005  # the 10 ms sleep before each sample is not in the samples
 
 
+def test_cuda_samples_start_and_end_on_an_idle_device(monkeypatch):
+    """On a GPU every sample is bracketed by synchronisations, so that a host-bound function
+    timed after a GPU-bound one is not hidden behind the other's queued kernels. Checked on a
+    CPU with a fake CUDA clock that logs what the harness asks of it."""
+    from trainfast.profiling import timing
+
+    log: list[str] = []
+
+    class FakeEvent:
+        def __init__(self, enable_timing: bool) -> None:
+            assert enable_timing
+            self.stamp = 0.0
+
+        def record(self) -> None:
+            log.append("record")
+            self.stamp = float(len(log))
+
+        def elapsed_time(self, end: FakeEvent) -> float:
+            return end.stamp - self.stamp  # "milliseconds"
+
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: log.append("sync"))
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
+    fns = {"gpu_bound": lambda: log.append("a"), "host_bound": lambda: log.append("b")}
+    samples = timing.cuda_event_samples(fns, {"gpu_bound": 1, "host_bound": 2},
+                                        torch.device("cuda", 0), 2, None)  # fmt: skip
+    one_round = ["sync", "record", "a", "record", "sync", "sync", "record", "b", "b", "record",
+                 "sync"]  # fmt: skip
+    assert log == one_round * 2
+    assert samples == {"gpu_bound": [2e-3, 2e-3], "host_bound": [1.5e-3, 1.5e-3]}
+
+
 def test_timestamp_is_the_host_clock_after_the_device_is_idle():
     first = timestamp()
     time.sleep(0.002)
     assert timestamp("cpu") - first >= 0.002
     if torch.cuda.is_available():
         assert timestamp("cuda") >= first
+
+
+def test_nvidia_smi_is_asked_about_the_gpu_by_uuid_not_by_cuda_index(tmp_path, monkeypatch):
+    """CUDA's index 0 may be nvidia-smi's GPU 3 (CUDA_VISIBLE_DEVICES=3): ask by UUID."""
+    import types
+    import uuid
+
+    from trainfast.device import nvidia_smi_id, nvidia_smi_query
+
+    raw = uuid.UUID("58d39a4f-e1b2-4c6d-8e9f-0a1b2c3d4e5f")
+    asked = []
+
+    def properties(index: int) -> types.SimpleNamespace:
+        asked.append(index)
+        return types.SimpleNamespace(uuid=types.SimpleNamespace(bytes=raw.bytes))
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", properties)
+    assert nvidia_smi_id(torch.device("cuda", 1)) == "GPU-58d39a4f-e1b2-4c6d-8e9f-0a1b2c3d4e5f"
+    assert asked == [1]
+    with pytest.raises(ValueError, match="cpu"):
+        nvidia_smi_id(torch.device("cpu"))
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text('#!/bin/sh\necho "${1#--id=}"\n')  # answers with the --id it was given
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    answer = nvidia_smi_query(["uuid"], torch.device("cuda", 1))
+    assert answer == {"uuid": "GPU-58d39a4f-e1b2-4c6d-8e9f-0a1b2c3d4e5f"}
 
 
 # --- one timer in the package ----------------------------------------------------------------
@@ -138,9 +200,15 @@ _CLOCKS = ("perf_counter", "perf_counter_ns", "monotonic", "monotonic_ns", "proc
 ALLOWED_CLOCKS = {
     ("profiling/timing.py", "perf_counter"): "the harness itself: its one host clock",
     ("profiling/timing.py", "cuda.Event"): "the harness itself: its one device clock",
-    ("distributed/launch.py", "monotonic"): "deadlines of the launcher's timeouts, not a measurement",
+    (
+        "distributed/launch.py",
+        "monotonic",
+    ): "deadlines of the launcher's timeouts, not a measurement",
     ("distributed/launch.py", "time.time"): "a rank's failure date, to tell which failed first",
-    ("distributed/launch_comparison.py", "time.time"): "a failure's date, compared across processes",
+    (
+        "distributed/launch_comparison.py",
+        "time.time",
+    ): "a failure's date, compared across processes",
     ("records.py", "datetime.now"): "the date a record was created, not a duration",
 }
 
@@ -230,6 +298,114 @@ def test_profile_steps_writes_a_small_gzipped_trace_with_the_named_ranges(tmp_pa
         profile.operator("aten::nothing")
 
 
+def test_profile_steps_asks_for_the_gpu_kernels_on_cuda(monkeypatch, tmp_path):
+    from torch.profiler import ProfilerActivity
+    from trainfast.profiling import traces
+
+    assert traces.profiler_activities("cpu") == [ProfilerActivity.CPU]
+    assert traces.profiler_activities(None) == [ProfilerActivity.CPU]
+    assert traces.profiler_activities("cuda:0") == [ProfilerActivity.CPU, ProfilerActivity.CUDA]
+    asked = {}
+
+    class Stop(Exception):
+        pass
+
+    def fake_profile(**settings):
+        asked.update(settings)
+        raise Stop
+
+    monkeypatch.setattr(traces, "profile", fake_profile)
+    with pytest.raises(Stop):
+        profile_steps(lambda: None, out_dir=tmp_path, device="cuda")
+    assert ProfilerActivity.CUDA in asked["activities"]
+
+
+def test_the_chapter_profiles_on_its_device():
+    """Without ``device=`` the profiler records no kernel on a GPU: every call must pass it."""
+    page = (ROOT / "book" / "profiling.md").read_text()
+    calls = page.split("profile_steps(")[1:]
+    assert calls
+    for call in calls:
+        arguments = call[: call.index(")\n")]
+        assert "device=device" in arguments, arguments
+
+
+def test_trace_times_measures_busy_idle_and_overlap_in_a_synthetic_trace(tmp_path):
+    from trainfast.profiling import trace_times
+
+    def event(name: str, cat: str, ts: float, dur: float) -> dict:
+        return {"ph": "X", "name": name, "cat": cat, "ts": ts, "dur": dur}
+
+    events = [
+        event("ProfilerStep#1", "user_annotation", 100, 100),  # the span: 100 to 300 µs
+        event("ProfilerStep#2", "user_annotation", 200, 100),
+        event("aten::mm", "cpu_op", 90, 30),  # clipped to 100-120
+        event("aten::empty", "cpu_op", 110, 5),  # nested: counts once
+        event("aten::add", "cpu_op", 200, 50),
+        event("gemm", "kernel", 115, 40),  # 115-155
+        event("Memcpy HtoD", "gpu_memcpy", 240, 100),  # clipped to 240-300
+        event("cudaLaunchKernel", "cuda_runtime", 100, 200),  # not device work
+        {"ph": "i", "name": "marker", "ts": 150},
+    ]
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    times = trace_times(path)
+    assert times.span_s == pytest.approx(200e-6)
+    assert times.host_busy_s == pytest.approx(70e-6)  # 100-120 and 200-250
+    assert times.device_busy_s == pytest.approx(100e-6)  # 115-155 and 240-300
+    assert times.overlap_s == pytest.approx(15e-6)  # 115-120 and 240-250
+    assert times.device_idle_s == pytest.approx(100e-6)
+    assert times.host_busy_fraction == pytest.approx(0.35)
+    path.write_text(json.dumps({"traceEvents": events[2:]}))
+    with pytest.raises(ValueError, match="no ProfilerStep"):
+        trace_times(path)
+
+
+def test_allocated_bytes_timeline_follows_allocs_and_completed_frees():
+    from trainfast.profiling.traces import allocated_bytes_timeline
+
+    events = [
+        {"action": "segment_alloc", "size": 2**21},
+        {"action": "alloc", "size": 512},
+        {"action": "alloc", "size": 1024},
+        {"action": "free_requested", "size": 512},  # still held until the stream is done
+        {"action": "free_completed", "size": 512},
+        {"action": "free_completed", "size": 4096},  # allocated before recording began
+    ]
+    snapshot = {"segments": [], "device_traces": [events]}
+    assert allocated_bytes_timeline(snapshot) == [0, 512, 1536, 1536, 1024, -3072]
+    with pytest.raises(ValueError, match="device_index: 1"):
+        allocated_bytes_timeline(snapshot, device_index=1)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_allocated_bytes_timeline_of_a_real_snapshot():
+    from trainfast.profiling.traces import allocated_bytes_timeline
+
+    torch.cuda.memory._record_memory_history(max_entries=1000)
+    try:
+        x = torch.empty(2**20, device="cuda")  # 4 MiB
+        del x
+        torch.cuda.synchronize()
+        timeline = allocated_bytes_timeline(torch.cuda.memory._snapshot())
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+    assert max(timeline) >= 4 * 2**20 and timeline[-1] <= max(timeline) - 4 * 2**20
+
+
+def test_trace_times_of_a_cpu_profile_sees_operators_and_no_gpu(tmp_path):
+    from trainfast.profiling import trace_times
+
+    study = _tiny_study()
+    profile = profile_steps(lambda: study.run(1), wait=0, warmup=1, active=2, out_dir=tmp_path)
+    times = trace_times(profile)
+    assert 0 < times.host_busy_s < times.span_s
+    assert times.device_busy_s == times.overlap_s == 0.0
+    steps = sum(r.total_cpu_s for r in profile.operators if r.name.startswith("ProfilerStep"))
+    assert times.span_s == pytest.approx(steps, rel=0.05)  # the steps follow each other
+
+
 def test_profile_steps_records_memory_and_rejects_bad_schedules(tmp_path):
     profile = profile_steps(
         lambda: torch.ones(1024, 1024).sum(), wait=0, warmup=0, active=1, out_dir=tmp_path,
@@ -272,7 +448,9 @@ def baseline_losses():
     return train_with_fixes(Fixes(), STEPS)
 
 
-@pytest.mark.parametrize("fix", ["data_workers", "no_item", "bf16", "fused_optimizer", "sdpa"])
+@pytest.mark.parametrize(
+    "fix", ["data_workers", "no_item", "bf16", "fused_optimizer", "sdpa", "foreach_optimizer"]
+)
 def test_each_fix_alone_keeps_the_loss_curve(fix, baseline_losses):
 
     losses = train_with_fixes(Fixes(**{fix: True}), STEPS)
@@ -317,8 +495,36 @@ def test_cumulative_fixes_add_one_fix_at_a_time():
         cumulative_fixes(torch.device("cpu"), skip=["fast"])
 
 
-def test_compare_fixes_times_side_by_side_and_compares_curves():
+def test_compare_fixes_builds_each_run_after_the_last_one_has_stopped_its_workers(monkeypatch):
+    """A run's loader workers would tokenize its next batches while another run is timed."""
+    import multiprocessing
 
+    from trainfast.profiling import case_study
+
+    built, alive_at_build = [], []
+
+    class Watched(case_study.CaseStudy):
+        def __init__(self, *args, **kwargs) -> None:
+            # every earlier run has trained and been closed, and no worker process is left
+            assert all(run.logged and run.loader is None for run in built)
+            alive_at_build.append(len(multiprocessing.active_children()))
+            super().__init__(*args, **kwargs)
+            built.append(self)
+
+    monkeypatch.setattr(case_study, "CaseStudy", Watched)
+    workers = Fixes(data_workers=True)
+    rows, curves = compare_fixes(
+        {"a": workers, "b": workers, "c": Fixes()}, steps_per_sample=1, rounds=4, passes=2
+    )
+    assert alive_at_build == [0] * 6 and len(built) == 6  # two passes of three runs
+    assert [row["samples"] for row in rows] == [4, 4, 4]
+    assert all(len(curve) == 1 + 1 + 2 for curve in curves.values())  # the first pass's
+    assert rows[0]["loss_deviation"] == 0.0
+    with pytest.raises(ValueError, match="passes: 3"):
+        compare_fixes({"c": Fixes()}, rounds=4, passes=3)
+
+
+def test_compare_fixes_times_each_run_and_compares_curves():
     rows, curves = compare_fixes(
         {"baseline": Fixes(), "fused": Fixes(fused_optimizer=True)},
         steps_per_sample=2, rounds=2, warmup_samples=0,
@@ -350,7 +556,9 @@ def test_timing_without_synchronize_is_flagged_and_the_pitfall_rows_are_complete
 
     cpu = torch.device("cpu")
     assert not benchmark(lambda: None, device="cpu", synchronize=False).synchronized
-    rows = wrong_and_right(cpu, 32, torch.float32, 3) + zeros_and_random(cpu, 32, torch.float32, 3, 1)
+    rows = wrong_and_right(cpu, 32, torch.float32, 3) + zeros_and_random(
+        cpu, 32, torch.float32, 3, 1
+    )
     rows += cold_and_warm(cpu, 2**20, 3)
     assert len(rows) == 7 and all(set(row) == set(rows[0]) for row in rows)
     assert rows[2]["ratio"] == 1.0 and rows[3]["ratio"] == 1.0 and rows[6]["ratio"] == 1.0
@@ -385,6 +593,27 @@ def test_overhead_helpers_measure_rates_and_refuse_cuda_graphs_on_a_cpu():
     assert eager["mode"] == "eager" and eager["speedup"] == 1.0
     with pytest.raises(ValueError, match="CUDA graphs need a CUDA tensor"):
         cuda_graph(small_kernels, x)
+
+
+def test_autocast_matmul_ratio_times_both_precisions_side_by_side(monkeypatch):
+    from trainfast.profiling import overhead
+
+    seen_dtypes = []
+    linear = torch.nn.functional.linear
+
+    def watched(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        out = linear(x, weight)
+        seen_dtypes.append(out.dtype)
+        return out
+
+    monkeypatch.setattr(torch.nn.functional, "linear", watched)
+    rows = overhead.autocast_matmul_ratio([8, 64], tokens=16, repeats=2)
+    assert [row["width"] for row in rows] == [8, 64]
+    for row in rows:
+        assert row["ratio"] == pytest.approx(row["bf16_us"] / row["fp32_us"])
+    assert {torch.float32, torch.bfloat16} == set(seen_dtypes)  # autocast really ran in bf16
+    with pytest.raises(ValueError, match="width: 0"):
+        overhead.autocast_matmul_ratio([0])
 
 
 @pytest.mark.gpu
@@ -429,6 +658,25 @@ def test_counting_backend_counts_graph_breaks_and_recompiles():
                                      "aot_autograd_misses"}  # fmt: skip
 
 
+def test_cudagraph_skip_reasons_reports_what_torch_compile_skips_silently():
+    from torch._dynamo.utils import counters
+    from trainfast.profiling.compilation import cudagraph_skip_reasons
+
+    def scale_in_place(x: torch.Tensor) -> torch.Tensor:
+        x.mul_(2.0)  # a mutated input: one of the rules CUDA graphs need
+        return torch.tanh(x).sum()
+
+    torch._dynamo.reset()
+    before = counters["inductor"]["cudagraph_skips"]
+    x = torch.randn(8)
+    reasons = cudagraph_skip_reasons(lambda: torch.compile(scale_in_place, backend="cudagraphs")(x))
+    assert len(reasons) == 1 and reasons[0].startswith("cpu device"), reasons
+    assert counters["inductor"]["cudagraph_skips"] == before + 1
+    torch._dynamo.reset()
+    assert cudagraph_skip_reasons(lambda: torch.compile(scale_in_place, backend="eager")(x)) == []
+    torch._dynamo.reset()
+
+
 def test_use_compile_cache_points_inductor_at_the_folder(tmp_path, monkeypatch):
     import os
 
@@ -449,9 +697,11 @@ def test_plot_waterfall_draws_one_bar_per_variant_plus_the_total():
 
     rows = [{"variant": "baseline", "step_ms": 10.0, "iqr_ms": 1.0},
             {"variant": "+ a", "step_ms": 8.0, "iqr_ms": 1.0},
-            {"variant": "+ b", "step_ms": 9.0, "iqr_ms": 0.5}]  # fmt: skip
+            {"variant": "+ b", "step_ms": 9.0, "iqr_ms": 0.5},
+            {"variant": "foreach alone", "step_ms": 7.0, "iqr_ms": 0.5}]  # fmt: skip
     ax = plot_waterfall(rows)
-    assert len(ax.patches) == 4 and ax.get_ylabel().endswith("(ms)")
+    assert len(ax.patches) == 4 and ax.get_ylabel().endswith("(ms)")  # "alone" is no link
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["baseline", "+ a", "+ b", "all fixes"]
     colors = [patch.get_facecolor()[:3] for patch in ax.patches]
     assert colors[1] != colors[2]  # faster and slower are told apart
     with pytest.raises(ValueError, match="needs a baseline"):
@@ -492,7 +742,9 @@ def test_check_bucketing(capsys):
         check_bucketing(lambda tokens, buckets: tokens)  # no padding: one shape per length
     assert "compiles for 3 buckets" in capsys.readouterr().out
     with pytest.raises(AssertionError, match="wrong padding"):
-        check_bucketing(lambda tokens, buckets: torch.nn.functional.pad(tokens, (0, 64 - len(tokens)), value=1))
+        check_bucketing(
+            lambda tokens, buckets: torch.nn.functional.pad(tokens, (0, 64 - len(tokens)), value=1)
+        )
 
 
 def test_check_fewer_dispatches():
@@ -500,12 +752,48 @@ def test_check_fewer_dispatches():
 
     check_fewer_dispatches(lambda tensors, factors: list(torch._foreach_mul(tensors, factors)))
     with pytest.raises(AssertionError, match="64 operations"):
-        check_fewer_dispatches(lambda tensors, factors: [t * f for t, f in zip(tensors, factors, strict=True)])
+        check_fewer_dispatches(
+            lambda tensors, factors: [t * f for t, f in zip(tensors, factors, strict=True)]
+        )
     with pytest.raises(AssertionError, match="differ"):
         check_fewer_dispatches(lambda tensors, factors: list(torch._foreach_mul(tensors, 1.0)))
 
 
 # --- the chapter -----------------------------------------------------------------------------
+
+
+def _find_sync(profile, sync_operators=("aten::_local_scalar_dense", "aten::nonzero")) -> str:
+    """The chapter's solution: the named part whose time holds a sync operator."""
+    from trainfast.profiling.exercises import SYNC_STEP_PARTS
+
+    with gzip.open(profile.trace, "rt") as file:
+        events = [e for e in json.load(file)["traceEvents"] if e.get("ph") == "X"]
+    parts = [
+        e for e in events if e.get("cat") == "user_annotation" and e["name"] in SYNC_STEP_PARTS
+    ]
+    sync = next((e for e in events if e["name"] in sync_operators), None)
+    if sync is None:
+        return "no sync found"
+    return next(p["name"] for p in parts if p["ts"] <= sync["ts"] <= p["ts"] + p["dur"])
+
+
+def test_check_find_sync(capsys):
+    from trainfast.profiling.exercises import check_find_sync, planted_sync_step
+
+    check_find_sync(_find_sync)
+    assert "All 4 cases passed." in capsys.readouterr().out
+    with pytest.raises(AssertionError, match="boolean-mask indexing planted in 'prepare'"):
+        check_find_sync(lambda profile: _find_sync(profile, ("aten::_local_scalar_dense",)))
+    with pytest.raises(AssertionError, match="planted in 'log'"):  # the busiest part: 'compute'
+        check_find_sync(
+            lambda profile: max(
+                ("prepare", "compute", "log"), key=lambda part: profile.operator(part).self_cpu_s
+            )  # fmt: skip
+        )
+    with pytest.raises(ValueError, match="how: 'print'"):
+        planted_sync_step("log", "print")
+    with pytest.raises(ValueError, match="part: 'data'"):
+        planted_sync_step("data", ".item()")
 
 
 def test_listings_come_from_the_package():
@@ -514,12 +802,44 @@ def test_listings_come_from_the_package():
     assert chapters.listing_problems("profiling") == []
 
 
+#: Constants the profiling chapter may type: the numbers of its numbered lists (1 to 8), which
+#: also cover "inference with batch 1"; the 256 MB buffer that Triton's ``do_bench`` writes to
+#: flush the L2 cache (triton.testing); and exercise 4's problem size, 64 tensors (the default
+#: of ``check_fewer_dispatches``, a statement of the exercise, not a measurement).
+PROFILING_CONSTANTS = {"1", "2", "3", "4", "5", "6", "7", "8", "64", "256"}
+
+
+def test_chapter_prose_types_no_number_that_code_produced() -> None:
+    import chapters
+
+    assert chapters.typed_numbers("profiling", allow=PROFILING_CONSTANTS) == []
+
+
 @pytest.mark.chapter
 def test_chapter_executes_within_its_budget():
     import chapters
 
     seconds = chapters.execute_chapter("profiling")
-    assert seconds < 120, f"the profiling chapter took {seconds:.0f} s (budget 120 s)"
+    assert seconds < 150, f"the profiling chapter took {seconds:.0f} s (budget 150 s)"
+
+
+def test_rank_sum_test_agrees_with_scipy_mann_whitney_exact():
+    import random
+
+    from trainfast.profiling.timing import rank_sum_test
+
+    stats = pytest.importorskip("scipy.stats")
+    rng = random.Random(0)
+    for m, n, shift in [(15, 15, 0.3), (5, 7, 1.0), (10, 12, 0.0), (3, 3, 5.0)]:
+        before = [rng.gauss(0.0, 1.0) for _ in range(m)]
+        after = [rng.gauss(-shift, 1.0) for _ in range(n)]
+        theirs = stats.mannwhitneyu(before, after, method="exact", alternative="two-sided")
+        share, p_value = rank_sum_test(before, after)
+        assert share == pytest.approx(theirs.statistic / (m * n), rel=1e-12)
+        assert p_value == pytest.approx(theirs.pvalue, rel=1e-9)
+    assert rank_sum_test([2.0, 3.0, 4.0], [1.0, 1.5, 1.2]) == (1.0, pytest.approx(2 / 20))
+    with pytest.raises(ValueError, match="Invalid samples: 0 and 1"):
+        rank_sum_test([], [1.0])
 
 
 def test_paired_sign_test_counts_rounds_and_gives_the_binomial_tail():

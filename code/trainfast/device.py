@@ -10,6 +10,7 @@ import platform
 import shutil
 import subprocess
 import sys
+import uuid
 from dataclasses import asdict, dataclass
 
 import torch
@@ -19,6 +20,7 @@ __all__ = [
     "describe_environment",
     "device_name",
     "environment_line",
+    "nvidia_smi_id",
     "nvidia_smi_query",
     "pick_device",
 ]
@@ -82,22 +84,29 @@ def describe_environment(device: torch.device | None = None) -> Environment:
     )
 
 
-def nvidia_smi_query(fields: list[str], device: torch.device | None = None) -> dict[str, str] | None:
+def nvidia_smi_query(
+    fields: list[str], device: torch.device | None = None
+) -> dict[str, str] | None:
     """Ask ``nvidia-smi --query-gpu`` for ``fields`` of one GPU; None where it cannot answer.
 
     ``fields`` are nvidia-smi's names (``driver_version``, ``clocks.sm``, ``clocks.max.sm``,
     ``clocks.mem``, ``power.draw``, ``temperature.gpu``; ``nvidia-smi --help-query-gpu`` lists
-    them). The GPU is ``device``'s index (default 0). Values come back as nvidia-smi prints them,
-    units stripped. Returns None when there is no ``nvidia-smi``, it fails, or takes over 10 s:
-    describing the machine must never stop a measurement.
+    them). The GPU is ``device`` (default: the current CUDA device), named to nvidia-smi by
+    its UUID (:func:`nvidia_smi_id`; nvidia-smi's first GPU where torch sees none). Values come
+    back as nvidia-smi prints them, units stripped. Returns None when there is no
+    ``nvidia-smi``, it fails, or takes over 10 s: describing the machine must never stop a
+    measurement.
     """
     executable = shutil.which("nvidia-smi")
     if executable is None or not fields:
         return None
-    index = device.index if device is not None and device.index is not None else 0
+    try:
+        gpu = nvidia_smi_id(device or torch.device("cuda"))
+    except (RuntimeError, AssertionError):  # torch sees no GPU: nvidia-smi's first, if any
+        gpu = "0"
     try:
         result = subprocess.run(
-            [executable, f"--id={index}", f"--query-gpu={','.join(fields)}",
+            [executable, f"--id={gpu}", f"--query-gpu={','.join(fields)}",
              "--format=csv,noheader,nounits"],
             capture_output=True, text=True, timeout=10, check=True,
         )  # fmt: skip
@@ -107,6 +116,23 @@ def nvidia_smi_query(fields: list[str], device: torch.device | None = None) -> d
     if len(values) != len(fields):
         return None
     return dict(zip(fields, values, strict=True))
+
+
+def nvidia_smi_id(device: torch.device) -> str:
+    """The name nvidia-smi knows CUDA ``device`` by: ``GPU-`` and the GPU's UUID.
+
+    A CUDA index is not an nvidia-smi index: CUDA numbers only the GPUs that
+    ``CUDA_VISIBLE_DEVICES`` lets the process see, in that variable's order, and by default
+    fastest first (``CUDA_DEVICE_ORDER=FASTEST_FIRST``), while nvidia-smi numbers every GPU in
+    the machine by PCI bus. The UUID is the same to both (``nvidia-smi --id`` accepts it, and
+    ``nvidia-smi -L`` lists it); CUDA reports it as ``cudaDeviceProp.uuid``, 16 bytes.
+    """
+    device = torch.device(device)
+    if device.type != "cuda":
+        raise ValueError(f"Invalid device: {device} (nvidia-smi knows only CUDA devices)")
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    raw = torch.cuda.get_device_properties(index).uuid
+    return f"GPU-{uuid.UUID(bytes=bytes(raw.bytes))}"
 
 
 def device_name(device: torch.device) -> str:

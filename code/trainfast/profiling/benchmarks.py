@@ -32,10 +32,13 @@ __all__ = [
 def case_study_record(device: torch.device, quick: bool = False) -> Record:
     """Every fix this device can run, added one at a time; on a CPU, bf16 is measured alone.
 
-    On a CPU without bfloat16 arithmetic units autocast to bf16 is emulated and many times
-    slower, which would hide every later fix in the chain; so on a CPU the chain leaves it out
-    and one extra run measures it alone against the baseline. ``quick`` leaves out the fixes
-    that compile and trains a few steps.
+    At the CPU model's width (``d_model`` 32) autocast's casts cost more than bfloat16
+    arithmetic saves, even on a CPU with ``avx512_bf16``, so bf16 makes the step slower
+    (:func:`~trainfast.profiling.overhead.autocast_matmul_ratio` shows the crossover by width,
+    and the profiling chapter measures both), which would blur every later fix; so on a CPU the
+    chain leaves it out and one extra run measures it alone against the baseline. The foreach
+    AdamW, which ``AdamW(params)`` picks on CUDA, is measured alone everywhere. ``quick`` leaves
+    out the fixes that compile and trains a few steps.
     """
     from trainfast.accounting import TransformerShape
     from trainfast.profiling.case_study import (
@@ -54,11 +57,13 @@ def case_study_record(device: torch.device, quick: bool = False) -> Record:
     variants = cumulative_fixes(device, skip=skip)
     if device.type != "cuda":
         variants["bf16 alone"] = Fixes(bf16=True)
+    variants["foreach alone"] = Fixes(foreach_optimizer=True)  # AdamW's default on CUDA
     if device.type == "cpu":
         torch.set_num_threads(1)  # a tiny model: threads would only wait for each other
+    passes = 1 if quick else 3
     rows, _ = compare_fixes(
         variants, config, device,
-        steps_per_sample=2 if quick else 10, rounds=2 if quick else 9,
+        steps_per_sample=2 if quick else 10, rounds=2 if quick else 9, passes=passes,
     )  # fmt: skip
     shape = config.shape
     description = (
@@ -66,7 +71,8 @@ def case_study_record(device: torch.device, quick: bool = False) -> Record:
         f"{shape.n_layers} layers, d_model {shape.d_model}, {shape.n_heads} heads, vocabulary "
         f"{shape.vocab_size}, {shape.batch_size} x {shape.seq_len} tokens per step; word-level "
         f"tokens of Python's docs, {config.workers} loader worker(s) when on) with each fix "
-        "added to the ones before, timed side by side in one run (median of rounds); speedup is "
+        "added to the ones before, each run built, timed and torn down in turn, "
+        f"{passes} pass(es) over all of them (median of the samples); speedup is "
         "over the baseline; loss_deviation is the largest relative difference from the "
         f"baseline's loss over the first {LOSS_HORIZON} steps."
         + (" Quick smoke test: compile left out, tiny model." if quick else "")

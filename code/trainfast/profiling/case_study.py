@@ -9,8 +9,8 @@ training scripts slow. :class:`Fixes` switches the cures on, one flag each:
 3. ``no_item``: keep the losses on the device instead of ``loss.item()`` every step, which
    makes the CPU wait for the GPU;
 4. ``bf16``: ``torch.autocast`` to bfloat16 (tensor-core matmuls, half the bytes);
-5. ``fused_optimizer``: ``AdamW(fused=True)``, one kernel for all parameters, instead of a loop
-   over tensors;
+5. ``fused_optimizer``: ``AdamW(fused=True)``, one kernel launch per group of parameter tensors
+   (as many as fit in one launch's arguments) instead of a handful of kernels per tensor;
 6. ``sdpa``: the model's ``attention="sdpa"`` (a fused attention kernel) instead of the
    hand-written softmax attention;
 7. ``compile``: ``torch.compile`` of the loss (forward, and through AOTAutograd the backward);
@@ -18,14 +18,20 @@ training scripts slow. :class:`Fixes` switches the cures on, one flag each:
    forward and backward kernels into CUDA graphs and replays each with one launch (CUDA only;
    needs ``compile``; the optimizer step stays outside the graphs).
 
-:func:`compare_fixes` builds one run per set of fixes and times them side by side; the chapter
-plots the result as a waterfall. Every fix changes how the same arithmetic is executed, not
+One more flag is not in the chain but measured on its own: ``foreach_optimizer``,
+``AdamW(foreach=True)``, which is what ``AdamW(params)`` picks by itself when every parameter is
+on a CUDA device (the baseline asks for the single-tensor loop, ``foreach=False``, which is the
+default on a CPU).
+
+:func:`compare_fixes` builds one run per set of fixes and times them one after the other; the
+chapter plots the result as a waterfall. Every fix changes how the same arithmetic is executed, not
 what is computed, so each run's loss curve must equal the baseline's within
 :func:`loss_tolerance` (a test checks every fix this machine can run).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -37,11 +43,12 @@ from torch.utils.data import DataLoader
 
 from trainfast.accounting import TransformerShape
 from trainfast.profiling.text import TokenWindows, WordTokenizer, python_docs_text
-from trainfast.profiling.timing import benchmark, benchmark_side_by_side
+from trainfast.profiling.timing import Timing, benchmark
 from trainfast.profiling.traces import annotate
 from trainfast.transformer import Transformer
 
 __all__ = [
+    "ALTERNATIVES",
     "CUDA_ONLY",
     "FIXES",
     "LOSS_HORIZON",
@@ -63,6 +70,9 @@ FIXES = (
     "cuda_graphs",
 )  # fmt: skip
 
+#: Alternatives measured on their own, not switched on in the chain.
+ALTERNATIVES = ("foreach_optimizer",)
+
 #: Fixes that only mean something with a CUDA device; :class:`CaseStudy` refuses them elsewhere.
 CUDA_ONLY = ("pinned_memory", "cuda_graphs")
 
@@ -77,6 +87,7 @@ LOSS_TOLERANCE: dict[str, float] = {
     "sdpa": 1e-4,
     "compile": 1e-4,
     "cuda_graphs": 1e-4,
+    "foreach_optimizer": 1e-4,
 }
 
 
@@ -93,12 +104,12 @@ def loss_tolerance(fixes: Fixes) -> float:
     - **Exact (0)** for ``data_workers``, ``pinned_memory``, ``no_item``: they move work between
       processes or change when the host reads the loss; the same kernels run on the same
       numbers, so the losses are the same bit for bit.
-    - **1e-4** for ``fused_optimizer``, ``sdpa``, ``compile``, ``cuda_graphs``: they change the
-      order of float32 additions (one fused kernel, another attention algorithm, Inductor's
-      fused loops). One step differs by float32 rounding, about 1e-7 relative, and over the
-      horizon training carries that forward without much growth. A real bug (a missing mask, a
-      wrong scale) is off by far more, and even a 1 % change of the learning rate exceeds 1e-4
-      within the horizon (a test checks that).
+    - **1e-4** for ``fused_optimizer``, ``foreach_optimizer``, ``sdpa``, ``compile``,
+      ``cuda_graphs``: they change the order of float32 additions (one fused kernel, another
+      attention algorithm, Inductor's fused loops). One step differs by float32 rounding, about
+      1e-7 relative, and over the horizon training carries that forward without much growth. A
+      real bug (a missing mask, a wrong scale) is off by far more, and even a 1 % change of
+      the learning rate exceeds 1e-4 within the horizon (a test checks that).
     - **5e-3** for ``bf16``: bfloat16 keeps 8 significant bits, a rounding error of up to
       2**-9 = 0.2 % per value. Autocast rounds the inputs of the matmuls (their sums stay
       float32) and keeps softmax, normalisation and the loss in float32, so the errors average
@@ -121,6 +132,7 @@ class Fixes:
     sdpa: bool = False
     compile: bool = False
     cuda_graphs: bool = False
+    foreach_optimizer: bool = False  # not in the chain: see ALTERNATIVES
 
     def __post_init__(self) -> None:
         if self.cuda_graphs and not self.compile:
@@ -131,8 +143,8 @@ class Fixes:
 
     @property
     def enabled(self) -> list[str]:
-        """The names of the fixes that are on, in :data:`FIXES` order."""
-        return [name for name in FIXES if getattr(self, name)]
+        """The names of the fixes that are on, in :data:`FIXES` order, then the alternatives."""
+        return [name for name in FIXES + ALTERNATIVES if getattr(self, name)]
 
     def check_device(self, device: torch.device) -> None:
         """Raise ``ValueError`` naming a CUDA-only fix asked for on another device."""
@@ -232,8 +244,10 @@ class CaseStudy:
                 self.loss_fn = torch.compile(model.loss, backend=self.config.compile_backend)
         if fixes.fused_optimizer:
             self.optimizer = torch.optim.AdamW(model.parameters(), lr=self.config.lr, fused=True)
-        else:  # the single-tensor loop: a handful of small kernels per parameter tensor
-            self.optimizer = torch.optim.AdamW(model.parameters(), lr=self.config.lr, foreach=False)
+        else:  # foreach: a few kernels per group of tensors; else a few per tensor
+            self.optimizer = torch.optim.AdamW(
+                model.parameters(), lr=self.config.lr, foreach=fixes.foreach_optimizer
+            )
         workers = self.config.workers if fixes.data_workers else 0
         self.loader = DataLoader(
             case_study_dataset(self.config.shape.vocab_size, self.config.shape.seq_len),
@@ -273,6 +287,11 @@ class CaseStudy:
             else:  # the host waits here until the GPU has computed the loss
                 self.logged.append(loss.item())
 
+    def close(self) -> None:
+        """Stop the loader's worker processes now (a run that is dropped stops them too)."""
+        self.batches = iter(())
+        self.loader = None  # type: ignore[assignment]  # its iterator's workers exit with it
+
     def losses(self) -> list[float]:
         """Every step's loss so far, as Python floats (one device sync if they are tensors)."""
         if self.fixes.no_item and self.logged:
@@ -307,35 +326,52 @@ def compare_fixes(
     steps_per_sample: int = 5,
     rounds: int = 5,
     warmup_samples: int = 1,
+    passes: int = 1,
 ) -> tuple[list[dict[str, Any]], dict[str, list[float]]]:
-    """Time one run per variant side by side; return a row per variant and each loss curve.
+    """Time one run per variant, one after the other; return a row per variant and each curve.
 
-    Each variant is built, takes one first step on its own (timed: it includes compilation and
-    starting the workers), then ``warmup_samples`` untimed samples, then ``rounds`` samples of
-    ``steps_per_sample`` steps, the variants taking turns
-    (:func:`~trainfast.profiling.benchmark_side_by_side`). Every variant trains the same number
-    of steps on the same batches, so the loss curves can be compared step by step.
+    Each variant is built, takes one first step (timed: it includes compilation and starting the
+    workers), then ``warmup_samples`` untimed samples, then ``rounds // passes`` samples of
+    ``steps_per_sample`` steps, and is torn down (:meth:`CaseStudy.close`) before the next is
+    built; ``passes`` times over, so that a burst of load on the machine lands on a part of
+    each variant's samples rather than on all of one variant's. The variants do not take
+    turns sample by sample (as :func:`~trainfast.profiling.benchmark_side_by_side` would have
+    them) because a run's loader workers keep working while they are alive: between two of its
+    samples they would tokenize its next batches for free, on cores the variant being timed
+    needs, and nine runs of four workers would be dozens of processes. Compare the samples of
+    two variants with a test that does not pair them
+    (:func:`~trainfast.profiling.timing.rank_sum_test`). Every pass starts from the same
+    weights and batches, so the loss curves (of the first pass) can be compared step by step.
 
     A row has the variant's name, its fixes, ``step_ms`` (median), ``iqr_ms``, ``samples`` and
-    ``samples_ms`` (every sample, per step, in round order, for paired comparisons),
-    ``speedup`` (the first variant's step time over this one's), ``first_step_s``, and
-    ``loss_deviation`` from the first variant's curve over the first :data:`LOSS_HORIZON` steps,
-    with its :func:`loss_tolerance`. The curves returned are whole.
+    ``samples_ms`` (every sample, per step, pass after pass),
+    ``speedup`` (the first variant's step time over this one's), ``first_step_s`` (first pass),
+    and ``loss_deviation`` from the first variant's curve over the first :data:`LOSS_HORIZON`
+    steps, with its :func:`loss_tolerance`. The curves returned are whole.
     """
     if not variants:
         raise ValueError("Invalid variants: nothing to compare")
+    if passes < 1 or rounds % passes:
+        raise ValueError(f"Invalid passes: {passes} (need a divisor of rounds={rounds})")
     device = torch.device(device)
     config = config or CaseStudyConfig()
-    studies = {name: CaseStudy(fixes, config, device) for name, fixes in variants.items()}
-    first_step = {
-        name: benchmark(partial(study.run, 1), warmup=0, repeats=1, device=device).median
-        for name, study in studies.items()
-    }
-    timings = benchmark_side_by_side(
-        {name: partial(study.run, steps_per_sample) for name, study in studies.items()},
-        warmup=warmup_samples, repeats=rounds, device=device,
-    )  # fmt: skip
-    curves = {name: study.losses() for name, study in studies.items()}
+    first_step: dict[str, float] = {}
+    curves: dict[str, list[float]] = {}
+    samples: dict[str, list[float]] = {name: [] for name in variants}
+    timings: dict[str, Timing] = {}
+    for _ in range(passes):
+        for name, fixes in variants.items():
+            study = CaseStudy(fixes, config, device)
+            first = benchmark(partial(study.run, 1), warmup=0, repeats=1, device=device).median
+            first_step.setdefault(name, first)
+            timing = benchmark(
+                partial(study.run, steps_per_sample), warmup=warmup_samples,
+                repeats=rounds // passes, device=device,
+            )  # fmt: skip
+            samples[name] += timing.samples
+            timings[name] = dataclasses.replace(timing, samples=tuple(samples[name]))
+            curves.setdefault(name, study.losses())
+            study.close()  # its workers must not run while the next variant is timed
     baseline = next(iter(variants))
     rows = []
     for name, fixes in variants.items():
@@ -363,7 +399,9 @@ if __name__ == "__main__":  # the slow training script, for profilers: python -m
     parser = argparse.ArgumentParser(description="Train the profiling case study's slow loop.")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--fix", nargs="*", default=[], choices=FIXES, help="fixes to switch on")
+    parser.add_argument(
+        "--fix", nargs="*", default=[], choices=FIXES + ALTERNATIVES, help="fixes to switch on"
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     losses = train_with_fixes(

@@ -19,12 +19,16 @@ cold and a cached compile, each in a new Python process, as a rebuild would see 
 
 :class:`CountingBackend` is a ``torch.compile`` backend that runs each graph unchanged (no
 Inductor) and counts them: the cheapest way to watch graph breaks and recompiles.
+
+:func:`cudagraph_skip_reasons` says why ``mode="reduce-overhead"`` (or the ``"cudagraphs"``
+backend) ran a graph *without* CUDA graphs: it skips them silently, apart from a log line.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -39,8 +43,42 @@ __all__ = [
     "CountingBackend",
     "cache_counters",
     "compile_time_in_fresh_process",
+    "cudagraph_skip_reasons",
     "use_compile_cache",
 ]
+
+
+def cudagraph_skip_reasons(call: Callable[[], object]) -> list[str]:
+    """Run ``call`` (the first, compiling call of a function compiled with CUDA graphs) and
+    return the reasons ``torch.compile`` gave for running graphs without them, [] if none.
+
+    CUDA graphs replay fixed kernels on fixed memory, so ``torch.compile`` checks each graph
+    first and, where a rule is broken (a CPU tensor in the graph, an input the graph mutates, a
+    dynamic shape, an operator that cannot be captured), runs it without a CUDA graph. It does
+    not raise: it writes a warning, ``skipping cudagraphs due to ...``, to its ``cudagraphs``
+    log (stderr, easy to miss in a job's output; ``TORCH_LOGS="cudagraphs"`` adds the rest of
+    that log) and adds one to ``torch._dynamo.utils.counters["inductor"]["cudagraph_skips"]``.
+    This collects those reasons while ``call`` runs.
+    ``torch._inductor.config.triton.cudagraph_or_error = True`` turns them into errors.
+    """
+    from torch._inductor import cudagraph_utils
+
+    reasons: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            message = record.getMessage()
+            while message.startswith("skipping cudagraphs due to "):  # torch repeats it
+                message = message.removeprefix("skipping cudagraphs due to ")
+            reasons.append(message)
+
+    handler = Collect()
+    cudagraph_utils.cudagraphs_log.addHandler(handler)
+    try:
+        call()
+    finally:
+        cudagraph_utils.cudagraphs_log.removeHandler(handler)
+    return reasons
 
 
 def use_compile_cache(directory: str | Path) -> Path:

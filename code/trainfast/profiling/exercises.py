@@ -10,6 +10,8 @@ and raises ``AssertionError`` naming the first case that failed.
    recompiling.
 4. :func:`check_fewer_dispatches`: do the work of a Python loop of small operations in a
    handful of operations.
+5. :func:`check_find_sync`: find, in a trace, the part of a step that makes the host wait for
+   the device.
 """
 
 from __future__ import annotations
@@ -25,12 +27,15 @@ from trainfast.profiling.compilation import CountingBackend
 from trainfast.profiling.traces import StepProfile, profile_steps
 
 __all__ = [
+    "SYNC_STEP_PARTS",
     "check_bottleneck",
     "check_bucketing",
     "check_fewer_dispatches",
+    "check_find_sync",
     "check_no_graph_break",
     "clip_by_norm_with_break",
     "count_dispatches",
+    "planted_sync_step",
 ]
 
 
@@ -199,4 +204,73 @@ def check_fewer_dispatches(
     results: list[Case] = [(f"{n_tensors} tensors scaled correctly", problem)]
     problem = None if len(ops) <= max_ops else f"{len(ops)} operations, e.g. {ops[:3]}"
     results.append((f"at most {max_ops} ATen operations", problem))
+    report(results)
+
+
+# --- 5. a hidden synchronisation -------------------------------------------------------------
+
+#: The named parts of every step :func:`planted_sync_step` builds.
+SYNC_STEP_PARTS = ("prepare", "compute", "log")
+
+#: Ways the planted step reads a value from the device, each a synchronisation on a GPU.
+_SYNCS: dict[str, Callable[[torch.Tensor], object]] = {
+    ".item()": lambda x: x.sum().item(),
+    "boolean-mask indexing": lambda x: x[x > 0],
+    "if tensor:": lambda x: bool(x.sum() > 0),
+}
+
+
+def planted_sync_step(
+    part: str, how: str, device: torch.device | str = "cpu"
+) -> Callable[[], None]:
+    """A step of three named parts (:data:`SYNC_STEP_PARTS`), with a host-device sync planted in
+    ``part``: ``how`` is ``".item()"``, ``"boolean-mask indexing"`` or ``"if tensor:"``.
+
+    Every part does some matrix products, ``compute`` the most, so the part with the most time
+    is not necessarily the one with the sync; on a GPU the sync is where the host waits.
+    """
+    from trainfast.profiling.traces import annotate
+
+    if part not in SYNC_STEP_PARTS:
+        raise ValueError(f"Invalid part: {part!r} (one of {SYNC_STEP_PARTS})")
+    if how not in _SYNCS:
+        raise ValueError(f"Invalid how: {how!r} (one of {sorted(_SYNCS)})")
+    generator = torch.Generator().manual_seed(0)
+    a = torch.randn(128, 128, generator=generator).to(device)
+    work = {"prepare": 2, "compute": 6, "log": 1}  # matrix products per part
+
+    def step() -> None:
+        for name in SYNC_STEP_PARTS:
+            with annotate(name):
+                x = a
+                for _ in range(work[name]):
+                    x = torch.tanh(x @ a)
+                if name == part:
+                    _SYNCS[how](x)
+
+    return step
+
+
+def check_find_sync(
+    find_sync: Callable[[StepProfile], str], device: torch.device | str = "cpu"
+) -> None:
+    """Check ``find_sync(profile) -> part``: the named part of a profiled step (one of
+    :data:`SYNC_STEP_PARTS`) in which the host waits for the device.
+
+    Profiles :func:`planted_sync_step` with the sync planted in each part in turn, by each of
+    three ways of reading a device value, and compares the answer with the part it was planted
+    in.
+    """
+    results: list[Case] = []
+    cases = [("log", ".item()"), ("prepare", "boolean-mask indexing"), ("compute", "if tensor:"),
+             ("prepare", ".item()")]  # fmt: skip
+    with tempfile.TemporaryDirectory() as out_dir:
+        for part, how in cases:
+            profile = profile_steps(
+                planted_sync_step(part, how, device), wait=0, warmup=1, active=1,
+                out_dir=out_dir, device=device,
+            )  # fmt: skip
+            answer = find_sync(profile)
+            problem = None if answer == part else f"answered {answer!r}"
+            results.append((f"{how} planted in {part!r}", problem))
     report(results)

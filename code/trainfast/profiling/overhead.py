@@ -26,9 +26,16 @@ from typing import Any
 
 import torch
 
-from trainfast.profiling.timing import benchmark
+from trainfast.profiling.timing import benchmark, benchmark_side_by_side
 
-__all__ = ["cuda_graph", "dispatch_rate", "launch_overhead", "small_kernels", "time_per_op"]
+__all__ = [
+    "autocast_matmul_ratio",
+    "cuda_graph",
+    "dispatch_rate",
+    "launch_overhead",
+    "small_kernels",
+    "time_per_op",
+]
 
 
 def small_kernels(x: torch.Tensor, layers: int = 32) -> torch.Tensor:
@@ -65,6 +72,50 @@ def time_per_op(
         )
         rows.append(
             {"elements": numel, "seconds": timing.median, "bytes_per_s": 8 * numel / timing.median}
+        )
+    return rows
+
+
+def autocast_matmul_ratio(
+    widths: list[int], device: torch.device | str = "cpu", tokens: int = 256, repeats: int = 7
+) -> list[dict[str, float]]:
+    """bf16 autocast against float32 for one linear layer, ``(tokens, width) @ (width, width)``.
+
+    Autocast does not only multiply in bfloat16: it casts the layer's input and weight to
+    bfloat16 on every call, two more operations, each with its fixed cost and a pass over its
+    data. A wide layer repays them with a faster product (bfloat16 units: tensor cores, or on a
+    CPU the ``avx512_bf16``/AMX instructions that oneDNN uses); a narrow one is in the overhead
+    regime, where three operations cost more than one. Returns one row per width, timed side by
+    side: ``fp32_us``, ``bf16_us`` (median per call) and ``ratio`` (bf16 over float32: below 1,
+    bf16 is faster).
+    """
+    device_type = torch.device(device).type
+    rows = []
+    for width in widths:
+        if width < 1:
+            raise ValueError(f"Invalid width: {width} (need at least 1)")
+        x = torch.randn(tokens, width, device=device)
+        weight = torch.randn(width, width, device=device)
+
+        def fp32(x: torch.Tensor = x, weight: torch.Tensor = weight) -> torch.Tensor:
+            return torch.nn.functional.linear(x, weight)
+
+        def bf16(x: torch.Tensor = x, weight: torch.Tensor = weight) -> torch.Tensor:
+            with torch.autocast(device_type, dtype=torch.bfloat16):
+                return torch.nn.functional.linear(x, weight)
+
+        timings = benchmark_side_by_side(
+            {"fp32": fp32, "bf16": bf16}, warmup=3, repeats=repeats,
+            number=max(1, 4096 // width), device=device,
+        )  # fmt: skip
+        fp32_s, bf16_s = timings["fp32"].median, timings["bf16"].median
+        rows.append(
+            {
+                "width": width,
+                "fp32_us": fp32_s * 1e6,
+                "bf16_us": bf16_s * 1e6,
+                "ratio": bf16_s / fp32_s,
+            }
         )
     return rows
 

@@ -16,11 +16,15 @@ def plot_waterfall(rows: Sequence[dict[str, Any]], *, ax: Any = None, title: str
 
     ``rows`` are :func:`~trainfast.profiling.case_study.compare_fixes` rows of a cumulative
     chain (``variant`` and ``step_ms``, with ``iqr_ms`` drawn as error bars), baseline first.
-    Green bars are fixes that made the step faster, red ones slower; the last bar is the total.
-    Returns the axes.
+    Rows after the first whose ``variant`` does not start with ``"+ "`` (the names
+    :func:`~trainfast.profiling.case_study.cumulative_fixes` gives the links of the chain) were
+    measured alone, not in the chain, and are left out. Green bars are fixes that made the step
+    faster, red ones slower; the last bar is the total. Returns the axes.
     """
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
+
+    rows = [row for i, row in enumerate(rows) if i == 0 or str(row["variant"]).startswith("+ ")]
 
     if len(rows) < 2:
         raise ValueError(f"Invalid rows: a waterfall needs a baseline and a fix, got {len(rows)}")

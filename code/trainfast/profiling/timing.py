@@ -28,6 +28,7 @@ for timelines (when did each pipeline stage start?) rather than durations of a f
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 import time
@@ -46,6 +47,7 @@ __all__ = [
     "cuda_event_samples",
     "host_clock_samples",
     "paired_sign_test",
+    "rank_sum_test",
     "timestamp",
 ]
 
@@ -235,11 +237,15 @@ def cuda_event_samples(
     repeats: int,
     before_sample: Callable[[], object] | None,
 ) -> dict[str, list[float]]:
-    """Each sample between two CUDA events on the current stream; one synchronisation at the end.
+    """Each sample between two CUDA events on the current stream, the device idle around it.
 
     The clock of :func:`benchmark_side_by_side` on a GPU (call that, not this): the events
-    timestamp the GPU's stream, so the host may run ahead queueing work and the samples still
-    measure the GPU's time. Returns seconds per call, by name.
+    timestamp the GPU's stream, so within a sample the host may run ahead queueing work and the
+    sample still measures the GPU's time. Between samples the host waits for the device: were
+    a GPU-bound function's kernels still queued when the next sample's start event is
+    recorded, the GPU would reach that event only after they ran, while the host had already
+    been queueing the next function's launches, and a host-bound function would be timed short
+    by the backlog it was hidden behind. Returns seconds per call, by name.
     """
     with torch.cuda.device(device):
         events = {
@@ -249,17 +255,17 @@ def cuda_event_samples(
             ]
             for name in fns
         }
-        torch.cuda.synchronize(device)  # nothing queued before us may land in the first sample
         for i in range(repeats):
             for name, fn in fns.items():
                 if before_sample is not None:
                     before_sample()
+                torch.cuda.synchronize(device)  # the queue is empty when the sample starts
                 start, end = events[name][i]
                 start.record()
                 for _ in range(numbers[name]):
                     fn()
                 end.record()
-        torch.cuda.synchronize(device)
+                torch.cuda.synchronize(device)  # and this sample's work is done when it ends
         return {
             name: [start.elapsed_time(end) / 1e3 / numbers[name] for start, end in pairs]
             for name, pairs in events.items()
@@ -308,3 +314,40 @@ def paired_sign_test(before: Sequence[float], after: Sequence[float]) -> tuple[i
     extreme = math.ceil(max(wins, n - wins))  # as or more lopsided than observed
     tail = sum(math.comb(n, k) for k in range(extreme, n + 1)) / 2**n
     return int(round(wins)), min(1.0, 2 * tail)
+
+
+def rank_sum_test(before: Sequence[float], after: Sequence[float]) -> tuple[float, float]:
+    """Is ``after`` faster than ``before``, for samples not taken in pairs? ``(share, p_value)``.
+
+    Mann and Whitney's rank-sum test, for two runs timed one after the other: ``share`` is the
+    fraction of all (before, after) pairs of samples in which the ``after`` sample is shorter
+    (ties count half), their U statistic over ``len(before) * len(after)``: about one half if
+    neither is faster. The two-sided p-value is the probability of a share at least that far
+    from one half if all the samples came from one distribution, counted exactly over every
+    way of splitting them into the two groups (exact without ties, close with a few). Unlike
+    :func:`paired_sign_test` it cannot cancel a change of the machine's load that hit one run
+    and not the other. A small p-value with ``share`` above one half says ``after`` is faster.
+    """
+    m, n = len(before), len(after)
+    if not m or not n:
+        raise ValueError(f"Invalid samples: {m} and {n} (need at least one each)")
+    u = sum(1.0 if a < b else 0.5 if a == b else 0.0 for b in before for a in after)
+    counts = _rank_sum_counts(m, n)  # counts[k]: splittings with U = k, out of comb(m + n, m)
+    distance = abs(u - m * n / 2)
+    tail = sum(count for k, count in enumerate(counts) if abs(k - m * n / 2) >= distance - 1e-9)
+    return u / (m * n), min(1.0, tail / math.comb(m + n, m))
+
+
+@functools.cache
+def _rank_sum_counts(m: int, n: int) -> tuple[int, ...]:
+    """How many orderings of ``m`` and ``n`` distinct values have U = 0, 1, ..., m * n."""
+    if m == 0 or n == 0:
+        return (1,)
+    largest_in_first = _rank_sum_counts(m - 1, n)  # it beats all n of the second: U grows by n
+    largest_in_second = _rank_sum_counts(m, n - 1)
+    counts = [0] * (m * n + 1)
+    for k, count in enumerate(largest_in_first):
+        counts[k + n] += count
+    for k, count in enumerate(largest_in_second):
+        counts[k] += count
+    return tuple(counts)

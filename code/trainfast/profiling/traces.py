@@ -16,6 +16,14 @@ documentation recommends for training loops (Kineto's schedule):
 profiler shows, and on a CUDA machine an NVTX range, which Nsight Systems shows (NVTX costs
 nanoseconds when no tool listens, so it can stay in the code).
 
+:func:`trace_times` reads such a trace back and measures what a timeline shows by eye: how
+much of the recorded steps the host spent inside operators, how much the GPU spent running
+kernels, and how much of the two overlapped.
+
+:func:`allocated_bytes_timeline` reads a snapshot of the CUDA caching allocator's history
+(``torch.cuda.memory._record_memory_history``, then ``torch.cuda.memory._snapshot()``) as the
+bytes allocated after each event, the curve that https://pytorch.org/memory_viz draws.
+
 When not to use it: the profiler adds overhead per operator (microseconds), so never time with
 it; time with :func:`~trainfast.profiling.benchmark` and profile to explain the time.
 """
@@ -24,6 +32,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gzip
+import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +42,16 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
-__all__ = ["OperatorTime", "StepProfile", "annotate", "profile_steps"]
+__all__ = [
+    "OperatorTime",
+    "StepProfile",
+    "TraceTimes",
+    "allocated_bytes_timeline",
+    "annotate",
+    "profile_steps",
+    "profiler_activities",
+    "trace_times",
+]
 
 
 @functools.cache
@@ -102,6 +121,19 @@ def _device_time(event: Any, prefix: str) -> float:
     return float(getattr(event, attribute)) if attribute else 0.0
 
 
+def profiler_activities(device: torch.device | str | None) -> list[ProfilerActivity]:
+    """What ``torch.profiler`` must record for work on ``device``: the CPU, and CUDA on a GPU.
+
+    Without ``ProfilerActivity.CUDA`` the profiler records only the host side: the operators and
+    their launches, and no kernel at all, so a GPU trace would show nothing of the GPU.
+    """
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    activities = [ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    return activities
+
+
 def profile_steps(
     step_fn: Callable[[], object],
     *,
@@ -122,7 +154,7 @@ def profile_steps(
     sorted by time on the device if ``device`` is CUDA, else by CPU time (``self``: the time
     spent in the operator itself, not in what it calls). ``record_shapes``, ``profile_memory``
     and ``with_stack`` are the profiler's own options; each makes the trace larger and slower
-    to record.
+    to record. Pass the ``device`` the step runs on: the default, the CPU, records no kernel.
     """
     for name, value, least in (("wait", wait, 0), ("warmup", warmup, 0), ("active", active, 1)):
         if value < least:
@@ -131,9 +163,7 @@ def profile_steps(
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     trace = out_dir / "trace.json.gz"
-    activities = [ProfilerActivity.CPU]
-    if device.type == "cuda":
-        activities.append(ProfilerActivity.CUDA)
+    activities = profiler_activities(device)
 
     def export(profiler: profile) -> None:
         profiler.export_chrome_trace(str(trace))  # gzip-compressed: the name ends in .gz
@@ -180,3 +210,125 @@ def profile_steps(
         trace=trace,
         active_steps=active,
     )
+
+
+#: Chrome-trace categories of work on the GPU itself (Kineto's names).
+DEVICE_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
+
+
+@dataclass(frozen=True)
+class TraceTimes:
+    """Busy and idle time over the recorded steps of a trace (:func:`trace_times`), in seconds.
+
+    ``host_busy_s``: some ATen operator was running on some host thread (the rest of the host's
+    time went to Python, the data loader, the profiler, or waiting). ``device_busy_s``: some
+    kernel, copy or memset was running on the GPU (0 in a CPU-only trace). ``overlap_s``: both
+    at once, the host queueing work while the GPU ran earlier work, which is what keeps a GPU
+    fed. Each is a union of intervals, so nested or concurrent events count once.
+    """
+
+    span_s: float
+    host_busy_s: float
+    device_busy_s: float
+    overlap_s: float
+
+    @property
+    def host_busy_fraction(self) -> float:
+        return self.host_busy_s / self.span_s
+
+    @property
+    def device_busy_fraction(self) -> float:
+        return self.device_busy_s / self.span_s
+
+    @property
+    def device_idle_s(self) -> float:
+        """Time in the span with nothing running on the GPU (all of it in a CPU-only trace)."""
+        return self.span_s - self.device_busy_s
+
+
+def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Sorted, disjoint intervals covering the same time as ``intervals``."""
+    merged: list[tuple[float, float]] = []
+    for start, end in sorted(intervals):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return merged
+
+
+def _length(intervals: list[tuple[float, float]]) -> float:
+    return sum(end - start for start, end in intervals)
+
+
+def _intersection(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
+    """Total length of the overlap of two sorted, disjoint interval lists."""
+    total, i, j = 0.0, 0, 0
+    while i < len(a) and j < len(b):
+        total += max(0.0, min(a[i][1], b[j][1]) - max(a[i][0], b[j][0]))
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+def trace_times(trace: StepProfile | str | Path) -> TraceTimes:
+    """Busy, idle and overlapping time in a Chrome trace from :func:`profile_steps`.
+
+    The span runs from the start of the first ``ProfilerStep#`` to the end of the last; events
+    are clipped to it. Host time counts ``cpu_op`` events (ATen operators), device time the
+    :data:`DEVICE_CATEGORIES`. Raises ``ValueError`` naming the file if it has no step.
+    """
+    path = trace.trace if isinstance(trace, StepProfile) else Path(trace)
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as file:
+        events = json.load(file)["traceEvents"]
+    complete = [e for e in events if e.get("ph") == "X" and "dur" in e]
+    steps = [e for e in complete if str(e.get("name", "")).startswith("ProfilerStep#")]
+    if not steps:
+        raise ValueError(f"Invalid trace: {path} has no ProfilerStep# event")
+    first = min(float(e["ts"]) for e in steps)
+    last = max(float(e["ts"]) + float(e["dur"]) for e in steps)
+
+    def busy(categories: tuple[str, ...]) -> list[tuple[float, float]]:
+        clipped = [
+            (max(first, float(e["ts"])), min(last, float(e["ts"]) + float(e["dur"])))
+            for e in complete
+            if e.get("cat") in categories
+        ]
+        return _union([(start, end) for start, end in clipped if end > start])
+
+    host, device = busy(("cpu_op",)), busy(DEVICE_CATEGORIES)
+    return TraceTimes(
+        span_s=(last - first) / 1e6,  # the trace's timestamps are microseconds
+        host_busy_s=_length(host) / 1e6,
+        device_busy_s=_length(device) / 1e6,
+        overlap_s=_intersection(host, device) / 1e6,
+    )
+
+
+def allocated_bytes_timeline(snapshot: dict[str, Any], device_index: int = 0) -> list[int]:
+    """Net bytes allocated since recording began, after each event of an allocator snapshot.
+
+    ``snapshot`` is what ``torch.cuda.memory._snapshot()`` returns after
+    ``torch.cuda.memory._record_memory_history()``: its ``device_traces[device_index]`` lists
+    events with an ``action`` and a ``size`` in bytes. An ``alloc`` adds its size, a
+    ``free_completed`` (the block really back in the pool, after the streams that used it are
+    done) subtracts it; other actions (``free_requested``, ``segment_alloc``, ...) change
+    nothing that tensors hold. Memory allocated before recording began is not in the trace, so
+    the curve starts at zero and may go below it.
+    """
+    traces = snapshot.get("device_traces", [])
+    if not 0 <= device_index < len(traces):
+        raise ValueError(
+            f"Invalid device_index: {device_index} (the snapshot has {len(traces)} device(s))"
+        )
+    allocated, timeline = 0, []
+    for event in traces[device_index]:
+        if event["action"] == "alloc":
+            allocated += int(event["size"])
+        elif event["action"] == "free_completed":
+            allocated -= int(event["size"])
+        timeline.append(allocated)
+    return timeline

@@ -20,7 +20,6 @@ from functools import partial
 import torch
 import torch.distributed as dist
 
-from trainfast.device import describe_environment
 from trainfast.distributed.collectives import all_reduce, ring_all_reduce
 from trainfast.distributed.launch import default_backend, rank_device, spawn
 from trainfast.profiling.timing import benchmark, benchmark_side_by_side
@@ -137,5 +136,5 @@ def all_reduce_record(device: torch.device, quick: bool = False) -> Record:
         "torch.distributed.all_reduce, interleaved in one run; the slowest rank's time.",
         rows,
         units={"bytes": "B", "seconds": "s"},
-        environment=describe_environment(device),
+        device=device,
     )

@@ -31,7 +31,6 @@ from typing import Any
 import torch
 
 from trainfast.accounting import saved_tensor_bytes
-from trainfast.device import describe_environment
 from trainfast.kernels.attention import FlashAttention, attention_reference
 from trainfast.kernels.bandwidth import copy_bandwidth, host_transfer_costs, strided_bandwidth
 from trainfast.kernels.roofline import measure_roofline, roofline_from_rows
@@ -59,7 +58,7 @@ TARGETS = {
 
 def _record(name: str, description: str, rows: list[dict[str, Any]], device: torch.device,
             units: dict[str, str]) -> Record:  # fmt: skip
-    record = make_record(name, description, rows, units=units, environment=describe_environment(device))
+    record = make_record(name, description, rows, units=units, device=device)
     for line in target_ratios([record]):
         print(line)
     return record

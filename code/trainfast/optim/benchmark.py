@@ -20,7 +20,6 @@ import torch
 from torch import Tensor
 from torch.optim import Optimizer
 
-from trainfast.device import describe_environment
 from trainfast.optim.adam import Adam, AdamW
 from trainfast.optim.rmsprop import RMSprop
 from trainfast.optim.sgd import SGD
@@ -165,7 +164,7 @@ def step_time_record(device: torch.device, quick: bool) -> Record:
         description=description,
         rows=rows,
         units={**ms, **ratios},
-        environment=describe_environment(device),
+        device=device,
     )
 
 

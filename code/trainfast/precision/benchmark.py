@@ -157,7 +157,7 @@ def matmul_throughput_record(device: torch.device, quick: bool) -> Record:
         "this run. The last row times the largest bf16 square as a bare loop of back-to-back calls.",
         rows,
         units={"median_ms": "ms", "tflops": "TFLOP/s"},
-        environment=describe_environment(device),
+        device=device,
     )
 
 
@@ -230,7 +230,7 @@ def step_time_record(device: torch.device, quick: bool) -> Record:
         "caching allocator measured.",
         rows,
         units={"step_ms": "ms", "iqr_ms": "ms", "predicted_gb": "GB", "peak_memory_gb": "GB"},
-        environment=describe_environment(device),
+        device=device,
     )
 
 
@@ -246,7 +246,7 @@ def autocast_policy_record(device: torch.device, quick: bool) -> Record:
         "autocast-policy",
         "The dtype torch.autocast gives each op on this device, from float32 and from 16-bit inputs.",
         rows,
-        environment=describe_environment(device),
+        device=device,
     )
 
 
@@ -260,5 +260,5 @@ def matmul_error_record(device: torch.device, quick: bool) -> Record:
         f"Relative Frobenius error of a ({size}, K) @ (K, {size}) product of standard normal "
         "matrices against float64, per precision mode (emulated: rounding done in software).",
         rows,
-        environment=describe_environment(device),
+        device=device,
     )

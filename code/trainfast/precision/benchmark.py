@@ -33,13 +33,14 @@ from trainfast.precision.loss_scaling import GradScaler
 from trainfast.precision.numerics import MATMUL_MODES, autocast_policy, matmul_error
 from trainfast.precision.recipes import RECIPES, training_step
 from trainfast.profiling import benchmark
-from trainfast.records import Record, make_record
+from trainfast.records import Prediction, Record, make_record
 
 __all__ = [
     "autocast_policy_record",
     "matmul_error_record",
     "matmul_throughput",
     "matmul_throughput_record",
+    "step_memory_prediction",
     "step_time_record",
 ]
 
@@ -202,11 +203,39 @@ def _step_row(shape: TransformerShape, recipe_name: str, device: torch.device, r
         torch.set_float32_matmul_precision(previous)
 
 
+def _gpu_step_shape(quick: bool) -> TransformerShape:
+    """The transformer ``precision-step-time`` trains on a GPU: GPT-2 small (2 layers quick)."""
+    return TransformerShape.gpt_like(
+        d_model=768, n_layers=2 if quick else 12, n_heads=12, seq_len=1024, batch_size=8
+    )
+
+
+def step_memory_prediction(recipe_name: str, quick: bool = False) -> Prediction:
+    """The memory of one training step under ``recipe_name``, on the GPU benchmark's model.
+
+    :func:`~trainfast.accounting.training_memory` (weights, gradients, AdamW moments, master
+    weights where the recipe keeps them, and the activations saved with SDPA attention) for the
+    transformer ``precision-step-time`` trains on a GPU; it measures the peak the caching
+    allocator reports (``peak_memory_gb``), which adds temporaries and the allocator's rounding.
+    """
+    if recipe_name not in _MEMORY_RECIPE:
+        known = sorted(_MEMORY_RECIPE)
+        raise ValueError(f"Unknown recipe: {recipe_name!r} (expected one of {known})")
+    shape = _gpu_step_shape(quick)
+    recipe = _MEMORY_RECIPE[recipe_name]
+    memory = training_memory(shape, recipe=recipe, optimizer="adamw", attention="sdpa")
+    return Prediction(
+        memory.total / 1e9,
+        "GB",
+        f"trainfast.accounting.training_memory, {recipe_name}, AdamW, GPT-2 small "
+        f"({shape.n_layers} layers), batch {shape.batch_size} × {shape.seq_len} tokens",
+    )
+
+
 def step_time_record(device: torch.device, quick: bool) -> Record:
     """``precision-step-time``: one AdamW training step of the transformer under each recipe."""
     if device.type == "cuda":
-        shape = TransformerShape.gpt_like(d_model=768, n_layers=12 if not quick else 2, n_heads=12,
-                                          seq_len=1024, batch_size=8)  # fmt: skip
+        shape = _gpu_step_shape(quick)
         recipes = ["fp32", "tf32", "bf16 autocast", "fp16 autocast + scaler", "pure bf16"]
         repeats = 3 if quick else 10
     else:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -234,3 +235,56 @@ def test_exercise_report_prints_every_case_and_raises_on_the_first_failure(capsy
     assert "FAILED: c (too small)" in capsys.readouterr().out
     with pytest.raises(AssertionError, match="no cases"):
         report([])
+
+
+# --- the chapters: GPU cells render a measurement, a prediction or a citation, never a placeholder
+
+CHAPTERS = (
+    "optimizers",
+    "hyperparameters",
+    "mixed_precision",
+    "memory_hierarchy",
+    "profiling",
+    "parallelism",
+)
+PLACEHOLDER = re.compile(
+    r"not recorded yet|no (?:gpu|cuda) (?:measurement|record)|(?:gpu|cuda)[^.\n]*been recorded yet",
+    re.IGNORECASE,
+)
+
+
+def test_the_placeholder_pattern_catches_the_old_lines():
+    old = [
+        "No GPU measurement of 'roofline' has been recorded yet. To add one, run on a GPU:",
+        "No CUDA autocast policy has been recorded yet. To record it, run on a GPU:",
+        "| HBM3 | 80 GB | 3.35 TB/s | not recorded yet |",
+        "No GPU record of the DDP overlap exists yet.",
+    ]
+    assert all(PLACEHOLDER.search(line) for line in old)
+    assert not PLACEHOLDER.search(figure_markdown("x", [], benchmark="roofline"))
+
+
+@pytest.mark.parametrize("name", CHAPTERS)
+def test_chapter_sources_hold_no_gpu_placeholder(name):
+    import chapters
+
+    text = chapters.chapter_path(name).read_text()
+    found = [m.group(0) for m in PLACEHOLDER.finditer(text)]
+    assert found == [], f"{name}: placeholder text {found}"
+
+
+@pytest.mark.chapter
+@pytest.mark.parametrize("name", CHAPTERS)
+def test_executed_chapters_print_no_gpu_placeholder(name):
+    import chapters
+
+    notebook = chapters.executed_notebook(name)
+    outputs = [
+        output for cell in notebook.cells if cell.cell_type == "code" for output in cell.outputs
+    ]
+    texts = [
+        str(output.get("text", "")) + "".join(str(v) for v in output.get("data", {}).values())
+        for output in outputs
+    ]
+    found = [m.group(0) for text in texts for m in PLACEHOLDER.finditer(text)]
+    assert found == [], f"{name}: placeholder output {found}"

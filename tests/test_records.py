@@ -132,6 +132,11 @@ def test_figure_markdown_without_a_record_labels_prediction_and_published_figure
     assert "predicted" not in text and "**" not in text
 
 
+def test_figure_markdown_writes_large_figures_with_thousands_separators():
+    text = figure_markdown("copy", [], prediction=Prediction(3350.0, "GB/s", "HBM"))
+    assert "3,350 GB/s" in text and "e+03" not in text
+
+
 def test_figure_markdown_with_nothing_is_one_short_line():
     text = figure_markdown("demo step", [], benchmark="demo")
     assert text.count("\n") == 1 and text.startswith("demo step: not measured")

@@ -270,7 +270,9 @@ class Published:
 
 
 def _number(value: float, unit: str) -> str:
-    return f"{_format(float(value))} {unit}".strip()
+    value = float(value)
+    text = f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
+    return f"{text} {unit}".strip()
 
 
 def _published(published: Published) -> str:

@@ -96,3 +96,18 @@ def test_step_memory_prediction_agrees_with_accounting_for_a_quick_model():
     assert step_memory_prediction("fp16 autocast + scaler", quick=True).value == pytest.approx(
         expected / 1e9
     )
+
+
+def test_published_cuda_autocast_policy_follows_the_documentations_lists():
+    from trainfast.precision.benchmark import published_cuda_autocast_policy
+    from trainfast.precision.numerics import AUTOCAST_OPS
+
+    policy = published_cuda_autocast_policy()
+    assert set(policy) == set(AUTOCAST_OPS)
+    assert policy["linear"] == policy["matmul"] == "lower precision"
+    assert policy["softmax"] == policy["layer_norm"] == policy["cumsum"] == "float32"
+    assert policy["gelu"] == policy["add"] == "input dtype"  # on neither list
+    assert published_cuda_autocast_policy(["conv2d", "nll_loss"]) == {
+        "conv2d": "lower precision",
+        "nll_loss": "float32",
+    }

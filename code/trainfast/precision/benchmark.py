@@ -20,7 +20,7 @@ All timing goes through :func:`trainfast.profiling.benchmark` (CUDA events on a 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -36,10 +36,13 @@ from trainfast.profiling import benchmark
 from trainfast.records import Prediction, Record, make_record
 
 __all__ = [
+    "PUBLISHED_CUDA_FLOAT16_OPS",
+    "PUBLISHED_CUDA_FLOAT32_OPS",
     "autocast_policy_record",
     "matmul_error_record",
     "matmul_throughput",
     "matmul_throughput_record",
+    "published_cuda_autocast_policy",
     "step_memory_prediction",
     "step_time_record",
 ]
@@ -261,6 +264,47 @@ def step_time_record(device: torch.device, quick: bool) -> Record:
         units={"step_ms": "ms", "iqr_ms": "ms", "predicted_gb": "GB", "peak_memory_gb": "GB"},
         device=device,
     )
+
+
+#: PyTorch's autocast op reference (docs of ``torch.amp``, "CUDA Ops that can autocast to
+#: float16"), the names as the documentation writes them.
+PUBLISHED_CUDA_FLOAT16_OPS = frozenset(
+    "__matmul__ addbmm addmm addmv addr baddbmm bmm chain_matmul multi_dot conv1d conv2d conv3d "
+    "conv_transpose1d conv_transpose2d conv_transpose3d GRUCell linear LSTMCell matmul mm mv "
+    "prelu RNNCell".split()
+)
+#: The same reference, "CUDA Ops that can autocast to float32".
+PUBLISHED_CUDA_FLOAT32_OPS = frozenset(
+    "__pow__ __rdiv__ __rpow__ __rtruediv__ acos asin binary_cross_entropy_with_logits cosh "
+    "cosine_embedding_loss cdist cosine_similarity cross_entropy cumprod cumsum dist erfinv exp "
+    "expm1 group_norm hinge_embedding_loss kl_div l1_loss layer_norm log log_softmax log10 log1p "
+    "log2 margin_ranking_loss mse_loss multilabel_margin_loss multi_margin_loss nll_loss norm "
+    "normalize pdist poisson_nll_loss pow prod reciprocal rsqrt sinh smooth_l1_loss "
+    "soft_margin_loss softmax softmin softplus sum renorm tan triplet_margin_loss".split()
+)
+
+
+def published_cuda_autocast_policy(ops: Iterable[str] | None = None) -> dict[str, str]:
+    """The float16 CUDA policy PyTorch's documentation publishes for each op of ``ops``.
+
+    ``ops`` defaults to :data:`~trainfast.precision.numerics.AUTOCAST_OPS`, the ops
+    ``autocast-policy`` measures. Policies use that benchmark's words: "lower precision" for the
+    documentation's float16 list, "float32" for its float32 list, and "input dtype" for an op
+    on neither list, which, the documentation says, runs in the type of its inputs. This is what
+    the documentation promises, not a measurement: a CUDA record of ``autocast-policy`` says
+    what the installed PyTorch does.
+    """
+    from trainfast.precision.numerics import AUTOCAST_OPS
+
+    policy = {}
+    for op in AUTOCAST_OPS if ops is None else ops:
+        if op in PUBLISHED_CUDA_FLOAT16_OPS:
+            policy[op] = "lower precision"
+        elif op in PUBLISHED_CUDA_FLOAT32_OPS:
+            policy[op] = "float32"
+        else:
+            policy[op] = "input dtype"
+    return policy
 
 
 def autocast_policy_record(device: torch.device, quick: bool) -> Record:

@@ -3,29 +3,34 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
 from trainfast.device import describe_environment, environment_line, pick_device
 from trainfast.measure import BENCHMARKS, main
 from trainfast.records import (
+    Prediction,
+    Published,
     Record,
+    figure_markdown,
     load_records,
     make_record,
     provenance,
+    records_for,
     to_markdown,
     write_record,
 )
 
 
-def test_pick_device_prefers_cuda_then_mps_then_cpu():
-    device = pick_device()
-    if torch.cuda.is_available():
-        assert device.type == "cuda"
-    elif torch.backends.mps.is_available():
-        assert device.type == "mps"
-    else:
-        assert device.type == "cpu"
+@pytest.mark.parametrize(
+    ("cuda", "mps", "expected"),
+    [(True, True, "cuda"), (True, False, "cuda"), (False, True, "mps"), (False, False, "cpu")],
+)
+def test_pick_device_prefers_cuda_then_mps_then_cpu(monkeypatch, cuda, mps, expected):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: mps)
+    assert pick_device().type == expected
     assert pick_device("cpu") == torch.device("cpu")
 
 
@@ -46,10 +51,97 @@ def test_environment_line_names_device_and_versions():
 
 def _record(name: str = "demo", device: str = "cpu") -> Record:
     record = make_record(
-        name, "A demo.", [{"size": 1, "ms": 0.5}, {"size": 2, "ms": 1.25}], units={"ms": "ms"}
+        name,
+        "A demo.",
+        [{"size": 1, "ms": 0.5}, {"size": 2, "ms": 1.25}],
+        units={"ms": "ms"},
+        device="cpu",
     )
     record.environment["device"] = device
     return record
+
+
+def test_make_record_describes_the_device_it_is_given():
+    record = make_record("x", "d", [{"a": 1}], device="cpu")
+    assert record.device == "cpu" and record.environment["cuda_version"] is None
+    assert record.device_name == describe_environment(torch.device("cpu")).device_name
+    with pytest.raises(ValueError, match="not both"):
+        make_record("x", "d", [{"a": 1}], device="cpu", environment=describe_environment())
+
+
+def test_record_column_reads_a_column_and_names_an_unknown_one():
+    record = _record()
+    assert record.column("ms") == [0.5, 1.25] and record.column("size") == [1, 2]
+    with pytest.raises(ValueError, match="no column 'speed'"):
+        record.column("speed")
+
+
+def test_records_for_filters_by_device_kind_newest_first(tmp_path):
+    old_gpu, new_gpu = _record("a", device="cuda"), _record("a", device="cuda")
+    old_gpu.environment["device_name"], new_gpu.environment["device_name"] = "Old GPU", "New GPU"
+    old_gpu.created, new_gpu.created = "2025-01-01T00:00:00+00:00", "2026-01-01T00:00:00+00:00"
+    for record in (old_gpu, new_gpu, _record("a"), _record("b", device="cuda")):
+        write_record(record, tmp_path)
+    names = [r.device_name for r in records_for("a", "cuda", tmp_path)]
+    assert names == ["New GPU", "Old GPU"]
+    assert [r.device for r in records_for("a", torch.device("cpu"), tmp_path)] == ["cpu"]
+    assert len(records_for("a", None, tmp_path)) == 3
+    assert records_for("a", "mps", tmp_path) == []
+    with pytest.raises(ValueError, match="'tpu'"):
+        records_for("a", "tpu", tmp_path)
+
+
+def test_records_for_finds_the_books_records_from_the_repository_root(monkeypatch):
+    from pathlib import Path
+
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])
+    found = records_for("ddp-overlap", "cpu")
+    monkeypatch.chdir(Path(__file__).resolve().parents[1] / "book")
+    assert [r.created for r in records_for("ddp-overlap", "cpu")] == [r.created for r in found]
+    assert found, "book/records holds a CPU record of ddp-overlap"
+
+
+_PREDICTION = Prediction(2.0, "ms", "two bytes over the bandwidth")
+_PUBLISHED = Published(1.5, "ms", "a datasheet", "nvidia2022h100")
+
+
+def test_figure_markdown_with_a_record_shows_the_measurement_and_its_ratio_to_the_prediction():
+    record = _record(device="cuda")
+    text = figure_markdown(
+        "demo step", [record], measured=lambda r: max(r.column("ms")), prediction=_PREDICTION
+    )
+    assert "demo step: **1.25 ms**, measured." in text and provenance(record) in text
+    assert "Predicted by the book's model (two bytes over the bandwidth): 2 ms" in text
+    assert "measured / predicted = 0.62" in text
+
+
+def test_figure_markdown_with_a_record_and_no_extractor_shows_its_table():
+    text = figure_markdown("demo", [_record()], columns=["ms"], published=_PUBLISHED)
+    assert text.startswith("| ms (ms) |") and "A demo." in text
+    assert "*Published by a datasheet {cite}`nvidia2022h100`: 1.5 ms.*" in text
+    assert "measured / predicted" not in text
+
+
+def test_figure_markdown_without_a_record_labels_prediction_and_published_figure():
+    text = figure_markdown("demo step", [], prediction=_PREDICTION, benchmark="demo")
+    assert "not measured here (`python -m trainfast.measure --only demo` on a GPU" in text
+    assert "- *predicted by the book's model* (two bytes over the bandwidth): 2 ms" in text
+    assert "**" not in text and "published" not in text
+    text = figure_markdown("demo step", [], published=_PUBLISHED)
+    assert "- *published by a datasheet {cite}`nvidia2022h100`: 1.5 ms*" in text
+    assert "predicted" not in text and "**" not in text
+
+
+def test_figure_markdown_writes_large_figures_with_thousands_separators():
+    text = figure_markdown("copy", [], prediction=Prediction(3350.0, "GB/s", "HBM"))
+    assert "3,350 GB/s" in text and "e+03" not in text
+
+
+def test_figure_markdown_with_nothing_is_one_short_line():
+    text = figure_markdown("demo step", [], benchmark="demo")
+    assert text.count("\n") == 1 and text.startswith("demo step: not measured")
+    with pytest.raises(ValueError, match="description of the figure, got ''"):
+        figure_markdown("", [])
 
 
 def test_records_round_trip_with_provenance(tmp_path):
@@ -125,7 +217,8 @@ def test_nvidia_smi_query_reads_fields_and_is_none_without_nvidia_smi(tmp_path, 
     fake.write_text("#!/bin/sh\necho '570.86.15, 1980'\n")
     fake.chmod(0o755)
     assert nvidia_smi_query(["driver_version", "clocks.sm"]) == {
-        "driver_version": "570.86.15", "clocks.sm": "1980"
+        "driver_version": "570.86.15",
+        "clocks.sm": "1980",
     }
     assert nvidia_smi_query(["driver_version"]) is None  # answer does not match the question
 
@@ -147,3 +240,56 @@ def test_exercise_report_prints_every_case_and_raises_on_the_first_failure(capsy
     assert "FAILED: c (too small)" in capsys.readouterr().out
     with pytest.raises(AssertionError, match="no cases"):
         report([])
+
+
+# --- the chapters: GPU cells render a measurement, a prediction or a citation, never a placeholder
+
+CHAPTERS = (
+    "optimizers",
+    "hyperparameters",
+    "mixed_precision",
+    "memory_hierarchy",
+    "profiling",
+    "parallelism",
+)
+PLACEHOLDER = re.compile(
+    r"not recorded yet|no (?:gpu|cuda) (?:measurement|record)|(?:gpu|cuda)[^.\n]*been recorded yet",
+    re.IGNORECASE,
+)
+
+
+def test_the_placeholder_pattern_catches_the_old_lines():
+    old = [
+        "No GPU measurement of 'roofline' has been recorded yet. To add one, run on a GPU:",
+        "No CUDA autocast policy has been recorded yet. To record it, run on a GPU:",
+        "| HBM3 | 80 GB | 3.35 TB/s | not recorded yet |",
+        "No GPU record of the DDP overlap exists yet.",
+    ]
+    assert all(PLACEHOLDER.search(line) for line in old)
+    assert not PLACEHOLDER.search(figure_markdown("x", [], benchmark="roofline"))
+
+
+@pytest.mark.parametrize("name", CHAPTERS)
+def test_chapter_sources_hold_no_gpu_placeholder(name):
+    import chapters
+
+    text = chapters.chapter_path(name).read_text()
+    found = [m.group(0) for m in PLACEHOLDER.finditer(text)]
+    assert found == [], f"{name}: placeholder text {found}"
+
+
+@pytest.mark.chapter
+@pytest.mark.parametrize("name", CHAPTERS)
+def test_executed_chapters_print_no_gpu_placeholder(name):
+    import chapters
+
+    notebook = chapters.executed_notebook(name)
+    outputs = [
+        output for cell in notebook.cells if cell.cell_type == "code" for output in cell.outputs
+    ]
+    texts = [
+        str(output.get("text", "")) + "".join(str(v) for v in output.get("data", {}).values())
+        for output in outputs
+    ]
+    found = [m.group(0) for text in texts for m in PLACEHOLDER.finditer(text)]
+    assert found == [], f"{name}: placeholder output {found}"

@@ -13,14 +13,28 @@ import json
 import re
 import shlex
 import sys
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from trainfast.device import Environment, describe_environment
 
-__all__ = ["Record", "load_records", "make_record", "provenance", "to_markdown", "write_record"]
+__all__ = [
+    "Prediction",
+    "Published",
+    "Record",
+    "figure_markdown",
+    "load_records",
+    "make_record",
+    "provenance",
+    "records_for",
+    "to_markdown",
+    "write_record",
+]
 
 SCHEMA_VERSION = 1
 _REQUIRED = ("name", "description", "columns", "rows", "environment", "created", "command")
@@ -59,6 +73,22 @@ class Record:
         known = {f for f in cls.__dataclass_fields__}
         return cls(**{k: v for k, v in data.items() if k in known})
 
+    @property
+    def device(self) -> str:
+        """The kind of device measured: ``"cuda"``, ``"mps"`` or ``"cpu"``."""
+        return str(self.environment["device"])
+
+    @property
+    def device_name(self) -> str:
+        """The card's or processor's name, e.g. ``NVIDIA H100 80GB HBM3``."""
+        return str(self.environment["device_name"])
+
+    def column(self, name: str) -> list[Any]:
+        """The values of column ``name``, one per row; an unknown column raises ``ValueError``."""
+        if name not in self.columns:
+            raise ValueError(f"Record {self.name!r} has no column {name!r} (has {self.columns})")
+        return [row[name] for row in self.rows]
+
 
 def make_record(
     name: str,
@@ -66,15 +96,23 @@ def make_record(
     rows: list[dict[str, Any]],
     *,
     units: dict[str, str] | None = None,
+    device: torch.device | str | None = None,
     environment: Environment | None = None,
     command: str | None = None,
 ) -> Record:
-    """Build a :class:`Record` stamped with this machine's environment, the time and command."""
+    """Build a :class:`Record` stamped with the environment, the time and the command.
+
+    The environment is that of ``device``, the device the benchmark ran on (default:
+    :func:`~trainfast.device.pick_device`'s choice); pass ``environment`` only to stamp one
+    described elsewhere. Giving both raises ``ValueError``.
+    """
     from trainfast import __version__
 
     if not rows:
         raise ValueError(f"Record {name!r} has no rows")
-    env = environment or describe_environment()
+    if device is not None and environment is not None:
+        raise ValueError(f"Record {name!r}: give device ({device!r}) or environment, not both")
+    env = environment or describe_environment(None if device is None else torch.device(device))
     return Record(
         name=name,
         description=description,
@@ -128,6 +166,42 @@ def load_records(directory: str | Path, name: str | None = None) -> list[Record]
     return sorted(records, key=lambda r: (r.environment["device"] == "cpu", r.created))
 
 
+def _book_records() -> Path:
+    """The book's ``records`` folder, from a chapter's folder, the repository root or the package."""
+    here = Path.cwd()
+    candidates = [
+        here / "records",  # a chapter runs in book/
+        here / "book" / "records",  # the repository root
+        here.parent / "book" / "records",  # tests/ or another sibling of book/
+        Path(__file__).resolve().parents[2] / "book" / "records",  # this checkout's book
+    ]
+    return next((c for c in candidates if c.is_dir()), candidates[-1])
+
+
+_DEVICE_KINDS = ("cuda", "mps", "cpu")
+
+
+def records_for(
+    name: str,
+    device: torch.device | str | None = "cuda",
+    directory: str | Path | None = None,
+) -> list[Record]:
+    """The records of benchmark ``name`` measured on ``device``'s kind, newest first.
+
+    ``device`` is a kind (``"cuda"``, ``"mps"``, ``"cpu"``) or a :class:`torch.device`; None
+    takes every kind. ``directory`` defaults to the book's ``book/records``, found from a
+    chapter's working directory, the repository root, or the package's own checkout. This is
+    the one place chapters filter records by device, so a GPU cell reads the same way whether
+    or not a GPU record exists: an empty list means "not measured on this kind".
+    """
+    kind = device.type if isinstance(device, torch.device) else device
+    if kind is not None and kind not in _DEVICE_KINDS:
+        raise ValueError(f"Unknown device kind: {kind!r} (expected one of {_DEVICE_KINDS})")
+    records = load_records(_book_records() if directory is None else directory, name)
+    chosen = [r for r in records if kind is None or r.device == kind]
+    return sorted(chosen, key=lambda r: r.created, reverse=True)
+
+
 def provenance(record: Record) -> str:
     """A sentence saying where, with what and when ``record`` was measured."""
     env = record.environment
@@ -166,3 +240,97 @@ def to_markdown(record: Record, columns: list[str] | None = None) -> str:
     for row in record.rows:
         lines.append("| " + " | ".join(_format(row[c]) for c in columns) + " |")
     return "\n".join(lines) + f"\n\n*{record.description} {provenance(record)}*\n"
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """A figure the book's own model predicts, e.g. an H100's copy bandwidth from its roofline.
+
+    ``model`` says what produced it, in words a reader can follow to the code (it is shown as
+    "predicted by the book's model (<model>)").
+    """
+
+    value: float
+    unit: str
+    model: str
+
+
+@dataclass(frozen=True)
+class Published:
+    """A figure a primary source publishes, e.g. a datasheet peak or a paper's throughput table.
+
+    ``source`` names it for the reader; ``citation`` is its key in ``book/references.bib``
+    (rendered as a MyST ``{cite}`` role) or empty where the source has no entry there.
+    """
+
+    value: float
+    unit: str
+    source: str
+    citation: str = ""
+
+
+def _number(value: float, unit: str) -> str:
+    value = float(value)
+    text = f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
+    return f"{text} {unit}".strip()
+
+
+def _published(published: Published) -> str:
+    cite = f" {{cite}}`{published.citation}`" if published.citation else ""
+    return f"published by {published.source}{cite}: {_number(published.value, published.unit)}"
+
+
+def figure_markdown(
+    what: str,
+    records: Sequence[Record],
+    *,
+    measured: Callable[[Record], float] | None = None,
+    prediction: Prediction | None = None,
+    published: Published | None = None,
+    columns: list[str] | None = None,
+    benchmark: str | None = None,
+) -> str:
+    """Markdown for one figure: measured where a record exists, else predicted and/or published.
+
+    With a record (the first of ``records``, which :func:`records_for` sorts newest first),
+    ``measured(record)`` is the figure, shown in bold with the record's provenance and, given a
+    ``prediction``, the ratio measured / predicted; without ``measured`` the record's table is
+    shown (``columns`` as in :func:`to_markdown`). Without a record the prediction and the
+    published figure are shown, each labelled, in italics so that neither reads as a
+    measurement; with neither, one short line. ``benchmark`` (default: the record name if
+    any) names the ``python -m trainfast.measure`` benchmark that would measure it.
+    """
+    if not what:
+        raise ValueError(f"figure_markdown needs a description of the figure, got {what!r}")
+    unit = prediction.unit if prediction else published.unit if published else ""
+    lines = []
+    if records:
+        record = records[0]
+        if measured is None:
+            lines.append(to_markdown(record, columns=columns))
+            value = None
+        else:
+            value = float(measured(record))
+            lines.append(f"{what}: **{_number(value, unit)}**, measured. {provenance(record)}")
+        if prediction is not None:
+            line = (
+                f"Predicted by the book's model ({prediction.model}): "
+                f"{_number(prediction.value, prediction.unit)}"
+            )
+            if value is not None and prediction.value:
+                line += f"; measured / predicted = {value / prediction.value:.2f}"
+            lines.append(f"*{line}.*")
+        if published is not None:
+            text = _published(published)
+            lines.append(f"*{text[0].upper()}{text[1:]}.*")
+        return "\n\n".join(lines) + "\n"
+    how = f"`python -m trainfast.measure --only {benchmark}` on a GPU" if benchmark else "a GPU run"
+    if prediction is None and published is None:
+        return f"{what}: not measured; {how} would measure it.\n"
+    lines.append(f"{what}, not measured here ({how} would measure it):\n")
+    if prediction is not None:
+        number = _number(prediction.value, prediction.unit)
+        lines.append(f"- *predicted by the book's model* ({prediction.model}): {number}")
+    if published is not None:
+        lines.append(f"- *{_published(published)}*")
+    return "\n".join(lines) + "\n"

@@ -20,14 +20,15 @@ from functools import partial
 import torch
 import torch.distributed as dist
 
-from trainfast.device import describe_environment
 from trainfast.distributed.collectives import all_reduce, ring_all_reduce
+from trainfast.distributed.cost_model import NVLINK4, Link, all_reduce_time
 from trainfast.distributed.launch import default_backend, rank_device, spawn
 from trainfast.profiling.timing import benchmark, benchmark_side_by_side
-from trainfast.records import Record, make_record
+from trainfast.records import Prediction, Record, make_record
 
 __all__ = [
     "BENCHMARK_ALGORITHMS",
+    "all_reduce_prediction",
     "all_reduce_record",
     "all_reduce_timing_worker",
     "measure_all_reduce",
@@ -137,5 +138,23 @@ def all_reduce_record(device: torch.device, quick: bool = False) -> Record:
         "torch.distributed.all_reduce, interleaved in one run; the slowest rank's time.",
         rows,
         units={"bytes": "B", "seconds": "s"},
-        environment=describe_environment(device),
+        device=device,
+    )
+
+
+def all_reduce_prediction(
+    n_bytes: float, world_size: int, link: Link = NVLINK4, link_name: str = "NVLink 4 (H100 SXM)"
+) -> Prediction:
+    """The time of a ring all-reduce of ``n_bytes`` over ``world_size`` GPUs, from the α-β model.
+
+    :func:`~trainfast.distributed.cost_model.all_reduce_time` with ``link`` (default: NVLink 4,
+    450 GB/s each way per the H100 datasheet, and an assumed 5 µs per step). NCCL on one node
+    uses NVLink through NVSwitch, which this one-link-per-rank model fits. ``all-reduce-time``
+    measures it on a machine with ``world_size`` GPUs.
+    """
+    return Prediction(
+        all_reduce_time("ring", n_bytes, world_size, link) * 1e3,
+        "ms",
+        f"α-β model of a ring all-reduce of {n_bytes / 2**20:,.0f} MiB over {world_size} GPUs, "
+        f"{link_name}",
     )

@@ -21,7 +21,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from trainfast.device import describe_environment
 from trainfast.distributed.ddp import DDP, BucketTiming
 from trainfast.distributed.launch import rank_device, spawn
 from trainfast.profiling.timing import benchmark_side_by_side, timestamp
@@ -165,5 +164,5 @@ def ddp_overlap_record(device: torch.device, quick: bool = False) -> Record:
         "(overlap) or only after it (sync), per bucket size; trainfast.distributed.DDP.",
         rows,
         units={"sync_seconds": "s", "overlap_seconds": "s"},
-        environment=describe_environment(device),
+        device=device,
     )

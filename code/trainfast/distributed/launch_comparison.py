@@ -25,7 +25,6 @@ import time
 import torch
 import torch.distributed as dist
 
-from trainfast.device import describe_environment
 from trainfast.distributed.launch import SpawnError, spawn
 from trainfast.records import Record, make_record
 
@@ -112,5 +111,5 @@ def launcher_record(device: torch.device, quick: bool = False) -> Record:
         "torch.multiprocessing.start_processes(start_method='forkserver').",
         rows,
         units={"median_seconds_after_raise": "s"},
-        environment=describe_environment(device),
+        device=device,
     )

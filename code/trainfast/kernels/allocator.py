@@ -42,7 +42,6 @@ from typing import Any
 
 import torch
 
-from trainfast.device import describe_environment
 from trainfast.records import Record, make_record
 
 __all__ = [
@@ -295,7 +294,7 @@ def allocator_rounding_record(device: torch.device, quick: bool) -> Record:
         f"rounding rules and {measured}.",
         rows,
         units={c: "bytes" for c in rows[0] if c.endswith("_bytes")},
-        environment=describe_environment(device),
+        device=device,
     )
 
 
@@ -362,7 +361,7 @@ def allocator_snapshot_record(device: torch.device, quick: bool) -> Record:
     return make_record(
         "allocator-snapshot", what, rows,
         units={c: "bytes" for c in rows[0] if c.endswith(("_bytes", "_at_peak"))},
-        environment=describe_environment(device),
+        device=device,
     )  # fmt: skip
 
 

@@ -31,18 +31,23 @@ from typing import Any
 import torch
 
 from trainfast.accounting import saved_tensor_bytes
-from trainfast.device import describe_environment
+from trainfast.gpus import GPUSpec
 from trainfast.kernels.attention import FlashAttention, attention_reference
 from trainfast.kernels.bandwidth import copy_bandwidth, host_transfer_costs, strided_bandwidth
-from trainfast.kernels.roofline import measure_roofline, roofline_from_rows
+from trainfast.kernels.roofline import Roofline, matmul_cost, measure_roofline, roofline_from_rows
+from trainfast.kernels.tiled_matmul import MatmulTiles, tile_traffic_bytes
 from trainfast.profiling import benchmark
-from trainfast.records import Record, make_record
+from trainfast.records import Prediction, Record, make_record
 
 __all__ = [
     "TARGETS",
+    "attention_forward_prediction",
     "attention_record",
+    "copy_prediction",
     "copy_record",
+    "host_transfer_prediction",
     "host_transfer_record",
+    "matmul_prediction",
     "matmul_record",
     "roofline_record",
     "strided_record",
@@ -59,7 +64,7 @@ TARGETS = {
 
 def _record(name: str, description: str, rows: list[dict[str, Any]], device: torch.device,
             units: dict[str, str]) -> Record:  # fmt: skip
-    record = make_record(name, description, rows, units=units, environment=describe_environment(device))
+    record = make_record(name, description, rows, units=units, device=device)
     for line in target_ratios([record]):
         print(line)
     return record
@@ -404,3 +409,93 @@ def target_ratios(records: list[Record]) -> list[str]:
             verdict = "met" if ratio >= target else "NOT met"
             lines.append(f"{record.name}: {what}: {ratio:.2f} on {device}; target >= {target:.2f}: {verdict}")
     return lines
+
+
+# --- what the book's models predict for a GPU, beside the benchmarks that would measure it ------
+
+
+def copy_prediction(gpu: GPUSpec) -> Prediction:
+    """The bandwidth a large copy should reach on ``gpu``: its HBM bandwidth, read + written.
+
+    The roofline's memory ceiling: a copy does no arithmetic, so its only limit is moving each
+    byte in and out of HBM, and a sweep's largest size is far beyond L2. ``copy-bandwidth``
+    measures it (``torch copy_`` at the largest size).
+    """
+    return Prediction(
+        gpu.hbm_bytes_per_s / 1e9,
+        "GB/s",
+        f"roofline memory ceiling: {gpu.name} HBM bandwidth, bytes read + written",
+    )
+
+
+def matmul_prediction(
+    gpu: GPUSpec, size: int, dtype: str = "bf16", tiles: MatmulTiles | None = None
+) -> Prediction:
+    """The FLOP/s a ``size``³ matrix product should reach on ``gpu``, from the roofline.
+
+    The bytes moved are A, B and C once (:func:`~trainfast.kernels.roofline.matmul_cost`), or,
+    given ``tiles``, the traffic of that tiling with no cache
+    (:func:`~trainfast.kernels.tiled_matmul.tile_traffic_bytes`); the attainable rate is
+    ``min(peak, intensity × bandwidth)`` with the datasheet's dense ``dtype`` peak. It ignores
+    launch overhead and tile quantisation, so it is a ceiling, not a forecast of cuBLAS.
+    ``roofline`` and ``matmul-tiles`` measure it.
+    """
+    if size < 1:
+        raise ValueError(f"Invalid matrix size: {size!r} (expected >= 1)")
+    if dtype not in gpu.peak_flops:
+        raise ValueError(f"Unknown dtype for {gpu.name}: {dtype!r} (has {sorted(gpu.peak_flops)})")
+    element = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}[dtype]
+    cost = matmul_cost(size, size, size, element_bytes=element)
+    moved = cost.bytes if tiles is None else tile_traffic_bytes(size, size, size, tiles, element)
+    roofline = Roofline(gpu.peak_flops[dtype], gpu.hbm_bytes_per_s)
+    how = "A, B, C once" if tiles is None else f"{tiles.block_m}x{tiles.block_n} tiles, no cache"
+    return Prediction(
+        roofline.attainable(cost.flops / moved) / 1e12,
+        "TFLOP/s",
+        f"roofline of the {gpu.name} datasheet, {dtype} {size}³ with {how}",
+    )
+
+
+def host_transfer_prediction(gpu: GPUSpec) -> Prediction:
+    """A pinned host-to-device copy's bandwidth: PCIe's, one direction (half the datasheet's).
+
+    NVIDIA states PCIe bandwidth for both directions together; one copy uses one. Pageable
+    copies go through a staging buffer and should land below this. ``host-transfers`` measures it.
+    """
+    return Prediction(
+        gpu.pcie_bytes_per_s / 2 / 1e9,
+        "GB/s",
+        f"{gpu.name} datasheet PCIe bandwidth, one direction",
+    )
+
+
+def attention_forward_prediction(
+    gpu: GPUSpec, seq: int, head_dim: int, dtype: str = "bf16", block: int = 128
+) -> Prediction:
+    """The FLOP/s a flash-attention forward should reach on ``gpu``, from the roofline.
+
+    Per (batch, head): ``4 · seq² · head_dim`` FLOPs (two products; causal masking halves both
+    FLOPs and traffic, so the rate is the same), and with query tiles of ``block`` rows each
+    program reads all of K and V once: ``(seq / block) · 2 · seq · head_dim`` elements, plus Q
+    and O once. The intensity is then about ``2 · block`` FLOPs per element, whatever the head
+    dimension: 128 FLOPs per byte for bf16 tiles of 128 rows, below an H100's ridge (about 295),
+    so this no-cache count calls the forward memory-bound. On the device the programs of one
+    head read the same K and V at about the same time and L2 serves most of those reads, so the
+    real ceiling is higher, up to the tensor-core peak: read the prediction as what the kernel
+    reaches if L2 did not help. ``attention-forward`` measures it.
+    """
+    if seq < 1 or head_dim < 1 or block < 1:
+        raise ValueError(
+            f"Invalid attention shape: seq={seq!r}, head_dim={head_dim!r}, block={block!r}"
+        )
+    if dtype not in gpu.peak_flops:
+        raise ValueError(f"Unknown dtype for {gpu.name}: {dtype!r} (has {sorted(gpu.peak_flops)})")
+    element = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}[dtype]
+    flops = 4 * seq * seq * head_dim
+    moved = (-(-seq // block) * 2 * seq * head_dim + 2 * seq * head_dim) * element
+    roofline = Roofline(gpu.peak_flops[dtype], gpu.hbm_bytes_per_s)
+    return Prediction(
+        roofline.attainable(flops / moved) / 1e12,
+        "TFLOP/s",
+        f"roofline of the {gpu.name} datasheet, {dtype} forward, seq {seq}, head dim {head_dim}",
+    )

@@ -28,7 +28,6 @@ from trainfast.accounting import (
     saved_tensor_bytes,
     training_flops,
 )
-from trainfast.device import describe_environment
 from trainfast.profiling import benchmark
 from trainfast.records import Record, make_record
 
@@ -121,5 +120,5 @@ def checkpointing_record(device: torch.device, quick: bool) -> Record:
         units={"step_seconds": "s", "step_seconds_min": "s", "step_seconds_max": "s",
                "saved_bytes": "bytes", "predicted_bytes": "bytes",
                "peak_step_bytes": "bytes"},  # fmt: skip
-        environment=describe_environment(device),
+        device=device,
     )

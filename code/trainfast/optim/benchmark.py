@@ -20,14 +20,14 @@ import torch
 from torch import Tensor
 from torch.optim import Optimizer
 
-from trainfast.device import describe_environment
+from trainfast.gpus import GPUSpec
 from trainfast.optim.adam import Adam, AdamW
 from trainfast.optim.rmsprop import RMSprop
 from trainfast.optim.sgd import SGD
 from trainfast.profiling.timing import benchmark_side_by_side
-from trainfast.records import Record, make_record
+from trainfast.records import Prediction, Record, make_record
 
-__all__ = ["compare_step_times", "step_time_record", "transformer_shapes"]
+__all__ = ["adamw_step_prediction", "compare_step_times", "step_time_record", "transformer_shapes"]
 
 #: name -> (ours, torch's, settings); every variant of one name gets the same settings
 _OPTIMIZERS: dict[str, tuple[type[Optimizer], type[Optimizer], dict[str, Any]]] = {
@@ -165,7 +165,7 @@ def step_time_record(device: torch.device, quick: bool) -> Record:
         description=description,
         rows=rows,
         units={**ms, **ratios},
-        environment=describe_environment(device),
+        device=device,
     )
 
 
@@ -174,3 +174,21 @@ if __name__ == "__main__":
     from trainfast.records import to_markdown
 
     print(to_markdown(step_time_record(pick_device(), quick=True)))
+
+
+def adamw_step_prediction(gpu: GPUSpec, n_params: int) -> Prediction:
+    """The time of a foreach AdamW step on ``gpu``: bytes moved over HBM bandwidth.
+
+    An optimizer step does a few FLOPs per parameter, far below any GPU's ridge, so it is
+    memory-bound: in float32 it reads the parameter, its gradient and both moments (16 bytes)
+    and writes the parameter and both moments (12 bytes), 28 bytes per parameter. It ignores
+    launch overhead, which the foreach path amortises over many tensors and the single-tensor
+    loop pays per tensor. ``optimizer-step-time`` measures it (``torch_foreach_ms``).
+    """
+    if n_params < 1:
+        raise ValueError(f"Invalid parameter count: {n_params!r} (expected >= 1)")
+    return Prediction(
+        28 * n_params / gpu.hbm_bytes_per_s * 1e3,
+        "ms",
+        f"memory-bound AdamW, 28 bytes per parameter at the {gpu.name} datasheet HBM bandwidth",
+    )

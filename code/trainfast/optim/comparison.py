@@ -223,7 +223,6 @@ def muon_vs_adamw_record(device: torch.device, quick: bool) -> Record:
     """
     from functools import partial
 
-    from trainfast.device import describe_environment
     from trainfast.optim import AdamW, Muon, muon_param_groups
     from trainfast.records import make_record
 
@@ -263,5 +262,5 @@ def muon_vs_adamw_record(device: torch.device, quick: bool) -> Record:
         ),
         rows=rows,
         units={"validation_accuracy": "fraction", "test_accuracy": "fraction", "seconds": "s"},
-        environment=describe_environment(device),
+        device=device,
     )

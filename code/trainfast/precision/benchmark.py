@@ -24,7 +24,7 @@ All timing goes through :func:`trainfast.profiling.benchmark` (CUDA events on a 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -37,13 +37,17 @@ from trainfast.precision.numerics import MATMUL_MODES, autocast_policy, matmul_e
 from trainfast.precision.recipes import RECIPES, training_step
 from trainfast.precision.tf32 import tf32_matmuls
 from trainfast.profiling import benchmark
-from trainfast.records import Record, make_record
+from trainfast.records import Prediction, Record, make_record
 
 __all__ = [
+    "PUBLISHED_CUDA_FLOAT16_OPS",
+    "PUBLISHED_CUDA_FLOAT32_OPS",
     "autocast_policy_record",
     "matmul_error_record",
     "matmul_throughput",
     "matmul_throughput_record",
+    "published_cuda_autocast_policy",
+    "step_memory_prediction",
     "step_time_record",
 ]
 
@@ -183,7 +187,7 @@ def matmul_throughput_record(device: torch.device, quick: bool) -> Record:
         "this run. The last row times the largest bf16 square as a bare loop of back-to-back calls.",
         rows,
         units={"median_ms": "ms", "tflops": "TFLOP/s"},
-        environment=describe_environment(device),
+        device=device,
     )
 
 
@@ -233,11 +237,39 @@ def _step_row(
         return row
 
 
+def _gpu_step_shape(quick: bool) -> TransformerShape:
+    """The transformer ``precision-step-time`` trains on a GPU: GPT-2 small (2 layers quick)."""
+    return TransformerShape.gpt_like(
+        d_model=768, n_layers=2 if quick else 12, n_heads=12, seq_len=1024, batch_size=8
+    )
+
+
+def step_memory_prediction(recipe_name: str, quick: bool = False) -> Prediction:
+    """The memory of one training step under ``recipe_name``, on the GPU benchmark's model.
+
+    :func:`~trainfast.accounting.training_memory` (weights, gradients, AdamW moments, master
+    weights where the recipe keeps them, and the activations saved with SDPA attention) for the
+    transformer ``precision-step-time`` trains on a GPU; it measures the peak the caching
+    allocator reports (``peak_memory_gb``), which adds temporaries and the allocator's rounding.
+    """
+    if recipe_name not in _MEMORY_RECIPE:
+        known = sorted(_MEMORY_RECIPE)
+        raise ValueError(f"Unknown recipe: {recipe_name!r} (expected one of {known})")
+    shape = _gpu_step_shape(quick)
+    recipe = _MEMORY_RECIPE[recipe_name]
+    memory = training_memory(shape, recipe=recipe, optimizer="adamw", attention="sdpa")
+    return Prediction(
+        memory.total / 1e9,
+        "GB",
+        f"trainfast.accounting.training_memory, {recipe_name}, AdamW, GPT-2 small "
+        f"({shape.n_layers} layers), batch {shape.batch_size} × {shape.seq_len} tokens",
+    )
+
+
 def step_time_record(device: torch.device, quick: bool) -> Record:
     """``precision-step-time``: one AdamW training step of the transformer under each recipe."""
     if device.type == "cuda":
-        shape = TransformerShape.gpt_like(d_model=768, n_layers=12 if not quick else 2, n_heads=12,
-                                          seq_len=1024, batch_size=8)  # fmt: skip
+        shape = _gpu_step_shape(quick)
         recipes = ["fp32", "tf32", "bf16 autocast", "fp16 autocast + scaler", "pure bf16"]
         repeats = 3 if quick else 10
     else:
@@ -261,8 +293,49 @@ def step_time_record(device: torch.device, quick: bool) -> Record:
         "caching allocator measured.",
         rows,
         units={"step_ms": "ms", "iqr_ms": "ms", "predicted_gb": "GB", "peak_memory_gb": "GB"},
-        environment=describe_environment(device),
+        device=device,
     )
+
+
+#: PyTorch's autocast op reference (docs of ``torch.amp``, "CUDA Ops that can autocast to
+#: float16"), the names as the documentation writes them.
+PUBLISHED_CUDA_FLOAT16_OPS = frozenset(
+    "__matmul__ addbmm addmm addmv addr baddbmm bmm chain_matmul multi_dot conv1d conv2d conv3d "
+    "conv_transpose1d conv_transpose2d conv_transpose3d GRUCell linear LSTMCell matmul mm mv "
+    "prelu RNNCell".split()
+)
+#: The same reference, "CUDA Ops that can autocast to float32".
+PUBLISHED_CUDA_FLOAT32_OPS = frozenset(
+    "__pow__ __rdiv__ __rpow__ __rtruediv__ acos asin binary_cross_entropy_with_logits cosh "
+    "cosine_embedding_loss cdist cosine_similarity cross_entropy cumprod cumsum dist erfinv exp "
+    "expm1 group_norm hinge_embedding_loss kl_div l1_loss layer_norm log log_softmax log10 log1p "
+    "log2 margin_ranking_loss mse_loss multilabel_margin_loss multi_margin_loss nll_loss norm "
+    "normalize pdist poisson_nll_loss pow prod reciprocal rsqrt sinh smooth_l1_loss "
+    "soft_margin_loss softmax softmin softplus sum renorm tan triplet_margin_loss".split()
+)
+
+
+def published_cuda_autocast_policy(ops: Iterable[str] | None = None) -> dict[str, str]:
+    """The float16 CUDA policy PyTorch's documentation publishes for each op of ``ops``.
+
+    ``ops`` defaults to :data:`~trainfast.precision.numerics.AUTOCAST_OPS`, the ops
+    ``autocast-policy`` measures. Policies use that benchmark's words: "lower precision" for the
+    documentation's float16 list, "float32" for its float32 list, and "input dtype" for an op
+    on neither list, which, the documentation says, runs in the type of its inputs. This is what
+    the documentation promises, not a measurement: a CUDA record of ``autocast-policy`` says
+    what the installed PyTorch does.
+    """
+    from trainfast.precision.numerics import AUTOCAST_OPS
+
+    policy = {}
+    for op in AUTOCAST_OPS if ops is None else ops:
+        if op in PUBLISHED_CUDA_FLOAT16_OPS:
+            policy[op] = "lower precision"
+        elif op in PUBLISHED_CUDA_FLOAT32_OPS:
+            policy[op] = "float32"
+        else:
+            policy[op] = "input dtype"
+    return policy
 
 
 def autocast_policy_record(device: torch.device, quick: bool) -> Record:
@@ -277,7 +350,7 @@ def autocast_policy_record(device: torch.device, quick: bool) -> Record:
         "autocast-policy",
         "The dtype torch.autocast gives each op on this device, from float32 and from 16-bit inputs.",
         rows,
-        environment=describe_environment(device),
+        device=device,
     )
 
 
@@ -291,5 +364,5 @@ def matmul_error_record(device: torch.device, quick: bool) -> Record:
         f"Relative Frobenius error of a ({size}, K) @ (K, {size}) product of standard normal "
         "matrices against float64, per precision mode (emulated: rounding done in software).",
         rows,
-        environment=describe_environment(device),
+        device=device,
     )

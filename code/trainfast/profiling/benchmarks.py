@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import torch
 
-from trainfast.device import describe_environment
 from trainfast.records import Record, make_record
 
 __all__ = [
@@ -80,7 +79,7 @@ def case_study_record(device: torch.device, quick: bool = False) -> Record:
     units = {"step_ms": "ms", "iqr_ms": "ms", "speedup": "x", "first_step_s": "s"}
     return make_record(
         "profiling-case-study", description, rows, units=units,
-        environment=describe_environment(device),
+        device=device,
     )  # fmt: skip
 
 
@@ -107,7 +106,7 @@ def timing_pitfalls_record(device: torch.device, quick: bool = False) -> Record:
     )
     return make_record(
         "timing-pitfalls", description, rows, units={"median_ms": "ms", "iqr_ms": "ms"},
-        environment=describe_environment(device),
+        device=device,
     )  # fmt: skip
 
 
@@ -127,9 +126,7 @@ def launch_overhead_record(device: torch.device, quick: bool = False) -> Record:
         + ("" if compiled else " Quick smoke test: the compiled modes are left out.")
     )
     units = {"per_call_us": "µs", "iqr_us": "µs", "first_call_s": "s", "speedup": "x"}
-    return make_record(
-        "launch-overhead", description, rows, units=units, environment=describe_environment(device)
-    )
+    return make_record("launch-overhead", description, rows, units=units, device=device)
 
 
 def compile_time_record(device: torch.device, quick: bool = False) -> Record:
@@ -163,7 +160,7 @@ def compile_time_record(device: torch.device, quick: bool = False) -> Record:
     )
     return make_record(
         "compile-time", description, rows, units={"first_step_s": "s", "step_ms": "ms"},
-        environment=describe_environment(device),
+        device=device,
     )  # fmt: skip
 
 

@@ -10,7 +10,6 @@ import math
 
 import torch
 
-from trainfast.device import describe_environment
 from trainfast.records import Record, make_record
 from trainfast.training.arguments import TrainingArguments
 from trainfast.training.data import load_images
@@ -84,5 +83,5 @@ def scaling_study_record(device: torch.device, quick: bool = False) -> Record:
         description,
         rows,
         units={"flops": "FLOP", "eval_loss": "nats", "test_loss": "nats"},
-        environment=describe_environment(device),
+        device=device,
     )

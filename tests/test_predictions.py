@@ -1,0 +1,113 @@
+"""The book's GPU predictions: each from its model, checked against arithmetic done by hand."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from trainfast.accounting import training_memory
+from trainfast.distributed.benchmark import all_reduce_prediction
+from trainfast.distributed.cost_model import INFINIBAND_NDR
+from trainfast.gpus import GPUS
+from trainfast.kernels.benchmarks import (
+    attention_forward_prediction,
+    copy_prediction,
+    host_transfer_prediction,
+    matmul_prediction,
+)
+from trainfast.kernels.tiled_matmul import MatmulTiles
+from trainfast.optim.benchmark import adamw_step_prediction
+from trainfast.precision.benchmark import step_memory_prediction
+
+H100 = GPUS["H100 SXM 80GB"]
+
+
+def test_copy_and_host_predictions_are_the_datasheet_bandwidths():
+    assert copy_prediction(H100).value == pytest.approx(3350.0)  # 3.35 TB/s in GB/s
+    assert copy_prediction(H100).unit == "GB/s" and "H100" in copy_prediction(H100).model
+    assert host_transfer_prediction(H100).value == pytest.approx(64.0)  # 128 GB/s both ways
+    assert copy_prediction(GPUS["A100 SXM 80GB"]).value < copy_prediction(H100).value
+
+
+def test_matmul_prediction_is_memory_bound_when_small_and_the_peak_when_large():
+    # 64³ bf16: 2·64³ FLOPs over 3·64²·2 bytes = 64/3 FLOPs per byte, below the ridge.
+    small = matmul_prediction(H100, 64, "bf16")
+    assert small.value == pytest.approx(64 / 3 * 3.35e12 / 1e12)
+    assert matmul_prediction(H100, 8192, "bf16").value == pytest.approx(989.4)
+    assert matmul_prediction(H100, 8192, "fp32").value == pytest.approx(66.9)
+    with pytest.raises(ValueError, match="'int4'"):
+        matmul_prediction(H100, 64, "int4")
+    with pytest.raises(ValueError, match="size: 0"):
+        matmul_prediction(H100, 0)
+
+
+def test_matmul_prediction_with_tiles_counts_the_tiles_traffic():
+    n, tiles = 4096, MatmulTiles(16, 16, 16)
+    reads = (n // 16) ** 2 * (16 + 16) * n  # every program reads a strip of A and of B
+    intensity = 2 * n**3 / ((reads + n * n) * 2)
+    assert matmul_prediction(H100, n, tiles=tiles).value == pytest.approx(
+        intensity * 3.35e12 / 1e12
+    )
+    larger = matmul_prediction(H100, n, tiles=MatmulTiles(128, 256, 64))
+    assert larger.value > matmul_prediction(H100, n, tiles=tiles).value
+
+
+def test_attention_forward_prediction_counts_kv_reads_per_query_tile():
+    seq, head_dim, block = 4096, 64, 128
+    moved = (seq // block * 2 * seq * head_dim + 2 * seq * head_dim) * 2
+    expected = min(989.4e12, 4 * seq * seq * head_dim / moved * 3.35e12) / 1e12
+    assert attention_forward_prediction(H100, seq, head_dim).value == pytest.approx(expected)
+    with pytest.raises(ValueError, match="seq=0"):
+        attention_forward_prediction(H100, 0, 64)
+
+
+def test_adamw_step_prediction_is_28_bytes_per_parameter_over_hbm():
+    assert adamw_step_prediction(H100, 10**9).value == pytest.approx(28e9 / 3.35e12 * 1e3)
+    with pytest.raises(ValueError, match="count: 0"):
+        adamw_step_prediction(H100, 0)
+
+
+def test_all_reduce_prediction_is_the_ring_alpha_beta_time():
+    n_bytes, world = 2**28, 8
+    # ring: 2(N-1) steps of n/N bytes each, 5 µs latency per step on NVLink 4 (450 GB/s)
+    expected = 2 * (world - 1) * (5e-6 + n_bytes / world / 450e9)
+    assert all_reduce_prediction(n_bytes, world).value == pytest.approx(expected * 1e3, rel=1e-6)
+    slower = all_reduce_prediction(n_bytes, world, INFINIBAND_NDR, "InfiniBand NDR")
+    assert slower.value > all_reduce_prediction(n_bytes, world).value
+    assert "InfiniBand" in slower.model
+
+
+def test_step_memory_prediction_is_the_accounting_of_the_gpu_benchmarks_model():
+    predicted = step_memory_prediction("bf16 autocast")
+    assert "12 layers" in predicted.model and predicted.unit == "GB"
+    assert step_memory_prediction("fp32").value > predicted.value
+    assert math.isfinite(predicted.value) and predicted.value > 0
+    with pytest.raises(ValueError, match="'fp4'"):
+        step_memory_prediction("fp4")
+
+
+def test_step_memory_prediction_agrees_with_accounting_for_a_quick_model():
+    from trainfast.accounting import TransformerShape
+
+    shape = TransformerShape.gpt_like(
+        d_model=768, n_layers=2, n_heads=12, seq_len=1024, batch_size=8
+    )
+    expected = training_memory(shape, recipe="amp", optimizer="adamw", attention="sdpa").total
+    assert step_memory_prediction("fp16 autocast + scaler", quick=True).value == pytest.approx(
+        expected / 1e9
+    )
+
+
+def test_published_cuda_autocast_policy_follows_the_documentations_lists():
+    from trainfast.precision.benchmark import published_cuda_autocast_policy
+    from trainfast.precision.numerics import AUTOCAST_OPS
+
+    policy = published_cuda_autocast_policy()
+    assert set(policy) == set(AUTOCAST_OPS)
+    assert policy["linear"] == policy["matmul"] == "lower precision"
+    assert policy["softmax"] == policy["layer_norm"] == policy["cumsum"] == "float32"
+    assert policy["gelu"] == policy["add"] == "input dtype"  # on neither list
+    assert published_cuda_autocast_policy(["conv2d", "nll_loss"]) == {
+        "conv2d": "lower precision",
+        "nll_loss": "float32",
+    }

@@ -27,8 +27,8 @@ from trainfast.optim import (
     state_bytes_table,
     zeropower_via_newtonschulz5,
 )
-from trainfast.optim import benchmark as benchmark_module
-from trainfast.optim.benchmark import compare_step_times
+from trainfast.optim import benchmarks as benchmark_module
+from trainfast.optim.benchmarks import compare_step_times
 
 # float32 defaults of torch.testing.assert_close, spelled out: "same as torch up to rounding"
 TIGHT = {"rtol": 1.3e-6, "atol": 1e-5}

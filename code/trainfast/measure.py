@@ -27,15 +27,15 @@ __all__ = ["BENCHMARKS", "main", "run_benchmark"]
 
 #: benchmark name -> "module:function"; the function takes (device, quick) and returns a Record.
 BENCHMARKS: dict[str, str] = {
-    "optimizer-step-time": "trainfast.optim.benchmark:step_time_record",
+    "optimizer-step-time": "trainfast.optim.benchmarks:step_time_record",
     "muon-vs-adamw": "trainfast.optim.comparison:muon_vs_adamw_record",
     "all-reduce-time": "trainfast.distributed.benchmark:all_reduce_record",
     "ddp-overlap": "trainfast.distributed.ddp_overlap:ddp_overlap_record",
     "launcher-failure": "trainfast.distributed.launch_comparison:launcher_record",
-    "matmul-throughput": "trainfast.precision.benchmark:matmul_throughput_record",
-    "precision-step-time": "trainfast.precision.benchmark:step_time_record",
-    "autocast-policy": "trainfast.precision.benchmark:autocast_policy_record",
-    "matmul-error": "trainfast.precision.benchmark:matmul_error_record",
+    "matmul-throughput": "trainfast.precision.benchmarks:matmul_throughput_record",
+    "precision-step-time": "trainfast.precision.benchmarks:step_time_record",
+    "autocast-policy": "trainfast.precision.benchmarks:autocast_policy_record",
+    "matmul-error": "trainfast.precision.benchmarks:matmul_error_record",
     "copy-bandwidth": "trainfast.kernels.benchmarks:copy_record",
     "matmul-tiles": "trainfast.kernels.benchmarks:matmul_record",
     "attention-forward": "trainfast.kernels.benchmarks:attention_record",

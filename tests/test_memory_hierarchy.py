@@ -662,8 +662,8 @@ def test_trimmed_snapshot_is_small_json_and_memory_viz_reads_it():
 
 
 def test_checkpointing_trades_memory_for_compute():
-    from trainfast.accounting import TransformerShape
     from trainfast.kernels.checkpointing import checkpointing_costs
+    from trainfast.transformer import TransformerShape
 
     shape = TransformerShape(vocab_size=64, d_model=32, n_layers=2, n_heads=2, d_ff=64, seq_len=16, batch_size=2)
     off, on = checkpointing_costs(shape, device=torch.device("cpu"), attention="manual", repeats=1)

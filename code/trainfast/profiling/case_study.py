@@ -35,11 +35,10 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from trainfast.accounting import TransformerShape
 from trainfast.profiling.text import TokenWindows, WordTokenizer, python_docs_text
 from trainfast.profiling.timing import benchmark, benchmark_side_by_side
 from trainfast.profiling.traces import annotate
-from trainfast.transformer import Transformer
+from trainfast.transformer import Transformer, TransformerShape
 
 __all__ = [
     "CUDA_ONLY",

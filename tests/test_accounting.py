@@ -579,3 +579,16 @@ def test_matmul_parameter_count_is_the_n_of_six_n_d():
     for shape in PRESET_SHAPES.values():
         attention = 12 * shape.n_layers * shape.seq_len * shape.d_model * shape.tokens
         assert training_flops(shape) == 6 * matmul_parameter_count(shape) * shape.tokens + attention
+
+
+def test_check_positive_names_the_value():
+    from trainfast.validation import check_positive, check_positive_number
+
+    check_positive("n_gpus", 8)
+    check_positive_number("tokens", 0.5)
+    for bad in (0, -1, 1.0, True, "8"):
+        with pytest.raises(ValueError, match=rf"Invalid n_gpus: {bad!r} \(expected a positive"):
+            check_positive("n_gpus", bad)
+    for bad in (0, -2.5, float("inf"), float("nan"), False):
+        with pytest.raises(ValueError, match="Invalid tokens: .* positive number"):
+            check_positive_number("tokens", bad)

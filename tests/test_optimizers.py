@@ -862,14 +862,6 @@ def test_chapter_listings_come_from_the_package() -> None:
     assert chapters.listing_problems("optimizers") == []
 
 
-@pytest.mark.chapter
-def test_chapter_executes_on_cpu() -> None:
-    import chapters
-
-    seconds = chapters.execute_chapter("optimizers")
-    print(f"optimizers chapter executed in {seconds:.1f} s")
-
-
 def _sgd_trajectory(fn, xy, lr, momentum, n_iters, *, keep_start: bool = True):
     point = xy.detach().clone().requires_grad_(True)
     optimizer = torch.optim.SGD([point], lr=lr, momentum=momentum)

@@ -112,6 +112,18 @@ def test_without_model_parallelism_memory_is_training_memory(recipe, stage, reco
     )
 
 
+def test_compute_time_runs_at_the_peak_of_the_recipes_matmul_format():
+    peaks = GPUS["H100 SXM 80GB"].peak_flops
+    compute = {
+        recipe: estimate(TrainingSetup(SMALL, recipe, "adamw", data=4, global_batch=32)).compute_s
+        for recipe in ("fp32", "tf32", "bf16 autocast", "fp16 autocast + scaler", "pure bf16")
+    }
+    for recipe, format_ in [("fp32", "fp32"), ("tf32", "tf32"), ("fp16 autocast + scaler", "fp16")]:
+        ratio = compute[recipe] / compute["bf16 autocast"]
+        assert ratio == pytest.approx(peaks["bf16"] / peaks[format_], rel=1e-12), recipe
+    assert compute["pure bf16"] == compute["bf16 autocast"]
+
+
 def test_tensor_context_and_pipeline_parallelism_split_the_model_and_activations():
     one = estimate(TrainingSetup(SMALL, global_batch=4)).memory
     split = estimate(TrainingSetup(SMALL, tensor=4, pipeline=3, global_batch=4)).memory

@@ -6,7 +6,7 @@ A *recipe* is one thing with two readings. The training step
 whether the loss is scaled. The resource arithmetic (:func:`trainfast.accounting.training_memory`)
 and the step-time model (:func:`trainfast.distributed.step_time.estimate`) read its bytes per
 parameter of each kind of model state and per activation value, and its ``compute_format``, the
-key of :attr:`trainfast.gpus.GPUSpec.peak_flops` its matrix products run at. The bytes are
+key of ``peak_flops`` in :class:`trainfast.gpus.GPUSpec` its matrix products run at. The bytes are
 stated, not derived from the dtypes, because a recipe from the literature can spend a fractional
 or composite number of bytes (an FP8 recipe with per-block scales, a 16-bit gradient with an
 fp32 accumulation buffer); :class:`Recipe` checks that its weights' bytes agree with

@@ -28,8 +28,9 @@ def plot_memory(
 ) -> tuple[Any, Any]:
     """The calculator, drawn: one stacked bar per configuration, one colour per part, in GB.
 
-    ``breakdowns`` maps a bar's label to its :class:`MemoryBreakdown` (from
-    :func:`training_memory` or :func:`zero_memory`), e.g. one per recipe, ZeRO stage or
+    ``breakdowns`` maps a bar's label to its :class:`~trainfast.accounting.MemoryBreakdown`
+    (from :func:`~trainfast.accounting.training_memory` or
+    :func:`~trainfast.accounting.zero_memory`), e.g. one per recipe, ZeRO stage or
     checkpointing choice. Parts that are 0 in every bar are left out; each bar is labelled with
     its total; ``device`` draws its memory as a dashed line. Returns ``(figure, axes)``; draws
     into ``ax`` if given. Needs matplotlib (imported here, not with the module).

@@ -16,11 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 from trainfast.accounting import (
     OPTIMIZER_MOMENTS,
-    PRECISION_RECIPES,
-    PRESET_SHAPES,
     MemoryBreakdown,
-    PrecisionRecipe,
-    TransformerShape,
     activation_bytes,
     bytes_per_parameter,
     checkpointed_layer_bytes,
@@ -30,7 +26,6 @@ from trainfast.accounting import (
     model_activation_bytes,
     model_flops_utilization,
     parameter_count,
-    plot_memory,
     saved_tensor_bytes,
     training_flops,
     training_memory,
@@ -38,8 +33,10 @@ from trainfast.accounting import (
     zero_memory,
 )
 from trainfast.gpus import GPUS, gpu_for_device, gpu_spec
+from trainfast.kernels.plots import plot_memory
 from trainfast.optim.state import state_bytes_table
-from trainfast.transformer import Transformer, random_batch
+from trainfast.recipes import RECIPES, Recipe
+from trainfast.transformer import PRESET_SHAPES, Transformer, TransformerShape, random_batch
 
 TINY = PRESET_SHAPES["tiny"]
 # odd sizes on purpose: d_ff not 4 d_model, one head, a vocabulary that is no power of two
@@ -243,14 +240,14 @@ def test_dropout_masks_cost_a_full_value_on_cpu():
 
 
 def test_autocast_keeps_more_than_two_bytes_per_value():
-    """The 'amp' recipe counts 2-byte activations; autocast (here on CPU) also keeps the residual
+    """The 'bf16 autocast' recipe counts 2-byte activations; autocast (here on CPU) also keeps the residual
     stream in fp32 at every LayerNorm input, the log-probabilities in fp32, and a bf16 copy of
     every matmul weight for backward."""
     shape, model = TINY, _model(TINY)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         measured = _saved(model, shape)
     formula = model_activation_bytes(
-        shape, value_bytes=PRECISION_RECIPES["amp"].activation_bytes_per_value
+        shape, value_bytes=RECIPES["bf16 autocast"].activation_bytes_per_value
     )
     h, f, layer_norms = shape.d_model, shape.d_ff, 2 * shape.n_layers + 1
     residual = layer_norms * shape.tokens * h * 2  # 4 bytes instead of 2
@@ -282,20 +279,50 @@ def test_korthikanti_formula_and_parallel_splits():
 # --------------------------------------------------------------------------- model state
 
 
+def test_one_recipe_type_holds_the_dtypes_and_the_bytes():
+    for name, recipe in RECIPES.items():
+        assert recipe.name == name
+        assert recipe.param_dtype.itemsize == recipe.weight_bytes, name
+        if recipe.autocast_dtype is not None:  # autocast: fp32 weights, 16-bit matmuls
+            assert recipe.param_dtype == torch.float32 and recipe.master_bytes == 0, name
+            assert recipe.activation_bytes_per_value == recipe.autocast_dtype.itemsize, name
+            formats = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+            assert recipe.compute_format == formats[recipe.autocast_dtype], name
+    assert RECIPES["fp16 autocast + scaler"].loss_scaling
+    assert not any(r.loss_scaling for n, r in RECIPES.items() if n != "fp16 autocast + scaler")
+    with pytest.raises(
+        ValueError, match="param_dtype torch.float32 takes 4 bytes, weight_bytes is 2"
+    ):
+        Recipe("lying", 2, 2, 0, 4, 2)
+    with pytest.raises(ValueError, match="Invalid compute_format: 'int4'"):
+        Recipe("odd", 4, 4, 0, 4, 4, "int4")
+    with pytest.raises(ValueError, match="weights and activations need bytes"):
+        Recipe("empty", 4, 4, 0, 4, 0)
+
+
 def test_bytes_per_parameter_of_the_standard_recipes():
-    adam = {name: bytes_per_parameter(name, "adam").total for name in PRECISION_RECIPES}
-    assert adam == {"fp32": 16, "amp": 16, "bf16-mixed": 16, "bf16-no-master": 12, "pure-bf16": 8}
-    assert bytes_per_parameter("bf16-mixed", "adamw") == MemoryBreakdown(2, 2, 4, 8, 0)
+    adam = {name: bytes_per_parameter(name, "adam").total for name in RECIPES}
+    assert adam == {
+        "fp32": 16,
+        "tf32": 16,
+        "bf16 autocast": 16,
+        "fp16 autocast + scaler": 16,
+        "fp16 autocast, no scaler": 16,
+        "bf16 + fp32 master": 16,
+        "bf16, fp32 moments": 12,
+        "pure bf16": 8,
+    }
+    assert bytes_per_parameter("bf16 + fp32 master", "adamw") == MemoryBreakdown(2, 2, 4, 8, 0)
     assert bytes_per_parameter("fp32", "sgd").total == 8
-    assert bytes_per_parameter("pure-bf16", "muon").optimizer_state == 2
-    fp8 = PrecisionRecipe("fp8-example", 1, 2, 4, 4, 1.03125)  # fractional: scales per block
+    assert bytes_per_parameter("pure bf16", "muon").optimizer_state == 2
+    fp8 = Recipe("fp8-example", 1, 2, 4, 4, 1.03125, "fp8", torch.float8_e4m3fn)  # block scales
     assert bytes_per_parameter(fp8, "adam").total == 15
     with pytest.raises(ValueError, match="Unknown optimizer: 'lamb'"):
         bytes_per_parameter("fp32", "lamb")
     with pytest.raises(ValueError, match="Unknown recipe: 'fp64'"):
         bytes_per_parameter("fp64", "adam")
     with pytest.raises(ValueError, match="gradient_bytes: -2"):
-        PrecisionRecipe("broken", 2, -2, 0, 4, 2)
+        Recipe("broken", 2, -2, 0, 4, 2)
 
 
 def test_optimizer_state_agrees_with_the_measured_table():
@@ -311,7 +338,7 @@ def test_optimizer_state_agrees_with_the_measured_table():
         ("Muon", "hidden weights only"): "muon",
     }
     for key, optimizer in same.items():
-        for table, recipe in ((rows, "fp32"), (bf16_rows, "pure-bf16")):
+        for table, recipe in ((rows, "fp32"), (bf16_rows, "pure bf16")):
             predicted = bytes_per_parameter(recipe, optimizer).optimizer_state
             # measured adds Adam's and RMSprop's 4-byte step count per tensor: 0.001 B here
             assert table[key]["state_bytes_per_param"] == pytest.approx(predicted, abs=0.01), key
@@ -323,7 +350,7 @@ def test_zero_memory_is_the_same_arithmetic():
     for stage in range(4):
         zero = zero_memory(n, 8, stage)
         ours = training_memory(
-            TINY, recipe="bf16-mixed", optimizer="adam", zero_stage=stage, world_size=8
+            TINY, recipe="bf16 + fp32 master", optimizer="adam", zero_stage=stage, world_size=8
         )
         assert zero.total == pytest.approx(ours.total - ours.activations, rel=1e-12)
     assert zero_memory(7.5e9, 64, 0).total == 16 * 7.5e9
@@ -336,20 +363,20 @@ def test_zero_memory_is_the_same_arithmetic():
 def test_training_memory_by_part():
     shape = PRESET_SHAPES["llama2-7b-like"]
     n = parameter_count(shape)
-    memory = training_memory(shape, recipe="bf16-mixed", optimizer="adamw")
+    memory = training_memory(shape, recipe="bf16 + fp32 master", optimizer="adamw")
     assert (memory.parameters, memory.gradients, memory.master_weights) == (2 * n, 2 * n, 4 * n)
     assert memory.optimizer_state == 8 * n
     assert memory.activations == model_activation_bytes(shape, value_bytes=2)
     assert memory.total == 16 * n + memory.activations
     checkpointed = training_memory(
-        shape, recipe="bf16-mixed", optimizer="adamw", checkpointing=True
+        shape, recipe="bf16 + fp32 master", optimizer="adamw", checkpointing=True
     )
     assert checkpointed.activations < memory.activations / 10
     sharded = training_memory(
-        shape, recipe="bf16-mixed", optimizer="adamw", zero_stage=3, world_size=8
+        shape, recipe="bf16 + fp32 master", optimizer="adamw", zero_stage=3, world_size=8
     )
     assert sharded.total - sharded.activations == pytest.approx(16 * n / 8)
-    custom = PrecisionRecipe("fp32-by-hand", 4, 4, 0, 4, 4)
+    custom = Recipe("fp32-by-hand", 4, 4, 0, 4, 4)
     assert training_memory(TINY, recipe=custom, optimizer="sgd") == training_memory(
         TINY, recipe="fp32", optimizer="sgd"
     )
@@ -483,10 +510,8 @@ def test_transformer_basics():
 
 def test_old_import_paths_reach_the_one_home():
     from trainfast import accounting
-    from trainfast.distributed import layout, zero
+    from trainfast.distributed import zero
 
-    assert layout.TransformerShape is accounting.TransformerShape
-    assert layout.activation_bytes is accounting.activation_bytes
     assert zero.zero_memory is accounting.zero_memory
     assert zero.ZeroMemory is accounting.MemoryBreakdown
 
@@ -500,15 +525,13 @@ def test_memory_calculator_drawing(tmp_path):
     import matplotlib.pyplot as plt
 
     shape = PRESET_SHAPES["llama2-7b-like"]
-    bars = {
-        name: training_memory(shape, recipe=name, optimizer="adamw") for name in PRECISION_RECIPES
-    }
-    bars["bf16-mixed\n+ checkpointing"] = training_memory(
-        shape, recipe="bf16-mixed", optimizer="adamw", checkpointing=True
+    bars = {name: training_memory(shape, recipe=name, optimizer="adamw") for name in RECIPES}
+    bars["bf16 + fp32 master\n+ checkpointing"] = training_memory(
+        shape, recipe="bf16 + fp32 master", optimizer="adamw", checkpointing=True
     )
-    bars["bf16-mixed\n+ ZeRO-3 on 8"] = training_memory(
+    bars["bf16 + fp32 master\n+ ZeRO-3 on 8"] = training_memory(
         shape,
-        recipe="bf16-mixed",
+        recipe="bf16 + fp32 master",
         optimizer="adamw",
         checkpointing=True,
         zero_stage=3,
@@ -550,8 +573,22 @@ def test_memory_calculator_drawing(tmp_path):
 
 
 def test_matmul_parameter_count_is_the_n_of_six_n_d():
-    from trainfast.accounting import PRESET_SHAPES, matmul_parameter_count, training_flops
+    from trainfast.accounting import matmul_parameter_count, training_flops
+    from trainfast.transformer import PRESET_SHAPES
 
     for shape in PRESET_SHAPES.values():
         attention = 12 * shape.n_layers * shape.seq_len * shape.d_model * shape.tokens
         assert training_flops(shape) == 6 * matmul_parameter_count(shape) * shape.tokens + attention
+
+
+def test_check_positive_names_the_value():
+    from trainfast.validation import check_positive, check_positive_number
+
+    check_positive("n_gpus", 8)
+    check_positive_number("tokens", 0.5)
+    for bad in (0, -1, 1.0, True, "8"):
+        with pytest.raises(ValueError, match=rf"Invalid n_gpus: {bad!r} \(expected a positive"):
+            check_positive("n_gpus", bad)
+    for bad in (0, -2.5, float("inf"), float("nan"), False):
+        with pytest.raises(ValueError, match="Invalid tokens: .* positive number"):
+            check_positive_number("tokens", bad)

@@ -12,8 +12,6 @@ from dataclasses import replace
 
 import pytest
 from trainfast.accounting import (
-    PRESET_SHAPES,
-    TransformerShape,
     parameter_count,
     training_flops,
     training_memory,
@@ -30,6 +28,7 @@ from trainfast.distributed.step_time import (
     layer_activation_bytes,
 )
 from trainfast.gpus import GPUS
+from trainfast.transformer import PRESET_SHAPES, TransformerShape
 
 SMALL = replace(PRESET_SHAPES["gpt2-small"], batch_size=4)
 NO_OVERLAP = StepAssumptions(overlap=0.0)
@@ -91,7 +90,7 @@ def test_full_recomputation_flops_are_narayanan_et_al_eq_3():
     assert result.compute_s * setup.n_gpus * peak == pytest.approx(eq3, rel=1e-12)
 
 
-@pytest.mark.parametrize("recipe", ["fp32", "bf16-mixed", "pure-bf16"])
+@pytest.mark.parametrize("recipe", ["fp32", "bf16 + fp32 master", "pure bf16"])
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 @pytest.mark.parametrize("recompute", ["selective", "full"])
 def test_without_model_parallelism_memory_is_training_memory(recipe, stage, recompute):
@@ -111,6 +110,18 @@ def test_without_model_parallelism_memory_is_training_memory(recipe, stage, reco
     assert estimate(setup).memory.master_weights == pytest.approx(
         expected.master_weights, rel=1e-12
     )
+
+
+def test_compute_time_runs_at_the_peak_of_the_recipes_matmul_format():
+    peaks = GPUS["H100 SXM 80GB"].peak_flops
+    compute = {
+        recipe: estimate(TrainingSetup(SMALL, recipe, "adamw", data=4, global_batch=32)).compute_s
+        for recipe in ("fp32", "tf32", "bf16 autocast", "fp16 autocast + scaler", "pure bf16")
+    }
+    for recipe, format_ in [("fp32", "fp32"), ("tf32", "tf32"), ("fp16 autocast + scaler", "fp16")]:
+        ratio = compute[recipe] / compute["bf16 autocast"]
+        assert ratio == pytest.approx(peaks["bf16"] / peaks[format_], rel=1e-12), recipe
+    assert compute["pure bf16"] == compute["bf16 autocast"]
 
 
 def test_tensor_context_and_pipeline_parallelism_split_the_model_and_activations():

@@ -87,12 +87,6 @@ def test_listings_resolve_and_nothing_is_copied():
     assert chapters.listing_problems("hyperparameters") == []
 
 
-@pytest.mark.chapter
-def test_chapter_executes():
-    seconds = chapters.execute_chapter("hyperparameters")
-    print(f"hyperparameters chapter: {seconds:.1f} s")
-
-
 # --------------------------------------------------------------------------- the trainer
 
 

@@ -759,8 +759,8 @@ def test_trimmed_snapshot_is_small_json_and_memory_viz_reads_it():
 
 
 def test_checkpointing_trades_memory_for_compute():
-    from trainfast.accounting import TransformerShape
     from trainfast.kernels.checkpointing import checkpointing_costs
+    from trainfast.transformer import TransformerShape
 
     shape = TransformerShape(vocab_size=64, d_model=32, n_layers=2, n_heads=2, d_ff=64, seq_len=16, batch_size=2)
     off, on = checkpointing_costs(shape, device=torch.device("cpu"), attention="manual", repeats=1)
@@ -894,12 +894,6 @@ def test_chapter_prose_types_no_number_that_code_produced():
     assert chapters.typed_numbers("memory_hierarchy", allow=MEMORY_HIERARCHY_CONSTANTS) == []
 
 
-@pytest.mark.chapter
-def test_chapter_executes_within_its_budget():
-    import chapters
-
-    seconds = chapters.execute_chapter("memory_hierarchy")
-    assert seconds < 120, f"the chapter took {seconds:.0f} s, over its 120 s budget"
 
 
 # --- on a GPU: the allocator and the benchmarks ------------------------------------------------

@@ -362,6 +362,19 @@ def test_pure_bf16_rounds_away_updates_that_master_weights_keep():
         train_recipe("fp32", x, y, sgd, steps=0)
 
 
+def test_training_step_refuses_recipes_it_cannot_run_as_stated():
+    from trainfast.precision import FP8_RECIPES
+
+    x, y = _digits()
+    sgd = lambda p: torch.optim.SGD(p, lr=0.01)  # noqa: E731
+    with pytest.raises(ValueError, match="'bf16 \\+ fp32 master' \\(master_bytes=4"):
+        train_recipe("bf16 + fp32 master", x, y, sgd, steps=1)
+    with pytest.raises(ValueError, match="'DeepSeek-V3'.*compute_format='fp8'"):
+        train_recipe(FP8_RECIPES["DeepSeek-V3"], x, y, sgd, steps=1)
+    assert len(train_recipe("bf16, fp32 moments", x, y, sgd, steps=2).losses) == 2
+    assert len(train_recipe("tf32", x, y, sgd, steps=2).losses) == 2  # TF32: no effect on CPU
+
+
 # --- FP8 and numerics ---------------------------------------------------------------------------
 
 
@@ -452,7 +465,7 @@ def test_tf32_matmuls_falls_back_to_allow_tf32_on_an_older_torch(monkeypatch):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_fp8_benchmark_variants_and_fast_accumulation_on_a_gpu():
     from trainfast.precision import has_fp8_tensor_cores, scaled_matmul
-    from trainfast.precision.benchmark import FP8_VARIANTS, matmul_throughput
+    from trainfast.precision.benchmarks import FP8_VARIANTS, matmul_throughput
 
     device = torch.device("cuda")
     if not has_fp8_tensor_cores(device):
@@ -557,11 +570,13 @@ def test_block_scaling_rounds_like_torch_and_resists_outliers_that_per_tensor_sc
 
 def test_the_playbooks_fp8_recipes_add_up_to_its_totals():
     from trainfast.accounting import bytes_per_parameter
-    from trainfast.precision import FP8_RECIPES
+    from trainfast.precision import FP8_RECIPES, FP8_STATED_BYTES
+    from trainfast.recipes import Recipe
 
-    assert len(FP8_RECIPES) == 6
-    for recipe, stated in FP8_RECIPES:
-        assert bytes_per_parameter(recipe, "adamw").total == stated, recipe.name
+    assert len(FP8_RECIPES) == 6 and FP8_RECIPES.keys() == FP8_STATED_BYTES.keys()
+    for name, recipe in FP8_RECIPES.items():
+        assert isinstance(recipe, Recipe) and recipe.name == name
+        assert bytes_per_parameter(recipe, "adamw").total == FP8_STATED_BYTES[name], name
 
 
 def test_numerics_helpers():
@@ -734,12 +749,6 @@ def test_chapter_prose_types_no_number_that_code_produced():
     assert chapters.typed_numbers("mixed_precision", allow=MIXED_PRECISION_CONSTANTS) == []
 
 
-@pytest.mark.chapter
-def test_chapter_executes_within_its_budget():
-    seconds = chapters.execute_chapter("mixed_precision")
-    assert seconds < 150, f"the chapter took {seconds:.0f} s; the budget is 150 s on this CPU"
-
-
 # --- Kahan-compensated AdamW, FP8 linear, and the decision exercises ------------------------------
 
 
@@ -842,8 +851,8 @@ def test_recipe_choice_check(capsys):
 
     ex.check_recipe_choice(choose)
     assert "All 6 cases passed" in capsys.readouterr().out
-    with pytest.raises(AssertionError, match="chose 'pure-bf16'"):
-        ex.check_recipe_choice(lambda n, budget: "pure-bf16")  # always the smallest: not the best
+    with pytest.raises(AssertionError, match="chose 'pure bf16'"):
+        ex.check_recipe_choice(lambda n, budget: "pure bf16")  # always the smallest: not the best
 
 
 def test_fp8_linear_check(capsys):

@@ -27,8 +27,8 @@ from trainfast.optim import (
     state_bytes_table,
     zeropower_via_newtonschulz5,
 )
-from trainfast.optim import benchmark as benchmark_module
-from trainfast.optim.benchmark import compare_step_times
+from trainfast.optim import benchmarks as benchmark_module
+from trainfast.optim.benchmarks import compare_step_times
 
 # float32 defaults of torch.testing.assert_close, spelled out: "same as torch up to rounding"
 TIGHT = {"rtol": 1.3e-6, "atol": 1e-5}
@@ -860,14 +860,6 @@ def test_chapter_listings_come_from_the_package() -> None:
     import chapters
 
     assert chapters.listing_problems("optimizers") == []
-
-
-@pytest.mark.chapter
-def test_chapter_executes_on_cpu() -> None:
-    import chapters
-
-    seconds = chapters.execute_chapter("optimizers")
-    print(f"optimizers chapter executed in {seconds:.1f} s")
 
 
 def _sgd_trajectory(fn, xy, lr, momentum, n_iters, *, keep_start: bool = True):

@@ -10,7 +10,6 @@ import math
 
 import pytest
 import torch
-from trainfast.accounting import TransformerShape
 from trainfast.distributed import SpawnError, spawn
 from trainfast.distributed.context_parallel import (
     context_chunks,
@@ -36,6 +35,7 @@ from trainfast.distributed.moe import (
 from trainfast.distributed.pipeline import PipelineConfig
 from trainfast.distributed.sequence_parallel import sequence_parallel_worker
 from trainfast.distributed.torch_apis import torch_apis_worker
+from trainfast.transformer import TransformerShape
 
 WORLD_SIZES = [1, 2, 3, 4]
 

@@ -16,8 +16,8 @@ from trainfast.kernels.benchmarks import (
     matmul_prediction,
 )
 from trainfast.kernels.tiled_matmul import MatmulTiles
-from trainfast.optim.benchmark import adamw_step_prediction
-from trainfast.precision.benchmark import step_memory_prediction
+from trainfast.optim.benchmarks import adamw_step_prediction
+from trainfast.precision.benchmarks import step_memory_prediction
 
 H100 = GPUS["H100 SXM 80GB"]
 
@@ -87,7 +87,7 @@ def test_step_memory_prediction_is_the_accounting_of_the_gpu_benchmarks_model():
 
 
 def test_step_memory_prediction_agrees_with_accounting_for_a_quick_model():
-    from trainfast.accounting import TransformerShape
+    from trainfast.transformer import TransformerShape
 
     shape = TransformerShape.gpt_like(
         d_model=768, n_layers=2, n_heads=12, seq_len=1024, batch_size=8
@@ -99,7 +99,7 @@ def test_step_memory_prediction_agrees_with_accounting_for_a_quick_model():
 
 
 def test_published_cuda_autocast_policy_follows_the_documentations_lists():
-    from trainfast.precision.benchmark import published_cuda_autocast_policy
+    from trainfast.precision.benchmarks import published_cuda_autocast_policy
     from trainfast.precision.numerics import AUTOCAST_OPS
 
     policy = published_cuda_autocast_policy()

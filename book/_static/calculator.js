@@ -194,7 +194,7 @@
     const attentionForward = step.batch_size * shape.n_heads * 4 * shape.seq_len ** 2 * headDim;
     if (x.recompute === "full") flops += (flops - linearTrainingFlops(step.seq_len * step.batch_size, h, shape.vocab_size)) / 3;
     else if (x.recompute === "selective") flops += L * attentionForward;
-    const achieved = gpu.peak_flops[data.compute_format[x.recipe]] * a.mfu;
+    const achieved = gpu.peak_flops[data.recipes[x.recipe].compute_format] * a.mfu;
     const compute = flops / (d * c * t * p * achieved);
     const bubble = (compute * (p - 1)) / (v * m);
     const forwards = x.recompute === "full" ? 2 : 1;
@@ -333,7 +333,7 @@
       SHAPE_FIELDS.map(([name, label]) => field(label, numberInput(name, shape[name]))))));
     form.appendChild(el("fieldset", {}, [
       el("legend", { text: "Training" }),
-      field("precision recipe", select("recipe", Object.keys(data.recipes), "bf16-mixed")),
+      field("precision recipe", select("recipe", Object.keys(data.recipes), "bf16 + fp32 master")),
       field("optimizer", select("optimizer", Object.keys(data.optimizer_moments), "adamw")),
       field("ZeRO stage", select("zero_stage", [0, 1, 2, 3], 1)),
       field("activation recomputation", select("recompute", data.recompute, "selective")),

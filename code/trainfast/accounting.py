@@ -17,29 +17,26 @@ Conventions:
   optimizer moments) plus activations, the tensors the forward pass saves for backward. Not
   counted: the CUDA context, the caching allocator's rounding and fragmentation, temporary
   buffers of single kernels, communication buckets.
+* **Inputs.** A model's sizes are a :class:`~trainfast.transformer.TransformerShape` (the
+  model's own configuration); a precision recipe's bytes come from :mod:`trainfast.recipes`.
 * **Shapes.** ``s`` sequence length, ``b`` (micro-)batch, ``h`` = ``d_model``, ``f`` = ``d_ff``,
   ``a`` heads, ``L`` layers, ``V`` vocabulary, ``t`` tensor-parallel size.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields
-from typing import Any, Literal
 
 import torch
 
-from trainfast.gpus import GPUSpec
+from trainfast.recipes import RECIPES, Recipe
+from trainfast.transformer import Attention, TransformerShape
+from trainfast.validation import check_positive, check_positive_number
 
 __all__ = [
     "OPTIMIZER_MOMENTS",
-    "PRECISION_RECIPES",
-    "PRESET_SHAPES",
-    "Attention",
     "MemoryBreakdown",
-    "PrecisionRecipe",
-    "TransformerShape",
     "activation_bytes",
     "bytes_per_parameter",
     "checkpointed_layer_bytes",
@@ -50,92 +47,12 @@ __all__ = [
     "model_activation_bytes",
     "model_flops_utilization",
     "parameter_count",
-    "plot_memory",
     "saved_tensor_bytes",
     "training_flops",
     "training_memory",
     "training_run_seconds",
     "zero_memory",
 ]
-
-#: ``"manual"``: softmax attention written out, which saves the ``s x s`` probabilities;
-#: ``"sdpa"``: ``scaled_dot_product_attention`` running a fused kernel (FlashAttention,
-#: memory-efficient, or the CPU flash kernel), which saves a log-sum-exp per query instead.
-Attention = Literal["manual", "sdpa"]
-
-
-def _positive(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"Invalid {name}: {value!r} (expected a positive integer)")
-
-
-def _positive_number(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
-        raise ValueError(f"Invalid {name}: {value!r} (expected a positive number)")
-
-
-@dataclass(frozen=True)
-class TransformerShape:
-    """The sizes that decide a decoder's cost: vocabulary, width, depth, heads, MLP width,
-    sequence length (also the context the position embedding covers) and (micro-)batch size."""
-
-    vocab_size: int
-    d_model: int
-    n_layers: int
-    n_heads: int
-    d_ff: int
-    seq_len: int
-    batch_size: int
-
-    def __post_init__(self) -> None:
-        for size in fields(self):
-            _positive(size.name, getattr(self, size.name))
-        if self.d_model % self.n_heads:
-            raise ValueError(
-                f"Invalid n_heads: {self.n_heads} (must divide d_model = {self.d_model})"
-            )
-
-    @classmethod
-    def gpt_like(
-        cls,
-        *,
-        d_model: int,
-        n_layers: int,
-        n_heads: int,
-        seq_len: int,
-        vocab_size: int = 50_304,
-        batch_size: int = 1,
-    ) -> TransformerShape:
-        """GPT-2's proportions: ``d_ff = 4 d_model``; the vocabulary defaults to GPT-2's 50,257
-        tokens padded to a multiple of 64 (50,304, as nanoGPT does); one sequence per batch."""
-        return cls(vocab_size, d_model, n_layers, n_heads, 4 * d_model, seq_len, batch_size)
-
-    @property
-    def head_dim(self) -> int:
-        return self.d_model // self.n_heads
-
-    @property
-    def tokens(self) -> int:
-        """Tokens per step: ``seq_len * batch_size``."""
-        return self.seq_len * self.batch_size
-
-
-#: Named shapes, one sequence per batch (change it with ``dataclasses.replace``).
-PRESET_SHAPES: dict[str, TransformerShape] = {
-    # small enough for a unit test on one CPU thread
-    "tiny": TransformerShape(128, 32, 2, 4, 128, 16, 2),
-    # Radford et al. 2019, "Language Models are Unsupervised Multitask Learners", Table 2 (the
-    # 117M row, 124M counted exactly), vocabulary 50,257, context 1,024
-    "gpt2-small": TransformerShape(50_257, 768, 12, 12, 3_072, 1_024, 1),
-    # ibid., the 1542M row: 48 layers, width 1,600; 25 heads of 64 in the released model
-    "gpt2-xl": TransformerShape(50_257, 1_600, 48, 25, 6_400, 1_024, 1),
-    # Touvron et al. 2023, "Llama 2", 7B: width 4,096, 32 layers and heads, context 4,096,
-    # vocabulary 32,000. Its SwiGLU MLP (3 matrices of 4,096 x 11,008) becomes our GELU MLP of
-    # the same parameter count (2 matrices of 4,096 x 16,512); with tied embeddings and learned
-    # positions it has 6.62B parameters instead of 6.74B.
-    "llama2-7b-like": TransformerShape(32_000, 4_096, 32, 32, 16_512, 4_096, 1),
-}
-
 
 # ----------------------------------------------------------------------------- parameters
 
@@ -274,7 +191,7 @@ def activation_bytes(
     saves a full-size scaled mask instead of a 1-byte one, and ``sdpa`` with dropout falls back
     to the manual path.
     """
-    _positive("tensor", tensor)
+    check_positive("tensor", tensor)
     _check_attention(attention)
     s, b, h, f, a = shape.seq_len, shape.batch_size, shape.d_model, shape.d_ff, shape.n_heads
     token_wise = 4 * h * value_bytes + (2 * h if dropout else 0)  # LayerNorm ins/outs, masks
@@ -297,7 +214,7 @@ def checkpointed_layer_bytes(
 ) -> float:
     """Bytes a layer keeps under full activation checkpointing: its input, ``s b h`` values
     (divided by ``t`` only with sequence parallelism: tensor parallelism replicates it)."""
-    _positive("tensor", tensor)
+    check_positive("tensor", tensor)
     kept = shape.seq_len * shape.batch_size * shape.d_model * value_bytes
     return kept / tensor if sequence_parallel else kept
 
@@ -359,48 +276,6 @@ def saved_tensor_bytes(fn: Callable[[], object], *, exclude: Iterable[torch.Tens
 # ----------------------------------------------------------------------------- model state
 
 
-@dataclass(frozen=True)
-class PrecisionRecipe:
-    """Bytes per parameter of each kind of model state, and per activation value.
-
-    ``master_bytes`` is an fp32 copy the optimizer updates when the weights themselves are
-    low-precision (0 if none); ``state_bytes_per_moment`` is the size of one optimizer moment
-    (Adam has two). Values may be fractional (an FP8 recipe with per-block scales, say).
-    """
-
-    name: str
-    weight_bytes: float
-    gradient_bytes: float
-    master_bytes: float
-    state_bytes_per_moment: float
-    activation_bytes_per_value: float
-
-    def __post_init__(self) -> None:
-        for part in fields(self)[1:]:
-            value = getattr(self, part.name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-                raise ValueError(f"Invalid {part.name}: {value!r} (expected a number >= 0)")
-        if self.weight_bytes == 0 or self.activation_bytes_per_value == 0:
-            raise ValueError(f"Invalid recipe {self.name!r}: weights and activations need bytes")
-
-
-#: The common recipes (Rajbhandari et al. 2020, "ZeRO", Section 3.1, for mixed precision).
-PRECISION_RECIPES: dict[str, PrecisionRecipe] = {
-    r.name: r
-    for r in (
-        PrecisionRecipe("fp32", 4, 4, 0, 4, 4),
-        # torch.autocast: fp32 weights, gradients and moments; matmuls and most activations in
-        # 16 bits. The residual stream, LayerNorm, softmax (on CUDA) and the loss stay fp32,
-        # and autocast keeps a 2-byte copy of each weight for backward: the 2-byte activation
-        # count is a lower bound (measured in tests/test_accounting.py).
-        PrecisionRecipe("amp", 4, 4, 0, 4, 2),
-        # ZeRO's mixed precision: 16-bit weights and gradients, fp32 master weights and moments
-        PrecisionRecipe("bf16-mixed", 2, 2, 4, 4, 2),
-        PrecisionRecipe("bf16-no-master", 2, 2, 0, 4, 2),  # fp32 moments, no master copy
-        PrecisionRecipe("pure-bf16", 2, 2, 0, 2, 2),  # everything in bf16
-    )
-}
-
 #: Optimizer moments (copies of the weights' size) kept per parameter. Muon's single momentum
 #: buffer is for the hidden matrices it orthogonalises; the embeddings, head and vectors usually
 #: get AdamW's two, so a whole model lands in between.
@@ -414,14 +289,12 @@ OPTIMIZER_MOMENTS: dict[str, int] = {
 }
 
 
-def _recipe(recipe: str | PrecisionRecipe) -> PrecisionRecipe:
-    if isinstance(recipe, PrecisionRecipe):
+def _recipe(recipe: str | Recipe) -> Recipe:
+    if isinstance(recipe, Recipe):
         return recipe
-    if recipe not in PRECISION_RECIPES:
-        raise ValueError(
-            f"Unknown recipe: {recipe!r} (expected one of {sorted(PRECISION_RECIPES)})"
-        )
-    return PRECISION_RECIPES[recipe]
+    if recipe not in RECIPES:
+        raise ValueError(f"Unknown recipe: {recipe!r} (expected one of {sorted(RECIPES)})")
+    return RECIPES[recipe]
 
 
 def _moments(optimizer: str) -> int:
@@ -448,11 +321,11 @@ class MemoryBreakdown:
         return sum(getattr(self, part.name) for part in fields(self))
 
 
-def bytes_per_parameter(recipe: str | PrecisionRecipe, optimizer: str) -> MemoryBreakdown:
+def bytes_per_parameter(recipe: str | Recipe, optimizer: str) -> MemoryBreakdown:
     """Model-state bytes per parameter for a precision recipe and an optimizer (no activations).
 
-    Adam: fp32 16 (4 + 4 + 2 x 4), bf16-mixed 16 (2 + 2 + 4 + 2 x 4, ZeRO's ``2 + 2 + K`` with
-    ``K = 12``), bf16-no-master 12, pure-bf16 8. The optimizer part is what
+    Adam: "fp32" 16 (4 + 4 + 2 x 4), "bf16 + fp32 master" 16 (2 + 2 + 4 + 2 x 4, ZeRO's
+    ``2 + 2 + K`` with ``K = 12``), "bf16, fp32 moments" 12, "pure bf16" 8. The optimizer part is what
     :func:`trainfast.optim.state.state_bytes_per_param` measures on a real optimizer.
     """
     r = _recipe(recipe)
@@ -468,7 +341,7 @@ def _zero_shards(stage: int, world_size: int) -> tuple[float, float, float]:
     """Fractions of (weights, gradients, optimizer state and master weights) a rank keeps."""
     if stage not in (0, 1, 2, 3):
         raise ValueError(f"Invalid stage: {stage!r} (expected 0, 1, 2 or 3)")
-    _positive("world_size", world_size)
+    check_positive("world_size", world_size)
     shard = 1.0 / world_size
     return (
         shard if stage >= 3 else 1.0,
@@ -503,7 +376,7 @@ def zero_memory(
 def training_memory(
     shape: TransformerShape,
     *,
-    recipe: str | PrecisionRecipe,
+    recipe: str | Recipe,
     optimizer: str,
     checkpointing: bool = False,
     dropout: bool = False,
@@ -546,9 +419,9 @@ def model_flops_utilization(
     """Model FLOPs utilisation (Chowdhery et al. 2022, "PaLM", Appendix B): the model's FLOPs
     per second (:func:`training_flops`, no recomputation) over the hardware's peak. For a step
     on several devices, pass the peak of all of them together."""
-    _positive_number("flops_per_step", flops_per_step)
-    _positive_number("seconds_per_step", seconds_per_step)
-    _positive_number("peak_flops", peak_flops)
+    check_positive_number("flops_per_step", flops_per_step)
+    check_positive_number("seconds_per_step", seconds_per_step)
+    check_positive_number("peak_flops", peak_flops)
     return flops_per_step / seconds_per_step / peak_flops
 
 
@@ -558,56 +431,10 @@ def training_run_seconds(
     """Seconds to train on ``tokens`` tokens with ``n_gpus`` devices of ``peak_flops`` each,
     running at model FLOPs utilisation ``mfu``: ``flops_per_token * tokens / (n_gpus * peak *
     mfu)``. ``flops_per_token`` is ``training_flops(shape) / shape.tokens`` (about 6 N)."""
-    _positive_number("flops_per_token", flops_per_token)
-    _positive_number("tokens", tokens)
-    _positive("n_gpus", n_gpus)
-    _positive_number("peak_flops", peak_flops)
+    check_positive_number("flops_per_token", flops_per_token)
+    check_positive_number("tokens", tokens)
+    check_positive("n_gpus", n_gpus)
+    check_positive_number("peak_flops", peak_flops)
     if isinstance(mfu, bool) or not isinstance(mfu, (int, float)) or not 0 < mfu <= 1:
         raise ValueError(f"Invalid mfu: {mfu!r} (expected 0 < mfu <= 1)")
     return flops_per_token * tokens / (n_gpus * peak_flops * mfu)
-
-
-# ----------------------------------------------------------------------------- drawing
-
-
-def plot_memory(
-    breakdowns: Mapping[str, MemoryBreakdown],
-    *,
-    title: str = "Training memory per device, by part",
-    xlabel: str = "configuration",
-    device: GPUSpec | None = None,
-    ax: Any = None,
-) -> tuple[Any, Any]:
-    """The calculator, drawn: one stacked bar per configuration, one colour per part, in GB.
-
-    ``breakdowns`` maps a bar's label to its :class:`MemoryBreakdown` (from
-    :func:`training_memory` or :func:`zero_memory`), e.g. one per recipe, ZeRO stage or
-    checkpointing choice. Parts that are 0 in every bar are left out; each bar is labelled with
-    its total; ``device`` draws its memory as a dashed line. Returns ``(figure, axes)``; draws
-    into ``ax`` if given. Needs matplotlib (imported here, not with the module).
-    """
-    import matplotlib.pyplot as plt
-
-    if not breakdowns:
-        raise ValueError("Nothing to draw: breakdowns is empty")
-    if ax is None:
-        fig, ax = plt.subplots(figsize=(max(5.0, 1.2 * len(breakdowns) + 3.0), 4.0))
-    else:
-        fig = ax.figure
-    labels = list(breakdowns)
-    tops = [0.0] * len(labels)
-    for part in fields(MemoryBreakdown):
-        values = [getattr(breakdowns[label], part.name) / 1e9 for label in labels]
-        if any(values):
-            ax.bar(labels, values, bottom=tops, label=part.name.replace("_", " "))
-            tops = [top + value for top, value in zip(tops, values, strict=True)]
-    for x, top in enumerate(tops):
-        ax.annotate(f"{top:.1f}", (x, top), ha="center", va="bottom", fontsize=9)
-    if device is not None:
-        memory = device.memory_bytes / 1e9
-        ax.axhline(memory, color="black", linestyle="--", label=f"{device.name}: {memory:.0f} GB")
-    ax.set(title=title, xlabel=xlabel, ylabel="memory (GB)")
-    ax.margins(y=0.15)
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    fig.tight_layout()
-    return fig, ax

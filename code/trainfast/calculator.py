@@ -18,9 +18,8 @@ from dataclasses import asdict, fields, replace
 from pathlib import Path
 from typing import Any
 
-from trainfast.accounting import OPTIMIZER_MOMENTS, PRECISION_RECIPES, PRESET_SHAPES
+from trainfast.accounting import OPTIMIZER_MOMENTS
 from trainfast.distributed.step_time import (
-    COMPUTE_FORMAT,
     NVLINK_GPUS,
     RECOMPUTE,
     StepAssumptions,
@@ -28,6 +27,8 @@ from trainfast.distributed.step_time import (
     TrainingSetup,
     estimate,
 )
+from trainfast.recipes import RECIPES
+from trainfast.transformer import PRESET_SHAPES
 
 __all__ = ["estimate_dict", "export", "grid", "setup_from_dict", "write_script"]
 
@@ -41,7 +42,7 @@ def grid() -> list[TrainingSetup]:
         TrainingSetup(
             replace(small, batch_size=8), recipe, optimizer, stage, data=4, global_batch=64, gpu=gpu
         )
-        for recipe in PRECISION_RECIPES
+        for recipe in RECIPES
         for optimizer in OPTIMIZER_MOMENTS
         for stage in (0, 3)
         for gpu in NVLINK_GPUS
@@ -117,8 +118,10 @@ def export() -> dict[str, Any]:
     moments, GPUs, default assumptions) and the grid of cases with the model's results."""
     return {
         "shapes": {name: asdict(shape) for name, shape in PRESET_SHAPES.items()},
-        "recipes": {name: asdict(recipe) for name, recipe in PRECISION_RECIPES.items()},
-        "compute_format": dict(COMPUTE_FORMAT),
+        "recipes": {
+            name: {**recipe.bytes, "compute_format": recipe.compute_format}
+            for name, recipe in RECIPES.items()
+        },
         "optimizer_moments": dict(OPTIMIZER_MOMENTS),
         "recompute": list(RECOMPUTE),
         "gpus": {

@@ -36,9 +36,9 @@ from trainfast.kernels.benchmarks import (
     strided_record,
 )
 from trainfast.kernels.checkpointing import checkpointing_record
-from trainfast.optim import benchmark as optim_benchmark
+from trainfast.optim import benchmarks as optim_benchmarks
 from trainfast.optim.comparison import muon_vs_adamw_record
-from trainfast.precision import benchmark as precision_benchmark
+from trainfast.precision import benchmarks as precision_benchmarks
 from trainfast.profiling.benchmarks import (
     case_study_record,
     compile_time_record,
@@ -55,15 +55,15 @@ Benchmark = Callable[[torch.device, bool], Record]
 
 #: benchmark name -> the function that measures it and returns its record.
 BENCHMARKS: dict[str, Benchmark] = {
-    "optimizer-step-time": optim_benchmark.step_time_record,
+    "optimizer-step-time": optim_benchmarks.step_time_record,
     "muon-vs-adamw": muon_vs_adamw_record,
     "all-reduce-time": all_reduce_record,
     "ddp-overlap": ddp_overlap_record,
     "launcher-failure": launcher_record,
-    "matmul-throughput": precision_benchmark.matmul_throughput_record,
-    "precision-step-time": precision_benchmark.step_time_record,
-    "autocast-policy": precision_benchmark.autocast_policy_record,
-    "matmul-error": precision_benchmark.matmul_error_record,
+    "matmul-throughput": precision_benchmarks.matmul_throughput_record,
+    "precision-step-time": precision_benchmarks.step_time_record,
+    "autocast-policy": precision_benchmarks.autocast_policy_record,
+    "matmul-error": precision_benchmarks.matmul_error_record,
     "copy-bandwidth": copy_record,
     "matmul-tiles": matmul_record,
     "attention-forward": attention_record,

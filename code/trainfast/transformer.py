@@ -14,6 +14,10 @@ or memory-efficient attention on a GPU) that stores no ``seq x seq`` matrix. Sam
 rounding; a test proves it. ``checkpointing=True`` recomputes each block in backward
 (``torch.utils.checkpoint``) instead of storing its activations.
 
+The model's configuration lives here, beside it, as nanoGPT's ``GPTConfig`` does:
+:class:`TransformerShape` (its sizes, which :mod:`trainfast.accounting` turns into parameters,
+FLOPs and bytes), :data:`Attention` and the named :data:`PRESET_SHAPES`.
+
 When not to use it: it is a teaching model. No KV cache, no rotary embeddings, no grouped-query
 attention, no weight-decay groups; use a library model for real work.
 """
@@ -21,21 +25,95 @@ attention, no weight-decay groups; use a library model for real work.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, fields
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from trainfast.accounting import Attention, TransformerShape
+from trainfast.validation import check_positive
 
 __all__ = [
+    "PRESET_SHAPES",
+    "Attention",
     "CausalSelfAttention",
     "Transformer",
     "TransformerBlock",
     "TransformerMLP",
+    "TransformerShape",
     "random_batch",
 ]
+
+
+#: ``"manual"``: softmax attention written out, which saves the ``s x s`` probabilities;
+#: ``"sdpa"``: ``scaled_dot_product_attention`` running a fused kernel (FlashAttention,
+#: memory-efficient, or the CPU flash kernel), which saves a log-sum-exp per query instead.
+Attention = Literal["manual", "sdpa"]
+
+
+@dataclass(frozen=True)
+class TransformerShape:
+    """The sizes that decide a decoder's cost: vocabulary, width, depth, heads, MLP width,
+    sequence length (also the context the position embedding covers) and (micro-)batch size."""
+
+    vocab_size: int
+    d_model: int
+    n_layers: int
+    n_heads: int
+    d_ff: int
+    seq_len: int
+    batch_size: int
+
+    def __post_init__(self) -> None:
+        for size in fields(self):
+            check_positive(size.name, getattr(self, size.name))
+        if self.d_model % self.n_heads:
+            raise ValueError(
+                f"Invalid n_heads: {self.n_heads} (must divide d_model = {self.d_model})"
+            )
+
+    @classmethod
+    def gpt_like(
+        cls,
+        *,
+        d_model: int,
+        n_layers: int,
+        n_heads: int,
+        seq_len: int,
+        vocab_size: int = 50_304,
+        batch_size: int = 1,
+    ) -> TransformerShape:
+        """GPT-2's proportions: ``d_ff = 4 d_model``; the vocabulary defaults to GPT-2's 50,257
+        tokens padded to a multiple of 64 (50,304, as nanoGPT does); one sequence per batch."""
+        return cls(vocab_size, d_model, n_layers, n_heads, 4 * d_model, seq_len, batch_size)
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @property
+    def tokens(self) -> int:
+        """Tokens per step: ``seq_len * batch_size``."""
+        return self.seq_len * self.batch_size
+
+
+#: Named shapes, one sequence per batch (change it with ``dataclasses.replace``).
+PRESET_SHAPES: dict[str, TransformerShape] = {
+    # small enough for a unit test on one CPU thread
+    "tiny": TransformerShape(128, 32, 2, 4, 128, 16, 2),
+    # Radford et al. 2019, "Language Models are Unsupervised Multitask Learners", Table 2 (the
+    # 117M row, 124M counted exactly), vocabulary 50,257, context 1,024
+    "gpt2-small": TransformerShape(50_257, 768, 12, 12, 3_072, 1_024, 1),
+    # ibid., the 1542M row: 48 layers, width 1,600; 25 heads of 64 in the released model
+    "gpt2-xl": TransformerShape(50_257, 1_600, 48, 25, 6_400, 1_024, 1),
+    # Touvron et al. 2023, "Llama 2", 7B: width 4,096, 32 layers and heads, context 4,096,
+    # vocabulary 32,000. Its SwiGLU MLP (3 matrices of 4,096 x 11,008) becomes our GELU MLP of
+    # the same parameter count (2 matrices of 4,096 x 16,512); with tied embeddings and learned
+    # positions it has 6.62B parameters instead of 6.74B.
+    "llama2-7b-like": TransformerShape(32_000, 4_096, 32, 32, 16_512, 4_096, 1),
+}
 
 
 class CausalSelfAttention(nn.Module):
@@ -102,7 +180,7 @@ class TransformerBlock(nn.Module):
 
 
 class Transformer(nn.Module):
-    """GPT-2-style decoder built from a :class:`~trainfast.accounting.TransformerShape`.
+    """GPT-2-style decoder built from a :class:`TransformerShape`.
 
     ``forward(tokens)`` maps ``(batch, seq)`` token ids, ``seq <= shape.seq_len``, to
     ``(batch, seq, vocab_size)`` logits; :meth:`loss` adds the next-token cross-entropy.

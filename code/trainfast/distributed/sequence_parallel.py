@@ -39,7 +39,6 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from trainfast.accounting import TransformerShape
 from trainfast.distributed.collectives import _world, all_gather, reduce_scatter, ring_all_reduce
 from trainfast.distributed.launch import rank_device
 from trainfast.distributed.tensor_parallel import (
@@ -47,7 +46,7 @@ from trainfast.distributed.tensor_parallel import (
     copy_to_tensor_parallel,
     reduce_from_tensor_parallel,
 )
-from trainfast.transformer import TransformerBlock
+from trainfast.transformer import TransformerBlock, TransformerShape
 
 __all__ = [
     "ParallelTransformerBlock",

@@ -40,12 +40,10 @@ imbalance, communication buffers and fragmentation (the ``reserve``).
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Literal
 
 from trainfast.accounting import (
-    PRECISION_RECIPES,
     MemoryBreakdown,
-    TransformerShape,
     activation_bytes,
     bytes_per_parameter,
     checkpointed_layer_bytes,
@@ -63,9 +61,11 @@ from trainfast.distributed.cost_model import (
     reduce_scatter_time,
 )
 from trainfast.gpus import GPUS
+from trainfast.recipes import RECIPES
+from trainfast.transformer import TransformerShape
+from trainfast.validation import check_positive
 
 __all__ = [
-    "COMPUTE_FORMAT",
     "NVLINK_GPUS",
     "RECOMPUTE",
     "Recompute",
@@ -83,13 +83,6 @@ Recompute = Literal["none", "selective", "full"]
 RECOMPUTE: tuple[str, ...] = ("none", "selective", "full")
 #: The GPUs the model offers: those built into NVLink nodes (not the L4 or T4).
 NVLINK_GPUS = {name: spec for name, spec in GPUS.items() if spec.nvlink_bytes_per_s}
-#: Matmul format of each precision recipe (a key of ``GPUSpec.peak_flops``).
-COMPUTE_FORMAT = {name: "fp32" if name == "fp32" else "bf16" for name in PRECISION_RECIPES}
-
-
-def _positive(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"Invalid {name}: {value!r} (expected a positive integer)")
 
 
 @dataclass(frozen=True)
@@ -122,7 +115,7 @@ class StepAssumptions:
             raise ValueError(f"Invalid overlap: {self.overlap!r} (expected 0 <= overlap <= 1)")
         if not 0 <= self.reserve < 1:
             raise ValueError(f"Invalid reserve: {self.reserve!r} (expected 0 <= reserve < 1)")
-        _positive("gpus_per_node", self.gpus_per_node)
+        check_positive("gpus_per_node", self.gpus_per_node)
         for name in ("nvlink_latency_s", "network_latency_s"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"Invalid {name}: {getattr(self, name)!r} (expected >= 0)")
@@ -142,7 +135,7 @@ class TrainingSetup:
     token, sharded over ``expert_parallel`` ranks of the ``data x context`` group."""
 
     shape: TransformerShape
-    recipe: str = "bf16-mixed"
+    recipe: str = "bf16 + fp32 master"
     optimizer: str = "adamw"
     zero_stage: int = 0
     data: int = 1
@@ -171,7 +164,7 @@ class TrainingSetup:
             "expert_parallel",
             "global_batch",
         ):
-            _positive(name, getattr(self, name))
+            check_positive(name, getattr(self, name))
         bytes_per_parameter(self.recipe, self.optimizer)  # checks both names
         s, b = self.shape, self.shape.batch_size
         problems = [
@@ -298,7 +291,7 @@ def estimate(setup: TrainingSetup) -> StepEstimate:
     d, t, p, c = setup.data, setup.tensor, setup.pipeline, setup.context
     v, m, k, e = setup.virtual_stages, setup.micro_batches, setup.top_k, setup.expert_parallel
     h, f, L = shape.d_model, shape.d_ff, shape.n_layers
-    value_bytes = PRECISION_RECIPES[setup.recipe].activation_bytes_per_value
+    value_bytes = RECIPES[setup.recipe].activation_bytes_per_value
     routed = replace(shape, d_ff=f * k)  # the k experts a token visits: k times the MLP
     local = replace(routed, seq_len=shape.seq_len // c)  # this rank's share of the sequence
     stage_layers = -(-L // p)
@@ -345,7 +338,7 @@ def estimate(setup: TrainingSetup) -> StepEstimate:
         flops += (flops - linear_training_flops(step.tokens, h, shape.vocab_size)) / 3
     elif setup.recompute == "selective":  # one more forward of the attention core
         flops += L * attention_forward
-    achieved = gpu.peak_flops[COMPUTE_FORMAT[setup.recipe]] * a.mfu
+    achieved = gpu.peak_flops[RECIPES[setup.recipe].compute_format] * a.mfu
     compute = flops / (setup.n_gpus * achieved)
     bubble = compute * (p - 1) / (v * m)
     forwards = 2 if setup.recompute == "full" else 1  # full recomputation runs it twice

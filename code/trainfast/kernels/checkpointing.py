@@ -21,8 +21,6 @@ from typing import Any
 import torch
 
 from trainfast.accounting import (
-    Attention,
-    TransformerShape,
     counted_flops,
     model_activation_bytes,
     saved_tensor_bytes,
@@ -30,6 +28,7 @@ from trainfast.accounting import (
 )
 from trainfast.profiling import benchmark
 from trainfast.records import Record, make_record
+from trainfast.transformer import Attention, TransformerShape
 
 __all__ = ["checkpointing_costs", "checkpointing_record"]
 

@@ -5,8 +5,8 @@ with two implementations behind one ``foreach`` flag: a readable loop over tenso
 chapter shows, and a ``torch._foreach_*`` version that launches one kernel per list. The classes
 subclass ``torch.optim.Optimizer`` (so LR schedulers, ``state_dict`` and ``zero_grad`` work),
 keep the state and call the functions. :mod:`~trainfast.optim.state` measures state memory;
-:mod:`~trainfast.optim.benchmark` times a step against ``torch.optim`` (import it from there; it is
-also ``python -m trainfast.optim.benchmark``).
+:mod:`~trainfast.optim.benchmarks` times a step against ``torch.optim`` (import it from there; it is
+also ``python -m trainfast.optim.benchmarks``).
 """
 
 from trainfast.optim.adam import Adam, AdamW, adam

@@ -4,8 +4,9 @@
   (:func:`float_format`), TF32 rounding (:func:`round_to_tf32`), raw bit fields (:func:`decompose`);
 * :mod:`~trainfast.precision.loss_scaling`: dynamic loss scaling written out (:class:`GradScaler`,
   step for step equal to ``torch.amp.GradScaler``);
-* :mod:`~trainfast.precision.recipes`: one training step under fp32, bf16/fp16 autocast, loss
-  scaling or pure bf16, and the runs the chapter compares;
+* :mod:`~trainfast.precision.recipes`: one training step under a recipe of
+  :data:`trainfast.recipes.RECIPES` (fp32, bf16/fp16 autocast, loss scaling, pure bf16), and the
+  runs the chapter compares;
 * :mod:`~trainfast.precision.numerics`: swamping, softmax overflow, matmul error, autocast policy;
 * :mod:`~trainfast.precision.fp8`: per-tensor current and delayed scaling, FP8 matrix products;
 * :mod:`~trainfast.precision.block_scaling`: MXFP8 and NVFP4 block scaling, emulated;
@@ -31,6 +32,7 @@ from trainfast.precision.formats import (
 )
 from trainfast.precision.fp8 import (
     FP8_RECIPES,
+    FP8_STATED_BYTES,
     DelayedScaling,
     fp8_linear,
     fp8_matmul,
@@ -48,13 +50,7 @@ from trainfast.precision.numerics import (
     softmax_naive,
     softmax_stable,
 )
-from trainfast.precision.recipes import (
-    RECIPES,
-    RecipeRun,
-    TrainingRecipe,
-    train_recipe,
-    training_step,
-)
+from trainfast.precision.recipes import RecipeRun, check_runnable, train_recipe, training_step
 from trainfast.precision.tf32 import tf32_matmuls
 
 __all__ = [
@@ -63,14 +59,14 @@ __all__ = [
     "DelayedScaling",
     "FORMAT_NAMES",
     "FP8_RECIPES",
-    "RECIPES",
+    "FP8_STATED_BYTES",
     "FloatFormat",
     "GradScaler",
     "KahanAdamW",
     "RecipeRun",
-    "TrainingRecipe",
     "accumulation_error",
     "autocast_policy",
+    "check_runnable",
     "decompose",
     "float_format",
     "fake_quantize",

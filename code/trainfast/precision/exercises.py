@@ -245,9 +245,10 @@ def check_kahan_add(kahan_add: Callable[[Tensor, Tensor, Tensor], None], *, seed
     report(results)
 
 
-#: Recipes for :func:`check_recipe_choice`, most precise first (memory of AdamW model state in
+#: Recipes (keys of :data:`trainfast.recipes.RECIPES`) for :func:`check_recipe_choice`, most
+#: precise first (memory of AdamW model state in
 #: :func:`trainfast.accounting.bytes_per_parameter`).
-RECIPE_PREFERENCE = ("amp", "bf16-no-master", "pure-bf16")
+RECIPE_PREFERENCE = ("bf16 autocast", "bf16, fp32 moments", "pure bf16")
 
 
 def _fitting_recipe(n_params: int, budget_bytes: float) -> str:

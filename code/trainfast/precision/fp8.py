@@ -27,10 +27,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from trainfast.accounting import PrecisionRecipe
+from trainfast.recipes import Recipe
 
 __all__ = [
     "FP8_RECIPES",
+    "FP8_STATED_BYTES",
     "DelayedScaling",
     "fp8_linear",
     "fp8_matmul",
@@ -42,25 +43,40 @@ __all__ = [
 ]
 
 _FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+_BF16, _E4M3 = torch.bfloat16, torch.float8_e4m3fn
 
 
 #: Model-state recipes of FP8 training as the Ultra-Scale Playbook's table summarises them (Tazi et
-#: al. 2025, "The Ultra-Scale Playbook", section "FP8 pretraining"), each with the total bytes per
-#: parameter the table states. The book typed both the rows and the totals from that table, so
-#: the test that they add up checks the arithmetic of those typed numbers, not the recipes. To fit :class:`~trainfast.accounting.PrecisionRecipe`, gradients
-#: include the higher-precision copy that gradient accumulation keeps, and the two Adam moments,
-#: when stored differently (FP8-LM: FP8 and FP16), are averaged. Activation bytes: the GEMMs'
-#: input precision. Sources of the rows: FP8-LM, Peng et al. 2023; DeepSeek-V3, DeepSeek-AI 2024;
-#: Transformer Engine, NVIDIA; Nanotron, Hugging Face.
-FP8_RECIPES: list[tuple[PrecisionRecipe, float]] = [
-    # name, weights, gradients (+ accumulated), master weights, bytes per moment, GEMM inputs
-    (PrecisionRecipe("BF16 + FP32 master + FP32 grad accumulation", 2, 2 + 4, 4, 4, 2), 20),
-    (PrecisionRecipe("BF16 + FP32 master", 2, 2, 4, 4, 2), 16),
-    (PrecisionRecipe("Transformer Engine (FP8 GEMMs)", 4, 4, 0, 4, 1), 16),
-    (PrecisionRecipe("FP8-LM O3", 1, 1 + 2, 2, (1 + 2) / 2, 1), 9),
-    (PrecisionRecipe("DeepSeek-V3", 1, 2 + 4, 4, 2, 1), 15),
-    (PrecisionRecipe("Nanotron FP8", 1, 1 + 4, 2, 1, 1), 10),
-]
+#: al. 2025, "The Ultra-Scale Playbook", section "FP8 pretraining"): recipes of the same type as
+#: the book's own (:class:`~trainfast.recipes.Recipe`), counted by the same accounting. To fit it,
+#: gradients include the higher-precision copy that gradient accumulation keeps, and the two Adam
+#: moments, when stored differently (FP8-LM: FP8 and FP16), are averaged. Activation bytes: the
+#: GEMMs' input precision. Sources of the rows: FP8-LM, Peng et al. 2023; DeepSeek-V3,
+#: DeepSeek-AI 2024; Transformer Engine, NVIDIA; Nanotron, Hugging Face.
+FP8_RECIPES: dict[str, Recipe] = {
+    r.name: r
+    for r in (
+        # name, weights, gradients (+ accumulated), master weights, bytes per moment, GEMM inputs
+        Recipe("BF16 + FP32 master + FP32 grad accumulation", 2, 2 + 4, 4, 4, 2, "bf16", _BF16),
+        Recipe("BF16 + FP32 master", 2, 2, 4, 4, 2, "bf16", _BF16),
+        Recipe("Transformer Engine (FP8 GEMMs)", 4, 4, 0, 4, 1, "fp8"),  # fp32 weights
+        Recipe("FP8-LM O3", 1, 1 + 2, 2, (1 + 2) / 2, 1, "fp8", _E4M3),
+        Recipe("DeepSeek-V3", 1, 2 + 4, 4, 2, 1, "fp8", _E4M3),
+        Recipe("Nanotron FP8", 1, 1 + 4, 2, 1, 1, "fp8", _E4M3),
+    )
+}
+
+#: The total bytes per parameter the Playbook's table states for each of :data:`FP8_RECIPES`.
+#: The book typed both the rows and these totals from that table, so the test that they add up
+#: checks the arithmetic of those typed numbers, not the recipes.
+FP8_STATED_BYTES: dict[str, float] = {
+    "BF16 + FP32 master + FP32 grad accumulation": 20,
+    "BF16 + FP32 master": 16,
+    "Transformer Engine (FP8 GEMMs)": 16,
+    "FP8-LM O3": 9,
+    "DeepSeek-V3": 15,
+    "Nanotron FP8": 10,
+}
 
 
 def _check_fp8(dtype: torch.dtype) -> None:

@@ -1,6 +1,7 @@
 """Training recipes side by side: fp32, bf16 and fp16 autocast, loss scaling, pure bf16.
 
-A *recipe* says which dtype each part of a training step uses. With ``torch.autocast`` the
+A *recipe* (:class:`trainfast.recipes.Recipe`, one of :data:`trainfast.recipes.RECIPES`) says
+which dtype each part of a training step uses, and what that costs in bytes. With ``torch.autocast`` the
 parameters stay float32 (they are the *master weights*), the matrix products run in bf16 or
 fp16 on copies cast on the fly, and the gradients arrive in float32. A *pure* bf16 recipe
 stores the parameters themselves in bf16, so the optimizer adds each update to a bf16 weight:
@@ -23,39 +24,28 @@ from torch import Tensor, nn
 from torch.optim import Optimizer
 
 from trainfast.precision.loss_scaling import GradScaler
+from trainfast.precision.tf32 import tf32_matmuls
+from trainfast.recipes import RECIPES, Recipe
 
 __all__ = [
-    "RECIPES",
     "RecipeRun",
-    "TrainingRecipe",
     "activation_gradients",
+    "check_runnable",
     "digits_classifier",
     "train_recipe",
     "training_step",
 ]
 
 
-@dataclass(frozen=True)
-class TrainingRecipe:
-    """How a training step uses precision (memory per recipe: :mod:`trainfast.accounting`)."""
-
-    name: str
-    autocast_dtype: torch.dtype | None = None  # None: no autocast
-    param_dtype: torch.dtype = torch.float32  # bfloat16 for "pure bf16": no master weights
-    loss_scaling: bool = False  # dynamic loss scaling with our GradScaler
-
-
-RECIPES: dict[str, TrainingRecipe] = {
-    "fp32": TrainingRecipe("fp32"),
-    "bf16 autocast": TrainingRecipe("bf16 autocast", autocast_dtype=torch.bfloat16),
-    "fp16 autocast + scaler": TrainingRecipe(
-        "fp16 autocast + scaler", autocast_dtype=torch.float16, loss_scaling=True
-    ),
-    "fp16 autocast, no scaler": TrainingRecipe(
-        "fp16 autocast, no scaler", autocast_dtype=torch.float16
-    ),
-    "pure bf16": TrainingRecipe("pure bf16", param_dtype=torch.bfloat16),
-}
+def check_runnable(recipe: Recipe) -> None:
+    """Raise ``ValueError`` naming ``recipe`` if :func:`training_step` cannot run it as stated:
+    it keeps no fp32 master copy of low-precision weights and runs no FP8 matmuls."""
+    if recipe.master_bytes or recipe.compute_format == "fp8":
+        raise ValueError(
+            f"Invalid recipe for training_step: {recipe.name!r} (master_bytes="
+            f"{recipe.master_bytes}, compute_format={recipe.compute_format!r}); it runs no "
+            "master weights and no FP8 matmuls"
+        )
 
 
 def training_step(
@@ -63,7 +53,7 @@ def training_step(
     optimizer: Optimizer,
     inputs: Tensor,
     targets: Tensor,
-    recipe: TrainingRecipe,
+    recipe: Recipe,
     scaler: GradScaler | torch.amp.GradScaler | None = None,
     loss_divisor: float = 1.0,
 ) -> Tensor:
@@ -73,15 +63,22 @@ def training_step(
     ``(batch, seq, vocab)`` logits, in float32 in every recipe (autocast does
     that for cross-entropy; for pure bf16 we upcast the logits), divided by
     ``loss_divisor`` before backward: :func:`train_recipe` explains why.
-    Returns the undivided loss, detached.
+    Matmuls of a ``"tf32"`` recipe run in TF32 on a GPU (:func:`tf32_matmuls`), of every other
+    recipe in their own dtype. Returns the undivided loss, detached. Raises ``ValueError`` for a
+    recipe this step cannot run: fp32 master weights (use ``torch.autocast``'s fp32 weights, or
+    an optimizer that keeps the copy) and FP8 matmuls (:func:`~trainfast.precision.fp8.fp8_linear`).
     """
+    check_runnable(recipe)
     optimizer.zero_grad(set_to_none=True)
     if inputs.is_floating_point():  # token ids stay integers
         inputs = inputs.to(recipe.param_dtype)
-    with torch.autocast(
-        inputs.device.type,
-        dtype=recipe.autocast_dtype or torch.float32,
-        enabled=recipe.autocast_dtype is not None,
+    with (
+        tf32_matmuls(recipe.compute_format == "tf32"),
+        torch.autocast(
+            inputs.device.type,
+            dtype=recipe.autocast_dtype or torch.float32,
+            enabled=recipe.autocast_dtype is not None,
+        ),
     ):
         logits = model(inputs).float()  # (batch, classes) or (batch, seq, vocab)
         loss = F.cross_entropy(logits.flatten(0, -2), targets.flatten())
@@ -120,7 +117,7 @@ class RecipeRun:
 
 
 def train_recipe(
-    recipe: TrainingRecipe | str,
+    recipe: Recipe | str,
     inputs: Tensor,
     targets: Tensor,
     make_optimizer: Callable[[list[nn.Parameter]], Optimizer],

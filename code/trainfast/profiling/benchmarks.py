@@ -39,7 +39,6 @@ def case_study_record(device: torch.device, quick: bool = False) -> Record:
     AdamW, which ``AdamW(params)`` picks on CUDA, is measured alone everywhere. ``quick`` leaves
     out the fixes that compile and trains a few steps.
     """
-    from trainfast.accounting import TransformerShape
     from trainfast.profiling.case_study import (
         LOSS_HORIZON,
         CaseStudyConfig,
@@ -47,6 +46,7 @@ def case_study_record(device: torch.device, quick: bool = False) -> Record:
         compare_fixes,
         cumulative_fixes,
     )
+    from trainfast.transformer import TransformerShape
 
     skip = [] if device.type == "cuda" else ["bf16"]
     config = CaseStudyConfig.for_device(device)
@@ -165,9 +165,9 @@ def compile_time_record(device: torch.device, quick: bool = False) -> Record:
 
 
 def _quick_compile_row(device: torch.device) -> dict[str, object]:
-    from trainfast.accounting import TransformerShape
     from trainfast.profiling.case_study import CaseStudy, CaseStudyConfig, Fixes
     from trainfast.profiling.timing import benchmark
+    from trainfast.transformer import TransformerShape
 
     shape = TransformerShape(64, 16, 1, 2, 32, 8, 2)
     config = CaseStudyConfig(shape=shape, compile_backend="aot_eager")

@@ -41,11 +41,10 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from trainfast.accounting import TransformerShape
 from trainfast.profiling.text import TokenWindows, WordTokenizer, python_docs_text
 from trainfast.profiling.timing import Timing, benchmark
 from trainfast.profiling.traces import annotate
-from trainfast.transformer import Transformer
+from trainfast.transformer import Transformer, TransformerShape
 
 __all__ = [
     "ALTERNATIVES",

@@ -7,7 +7,7 @@ GPU with many small tensors and barely matters on a CPU. This module measures th
 side on identical parameters and gradients, for SGD (momentum), RMSprop, Adam and AdamW.
 
 ``python -m trainfast.measure --only optimizer-step-time`` runs :func:`step_time_record` and
-writes the result as a measurement record; ``python -m trainfast.optim.benchmark`` prints a
+writes the result as a measurement record; ``python -m trainfast.optim.benchmarks`` prints a
 quick table.
 """
 

@@ -29,15 +29,17 @@ from typing import Any
 
 import torch
 
-from trainfast.accounting import TransformerShape, training_flops, training_memory
+from trainfast.accounting import training_flops, training_memory
 from trainfast.device import describe_environment
 from trainfast.gpus import gpu_spec
 from trainfast.precision.fp8 import has_fp8_tensor_cores, scaled_matmul, to_fp8
 from trainfast.precision.numerics import MATMUL_MODES, autocast_policy, matmul_error
-from trainfast.precision.recipes import RECIPES, training_step
+from trainfast.precision.recipes import training_step
 from trainfast.precision.tf32 import tf32_matmuls
 from trainfast.profiling import benchmark
+from trainfast.recipes import RECIPES
 from trainfast.records import Prediction, Record, make_record
+from trainfast.transformer import TransformerShape
 
 __all__ = [
     "PUBLISHED_CUDA_FLOAT16_OPS",
@@ -194,47 +196,37 @@ def matmul_throughput_record(device: torch.device, quick: bool) -> Record:
 # --- training steps per recipe --------------------------------------------------------------------
 
 
-#: Accounting's memory recipe for each training recipe (autocast keeps fp32 weights: "amp").
-_MEMORY_RECIPE = {"fp32": "fp32", "tf32": "fp32", "bf16 autocast": "amp",
-                  "fp16 autocast + scaler": "amp", "pure bf16": "pure-bf16"}  # fmt: skip
-
-
 def _step_row(
     shape: TransformerShape, recipe_name: str, device: torch.device, repeats: int
 ) -> dict[str, Any]:
     from trainfast.transformer import Transformer, random_batch
 
-    recipe = RECIPES["fp32" if recipe_name == "tf32" else recipe_name]
-    with tf32_matmuls(recipe_name == "tf32"):
-        torch.manual_seed(0)
-        model = Transformer(shape, attention="sdpa").to(device=device, dtype=recipe.param_dtype)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
-        # torch's scaler keeps scale and found-inf on the device; the book's reads them on the host
-        scaler = torch.amp.GradScaler(device.type) if recipe.loss_scaling else None
-        tokens, targets = random_batch(shape, device=device)
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-        losses: list[float] = []
-        timing = benchmark(
-            lambda: losses.append(training_step(model, optimizer, tokens, targets, recipe, scaler)),
-            warmup=2, repeats=repeats, device=device,
-        )  # fmt: skip
-        row: dict[str, Any] = {"recipe": recipe_name, "step_ms": timing.median * 1e3,
-                               "iqr_ms": timing.iqr * 1e3, "tokens_per_s": shape.tokens / timing.median}  # fmt: skip
-        spec = gpu_spec(describe_environment(device).device_name) if device.type == "cuda" else None
-        peak_key = {"fp32": "fp32", "tf32": "tf32"}.get(recipe_name, "bf16")
-        row["mfu"] = (
-            training_flops(shape) / timing.median / spec.peak_flops[peak_key] if spec else None
-        )
-        predicted = training_memory(
-            shape, recipe=_MEMORY_RECIPE[recipe_name], optimizer="adamw", attention="sdpa"
-        )
-        row["predicted_gb"] = predicted.total / 1e9
-        row["peak_memory_gb"] = (
-            torch.cuda.max_memory_allocated(device) / 1e9 if device.type == "cuda" else None
-        )
-        row["final_loss"] = float(losses[-1])
-        return row
+    recipe = RECIPES[recipe_name]
+    torch.manual_seed(0)
+    model = Transformer(shape, attention="sdpa").to(device=device, dtype=recipe.param_dtype)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
+    # torch's scaler keeps scale and found-inf on the device; the book's reads them on the host
+    scaler = torch.amp.GradScaler(device.type) if recipe.loss_scaling else None
+    tokens, targets = random_batch(shape, device=device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    losses: list[float] = []
+    timing = benchmark(
+        lambda: losses.append(training_step(model, optimizer, tokens, targets, recipe, scaler)),
+        warmup=2, repeats=repeats, device=device,
+    )  # fmt: skip
+    row: dict[str, Any] = {"recipe": recipe_name, "step_ms": timing.median * 1e3,
+                           "iqr_ms": timing.iqr * 1e3, "tokens_per_s": shape.tokens / timing.median}  # fmt: skip
+    spec = gpu_spec(describe_environment(device).device_name) if device.type == "cuda" else None
+    peak = spec.peak_flops[recipe.compute_format] if spec else None  # the recipe's datasheet peak
+    row["mfu"] = training_flops(shape) / timing.median / peak if peak else None
+    predicted = training_memory(shape, recipe=recipe, optimizer="adamw", attention="sdpa")
+    row["predicted_gb"] = predicted.total / 1e9
+    row["peak_memory_gb"] = (
+        torch.cuda.max_memory_allocated(device) / 1e9 if device.type == "cuda" else None
+    )
+    row["final_loss"] = float(losses[-1])
+    return row
 
 
 def _gpu_step_shape(quick: bool) -> TransformerShape:
@@ -252,11 +244,10 @@ def step_memory_prediction(recipe_name: str, quick: bool = False) -> Prediction:
     transformer ``precision-step-time`` trains on a GPU; it measures the peak the caching
     allocator reports (``peak_memory_gb``), which adds temporaries and the allocator's rounding.
     """
-    if recipe_name not in _MEMORY_RECIPE:
-        known = sorted(_MEMORY_RECIPE)
-        raise ValueError(f"Unknown recipe: {recipe_name!r} (expected one of {known})")
+    if recipe_name not in RECIPES:
+        raise ValueError(f"Unknown recipe: {recipe_name!r} (expected one of {sorted(RECIPES)})")
     shape = _gpu_step_shape(quick)
-    recipe = _MEMORY_RECIPE[recipe_name]
+    recipe = RECIPES[recipe_name]
     memory = training_memory(shape, recipe=recipe, optimizer="adamw", attention="sdpa")
     return Prediction(
         memory.total / 1e9,

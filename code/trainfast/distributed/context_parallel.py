@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from trainfast.distributed.collectives import _world, ring_shift
+from trainfast.distributed.collectives import rank_and_world_size, ring_shift
 from trainfast.distributed.launch import rank_device
 from trainfast.kernels.attention import (
     attention_reference,
@@ -61,7 +61,7 @@ class RingAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False) -> Tensor:
-        rank, world_size = _world()
+        rank, world_size = rank_and_world_size()
         out = torch.zeros_like(q)
         lse = torch.full(q.shape[:-1], float("-inf"), dtype=torch.promote_types(q.dtype, torch.float32), device=q.device)  # fmt: skip
         kv = torch.stack([k, v])  # (2, ..., seq / N, head_dim): one message per step
@@ -79,7 +79,7 @@ class RingAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor, Tensor, Tensor, None]:
         q, k, v, out, lse = ctx.saved_tensors
-        rank, world_size = _world()
+        rank, world_size = rank_and_world_size()
         dq = torch.zeros_like(q)
         # (k, v, dk, dv) of the block this rank holds; the gradients travel with their block
         block = torch.stack([k, v, torch.zeros_like(k), torch.zeros_like(v)])

@@ -483,12 +483,10 @@ def test_transformer_basics():
 
 def test_old_import_paths_reach_the_one_home():
     from trainfast import accounting
-    from trainfast.distributed import layout, zero
+    from trainfast.distributed import layout
 
     assert layout.TransformerShape is accounting.TransformerShape
     assert layout.activation_bytes is accounting.activation_bytes
-    assert zero.zero_memory is accounting.zero_memory
-    assert zero.ZeroMemory is accounting.MemoryBreakdown
 
 
 # --------------------------------------------------------------------------- the drawing

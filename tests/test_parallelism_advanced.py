@@ -13,11 +13,6 @@ import torch
 from trainfast.accounting import TransformerShape
 from trainfast.distributed import SpawnError, spawn
 from trainfast.distributed.context_parallel import ring_attention_worker, ring_block_kind
-from trainfast.distributed.exchange_parity import (
-    all_to_all_sizes,
-    exchange_error_worker,
-    exchange_parity_worker,
-)
 from trainfast.distributed.exercises import check_capacity_mask, check_causal_ring_work
 from trainfast.distributed.moe import (
     ExpertParallelMoE,
@@ -27,6 +22,11 @@ from trainfast.distributed.moe import (
     expert_parallel_worker,
     load_balancing_loss,
     router_z_loss,
+)
+from trainfast.distributed.parity.exchange import (
+    all_to_all_sizes,
+    exchange_error_worker,
+    exchange_parity_worker,
 )
 from trainfast.distributed.pipeline import PipelineConfig
 from trainfast.distributed.sequence_parallel import sequence_parallel_worker

@@ -29,9 +29,10 @@ __all__ = ["BENCHMARKS", "main", "run_benchmark"]
 BENCHMARKS: dict[str, str] = {
     "optimizer-step-time": "trainfast.optim.benchmark:step_time_record",
     "muon-vs-adamw": "trainfast.optim.comparison:muon_vs_adamw_record",
-    "all-reduce-time": "trainfast.distributed.benchmark:all_reduce_record",
-    "ddp-overlap": "trainfast.distributed.ddp_overlap:ddp_overlap_record",
-    "launcher-failure": "trainfast.distributed.launch_comparison:launcher_record",
+    "all-reduce-time": "trainfast.distributed.measurements.all_reduce:all_reduce_record",
+    "ddp-overlap": "trainfast.distributed.measurements.ddp_overlap:ddp_overlap_record",
+    "launcher-failure": "trainfast.distributed.measurements.launchers:launcher_record",
+    "launcher-restart": "trainfast.distributed.measurements.launchers:restart_record",
     "matmul-throughput": "trainfast.precision.benchmark:matmul_throughput_record",
     "precision-step-time": "trainfast.precision.benchmark:step_time_record",
     "autocast-policy": "trainfast.precision.benchmark:autocast_policy_record",

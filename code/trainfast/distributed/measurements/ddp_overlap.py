@@ -28,6 +28,7 @@ from trainfast.distributed.ddp import DDP, all_reduce_bucket
 from trainfast.distributed.launch import rank_device, spawn
 from trainfast.profiling.timing import benchmark_side_by_side, timestamp
 from trainfast.records import Record, make_record
+from trainfast.training.arguments import build_optimizer
 
 __all__ = [
     "BucketRecorder",
@@ -127,7 +128,7 @@ def ddp_timeline_worker(
     ddp = DDP(_model(config).to(device), bucket_cap_mb=config.bucket_cap_mb, overlap=config.overlap)
     recorder = BucketRecorder()
     ddp.register_comm_hook(recorder)
-    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    optimizer = build_optimizer("sgd", ddp.parameters(), lr=0.01)
     x, y = (t.to(device) for t in _batch(config, rank))
     steps = []
     for _ in range(config.steps):
@@ -167,7 +168,7 @@ def overlap_step_times_worker(
     for size in bucket_sizes:
         for overlap in (False, True):
             ddp = DDP(_model(config).to(device), bucket_cap_mb=size, overlap=overlap)
-            optimizer = torch.optim.SGD(ddp.parameters(), lr=0.01)
+            optimizer = build_optimizer("sgd", ddp.parameters(), lr=0.01)
 
             def step(ddp: DDP = ddp, optimizer: torch.optim.Optimizer = optimizer) -> None:
                 loss = (ddp(x) - y).pow(2).mean()

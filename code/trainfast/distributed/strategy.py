@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from typing import Any, ClassVar
 
@@ -179,8 +179,7 @@ class Zero2Strategy(Zero1Strategy):
 
 @dataclass(frozen=True)
 class FSDPStrategy(Strategy):
-    """Our :class:`~trainfast.distributed.fsdp.FSDP` (ZeRO-3); ``compute_dtype`` for mixed
-    precision."""
+    """Our :class:`~trainfast.distributed.fsdp.FSDP` (ZeRO-3), in ``compute_dtype`` if set."""
 
     name: ClassVar[str] = "fsdp"
     compute_dtype: torch.dtype | None = None
@@ -266,13 +265,13 @@ class StrategyResult:
     losses: list[float]
     parameters: dict[str, torch.Tensor]
     parameter_numel: int = 0  # elements of parameters this rank stores between steps
-    held: MemoryBreakdown | None = field(default=None)
+    held: MemoryBreakdown | None = None
 
 
 def train_with_strategy(
     model: nn.Module,
     strategy: Strategy | str,
-    optimizer: OptimizerConfig,
+    optimizer_config: OptimizerConfig,
     batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
 ) -> StrategyResult:
@@ -283,16 +282,16 @@ def train_with_strategy(
     """
     strategy = make_strategy(strategy)
     device = next(model.parameters()).device
-    model, optimizer_ = strategy.wrap(model, optimizer)
+    model, optimizer = strategy.wrap(model, optimizer_config)
     world_size = dist.get_world_size()
     losses, held = [], None
     for inputs, targets in batches:
         loss = loss_fn(model(inputs.to(device)), targets.to(device))
-        optimizer_.zero_grad(set_to_none=True)
+        optimizer.zero_grad(set_to_none=True)
         loss.backward()
         strategy.finish_gradient_synchronization(model)
-        held = held_bytes(model, optimizer_)
-        optimizer_.step()
+        held = held_bytes(model, optimizer)
+        optimizer.step()
         reported = loss.detach().reshape(1)
         dist.all_reduce(reported)
         losses.append(float(reported) / world_size)

@@ -508,14 +508,6 @@ def test_transformer_basics():
     assert dataclasses.replace(shape, batch_size=4).tokens == 4 * shape.seq_len
 
 
-def test_old_import_paths_reach_the_one_home():
-    from trainfast import accounting
-    from trainfast.distributed import zero
-
-    assert zero.zero_memory is accounting.zero_memory
-    assert zero.ZeroMemory is accounting.MemoryBreakdown
-
-
 # --------------------------------------------------------------------------- the drawing
 
 

@@ -19,6 +19,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from torch import nn
+from trainfast.accounting import zero_memory
 from trainfast.distributed import OPS, SpawnError, ring_chunks, spawn
 from trainfast.distributed.cost_model import (
     Link,
@@ -35,7 +36,6 @@ from trainfast.distributed.data_parallel import (
     train_single_process,
 )
 from trainfast.distributed.ddp import DDP
-from trainfast.distributed.ddp_overlap import DDPTimelineConfig, ddp_timeline_worker
 from trainfast.distributed.exercises import (
     check_all_reduce,
     check_broadcast,
@@ -46,12 +46,21 @@ from trainfast.distributed.exercises import (
     check_zero_memory,
 )
 from trainfast.distributed.launch import DEFAULT_PRELOAD, default_backend
-from trainfast.distributed.parity import (
+from trainfast.distributed.measurements.ddp_overlap import DDPTimelineConfig, ddp_timeline_worker
+from trainfast.distributed.measurements.fsdp_timeline import fsdp_timeline_worker
+from trainfast.distributed.parity.collectives import (
     COLLECTIVES,
     Case,
     error_worker,
     parity_worker,
     traffic_worker,
+)
+from trainfast.distributed.parity.strategies import (
+    StrategyConfig,
+    TiedModel,
+    strategy_worker,
+    train_reference,
+    zero_resume_worker,
 )
 from trainfast.distributed.pipeline import (
     PipelineConfig,
@@ -66,23 +75,16 @@ from trainfast.distributed.pipeline import (
     simulate,
 )
 from trainfast.distributed.point_to_point import deadlock_worker, ping_pong_worker, swap_worker
-from trainfast.distributed.strategy_parity import (
-    PARITY_STRATEGIES,
-    StrategyConfig,
-    TiedModel,
-    strategy_worker,
-    train_reference,
-    zero_resume_worker,
-)
-from trainfast.distributed.tensor_parallel import tensor_parallel_worker
-from trainfast.distributed.zero import (
+from trainfast.distributed.strategy import (
     FSDP_ON_CPU,
     STRATEGIES,
-    Zero2Optimizer,
-    ZeroOptimizer,
+    DDPStrategy,
+    FSDPStrategy,
+    make_strategy,
     train_sharded,
-    zero_memory,
 )
+from trainfast.distributed.tensor_parallel import tensor_parallel_worker
+from trainfast.distributed.zero import Zero2Optimizer, ZeroOptimizer
 
 WORLD_SIZES = [1, 2, 3, 4]
 
@@ -253,7 +255,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from trainfast.distributed import spawn
-from trainfast.distributed.parity import Case, parity_worker
+from trainfast.distributed.parity.collectives import Case, parity_worker
 cases = [Case("ring_all_reduce", (100,), torch.float32, "sum")] * 20
 for ours, theirs in spawn(parity_worker, 3, cases, 0, timeout=120)[0]:
     torch.testing.assert_close(ours, theirs)
@@ -339,11 +341,15 @@ def test_sharded_training_matches_unsharded_adamw(world_size, strategy, adamw_re
     for result in results:
         assert _max_difference(result.parameters, reference) < 1e-5
         assert result.losses == pytest.approx(adamw_reference.losses, rel=1e-5)
-    state = [r.optimizer_state_numel for r in results]
+    state = [r.held.optimizer_state // 4 for r in results]  # fp32 elements, no step counts
     slices = sum(math.ceil(v.numel() / world_size) for v in reference.values())
     matrices = sum(math.ceil(v.numel() / world_size) for v in reference.values() if v.dim() == 2)
     vectors = sum(v.numel() for v in reference.values() if v.dim() != 2)
-    if strategy == "zero1":  # whole parameters, each on one rank
+    if strategy == "ddp":  # everything whole on every rank
+        assert state == [2 * total] * world_size
+        assert all(r.parameter_numel == total for r in results)
+        assert all(r.held.gradients == 4 * total for r in results)
+    elif strategy == "zero1":  # whole parameters, each on one rank
         assert sum(state) == 2 * total
         assert all(r.parameter_numel == total for r in results)  # stage 1 keeps whole parameters
         assert all(r.held.gradients == 4 * total for r in results)  # and whole gradients
@@ -364,7 +370,7 @@ def test_sharded_training_matches_unsharded_adamw(world_size, strategy, adamw_re
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])
-@pytest.mark.parametrize("strategy", PARITY_STRATEGIES)
+@pytest.mark.parametrize("strategy", ["ddp", "zero1", "zero2", "fsdp"])  # torch's: the MLP
 def test_strategies_match_one_process_with_tied_frozen_and_unused_parameters(
     world_size, strategy, tied_reference
 ):
@@ -380,10 +386,10 @@ def test_strategies_match_one_process_with_tied_frozen_and_unused_parameters(
     assert not torch.equal(results[-1].parameters["embed.weight"], start["embed.weight"].detach())
 
 
-@pytest.mark.parametrize("bucket_size_mb", [1e-4, 1e-3, 25.0])
-def test_ddp_buckets_match_one_process(bucket_size_mb, tied_reference):
-    config = StrategyConfig(bucket_size_mb=bucket_size_mb)
-    results = spawn(strategy_worker, 3, "ddp", config, timeout=300)
+@pytest.mark.parametrize("bucket_cap_mb", [1e-4, 1e-3, 25.0])
+def test_ddp_buckets_match_one_process(bucket_cap_mb, tied_reference):
+    strategy = DDPStrategy(bucket_cap_mb=bucket_cap_mb)
+    results = spawn(strategy_worker, 3, strategy, StrategyConfig(), timeout=300)
     assert _max_difference(results[0].parameters, tied_reference.parameters) < 1e-6
 
 
@@ -411,10 +417,28 @@ def test_ddp_overlaps_communication_with_backward():
             assert [t.index for t in step.buckets] == sorted(t.index for t in step.buckets)
 
 
+def test_fsdp_timeline_is_recorded_in_the_algorithm_order():
+    events = spawn(fsdp_timeline_worker, 2, 32, 3, False, timeout=300)[0]
+    kinds = ["all-gather", "compute", "free", "all-gather", "compute", "reduce-scatter"]
+    for layer in ("0.weight", "1.weight", "2.weight"):
+        mine = [e for e in events if e.weight == layer]
+        assert [e.kind for e in mine] == kinds  # forward, then backward
+        assert [e.phase for e in mine] == ["forward"] * 3 + ["backward"] * 3
+        assert all(a.end <= b.start for a, b in zip(mine, mine[1:], strict=False))
+    backward = [e.weight for e in events if e.kind == "reduce-scatter"]
+    assert backward == ["2.weight", "1.weight", "0.weight"]  # layers in reverse
+
+
+def test_unknown_strategy_is_named():
+    with pytest.raises(ValueError, match="strategy: 'zero4'"):
+        make_strategy("zero4")
+    assert set(STRATEGIES) == {"ddp", "zero1", "zero2", "fsdp", "torch-fsdp"}
+
+
 @pytest.mark.parametrize("dtype, tolerance", [(torch.float16, 2e-3), (torch.bfloat16, 1e-2)])
 def test_fsdp_mixed_precision_within_tolerance(dtype, tolerance, tied_reference):
-    config = StrategyConfig(compute_dtype=dtype)
-    results = spawn(strategy_worker, 2, "fsdp", config, timeout=300)
+    strategy = FSDPStrategy(compute_dtype=dtype)
+    results = spawn(strategy_worker, 2, strategy, StrategyConfig(), timeout=300)
     for result in results:
         assert all(p.dtype == torch.float32 for p in result.parameters.values())  # fp32 masters
         gap = _max_difference(result.parameters, tied_reference.parameters)
@@ -685,7 +709,7 @@ def test_distributed_exercise_checks(check, right, wrong, capsys):
 
 # --------------------------------------------------------------- measurement and torchrun
 def test_all_reduce_benchmark_record():
-    from trainfast.distributed.benchmark import all_reduce_record
+    from trainfast.distributed.measurements.all_reduce import all_reduce_record
     from trainfast.measure import BENCHMARKS, run_benchmark
 
     assert BENCHMARKS["all-reduce-time"] is all_reduce_record

@@ -17,11 +17,6 @@ from trainfast.distributed.context_parallel import (
     ring_attention_worker,
     ring_block_kind,
 )
-from trainfast.distributed.exchange_parity import (
-    all_to_all_sizes,
-    exchange_error_worker,
-    exchange_parity_worker,
-)
 from trainfast.distributed.exercises import check_capacity_mask, check_causal_ring_work
 from trainfast.distributed.moe import (
     ExpertParallelMoE,
@@ -31,6 +26,11 @@ from trainfast.distributed.moe import (
     expert_parallel_worker,
     load_balancing_loss,
     router_z_loss,
+)
+from trainfast.distributed.parity.exchange import (
+    all_to_all_sizes,
+    exchange_error_worker,
+    exchange_parity_worker,
 )
 from trainfast.distributed.pipeline import PipelineConfig
 from trainfast.distributed.sequence_parallel import sequence_parallel_worker

@@ -6,8 +6,8 @@ import math
 
 import pytest
 from trainfast.accounting import training_memory
-from trainfast.distributed.benchmark import all_reduce_prediction
 from trainfast.distributed.cost_model import INFINIBAND_NDR
+from trainfast.distributed.measurements.all_reduce import all_reduce_prediction
 from trainfast.gpus import GPUS
 from trainfast.kernels.benchmarks import (
     attention_forward_prediction,

@@ -205,10 +205,7 @@ ALLOWED_CLOCKS = {
         "monotonic",
     ): "deadlines of the launcher's timeouts, not a measurement",
     ("distributed/launch.py", "time.time"): "a rank's failure date, to tell which failed first",
-    (
-        "distributed/launch_comparison.py",
-        "time.time",
-    ): "a failure's date, compared across processes",
+    ("distributed/measurements/launchers.py", "time.time"): "a failure's date, across processes",
     ("records.py", "datetime.now"): "the date a record was created, not a duration",
 }
 

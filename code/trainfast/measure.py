@@ -23,9 +23,9 @@ from pathlib import Path
 import torch
 
 from trainfast.device import environment_line, pick_device
-from trainfast.distributed.benchmark import all_reduce_record
-from trainfast.distributed.ddp_overlap import ddp_overlap_record
-from trainfast.distributed.launch_comparison import launcher_record
+from trainfast.distributed.measurements.all_reduce import all_reduce_record
+from trainfast.distributed.measurements.ddp_overlap import ddp_overlap_record
+from trainfast.distributed.measurements.launchers import launcher_record, restart_record
 from trainfast.kernels.allocator import allocator_rounding_record, allocator_snapshot_record
 from trainfast.kernels.benchmarks import (
     attention_record,
@@ -60,6 +60,7 @@ BENCHMARKS: dict[str, Benchmark] = {
     "all-reduce-time": all_reduce_record,
     "ddp-overlap": ddp_overlap_record,
     "launcher-failure": launcher_record,
+    "launcher-restart": restart_record,
     "matmul-throughput": precision_benchmarks.matmul_throughput_record,
     "precision-step-time": precision_benchmarks.step_time_record,
     "autocast-policy": precision_benchmarks.autocast_policy_record,

@@ -2,8 +2,12 @@
 
 Everything runs on one CPU as several gloo processes (and on GPUs with NCCL): :func:`spawn`
 starts the ranks; :mod:`~trainfast.distributed.collectives` builds every collective from
-``send``/``recv``; the other modules build training strategies on top of them, one concept per
-module (``data_parallel``, ``zero``, ``tensor_parallel``, ``pipeline``, ``layout``, ...).
+``send``/``recv``; the other modules here are the algorithms built on them, one concept per
+module (``data_parallel``, ``ddp``, ``zero``, ``fsdp``, ``tensor_parallel``, ``pipeline``, ...),
+with :mod:`~trainfast.distributed.strategy` giving every data-parallel one the same interface
+and one training loop, and ``cost_model`` and ``layout`` planning them. Two subpackages hold
+the rest: :mod:`~trainfast.distributed.parity` (workers that check each algorithm against its
+reference) and :mod:`~trainfast.distributed.measurements` (timelines and benchmark records).
 
 The collectives have ``torch.distributed``'s call shape and act in place inside an initialised
 process group, e.g. ``ring_all_reduce(tensor, op="mean")``.

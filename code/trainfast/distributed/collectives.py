@@ -36,6 +36,7 @@ __all__ = [
     "reduce_scatter",
     "ring_all_reduce",
     "ring_chunks",
+    "rank_and_world_size",
     "ring_shift",
     "scatter",
 ]
@@ -51,7 +52,13 @@ _MAX_DIMS = 8
 
 
 # ----------------------------------------------------------------------------- small pieces
-def _world() -> tuple[int, int]:
+def rank_and_world_size() -> tuple[int, int]:
+    """``(rank, world_size)`` of the default process group; a clear error outside one.
+
+    Every collective and parallel layer of this package starts here, so code run outside
+    :func:`~trainfast.distributed.spawn` or torchrun fails with a message that says what to do,
+    not with torch's "Default process group has not been initialized".
+    """
     if not (dist.is_available() and dist.is_initialized()):
         raise RuntimeError(
             "trainfast.distributed collectives need an initialised process group: "
@@ -130,7 +137,7 @@ def check_same_tensor_meta(tensor: torch.Tensor, what: str = "tensor") -> None:
     Rank 0 gathers every rank's signature with ``recv``, compares, and sends the verdict back,
     so all ranks raise the same error together instead of hanging in the collective.
     """
-    rank, world_size = _world()
+    rank, world_size = rank_and_world_size()
     signature = _signature(tensor)
     if world_size == 1:
         return
@@ -160,7 +167,7 @@ def check_same_tensor_meta(tensor: torch.Tensor, what: str = "tensor") -> None:
 # ------------------------------------------------------------------ rooted: one rank in charge
 def broadcast(tensor: torch.Tensor, src: int = 0, *, check: bool = True) -> None:
     """Copy ``src``'s ``tensor`` into every rank's ``tensor``: ``src`` sends to each rank."""
-    rank, world_size = _world()
+    rank, world_size = rank_and_world_size()
     _check_rank(src, "src", world_size)
     if check:
         check_same_tensor_meta(tensor)
@@ -181,7 +188,7 @@ def reduce(tensor: torch.Tensor, dst: int = 0, op: str = "sum", *, check: bool =
     ``dst`` receives from all ranks at once, then combines in rank order.
     """
     _check_op(op)
-    rank, world_size = _world()
+    rank, world_size = rank_and_world_size()
     _check_rank(dst, "dst", world_size)
     if check:
         check_same_tensor_meta(tensor)
@@ -247,7 +254,7 @@ def ring_all_reduce(tensor: torch.Tensor, op: str = "sum", *, check: bool = True
     tensor shorter than ``N`` has empty chunks, which are simply not sent.
     """
     _check_op(op)
-    rank, world_size = _world()
+    rank, world_size = rank_and_world_size()
     if check:
         check_same_tensor_meta(tensor)
     flat = tensor.contiguous().view(-1)  # a view when tensor is contiguous, else a copy
@@ -278,7 +285,7 @@ def all_gather(
     tensor_list: list[torch.Tensor], tensor: torch.Tensor, *, check: bool = True
 ) -> None:
     """Fill ``tensor_list[r]`` with rank ``r``'s ``tensor`` on every rank (a ring of blocks)."""
-    rank, _ = _world()
+    rank, _ = rank_and_world_size()
     _check_list(tensor_list, tensor, "tensor_list")
     if check:
         check_same_tensor_meta(tensor)
@@ -298,7 +305,7 @@ def reduce_scatter(
     The inputs are left as they were (the ring works on copies).
     """
     _check_op(op)
-    rank, world_size = _world()
+    rank, world_size = rank_and_world_size()
     _check_list(input_list, output, "input_list")
     if check:
         check_same_tensor_meta(output)
@@ -317,7 +324,7 @@ def gather(
     Only ``dst`` passes ``gather_list`` (one tensor per rank, shaped like ``tensor``), as in
     ``torch.distributed.gather``. Every other rank sends one message.
     """
-    rank, world_size = _world()
+    rank, world_size = rank_and_world_size()
     _check_rank(dst, "dst", world_size)
     if rank != dst:
         dist.send(tensor.contiguous(), dst=dst)
@@ -342,7 +349,7 @@ def scatter(
     tensor: torch.Tensor, scatter_list: list[torch.Tensor] | None = None, src: int = 0
 ) -> None:
     """Rank ``r``'s ``tensor`` becomes ``src``'s ``scatter_list[r]``; ``src`` sends to each."""
-    rank, world_size = _world()
+    rank, world_size = rank_and_world_size()
     _check_rank(src, "src", world_size)
     if rank != src:
         buffer = tensor if tensor.is_contiguous() else tensor.contiguous()
@@ -370,7 +377,7 @@ def all_to_all(output_list: list[torch.Tensor], input_list: list[torch.Tensor]) 
     pairwise swaps: in round ``k`` rank ``r`` sends to ``r + k`` while receiving from ``r - k``,
     so every rank sends and receives once per round.
     """
-    rank, world_size = _world()
+    rank, world_size = rank_and_world_size()
     for name, tensors in (("input_list", input_list), ("output_list", output_list)):
         if len(tensors) != world_size:
             raise ValueError(
@@ -390,7 +397,7 @@ def ring_shift(tensor: torch.Tensor) -> torch.Tensor:
     One step of every ring algorithm, as a function: ring attention passes key and value blocks
     around with it. With one rank it returns ``tensor`` itself.
     """
-    rank, world_size = _world()
+    rank, world_size = rank_and_world_size()
     if world_size == 1:
         return tensor
     send = tensor.contiguous()

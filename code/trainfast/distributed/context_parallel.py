@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from trainfast.distributed.collectives import _world, ring_shift
+from trainfast.distributed.collectives import rank_and_world_size, ring_shift
 from trainfast.distributed.launch import rank_device
 from trainfast.kernels.attention import (
     attention_reference,
@@ -113,7 +113,7 @@ class RingAttention(torch.autograd.Function):
     def forward(
         ctx: Any, q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False, balanced: bool = False
     ) -> Tensor:
-        rank, world_size = _world()
+        rank, world_size = rank_and_world_size()
         n_parts = 2 if balanced else 1
         mine = context_chunks(rank, world_size, balanced)
         outs = [torch.zeros_like(part) for part in q.chunk(n_parts, dim=-2)]
@@ -148,7 +148,7 @@ class RingAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor, Tensor, Tensor, None, None]:
         q, k, v, out, lse = ctx.saved_tensors
-        rank, world_size = _world()
+        rank, world_size = rank_and_world_size()
         n_parts = 2 if ctx.balanced else 1
         mine = context_chunks(rank, world_size, ctx.balanced)
         dq = torch.zeros_like(q)

@@ -7,7 +7,8 @@ Experiences on Accelerating Data Parallel Training"):
 
 1. At construction it broadcasts rank 0's parameters and buffers, so every replica starts equal.
 2. It groups the parameters into *buckets* in reverse registration order (the order backward
-   produces their gradients), ``bucket_size_mb`` each; ``None`` gives every parameter its own.
+   produces their gradients), ``bucket_cap_mb`` each (torch's name); ``None`` gives every
+   parameter its own.
 3. A hook on every parameter (``Tensor.register_post_accumulate_grad_hook``) fires when backward
    has finished that gradient. When a bucket's last gradient arrives, its gradients are copied
    into one flat buffer and an *asynchronous* all-reduce starts, while backward goes on
@@ -23,11 +24,14 @@ the rest). Tied weights are one parameter (``module.parameters()`` lists it once
 fires after both uses have accumulated into it.
 
 ``overlap=False`` launches the same buckets only in ``finish_gradient_synchronization``: the
-synchronous baseline the chapter measures the overlap against.
+synchronous baseline the chapter measures the overlap against. :meth:`DDP.register_comm_hook`
+replaces the all-reduce of a bucket, as torch's DDP's does (the chapter's timeline uses it to
+note when each bucket travels, from outside the algorithm).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,19 +39,16 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from trainfast.profiling.timing import timestamp
+__all__ = ["DDP", "CommHook", "all_reduce_bucket"]
 
-__all__ = ["DDP", "BucketTiming"]
+#: ``hook(bucket_index, flat_gradients) -> work``: start summing the bucket's flat gradients
+#: over ranks, in place, and return the asynchronous handle (``work.wait()``).
+CommHook = Callable[[int, torch.Tensor], Any]
 
 
-@dataclass
-class BucketTiming:
-    """When one bucket's all-reduce ran, in ``timestamp()`` seconds."""
-
-    index: int
-    numel: int
-    launched: float
-    done: float = float("nan")
+def all_reduce_bucket(index: int, buffer: torch.Tensor) -> Any:
+    """The default :data:`CommHook`: an asynchronous sum over ranks of the bucket, in place."""
+    return dist.all_reduce(buffer, async_op=True)
 
 
 @dataclass
@@ -57,23 +58,22 @@ class _Bucket:
     buffer: torch.Tensor  # (sum of numel,), the flat gradients on the wire
     ready: set[int] = field(default_factory=set)  # ids of parameters whose gradient is final
     work: Any = None  # the asynchronous all-reduce, once launched
-    timing: BucketTiming | None = None
 
 
 class DDP(nn.Module):
     """Data parallelism with bucketed, asynchronous gradient all-reduces during backward.
 
-    ``ddp = DDP(model, bucket_size_mb=25)``; then each step ``loss = f(ddp(x))``,
+    ``ddp = DDP(model, bucket_cap_mb=25)``; then each step ``loss = f(ddp(x))``,
     ``loss.backward()``, ``ddp.finish_gradient_synchronization()``, ``optimizer.step()``. Use
-    inside an initialised process group. ``timings`` holds the last step's bucket timings.
+    inside an initialised process group.
     """
 
     def __init__(
-        self, module: nn.Module, *, bucket_size_mb: float | None = None, overlap: bool = True
+        self, module: nn.Module, *, bucket_cap_mb: float | None = None, overlap: bool = True
     ) -> None:
         super().__init__()
-        if bucket_size_mb is not None and not bucket_size_mb > 0:
-            raise ValueError(f"Invalid bucket_size_mb: {bucket_size_mb!r} (expected > 0 or None)")
+        if bucket_cap_mb is not None and not bucket_cap_mb > 0:
+            raise ValueError(f"Invalid bucket_cap_mb: {bucket_cap_mb!r} (expected > 0 or None)")
         if not dist.is_initialized():
             raise RuntimeError("DDP needs an initialised process group (run under spawn)")
         self.module = module
@@ -83,22 +83,21 @@ class DDP(nn.Module):
             for tensor in [*module.parameters(), *module.buffers()]:
                 dist.broadcast(tensor, src=0)
         trainable = [p for p in module.parameters() if p.requires_grad]  # tied weights once
-        self.buckets = self._make_buckets(trainable[::-1], bucket_size_mb)
+        self.buckets = self._make_buckets(trainable[::-1], bucket_cap_mb)
         self._bucket_of = {id(p): b for b in self.buckets for p in b.params}
-        self.timings: list[BucketTiming] = []
-        self.forward_done = float("nan")
+        self.comm_hook: CommHook = all_reduce_bucket
         for p in trainable:
             p.register_post_accumulate_grad_hook(self._on_gradient_ready)
 
     @staticmethod
-    def _make_buckets(params: list[nn.Parameter], bucket_size_mb: float | None) -> list[_Bucket]:
+    def _make_buckets(params: list[nn.Parameter], bucket_cap_mb: float | None) -> list[_Bucket]:
         """Consecutive parameters (already in reverse order) until a bucket reaches its size."""
         groups: list[list[nn.Parameter]] = []
-        limit = float("inf") if bucket_size_mb is None else bucket_size_mb * 2**20
+        limit = float("inf") if bucket_cap_mb is None else bucket_cap_mb * 2**20
         size = limit  # start a new group at the first parameter
         for p in params:
             nbytes = p.numel() * p.element_size()
-            if bucket_size_mb is None or size >= limit or p.dtype != groups[-1][0].dtype:
+            if bucket_cap_mb is None or size >= limit or p.dtype != groups[-1][0].dtype:
                 groups.append([])
                 size = 0
             groups[-1].append(p)
@@ -109,9 +108,12 @@ class DDP(nn.Module):
         ]  # fmt: skip
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        output = self.module(*args, **kwargs)
-        self.forward_done = timestamp()
-        return output
+        return self.module(*args, **kwargs)
+
+    def register_comm_hook(self, hook: CommHook) -> None:
+        """Send every bucket with ``hook`` instead of :func:`all_reduce_bucket` (which it may
+        call): to compress gradients, or to note when each bucket travels."""
+        self.comm_hook = hook
 
     def _on_gradient_ready(self, p: nn.Parameter) -> None:
         bucket = self._bucket_of[id(p)]
@@ -126,15 +128,7 @@ class DDP(nn.Module):
             view = bucket.buffer[offset : offset + p.numel()]
             view.copy_(p.grad.reshape(-1)) if p.grad is not None else view.zero_()
             offset += p.numel()
-        timing = BucketTiming(bucket.index, bucket.buffer.numel(), timestamp())
-        self.timings.append(timing)
-        bucket.timing = timing
-        bucket.work = dist.all_reduce(bucket.buffer, async_op=True)
-
-        def done(future: Any, timing: BucketTiming = timing) -> None:
-            timing.done = timestamp()  # runs on the backend's thread when it finishes
-
-        bucket.work.get_future().then(done)
+        bucket.work = self.comm_hook(bucket.index, bucket.buffer)
 
     def finish_gradient_synchronization(self) -> None:
         """Send what is still unsent, wait for every bucket, write back the mean gradients."""
@@ -145,8 +139,6 @@ class DDP(nn.Module):
             if bucket.work is None:
                 continue  # no parameter of this bucket got a gradient on this step
             bucket.work.wait()
-            if bucket.timing.done != bucket.timing.done:  # NaN: the callback has not run yet
-                bucket.timing.done = timestamp()
             bucket.buffer.div_(self.world_size)
             offset = 0
             for p in bucket.params:
@@ -155,8 +147,3 @@ class DDP(nn.Module):
                 offset += p.numel()
             bucket.work = None
             bucket.ready.clear()
-
-    def take_timings(self) -> list[BucketTiming]:
-        """The bucket timings since the last call (in launch order), and forget them."""
-        timings, self.timings = self.timings, []
-        return timings

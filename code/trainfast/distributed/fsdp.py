@@ -33,27 +33,13 @@ same modules in the same order.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from trainfast.profiling.timing import timestamp
-
-__all__ = ["FSDP", "FSDPEvent", "fsdp_timeline_worker"]
-
-
-@dataclass
-class FSDPEvent:
-    """One thing that happened to a sharded weight, in ``timestamp()`` seconds."""
-
-    weight: str  # the parameter's name in the wrapped module
-    kind: str  # "all-gather", "compute", "reduce-scatter" or "free"
-    phase: str  # "forward" or "backward"
-    start: float
-    end: float
+__all__ = ["FSDP"]
 
 
 def _all_gather(output: torch.Tensor, mine: torch.Tensor, async_op: bool = False) -> Any:
@@ -115,8 +101,9 @@ class FSDP(nn.Module):
 
     ``.module`` is the wrapped model (its parameters move into this wrapper: ``parameters()``
     yields the fp32 shards of 2-D weights and the whole 1-D parameters). Rank 0's parameters are
-    broadcast first, so all ranks start equal. ``record=True`` keeps :class:`FSDPEvent` timings
-    in ``events`` for the chapter's timeline.
+    broadcast first, so all ranks start equal. The chapter's timeline of what it does is
+    recorded from outside, by module and tensor hooks
+    (:mod:`trainfast.distributed.measurements.fsdp_timeline`).
     """
 
     def __init__(
@@ -125,7 +112,6 @@ class FSDP(nn.Module):
         *,
         compute_dtype: torch.dtype | None = None,
         prefetch: bool = False,
-        record: bool = False,
     ) -> None:
         super().__init__()
         if not dist.is_initialized():
@@ -134,8 +120,7 @@ class FSDP(nn.Module):
             raise ValueError(f"Invalid compute_dtype: {compute_dtype!r} (expected a float dtype)")
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.compute_dtype = compute_dtype
-        self.prefetch, self.record = prefetch, record
-        self.events: list[FSDPEvent] = []
+        self.prefetch = prefetch
         with torch.no_grad():
             for tensor in [*module.parameters(), *module.buffers()]:
                 dist.broadcast(tensor, src=0)
@@ -168,15 +153,9 @@ class FSDP(nn.Module):
             owner.register_forward_hook(self._after_forward)
 
     # ------------------------------------------------------------------ gathering and freeing
-    def _note(self, weight: str, kind: str, phase: str, start: float) -> None:
-        if self.record:
-            self.events.append(FSDPEvent(weight, kind, phase, start, timestamp()))
-
-    def _gather(self, weight: _ShardedWeight, phase: str) -> None:
-        start = timestamp()
-        weight.start_gather()
+    def _gather(self, weight: _ShardedWeight) -> None:
+        weight.start_gather()  # nothing to do if a prefetch started it
         weight.wait()
-        self._note(weight.name, "all-gather", phase, start)
 
     def _prefetch_after(self, weight: _ShardedWeight, step: int) -> None:
         """Start the all-gather of the weight after (step=1) or before (-1) this one."""
@@ -191,13 +170,12 @@ class FSDP(nn.Module):
             if isinstance(entry, _ShardedWeight):
                 if torch.is_grad_enabled() and entry not in self._order:
                     self._order.append(entry)
-                self._gather(entry, "forward")
+                self._gather(entry)
                 self._prefetch_after(entry, +1)
                 object.__setattr__(owner, attr, entry.full)
             else:  # replicated: a differentiable view (cast), never a registered Parameter
                 value = entry.to(self.compute_dtype) if self.compute_dtype else entry.view_as(entry)
                 object.__setattr__(owner, attr, value)
-        self._forward_start = timestamp()  # the module computes from here
         if self.compute_dtype is None:
             return args
         return tuple(
@@ -208,24 +186,18 @@ class FSDP(nn.Module):
     def _after_forward(self, owner: nn.Module, args: tuple, output: Any) -> Any:
         weights = [e for _, e in self._uses[owner] if isinstance(e, _ShardedWeight)]
         for weight in weights:
-            self._note(weight.name, "compute", "forward", self._forward_start)
-            start = timestamp()
             weight.free()
-            self._note(weight.name, "free", "forward", start)
         if weights and torch.is_tensor(output) and output.requires_grad:
             output.register_hook(lambda grad: self._before_backward(weights, grad))
         return output
 
     def _before_backward(self, weights: list[_ShardedWeight], grad: torch.Tensor) -> None:
         for weight in weights:  # autograd saved the full tensor; give it its data back
-            self._gather(weight, "backward")
+            self._gather(weight)
             self._prefetch_after(weight, -1)
-            self._backward_start = timestamp()
 
     def _make_grad_hook(self, weight: _ShardedWeight) -> Any:
         def reduce_gradient(full: torch.Tensor) -> None:
-            self._note(weight.name, "compute", "backward", self._backward_start)
-            start = timestamp()
             flat = torch.zeros(weight.padded.numel(), dtype=full.grad.dtype, device=full.device)
             flat[: weight.numel] = full.grad.reshape(-1)
             mine = torch.empty(weight.shard.numel(), dtype=flat.dtype, device=flat.device)
@@ -233,11 +205,8 @@ class FSDP(nn.Module):
             mine = mine.float().div_(self.world_size)  # the mean, in fp32 for the optimizer
             shard = weight.shard
             shard.grad = mine if shard.grad is None else shard.grad.add_(mine)
-            self._note(weight.name, "reduce-scatter", "backward", start)
             full.grad = None
-            start = timestamp()
             weight.free()
-            self._note(weight.name, "free", "backward", start)
 
         return reduce_gradient
 
@@ -270,24 +239,3 @@ class FSDP(nn.Module):
             result[weight.name] = gathered[: weight.numel].view(weight.shape).clone()
         order = list(self._names.values())
         return {name: result[name] for name in order}
-
-
-def fsdp_timeline_worker(
-    rank: int, world_size: int, width: int = 256, depth: int = 4, prefetch: bool = False
-) -> list[FSDPEvent]:
-    """One training step of an MLP under :class:`FSDP` with ``record=True``: its events, in
-    seconds since the step began (after a warm-up step)."""
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    layers = [nn.Linear(width, width, bias=False) for _ in range(depth)]
-    fsdp = FSDP(nn.Sequential(*layers), prefetch=prefetch, record=True)
-    x = torch.randn(64, width)
-    for _ in range(2):  # the first step learns the order of the layers (for prefetching)
-        fsdp.events.clear()
-        dist.barrier()
-        start = timestamp()
-        fsdp(x).pow(2).mean().backward()
-        fsdp.finish_gradient_synchronization()
-    return [
-        FSDPEvent(e.weight, e.kind, e.phase, e.start - start, e.end - start) for e in fsdp.events
-    ]

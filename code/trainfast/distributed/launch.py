@@ -8,7 +8,7 @@ return values in rank order.
 It is a thin layer over PyTorch's own ``torch.multiprocessing.start_processes`` (forkserver
 start method), which starts the processes, notices the first one that fails, terminates the
 others and kills the children if the parent dies. The ``launcher-failure`` benchmark
-(:mod:`trainfast.distributed.launch_comparison`) measured that it fails as fast as the
+(:mod:`trainfast.distributed.measurements.launchers`) measured that it fails as fast as the
 hand-written launcher this module used to hold, blames the same rank and leaves no process
 behind, so that one is gone. What ``spawn`` adds:
 

@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from trainfast.distributed.collectives import _world, all_to_all, ring_all_reduce
+from trainfast.distributed.collectives import all_to_all, rank_and_world_size, ring_all_reduce
 from trainfast.distributed.launch import rank_device
 
 __all__ = [
@@ -199,7 +199,7 @@ def all_to_all_rows(x: Tensor, send_sizes: list[int], recv_sizes: list[int]) -> 
 
 def _exchange_counts(send_sizes: list[int], device: torch.device) -> list[int]:
     """How many rows each rank will send me, given how many I send each (an all-to-all of counts)."""
-    _, world_size = _world()
+    _, world_size = rank_and_world_size()
     counts = [torch.tensor([size], device=device) for size in send_sizes]
     received = [torch.empty(1, dtype=torch.int64, device=device) for _ in range(world_size)]
     all_to_all(received, counts)

@@ -39,12 +39,17 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from trainfast.distributed.collectives import _world, all_gather, reduce_scatter, ring_all_reduce
+from trainfast.distributed.collectives import (
+    all_gather,
+    rank_and_world_size,
+    reduce_scatter,
+    ring_all_reduce,
+)
 from trainfast.distributed.launch import rank_device
 from trainfast.distributed.tensor_parallel import (
-    _slice,
     copy_to_tensor_parallel,
     reduce_from_tensor_parallel,
+    shard_range,
 )
 from trainfast.transformer import TransformerBlock, TransformerShape
 
@@ -60,14 +65,14 @@ _SEQ = 1  # the sequence dimension of (batch, seq, d_model)
 
 
 def _all_gather_seq(x: Tensor) -> Tensor:
-    _, world_size = _world()
+    _, world_size = rank_and_world_size()
     blocks = [torch.empty_like(x, memory_format=torch.contiguous_format) for _ in range(world_size)]
     all_gather(blocks, x.contiguous(), check=False)
     return torch.cat(blocks, dim=_SEQ)  # (batch, seq, d)
 
 
 def _reduce_scatter_seq(x: Tensor) -> Tensor:
-    rank, world_size = _world()
+    rank, world_size = rank_and_world_size()
     if x.shape[_SEQ] % world_size:
         raise ValueError(
             f"Invalid sequence length: {x.shape[_SEQ]} (sequence parallelism needs a multiple "
@@ -130,7 +135,7 @@ class ParallelTransformerBlock(nn.Module):
         d_model, self.n_heads = attn.qkv.in_features, attn.n_heads
         self.head_dim = d_model // attn.n_heads
         self.sequence_parallel = sequence_parallel
-        heads = _slice(attn.n_heads, rank, world_size)  # this rank's heads
+        heads = shard_range(attn.n_heads, rank, world_size)  # this rank's heads
         self.local_heads = heads.stop - heads.start
         features = slice(heads.start * self.head_dim, heads.stop * self.head_dim)
         rows = torch.arange(3 * d_model).view(3, d_model)[:, features].reshape(-1)  # q, k, v rows
@@ -139,7 +144,7 @@ class ParallelTransformerBlock(nn.Module):
         self.qkv_bias = _param(attn.qkv.bias[rows])
         self.attn_proj_weight = _param(attn.proj.weight[:, features])  # (d_model, local features)
         self.attn_proj_bias = _param(attn.proj.bias)  # added once, after the sum
-        units = _slice(mlp.fc.out_features, rank, world_size)
+        units = shard_range(mlp.fc.out_features, rank, world_size)
         self.fc_weight, self.fc_bias = _param(mlp.fc.weight[units]), _param(mlp.fc.bias[units])
         self.mlp_proj_weight = _param(mlp.proj.weight[:, units])
         self.mlp_proj_bias = _param(mlp.proj.bias)
@@ -306,10 +311,10 @@ def _dense_grads(
     """(parallel, dense) gradient pairs: each sharded gradient against its slice of the dense one."""
     attn, mlp = dense.attn, dense.mlp
     d_model = attn.qkv.in_features
-    heads = _slice(attn.n_heads, rank, world_size)
+    heads = shard_range(attn.n_heads, rank, world_size)
     features = slice(heads.start * block.head_dim, heads.stop * block.head_dim)
     rows = torch.arange(3 * d_model).view(3, d_model)[:, features].reshape(-1)
-    units = _slice(mlp.fc.out_features, rank, world_size)
+    units = shard_range(mlp.fc.out_features, rank, world_size)
     return {
         "ln1 grads": (
             torch.cat([p.grad for p in block.ln1.parameters()]),

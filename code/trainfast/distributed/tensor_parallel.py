@@ -30,6 +30,7 @@ __all__ = [
     "TensorParallelMLP",
     "copy_to_tensor_parallel",
     "reduce_from_tensor_parallel",
+    "shard_range",
     "tensor_parallel_worker",
 ]
 
@@ -72,8 +73,13 @@ def reduce_from_tensor_parallel(x: torch.Tensor) -> torch.Tensor:
     return _ReduceFromTensorParallel.apply(x)
 
 
-def _slice(size: int, rank: int, world_size: int) -> slice:
-    """This rank's part of ``range(size)``, as ``torch.tensor_split`` cuts it."""
+def shard_range(size: int, rank: int, world_size: int) -> slice:
+    """This rank's part of ``range(size)``, as ``torch.tensor_split`` cuts it.
+
+    The one rule by which tensor parallelism (here) and sequence parallelism
+    (:mod:`trainfast.distributed.sequence_parallel`) give each rank its output features, input
+    features or attention heads: the first ``size % world_size`` ranks get one more.
+    """
     bounds = [len(part) for part in torch.arange(size).tensor_split(world_size)]
     start = sum(bounds[:rank])
     return slice(start, start + bounds[rank])
@@ -86,7 +92,7 @@ class ColumnParallelLinear(nn.Module):
         self, in_features: int, out_features: int, rank: int, world_size: int, bias: bool = True
     ) -> None:
         super().__init__()
-        self.features = _slice(out_features, rank, world_size)
+        self.features = shard_range(out_features, rank, world_size)
         local = self.features.stop - self.features.start
         self.weight = nn.Parameter(torch.empty(local, in_features))  # (out / N, in)
         self.bias = nn.Parameter(torch.zeros(local)) if bias else None
@@ -113,7 +119,7 @@ class RowParallelLinear(nn.Module):
         self, in_features: int, out_features: int, rank: int, world_size: int, bias: bool = True
     ) -> None:
         super().__init__()
-        self.features = _slice(in_features, rank, world_size)
+        self.features = shard_range(in_features, rank, world_size)
         local = self.features.stop - self.features.start
         self.weight = nn.Parameter(torch.empty(out_features, local))  # (out, in / N)
         self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None  # added once

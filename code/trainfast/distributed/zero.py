@@ -12,49 +12,26 @@ Both optimizers here are real ``torch.optim.Optimizer`` subclasses: they have ``
 (a learning-rate scheduler can change them), ``add_param_group``, ``zero_grad``, and
 ``state_dict``/``load_state_dict`` of *this rank's* shard of the state (each rank saves its own,
 as DeepSpeed's ZeRO checkpoints do). :func:`~trainfast.accounting.zero_memory`, the paper's
-per-rank arithmetic, lives in :mod:`trainfast.accounting` and is imported here too.
+per-rank arithmetic, lives in :mod:`trainfast.accounting`; the strategies that train with them
+are in :mod:`trainfast.distributed.strategy`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
-from trainfast.accounting import MemoryBreakdown, zero_memory  # noqa: F401 (older imports)
-from trainfast.distributed.collectives import all_gather, broadcast, reduce_scatter
-from trainfast.distributed.data_parallel import (
-    DataParallelConfig,
-    TrainResult,
-    average_gradients,
-    broadcast_parameters,
-    make_model,
-    shard_batches,
+from trainfast.distributed.collectives import (
+    all_gather,
+    broadcast,
+    rank_and_world_size,
+    reduce_scatter,
 )
-from trainfast.distributed.launch import rank_device
 
-#: The old name of what :func:`zero_memory` returns (its ``optimizer_states`` part is now
-#: :class:`~trainfast.accounting.MemoryBreakdown`'s ``optimizer_state``).
-ZeroMemory = MemoryBreakdown
-
-__all__ = [
-    "STRATEGIES",
-    "ShardedResult",
-    "Zero2Optimizer",
-    "ZeroOptimizer",
-    "held_bytes",
-    "train_sharded",
-]  # zero_memory and ZeroMemory stay importable here for older code; accounting documents them
-
-
-def _world() -> tuple[int, int]:
-    if not dist.is_initialized():
-        raise RuntimeError("ZeRO optimizers need an initialised process group (run under spawn)")
-    return dist.get_rank(), dist.get_world_size()
+__all__ = ["Zero2Optimizer", "ZeroOptimizer"]
 
 
 def _hyperparameters(group: dict[str, Any]) -> dict[str, Any]:
@@ -78,6 +55,8 @@ def _step_local(optimizer: Any, closure: Any) -> Any:
 class ZeroOptimizer(torch.optim.Optimizer):
     """ZeRO stage 1: each rank keeps the optimizer state of about 1/N of the parameters.
 
+    ``optimizer_cls`` is an optimizer class or any callable ``(params, **kwargs) -> optimizer``
+    (``functools.partial(build_optimizer, "adamw")``); ``kwargs`` are the groups' defaults.
     Every parameter has one owner, chosen greedily so that the ranks own nearly equal numbers of
     elements (as torch's ``ZeroRedundancyOptimizer`` does). Rank ``r`` runs ``optimizer_cls``
     only on the parameters it owns, so only it holds their state; after its step, each owner
@@ -90,9 +69,12 @@ class ZeroOptimizer(torch.optim.Optimizer):
     """
 
     def __init__(
-        self, params: Iterable[nn.Parameter] | Iterable[dict], optimizer_cls: type, **kwargs: Any
+        self,
+        params: Iterable[nn.Parameter] | Iterable[dict],
+        optimizer_cls: Callable[..., torch.optim.Optimizer],
+        **kwargs: Any,
     ) -> None:
-        self.rank, self.world_size = _world()
+        self.rank, self.world_size = rank_and_world_size()
         self.optimizer_cls = optimizer_cls
         self.owner: dict[nn.Parameter, int] = {}
         self._owned_numel = [0] * self.world_size
@@ -112,7 +94,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
                 mine.append(p)
         local_group = {**_hyperparameters(group), "params": mine}
         if self.local_optimizer is None:
-            self.local_optimizer = self.optimizer_cls([local_group])
+            self.local_optimizer = self.optimizer_cls([local_group], **self.defaults)
         else:
             self.local_optimizer.add_param_group(local_group)
 
@@ -144,19 +126,6 @@ class ZeroOptimizer(torch.optim.Optimizer):
         for group, local in zip(self.param_groups, self.local_optimizer.param_groups, strict=True):
             group.update(_hyperparameters(local))
 
-    def state_numel(self) -> int:
-        """Elements of optimizer state this rank holds (about 1/N of an unsharded optimizer's)."""
-        return _state_numel(self.local_optimizer)
-
-
-def _state_numel(optimizer: torch.optim.Optimizer) -> int:
-    return sum(
-        value.numel()
-        for state in optimizer.state.values()
-        for value in state.values()
-        if torch.is_tensor(value) and value.dim() > 0
-    )
-
 
 class Zero2Optimizer(torch.optim.Optimizer):
     """ZeRO stage 2: optimizer state *and* gradients sharded; each rank keeps 1/N of each.
@@ -175,9 +144,12 @@ class Zero2Optimizer(torch.optim.Optimizer):
     """
 
     def __init__(
-        self, params: Iterable[nn.Parameter] | Iterable[dict], optimizer_cls: type, **kwargs: Any
+        self,
+        params: Iterable[nn.Parameter] | Iterable[dict],
+        optimizer_cls: Callable[..., torch.optim.Optimizer],
+        **kwargs: Any,
     ) -> None:
-        self.rank, self.world_size = _world()
+        self.rank, self.world_size = rank_and_world_size()
         self.optimizer_cls = optimizer_cls
         self.shard: dict[nn.Parameter, nn.Parameter] = {}
         self._hooks: list[Any] = []
@@ -203,7 +175,7 @@ class Zero2Optimizer(torch.optim.Optimizer):
                 self._hooks.append(p.register_post_accumulate_grad_hook(self._reduce_gradient))
         local_group = {**_hyperparameters(group), "params": shards}
         if self.local_optimizer is None:
-            self.local_optimizer = self.optimizer_cls([local_group])
+            self.local_optimizer = self.optimizer_cls([local_group], **self.defaults)
         else:
             self.local_optimizer.add_param_group(local_group)
 
@@ -253,137 +225,3 @@ class Zero2Optimizer(torch.optim.Optimizer):
                 shard.copy_(saved)
         for group, local in zip(self.param_groups, self.local_optimizer.param_groups, strict=True):
             group.update(_hyperparameters(local))
-
-    def state_numel(self) -> int:
-        """Elements of optimizer state this rank holds."""
-        return _state_numel(self.local_optimizer)
-
-
-def held_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> MemoryBreakdown:
-    """Bytes of model state this rank holds now, by part, counted from the live tensors.
-
-    Parameters count only their local storage (a DTensor's local shard; our FSDP's flat shard);
-    gradients include a ZeRO-2 shard's; ``master_weights`` are a ZeRO-2 optimizer's fp32 slices;
-    ``optimizer_state`` is every state tensor of the optimizer (or of its local optimizer).
-    """
-
-    def size(t: torch.Tensor | None) -> int:
-        if t is None:
-            return 0
-        local = t.to_local() if hasattr(t, "to_local") else t
-        return local.numel() * local.element_size()
-
-    parameters = list(model.parameters())
-    masters = list(optimizer.shard.values()) if isinstance(optimizer, Zero2Optimizer) else []
-    inner = getattr(optimizer, "local_optimizer", optimizer)
-    state = sum(
-        size(value)
-        for s in inner.state.values()
-        for value in s.values()
-        if torch.is_tensor(value) and value.dim() > 0
-    )
-    return MemoryBreakdown(
-        parameters=sum(size(p) for p in parameters),
-        gradients=sum(size(p.grad) for p in parameters + masters),
-        master_weights=sum(size(m) for m in masters),
-        optimizer_state=state,
-    )
-
-
-@dataclass
-class ShardedResult(TrainResult):
-    """A :class:`~trainfast.distributed.data_parallel.TrainResult` plus what this rank stored."""
-
-    optimizer_state_numel: int = 0  # elements of optimizer state held by this rank
-    parameter_numel: int = 0  # elements of parameters held by this rank between steps
-    held: MemoryBreakdown | None = None  # bytes held after the last backward, before its step
-
-
-#: FSDP on CPU (gloo) trains correctly from torch 2.9: 2.4-2.5 need CUDA streams, 2.6 lacks CPU
-#: stream events, and before 2.9 gloo's reduce-scatter ignores AVG and sums the gradients.
-FSDP_ON_CPU = torch.torch_version.TorchVersion(torch.__version__) >= (2, 9)
-
-#: What :func:`train_sharded` can train with: ZeRO-1 and ZeRO-2 here, our FSDP (ZeRO-3) and
-#: PyTorch's ``fully_shard``.
-STRATEGIES = ("zero1", "zero2", "fsdp", "torch-fsdp")
-
-
-def _wrap(model: nn.Module, strategy: str, config: DataParallelConfig) -> tuple[nn.Module, Any]:
-    """The model to run and the optimizer to step, for one strategy (AdamW throughout)."""
-    hyper = {"lr": config.lr, "weight_decay": 0.01}
-    if strategy == "zero1":
-        return model, ZeroOptimizer(model.parameters(), torch.optim.AdamW, **hyper)
-    if strategy == "zero2":
-        return model, Zero2Optimizer(model.parameters(), torch.optim.AdamW, **hyper)
-    if strategy == "fsdp":
-        from trainfast.distributed.fsdp import FSDP
-
-        wrapped = FSDP(model)
-        return wrapped, torch.optim.AdamW(wrapped.parameters(), **hyper)
-    if next(model.parameters()).device.type == "cpu" and not FSDP_ON_CPU:
-        raise RuntimeError(f"FSDP on CPU needs torch >= 2.9, not {torch.__version__}")
-    from trainfast.distributed.torch_apis import torch_fully_shard
-
-    model = torch_fully_shard(model)  # each Linear its own unit, then the whole model
-    return model, torch.optim.AdamW(model.parameters(), **hyper)
-
-
-def train_sharded(
-    rank: int, world_size: int, config: DataParallelConfig, strategy: str = "zero1"
-) -> ShardedResult:
-    """Train like :func:`~trainfast.distributed.data_parallel.train_data_parallel`, sharded.
-
-    ``strategy`` is one of :data:`STRATEGIES`. ZeRO-1 averages gradients with data
-    parallelism's :func:`~trainfast.distributed.data_parallel.average_gradients`; ZeRO-2
-    reduce-scatters them during backward; the FSDPs reduce-scatter them in their backward.
-    Returns the full parameters (gathered), the optimizer state and parameter elements this rank
-    held, and the bytes of model state it held after the last backward.
-    """
-    from trainfast.datasets import digits
-
-    if strategy not in STRATEGIES:
-        raise ValueError(f"Unknown strategy: {strategy!r} (expected one of {STRATEGIES})")
-    if config.optimizer != "adamw":
-        raise ValueError(
-            f"Invalid optimizer: {config.optimizer!r} (sharding pays off with 'adamw')"
-        )
-    device = rank_device()
-    model = make_model(config, config.seed + rank).to(device)
-    broadcast_parameters(model, src=0)  # FSDP assumes equal initial parameters too
-    model, optimizer = _wrap(model, strategy, config)
-    losses, held = [], None
-    for inputs, labels in shard_batches(digits("train"), config, rank, world_size):
-        inputs, labels = inputs.to(device), labels.to(device)
-        loss = nn.functional.cross_entropy(model(inputs), labels)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()  # ZeRO-2 and the FSDPs reduce-scatter the gradients here
-        if strategy == "zero1":
-            average_gradients(model)  # data parallelism's job, not the optimizer's
-        elif strategy == "fsdp":
-            model.finish_gradient_synchronization()
-        held = held_bytes(model, optimizer)
-        optimizer.step()
-        reported = loss.detach().reshape(1)
-        dist.all_reduce(reported)
-        losses.append(float(reported) / world_size)
-    if strategy == "fsdp":
-        parameters = {k: v.detach().cpu().clone() for k, v in model.full_state_dict().items()}
-        local_numel = sum(p.numel() for p in model.parameters())
-    else:
-        parameters, local_numel = {}, 0
-        for name, p in model.named_parameters():
-            full = p.full_tensor() if hasattr(p, "full_tensor") else p  # FSDP: gather the DTensor
-            local_numel += p.to_local().numel() if hasattr(p, "to_local") else p.numel()
-            parameters[name] = full.detach().cpu().clone()
-    inner = getattr(optimizer, "local_optimizer", optimizer)
-    state_numel = sum(
-        (v.to_local() if hasattr(v, "to_local") else v).numel()
-        for s in inner.state.values() for v in s.values() if torch.is_tensor(v) and v.dim() > 0
-    )  # fmt: skip
-    return ShardedResult(
-        losses,
-        parameters,
-        optimizer_state_numel=state_numel,
-        parameter_numel=local_numel,
-        held=held,
-    )

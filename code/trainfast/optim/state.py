@@ -30,14 +30,23 @@ from trainfast.optim.sgd import SGD
 __all__ = ["state_bytes", "state_bytes_per_param", "state_bytes_table"]
 
 
-def state_bytes(optimizer: Optimizer) -> int:
-    """Total bytes of the tensors in ``optimizer.state`` (every parameter, every kind of state)."""
-    return sum(
-        value.numel() * value.element_size()
-        for per_param in optimizer.state.values()
-        for value in per_param.values()
-        if isinstance(value, torch.Tensor)
-    )
+def state_bytes(optimizer: Optimizer, *, scalars: bool = True) -> int:
+    """Total bytes of the tensors in ``optimizer.state`` (every parameter, every kind of state).
+
+    The package's one count of optimizer state: the tables here, and the per-rank memory of the
+    sharded strategies (:func:`~trainfast.distributed.strategy.held_bytes`). A sharded tensor (a
+    ``DTensor``, as PyTorch's FSDP keeps state) counts only this rank's local shard.
+    ``scalars=False`` leaves out 0-dimensional state (Adam's step counts), as the ZeRO paper's
+    ``K`` bytes per parameter do.
+    """
+    total = 0
+    for per_param in optimizer.state.values():
+        for value in per_param.values():
+            if not isinstance(value, torch.Tensor) or (value.dim() == 0 and not scalars):
+                continue
+            local = value.to_local() if hasattr(value, "to_local") else value  # a DTensor's shard
+            total += local.numel() * local.element_size()
+    return total
 
 
 def state_bytes_per_param(optimizer: Optimizer) -> float:

@@ -1,6 +1,6 @@
 """``gather``, ``scatter`` and ``all_to_all`` beside ``torch.distributed``'s, on the same inputs.
 
-The companion of :mod:`trainfast.distributed.parity` for the three collectives that move
+The companion of :mod:`trainfast.distributed.parity.collectives` for the three collectives that move
 different blocks to different ranks. :func:`exchange_parity_worker` runs ours and torch's on
 the same per-rank inputs (odd lengths, and uneven block sizes for the all-to-all) and returns
 both results; the tests assert they are equal.

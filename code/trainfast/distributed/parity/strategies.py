@@ -3,11 +3,10 @@
 The model is small but has every awkward case a wrapper must handle: an embedding whose weight
 is tied to the output head (one parameter, used twice), a LayerNorm (1-D parameters), a frozen
 layer (``requires_grad=False``) and a layer the forward pass never calls (its parameters get no
-gradient). :func:`strategy_worker` trains it on this rank's slice of each batch with
-:class:`~trainfast.distributed.ddp.DDP`, :class:`~trainfast.distributed.fsdp.FSDP`,
-:class:`~trainfast.distributed.zero.ZeroOptimizer` or
-:class:`~trainfast.distributed.zero.Zero2Optimizer`; :func:`train_reference` trains it in one
-process on whole batches. The tests and the chapter compare the two.
+gradient). :func:`strategy_worker` trains it on this rank's slice of each batch with a
+:class:`~trainfast.distributed.strategy.Strategy` (DDP, ZeRO-1, ZeRO-2 or our FSDP) through
+:func:`~trainfast.distributed.strategy.train_with_strategy`; :func:`train_reference` trains it
+in one process on whole batches. The tests and the chapter compare the two.
 """
 
 from __future__ import annotations
@@ -15,23 +14,25 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
-from trainfast.distributed.data_parallel import average_gradients, broadcast_parameters
+from trainfast.distributed.data_parallel import broadcast_parameters
+from trainfast.distributed.strategy import (
+    OptimizerConfig,
+    Strategy,
+    StrategyResult,
+    Zero1Strategy,
+    make_strategy,
+    train_with_strategy,
+)
 
 __all__ = [
-    "PARITY_STRATEGIES",
     "StrategyConfig",
-    "StrategyResult",
     "TiedModel",
     "strategy_worker",
     "train_reference",
     "zero_resume_worker",
 ]
-
-#: The strategies :func:`strategy_worker` knows.
-PARITY_STRATEGIES = ("ddp", "fsdp", "zero1", "zero2")
 
 
 @dataclass(frozen=True)
@@ -45,13 +46,16 @@ class StrategyConfig:
     width: int = 10
     optimizer: str = "adamw"  # or "sgd"
     lr: float = 0.02
-    bucket_size_mb: float | None = None  # DDP only
-    compute_dtype: torch.dtype | None = None  # FSDP only
     seed: int = 0
 
     def __post_init__(self) -> None:
         if self.optimizer not in ("sgd", "adamw"):
             raise ValueError(f"Unknown optimizer: {self.optimizer!r} (expected 'sgd' or 'adamw')")
+
+    @property
+    def optimizer_config(self) -> OptimizerConfig:
+        """The optimizer every run builds (through the package's one factory)."""
+        return OptimizerConfig(self.optimizer, self.lr)
 
 
 class TiedModel(nn.Module):
@@ -74,14 +78,6 @@ class TiedModel(nn.Module):
         return self.head(x)  # (batch, seq, vocab)
 
 
-@dataclass
-class StrategyResult:
-    """The loss of every step (this rank's, or the whole batch's) and the final parameters."""
-
-    losses: list[float]
-    parameters: dict[str, torch.Tensor]
-
-
 def _batches(config: StrategyConfig) -> list[tuple[torch.Tensor, torch.Tensor]]:
     generator = torch.Generator().manual_seed(config.seed + 1)
     shape = (config.batch_size, config.seq_len)
@@ -94,12 +90,6 @@ def _batches(config: StrategyConfig) -> list[tuple[torch.Tensor, torch.Tensor]]:
     ]
 
 
-def _optimizer(params, config: StrategyConfig) -> torch.optim.Optimizer:
-    if config.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=config.lr)
-    return torch.optim.AdamW(params, lr=config.lr, weight_decay=0.01)
-
-
 def _loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return nn.functional.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
 
@@ -108,7 +98,7 @@ def train_reference(config: StrategyConfig) -> StrategyResult:
     """One process, whole batches, a plain torch optimizer."""
     torch.manual_seed(config.seed)
     model = TiedModel(config)
-    optimizer = _optimizer(model.parameters(), config)
+    optimizer = config.optimizer_config.build(model.parameters())
     losses = []
     for tokens, targets in _batches(config):
         loss = _loss(model(tokens), targets)
@@ -120,57 +110,22 @@ def train_reference(config: StrategyConfig) -> StrategyResult:
 
 
 def strategy_worker(
-    rank: int, world_size: int, strategy: str, config: StrategyConfig
+    rank: int, world_size: int, strategy: Strategy | str, config: StrategyConfig
 ) -> StrategyResult:
     """Train on this rank's slice of every batch with ``strategy``; return the full parameters.
 
-    Each rank initialises differently (seed + rank): the wrappers' broadcast must fix that.
+    ``strategy`` is a :class:`~trainfast.distributed.strategy.Strategy` (with its options, e.g.
+    ``DDPStrategy(bucket_cap_mb=1e-3)``) or its name. Each rank initialises differently
+    (seed + rank): the strategy's broadcast must fix that.
     """
-    from trainfast.distributed.ddp import DDP
-    from trainfast.distributed.fsdp import FSDP
-    from trainfast.distributed.zero import Zero2Optimizer, ZeroOptimizer
-
-    if strategy not in PARITY_STRATEGIES:
-        raise ValueError(f"Unknown strategy: {strategy!r} (expected one of {PARITY_STRATEGIES})")
+    strategy = make_strategy(strategy)
     if config.batch_size % world_size:
         raise ValueError(f"Invalid batch_size: {config.batch_size} for world_size {world_size}")
     torch.manual_seed(config.seed + rank)
-    model = TiedModel(config)
-    cls = torch.optim.SGD if config.optimizer == "sgd" else torch.optim.AdamW
-    hyper = (
-        {"lr": config.lr} if config.optimizer == "sgd" else {"lr": config.lr, "weight_decay": 0.01}
-    )
-    if strategy == "ddp":
-        model = DDP(model, bucket_size_mb=config.bucket_size_mb)
-        optimizer = _optimizer(model.parameters(), config)
-    elif strategy == "fsdp":
-        model = FSDP(model, compute_dtype=config.compute_dtype)
-        optimizer = _optimizer(model.parameters(), config)
-    else:
-        broadcast_parameters(model, src=0)
-        zero = ZeroOptimizer if strategy == "zero1" else Zero2Optimizer
-        optimizer = zero(model.parameters(), cls, **hyper)
     per_rank = config.batch_size // world_size
-    losses = []
-    for tokens, targets in _batches(config):
-        mine = slice(rank * per_rank, (rank + 1) * per_rank)
-        loss = _loss(model(tokens[mine]), targets[mine])
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if strategy in ("ddp", "fsdp"):
-            model.finish_gradient_synchronization()
-        elif strategy == "zero1":
-            average_gradients(model)
-        optimizer.step()
-        reported = loss.detach().reshape(1)
-        dist.all_reduce(reported)
-        losses.append(reported.item() / world_size)
-    if strategy == "fsdp":
-        parameters = model.full_state_dict()
-    else:
-        inner = model.module if strategy == "ddp" else model
-        parameters = {k: v.detach().clone() for k, v in inner.named_parameters()}
-    return StrategyResult(losses, parameters)
+    mine = slice(rank * per_rank, (rank + 1) * per_rank)
+    batches = [(tokens[mine], targets[mine]) for tokens, targets in _batches(config)]
+    return train_with_strategy(TiedModel(config), strategy, config.optimizer_config, batches, _loss)
 
 
 def zero_resume_worker(
@@ -182,19 +137,16 @@ def zero_resume_worker(
     The optimizer is built from a first parameter group plus ``add_param_group`` for the rest,
     so the same run also checks that a group added later trains like one given at once.
     """
-    from trainfast.distributed.zero import Zero2Optimizer, ZeroOptimizer
-
-    if strategy not in ("zero1", "zero2"):
+    zero = make_strategy(strategy)
+    if not isinstance(zero, Zero1Strategy):  # ZeRO-2's strategy is a ZeRO-1 strategy too
         raise ValueError(f"Unknown strategy: {strategy!r} (expected 'zero1' or 'zero2')")
-    zero = ZeroOptimizer if strategy == "zero1" else Zero2Optimizer
-    hyper = {"lr": config.lr, "weight_decay": 0.01}
 
     def build(seed: int) -> tuple[TiedModel, torch.optim.Optimizer]:
         torch.manual_seed(seed)
         model = TiedModel(config)
         broadcast_parameters(model, src=0)
         params = list(model.parameters())
-        optimizer = zero(params[:2], torch.optim.AdamW, **hyper)
+        optimizer = zero.make_optimizer(params[:2], config.optimizer_config)
         optimizer.add_param_group({"params": params[2:]})
         return model, optimizer
 
@@ -212,8 +164,7 @@ def zero_resume_worker(
         loss = _loss(model(tokens[mine]), targets[mine])
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        if strategy == "zero1":
-            average_gradients(model)
+        zero.finish_gradient_synchronization(model)
         optimizer.step()
         losses.append(loss.item())
-    return StrategyResult(losses, {k: v.detach().clone() for k, v in model.named_parameters()})
+    return StrategyResult(losses, zero.full_parameters(model))

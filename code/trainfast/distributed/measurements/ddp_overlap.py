@@ -2,7 +2,8 @@
 
 :func:`ddp_timeline_worker` trains an MLP with :class:`~trainfast.distributed.ddp.DDP` and
 returns, per step, when backward ran and when each bucket's all-reduce was launched and
-finished: the chapter draws it. :func:`overlap_step_times_worker` times a whole step (forward,
+finished: the chapter draws it. The buckets are timed from outside DDP, by a communication hook
+(:class:`BucketRecorder`) that notes the time and then sends the bucket as DDP would. :func:`overlap_step_times_worker` times a whole step (forward,
 backward, finishing the synchronisation, optimizer step) with the all-reduces overlapped and
 with the same buckets sent only after backward (``overlap=False``), for several bucket sizes,
 taking turns through the package's one timer. :func:`ddp_overlap_record` is the
@@ -15,18 +16,22 @@ stream, and overlap is the rule.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from trainfast.distributed.ddp import DDP, BucketTiming
+from trainfast.distributed.ddp import DDP, all_reduce_bucket
 from trainfast.distributed.launch import rank_device, spawn
 from trainfast.profiling.timing import benchmark_side_by_side, timestamp
 from trainfast.records import Record, make_record
+from trainfast.training.arguments import build_optimizer
 
 __all__ = [
+    "BucketRecorder",
+    "BucketTiming",
     "DDPTimelineConfig",
     "StepTimeline",
     "ddp_overlap_record",
@@ -43,7 +48,7 @@ class DDPTimelineConfig:
     depth: int = 6
     batch_size: int = 64
     steps: int = 3
-    bucket_size_mb: float | None = 2.0
+    bucket_cap_mb: float | None = 2.0
     overlap: bool = True
     seed: int = 0
 
@@ -56,6 +61,47 @@ class StepTimeline:
     backward_end: float  # loss.backward() returned
     finish_end: float  # finish_gradient_synchronization() returned
     buckets: list[BucketTiming]
+
+
+@dataclass
+class BucketTiming:
+    """When one bucket's all-reduce ran, in ``timestamp()`` seconds."""
+
+    index: int
+    numel: int
+    launched: float
+    done: float = float("nan")
+
+
+@dataclass
+class BucketRecorder:
+    """A DDP communication hook that notes when each bucket is launched and when it arrives.
+
+    ``ddp.register_comm_hook(recorder)``; it sends every bucket with DDP's own
+    :func:`~trainfast.distributed.ddp.all_reduce_bucket`, so the algorithm is unchanged.
+    """
+
+    timings: list[BucketTiming] = field(default_factory=list)
+
+    def __call__(self, index: int, buffer: torch.Tensor) -> Any:
+        timing = BucketTiming(index, buffer.numel(), timestamp())
+        self.timings.append(timing)
+        work = all_reduce_bucket(index, buffer)
+
+        def done(future: Any) -> None:
+            timing.done = timestamp()  # on the backend's thread, when the all-reduce is done
+
+        work.get_future().then(done)
+        return work
+
+    def take(self, finished: float) -> list[BucketTiming]:
+        """The timings since the last call, and forget them. A bucket whose callback has not
+        run yet gets ``finished`` (when the step's synchronisation returned) as its end."""
+        timings, self.timings = self.timings, []
+        for t in timings:
+            if t.done != t.done:  # NaN
+                t.done = finished
+        return timings
 
 
 def _model(config: DDPTimelineConfig) -> nn.Module:
@@ -78,17 +124,18 @@ def ddp_timeline_worker(
     """Train ``config.steps`` steps; when backward ran and when each bucket was on the wire."""
     torch.set_num_threads(1)
     device = rank_device()
-    ddp = DDP(
-        _model(config).to(device), bucket_size_mb=config.bucket_size_mb, overlap=config.overlap
-    )
-    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    ddp = DDP(_model(config).to(device), bucket_cap_mb=config.bucket_cap_mb, overlap=config.overlap)
+    recorder = BucketRecorder()
+    ddp.register_comm_hook(recorder)
+    optimizer = build_optimizer("sgd", ddp.parameters(), lr=0.01)
     x, y = (t.to(device) for t in _batch(config, rank))
     steps = []
     for _ in range(config.steps):
         dist.barrier()
         start = timestamp()
-        loss = (ddp(x) - y).pow(2).mean()
-        forward_end = ddp.forward_done
+        output = ddp(x)
+        forward_end = timestamp()
+        loss = (output - y).pow(2).mean()
         loss.backward()
         backward_end = timestamp()
         ddp.finish_gradient_synchronization()
@@ -97,7 +144,7 @@ def ddp_timeline_worker(
         optimizer.zero_grad(set_to_none=True)
         buckets = [
             BucketTiming(t.index, t.numel, t.launched - start, t.done - start)
-            for t in ddp.take_timings()
+            for t in recorder.take(finish_end)
         ]
         steps.append(
             StepTimeline(forward_end - start, backward_end - start, finish_end - start, buckets)
@@ -119,8 +166,8 @@ def overlap_step_times_worker(
     steps = {}
     for size in bucket_sizes:
         for overlap in (False, True):
-            ddp = DDP(_model(config).to(device), bucket_size_mb=size, overlap=overlap)
-            optimizer = torch.optim.SGD(ddp.parameters(), lr=0.01)
+            ddp = DDP(_model(config).to(device), bucket_cap_mb=size, overlap=overlap)
+            optimizer = build_optimizer("sgd", ddp.parameters(), lr=0.01)
 
             def step(ddp: DDP = ddp, optimizer: torch.optim.Optimizer = optimizer) -> None:
                 loss = (ddp(x) - y).pow(2).mean()
@@ -128,7 +175,6 @@ def overlap_step_times_worker(
                 ddp.finish_gradient_synchronization()
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
-                ddp.take_timings()
 
             steps[f"{size}/{'overlap' if overlap else 'sync'}"] = step
     timings = benchmark_side_by_side(steps, warmup=2, repeats=repeats, device=device)
@@ -150,7 +196,7 @@ def ddp_overlap_record(device: torch.device, quick: bool = False) -> Record:
         sync, overlap = medians[f"{size}/sync"], medians[f"{size}/overlap"]
         rows.append({
             "world_size": world_size,
-            "bucket_size_mb": "one per parameter" if size is None else size,
+            "bucket_cap_mb": "one per parameter" if size is None else size,
             "sync_seconds": sync,
             "overlap_seconds": overlap,
             "overlap_over_sync": overlap / sync,

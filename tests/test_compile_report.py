@@ -149,7 +149,7 @@ def test_attention_tiles_fit_the_t4_at_head_dim_128(reports):
 )
 @pytest.mark.parametrize("arch", ["sm_90", "sm_75"])
 def test_cuda_bias_gelu_source_compiles_with_nvcc(tmp_path, arch):
-    from torch.utils.cpp_extension import include_paths
+    from torch.utils.cpp_extension import COMMON_NVCC_FLAGS, include_paths
     from trainfast.kernels.custom_ops import CUDA_SOURCE
 
     source = tmp_path / "bias_gelu.cu"
@@ -159,7 +159,8 @@ def test_cuda_bias_gelu_source_compiles_with_nvcc(tmp_path, arch):
         NVCC,
         f"-arch={arch}",
         "--ptx",
-        "-std=c++17",
+        "-std=c++20",
+        *COMMON_NVCC_FLAGS,
         *includes,
         str(source),
         "-o",

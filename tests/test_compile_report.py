@@ -230,3 +230,32 @@ def test_gpu_live_launch_matches_the_ahead_of_time_report():
         assert compiled.metadata.shared == rows[name].shared_bytes, name
         assert compiled.n_regs == rows[name].registers, name
         assert tensor_core_class(compiled.asm["ptx"]) == rows[name].tensor_cores, name
+
+
+def test_flash_attention_op_is_registered_only_where_it_can_be_traced():
+    from trainfast.kernels.attention_triton import flash_forward_kernel, register_flash_attention_op
+    from trainfast.kernels.triton_runtime import is_interpreted
+
+    op = register_flash_attention_op()
+    if is_interpreted(flash_forward_kernel) or not hasattr(torch.library, "triton_op"):
+        assert op is None  # wrap_triton cannot trace an interpreted kernel
+    else:
+        assert op is register_flash_attention_op()  # registered once per process
+        assert hasattr(torch.ops.trainfast_kernels, "flash_attention_forward")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.skipif(
+    not hasattr(torch.library, "triton_op"), reason="torch.library.triton_op needs torch 2.6"
+)
+def test_gpu_flash_attention_op_runs_under_torch_compile_fullgraph():
+    from trainfast.kernels.attention_triton import register_flash_attention_op
+
+    op = register_flash_attention_op()
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 256, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda q, k, v: op(q, k, v, True)[0] * 2, fullgraph=True)
+    expected = 2 * torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    torch.testing.assert_close(compiled(q, k, v), expected, atol=2e-2, rtol=2e-2)

@@ -64,6 +64,7 @@ __all__ = [
     "flash_backward_dkdv_kernel",
     "flash_backward_dq_kernel",
     "flash_forward_kernel",
+    "register_flash_attention_op",
 ]
 
 LOG2_E = 1.4426950408889634  # exp(x) = exp2(x · log2 e)
@@ -467,6 +468,47 @@ def attention_dq_launch(
     args = (q3, k3, v3, do3, lse, delta, dq, *sizes)
     constants = _constants(head_dim, is_causal, q3.dtype, tiles)
     return attention_grid(n_queries, tiles.block_q, batch_heads), args, constants
+
+
+_OPS: dict[str, Any] = {}
+
+
+def register_flash_attention_op() -> Any:
+    """Register the Triton forward as ``torch.ops.trainfast_kernels.flash_attention_forward``.
+
+    ``torch.library.triton_op`` (PyTorch 2.6 and later) makes a custom operator whose body
+    launches Triton kernels through ``torch.library.wrap_triton``; ``torch.compile`` then traces
+    *into* the kernel launch (its output shapes come from tracing the body, no fake
+    implementation needed) instead of breaking the graph, and inductor can schedule it with the
+    kernels it generates. Returns the operator (``(q, k, v, is_causal) -> (out, lse)``), once
+    per process; ``None`` where it cannot work: a PyTorch without ``triton_op``, or our kernels
+    decorated for Triton's CPU interpreter, whose kernels ``wrap_triton`` cannot trace (it would
+    call them on fake tensors, which have no data). Backward stays with
+    :class:`FlashAttentionTriton`: a kernel launch has no derivative, so autograd needs the
+    formula either way.
+    """
+    if "forward" in _OPS:
+        return _OPS["forward"]
+    triton_op = getattr(torch.library, "triton_op", None)
+    if triton_op is None or is_interpreted(flash_forward_kernel):
+        return None
+    wrap_triton = torch.library.wrap_triton
+
+    @triton_op("trainfast_kernels::flash_attention_forward", mutates_args=())
+    def flash_attention_forward(
+        q: Tensor, k: Tensor, v: Tensor, is_causal: bool
+    ) -> tuple[Tensor, Tensor]:
+        *batch_shape, n_queries, head_dim = q.shape
+        tiles = attention_forward_tiles(launch_target(q.device), q.dtype, head_dim)
+        q3, k3, v3 = (t.reshape(-1, t.shape[-2], head_dim) for t in (q, k, v))
+        out = torch.empty_like(q3)
+        lse = torch.empty(q3.shape[:2], dtype=torch.float32, device=q.device)
+        grid, args, kwargs = attention_forward_launch(q3, k3, v3, out, lse, is_causal, tiles)
+        wrap_triton(flash_forward_kernel)[grid](*args, **kwargs)
+        return out.reshape(q.shape), lse.reshape(*batch_shape, n_queries)
+
+    _OPS["forward"] = flash_attention_forward
+    return flash_attention_forward
 
 
 class FlashAttentionTriton(torch.autograd.Function):

@@ -259,3 +259,28 @@ def test_gpu_flash_attention_op_runs_under_torch_compile_fullgraph():
     compiled = torch.compile(lambda q, k, v: op(q, k, v, True)[0] * 2, fullgraph=True)
     expected = 2 * torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
     torch.testing.assert_close(compiled(q, k, v), expected, atol=2e-2, rtol=2e-2)
+
+
+def test_trim_loop_keeps_the_loop_and_collapses_repeats():
+    from trainfast.kernels.compile_report import trim_loop
+
+    ptx = "\n".join(
+        [
+            "ld.global.b32 %r1, [%rd1];",  # before the loop: dropped
+            "$L__BB0_2:",
+            "cp.async.wait_group 2;",
+            "add.s32 %r2, %r2, 1;",  # not an instruction that moves or multiplies tiles: dropped
+            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%r1, %r2}, {%r3}, {%r4}, {%r1, %r2};",
+            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%r5, %r6}, {%r3}, {%r4}, {%r5, %r6};",
+            "bar.sync 0;",
+            "@%p1 bra $L__BB0_2;",
+            "st.global.b32 [%rd2], %r2;",  # after the loop: dropped
+        ]
+    )
+    lines = trim_loop(ptx).splitlines()
+    assert lines[0] == "$L__BB0_2:" and lines[-1] == "@%p1 bra $L__BB0_2;"
+    assert lines[1] == "cp.async.wait_group 2;"
+    assert lines[2].startswith("mma.sync") and lines[2].endswith("// ×2")
+    assert not any("add.s32" in line or "ld.global" in line for line in lines)
+    with pytest.raises(ValueError, match="No loop"):
+        trim_loop("mov.u32 %r1, 0;")

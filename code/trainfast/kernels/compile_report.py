@@ -198,13 +198,11 @@ def kernel_tiles(
 
 
 def _describe(tiles: Any) -> str:
-    blocks = [
-        getattr(tiles, n)
-        for n in ("block_size", "block_m", "block_n", "block_k", "block_q")
-        if hasattr(tiles, n)
-    ]
-    if hasattr(tiles, "block_q"):
-        blocks = [tiles.block_q, tiles.block_k]
+    """E.g. ``"128×64, 8 warps, 3 stages"`` (attention: queries × keys; matmul: M × N × K)."""
+    names = (
+        ("block_q", "block_k") if hasattr(tiles, "block_q") else ("block_m", "block_n", "block_k")
+    )
+    blocks = [getattr(tiles, n) for n in names if hasattr(tiles, n)] or [tiles.block_size]
     return f"{'×'.join(map(str, blocks))}, {tiles.num_warps} warps, {tiles.num_stages} stages"
 
 
@@ -396,7 +394,7 @@ def _results(
     return [_CACHE[key] for key in keys]
 
 
-_SOURCES = ("elementwise.py", "tiled_matmul.py", "attention_triton.py", "compile_report.py")
+_SOURCES = ("elementwise.py", "tiled_matmul.py", "attention_triton.py")  # kernels and launchers
 
 
 def _disk_cache() -> Path:

@@ -24,15 +24,12 @@ from trainfast.kernels.compile_report import (
 )
 
 H100, A100, T4 = GPUS["H100 SXM 80GB"], GPUS["A100 SXM 80GB"], GPUS["T4 16GB"]
+#: every listed GPU, in float16 and float32, and bfloat16 from sm_80 (the T4 has none)
 CASES = [
-    (H100, torch.float16),
-    (H100, torch.bfloat16),
-    (H100, torch.float32),
-    (A100, torch.float16),
-    (A100, torch.bfloat16),
-    (A100, torch.float32),
-    (T4, torch.float16),
-    (T4, torch.float32),
+    (gpu, dtype)
+    for gpu in GPUS.values()
+    for dtype in (torch.float16, torch.bfloat16, torch.float32)
+    if dtype != torch.bfloat16 or gpu.compute_capability >= (8, 0)
 ]
 NVCC = shutil.which("nvcc") or (
     "/usr/local/bin/nvcc" if Path("/usr/local/bin/nvcc").exists() else None

@@ -15,6 +15,8 @@ Triton, imported on first use of one of its names (so ``import trainfast.kernels
 without Triton, and decides nothing about ``TRITON_INTERPRET``, see
 :mod:`~trainfast.kernels.triton_runtime`): :func:`copy_tensor` (:mod:`.elementwise`),
 :func:`matmul` (:mod:`.tiled_matmul`), :class:`FlashAttentionTriton` (:mod:`.attention_triton`).
+Their tiles depend on the GPU (:mod:`.targets`); :mod:`.compile_report` compiles them for any GPU
+of :data:`trainfast.gpus.GPUS` on a CPU and reports the resources they need.
 """
 
 from __future__ import annotations

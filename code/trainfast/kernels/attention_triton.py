@@ -20,6 +20,17 @@ are not powers of two (24, 80, 96, ...) are padded to the next power of two insi
 (masked loads read zeros), so any head dimension from 16 to 128 works. Pointer arithmetic only
 (no block pointers), for Triton 3.0 to 3.8. The causal mask is ``scaled_dot_product_attention``'s,
 aligned at the top-left (see :mod:`trainfast.kernels.attention`).
+
+The grid is one-dimensional: program ``pid`` handles tile ``pid % n_tiles`` of (batch · head)
+``pid // n_tiles`` (:func:`attention_grid`). CUDA allows 2**31 - 1 programs on grid axis 0 but
+only 65,535 on axes 1 and 2, so batch · heads on axis 1 would fail beyond 65,535 (e.g. batch 2,048
+with 32 heads); folded into axis 0, the programs of one head still run next to each other.
+
+Tiles depend on the GPU, the dtype and the head dimension, through one function per kernel
+(:func:`attention_forward_tiles`, :func:`attention_dkdv_tiles`, :func:`attention_dq_tiles`): the
+launchers call them with the live device's row of :data:`trainfast.gpus.GPUS`, the compile
+report (:mod:`trainfast.kernels.compile_report`) with any row, so that a T4 (64 KiB of shared
+memory per block, no asynchronous copies) gets tiles that fit it.
 """
 
 from __future__ import annotations
@@ -31,23 +42,34 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from trainfast.gpus import GPUSpec
 from trainfast.kernels.attention import validate_attention_inputs
+from trainfast.kernels.targets import launch_target, pipelines_loads
 from trainfast.kernels.triton_runtime import check_launch, is_interpreted, tl, triton
 
 __all__ = [
+    "MAX_GRID_X",
     "AttentionTiles",
     "FlashAttentionTriton",
     "attend_key_tiles",
-    "default_attention_tiles",
+    "attention_dkdv_launch",
+    "attention_dkdv_tiles",
+    "attention_dq_launch",
+    "attention_dq_tiles",
+    "attention_forward_launch",
+    "attention_forward_tiles",
+    "attention_grid",
     "flash_attention_triton_backward",
     "flash_attention_triton_forward",
     "flash_backward_dkdv_kernel",
     "flash_backward_dq_kernel",
     "flash_forward_kernel",
+    "register_flash_attention_op",
 ]
 
 LOG2_E = 1.4426950408889634  # exp(x) = exp2(x · log2 e)
 MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 128
+MAX_GRID_X = 2**31 - 1  # CUDA's limit on grid axis 0 (axes 1 and 2: 65,535)
 
 
 @dataclass(frozen=True)
@@ -66,21 +88,75 @@ class AttentionTiles:
                 raise ValueError(f"Invalid {name}: {value} (need a power of two, at least 16)")
 
 
-def default_attention_tiles(head_dim: int, dtype: torch.dtype, interpreted: bool) -> AttentionTiles:
-    """Forward tiles: small under the interpreter, larger with more warps for big heads."""
-    if interpreted:
+def attention_forward_tiles(
+    target: GPUSpec | None, dtype: torch.dtype, head_dim: int
+) -> AttentionTiles:
+    """Tiles of :func:`flash_forward_kernel` on ``target`` (``None``: the CPU interpreter).
+
+    A program keeps its query tile and its accumulator in registers and streams
+    ``num_stages`` key and value tiles through shared memory. 16-bit on sm_80 and sm_90:
+    128 queries × 64 keys, 3 stages. float32 needs twice the bytes per tile: 64 × 32, 2 stages, 8 warps.
+    sm_75 (the T4: 64 KiB of shared memory per block, no asynchronous copies, and Triton emits no
+    tensor-core instructions for it, so the dots run on CUDA cores and need more registers):
+    32 × 16, one stage, the largest that compiles without spilling registers at head dimension
+    128 (:mod:`trainfast.kernels.compile_report` shows the figures).
+    """
+    if target is None:
         return AttentionTiles(32, 32, num_warps=1, num_stages=1)
+    if not pipelines_loads(target):
+        return AttentionTiles(32, 16, num_warps=4, num_stages=1)
     if dtype == torch.float32:  # 4-byte tiles need twice the shared memory
-        return AttentionTiles(64, 32, num_warps=4, num_stages=2)
+        return AttentionTiles(64, 32, num_warps=8, num_stages=2)
     return AttentionTiles(128, 64, num_warps=4 if head_dim <= 64 else 8, num_stages=3)
 
 
-def _backward_tiles(head_dim: int, dtype: torch.dtype, interpreted: bool) -> AttentionTiles:
-    if interpreted:
+def attention_dkdv_tiles(
+    target: GPUSpec | None, dtype: torch.dtype, head_dim: int
+) -> AttentionTiles:
+    """Tiles of :func:`flash_backward_dkdv_kernel`: ``block_k`` keys per program, stepping over
+    ``block_q`` queries (q, dO in shared memory, dK, dV accumulators in registers)."""
+    return _backward_tiles(target, dtype, head_dim)
+
+
+def attention_dq_tiles(target: GPUSpec | None, dtype: torch.dtype, head_dim: int) -> AttentionTiles:
+    """Tiles of :func:`flash_backward_dq_kernel`: ``block_q`` queries per program, stepping over
+    ``block_k`` keys (k, v in shared memory, the dQ accumulator in registers)."""
+    return _backward_tiles(target, dtype, head_dim)
+
+
+def _backward_tiles(target: GPUSpec | None, dtype: torch.dtype, head_dim: int) -> AttentionTiles:
+    """sm_80 and later: 64 × 64, 2 stages (16-bit), 32 × 32 with 8 warps (float32). sm_75: 32 × 32
+    with 8 warps (16-bit) and 32 × 16 (float32); at 32 × 32 float32 the dK/dV kernel needs 68 KiB
+    of shared memory, over the T4's 64 KiB."""
+    if target is None:
         return AttentionTiles(32, 32, num_warps=1, num_stages=1)
-    if dtype == torch.float32:
-        return AttentionTiles(32, 32, num_warps=4, num_stages=1)
+    if not pipelines_loads(target):
+        if dtype == torch.float32:
+            return AttentionTiles(32, 16, num_warps=4, num_stages=1)
+        return AttentionTiles(32, 32, num_warps=8, num_stages=1)
+    if dtype == torch.float32:  # 8 warps: 4 would spill registers at head dimension 128
+        return AttentionTiles(32, 32, num_warps=8, num_stages=1)
     return AttentionTiles(64, 64, num_warps=4 if head_dim <= 64 else 8, num_stages=2)
+
+
+def attention_grid(n_rows: int, block: int, batch_heads: int) -> tuple[int]:
+    """The grid of an attention kernel: one program per tile of ``block`` rows per (batch · head).
+
+    One axis, ``cdiv(n_rows, block) × batch_heads`` programs (the kernels recover the tile and
+    the head from the program id), so batch · heads is not bound by the 65,535 of grid axis 1.
+    Raises ``ValueError`` past CUDA's 2**31 - 1 programs on axis 0.
+    """
+    if n_rows < 1 or block < 1 or batch_heads < 1:
+        raise ValueError(
+            f"Invalid attention grid: n_rows={n_rows}, block={block}, batch_heads={batch_heads}"
+        )
+    programs = -(-n_rows // block) * batch_heads
+    if programs > MAX_GRID_X:
+        raise ValueError(
+            f"{programs:,} programs (batch·heads {batch_heads:,} × {-(-n_rows // block):,} tiles) exceed "
+            f"CUDA's grid limit of {MAX_GRID_X:,}; split the batch"
+        )
+    return (programs,)
 
 
 @triton.jit
@@ -105,7 +181,8 @@ def attend_key_tiles(
                       mask=k_t_mask, other=0.0)  # fmt: skip
         v = tl.load(v_base + cols[:, None] * stride_vn + offs_d[None, :] * stride_vd,
                     mask=v_mask, other=0.0)  # fmt: skip
-        s = tl.dot(q, k_t, input_precision=DOT_PRECISION) * qk_scale  # (BLOCK_Q, BLOCK_K), log2 units
+        # (BLOCK_Q, BLOCK_K) scores, in log2 units
+        s = tl.dot(q, k_t, input_precision=DOT_PRECISION) * qk_scale
         if MASKED:
             visible = cols[None, :] < n_keys
             if IS_CAUSAL:
@@ -130,8 +207,10 @@ def flash_forward_kernel(
     IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
     """One tile of BLOCK_Q queries of one (batch, head): O and L = logsumexp of its scores."""
-    q_start = tl.program_id(0) * BLOCK_Q
-    batch = tl.program_id(1).to(tl.int64)
+    pid = tl.program_id(0)  # (batch·head) × tiles + tile, see attention_grid
+    n_tiles = tl.cdiv(n_queries, BLOCK_Q)
+    q_start = (pid % n_tiles) * BLOCK_Q
+    batch = (pid // n_tiles).to(tl.int64)
     offs_q = q_start + tl.arange(0, BLOCK_Q)
     offs_d = tl.arange(0, BLOCK_D)
     q_mask = (offs_q[:, None] < n_queries) & (offs_d[None, :] < HEAD_DIM)
@@ -174,8 +253,10 @@ def flash_backward_dkdv_kernel(
 ):  # fmt: skip
     """dK and dV of one tile of keys. All tensors are contiguous (batch·heads, n, head_dim):
     q, dO share ``stride_qb``, k, v, dK, dV ``stride_kb``, and every row is ``stride_n`` long."""
-    k_start = tl.program_id(0) * BLOCK_K
-    batch = tl.program_id(1).to(tl.int64)
+    pid = tl.program_id(0)  # (batch·head) × tiles + tile, see attention_grid
+    n_tiles = tl.cdiv(n_keys, BLOCK_K)
+    k_start = (pid % n_tiles) * BLOCK_K
+    batch = (pid // n_tiles).to(tl.int64)
     cols = k_start + tl.arange(0, BLOCK_K)
     offs_d = tl.arange(0, BLOCK_D)
     kv_mask = (cols[:, None] < n_keys) & (offs_d[None, :] < HEAD_DIM)
@@ -216,8 +297,10 @@ def flash_backward_dq_kernel(
     IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
     """dQ of one tile of queries, recomputing the probabilities of every key tile it sees."""
-    q_start = tl.program_id(0) * BLOCK_Q
-    batch = tl.program_id(1).to(tl.int64)
+    pid = tl.program_id(0)  # (batch·head) × tiles + tile, see attention_grid
+    n_tiles = tl.cdiv(n_queries, BLOCK_Q)
+    q_start = (pid % n_tiles) * BLOCK_Q
+    batch = (pid // n_tiles).to(tl.int64)
     rows = q_start + tl.arange(0, BLOCK_Q)
     offs_d = tl.arange(0, BLOCK_D)
     q_mask = (rows[:, None] < n_queries) & (offs_d[None, :] < HEAD_DIM)
@@ -265,24 +348,50 @@ def _check(q: Tensor, k: Tensor, v: Tensor) -> None:
 def flash_attention_triton_forward(
     q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False, tiles: AttentionTiles | None = None
 ) -> tuple[Tensor, Tensor]:
-    """Run :func:`flash_forward_kernel`: the output (q's shape, dtype) and L (..., n_queries), float32."""
+    """Run :func:`flash_forward_kernel`: the output (q's shape, dtype) and L (..., n_queries), float32.
+
+    ``tiles`` defaults to :func:`attention_forward_tiles` for the tensors' device.
+    """
     _check(q, k, v)
     *batch_shape, n_queries, head_dim = q.shape
-    n_keys = k.shape[-2]
-    tiles = tiles or default_attention_tiles(head_dim, q.dtype, is_interpreted(flash_forward_kernel))
+    if tiles is None:
+        tiles = attention_forward_tiles(_target(flash_forward_kernel, q), q.dtype, head_dim)
     q3, k3, v3 = (t.reshape(-1, t.shape[-2], head_dim) for t in (q, k, v))  # (batch·heads, n, d)
     out = torch.empty_like(q3)
-    lse = torch.empty(q3.shape[:2], dtype=torch.float32, device=q.device)  # (batch·heads, n_queries)
-    grid = (triton.cdiv(n_queries, tiles.block_q), q3.shape[0])
-    flash_forward_kernel[grid](
-        q3, k3, v3, out, lse,
-        *q3.stride(), *k3.stride(), *v3.stride(), *out.stride(),
-        n_queries, n_keys, head_dim**-0.5 * LOG2_E,
-        BLOCK_Q=tiles.block_q, BLOCK_K=tiles.block_k, BLOCK_D=_padded(head_dim), HEAD_DIM=head_dim,
-        IS_CAUSAL=is_causal, DOT_PRECISION=_dot_precision(q.dtype),
-        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
-    )  # fmt: skip
+    # (batch·heads, n_queries)
+    lse = torch.empty(q3.shape[:2], dtype=torch.float32, device=q.device)
+    grid, args, kwargs = attention_forward_launch(q3, k3, v3, out, lse, is_causal, tiles)
+    flash_forward_kernel[grid](*args, **kwargs)
     return out.reshape(q.shape), lse.reshape(*batch_shape, n_queries)
+
+
+def _target(kernel: object, t: Tensor) -> GPUSpec | None:
+    return None if is_interpreted(kernel) else launch_target(t.device)
+
+
+def attention_forward_launch(
+    q3: Any, k3: Any, v3: Any, out: Any, lse: Any, is_causal: bool, tiles: AttentionTiles
+) -> tuple[tuple[int], tuple, dict[str, Any]]:
+    """Grid, arguments and keywords of :func:`flash_forward_kernel` on (batch·heads, n, d) tensors.
+
+    Shared by :func:`flash_attention_triton_forward` and the compile report, which passes
+    stand-ins with the tensors' dtype, shape and strides.
+    """
+    batch_heads, n_queries, head_dim = q3.shape
+    n_keys = k3.shape[1]
+    strides = (*q3.stride(), *k3.stride(), *v3.stride(), *out.stride())
+    args = (q3, k3, v3, out, lse, *strides, n_queries, n_keys, head_dim**-0.5 * LOG2_E)
+    constants = _constants(head_dim, is_causal, q3.dtype, tiles)
+    return attention_grid(n_queries, tiles.block_q, batch_heads), args, constants
+
+
+def _constants(
+    head_dim: int, is_causal: bool, dtype: torch.dtype, tiles: AttentionTiles
+) -> dict[str, Any]:
+    blocks = dict(BLOCK_Q=tiles.block_q, BLOCK_K=tiles.block_k, BLOCK_D=_padded(head_dim))
+    launch = dict(num_warps=tiles.num_warps, num_stages=tiles.num_stages)
+    precision = _dot_precision(dtype)
+    return dict(**blocks, HEAD_DIM=head_dim, IS_CAUSAL=is_causal, DOT_PRECISION=precision, **launch)
 
 
 def _padded(head_dim: int) -> int:
@@ -293,32 +402,113 @@ def flash_attention_triton_backward(
     grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
     is_causal: bool = False, tiles: AttentionTiles | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
-    """Run the two backward kernels: ``(dq, dk, dv)`` in the inputs' dtype."""
+    """Run the two backward kernels: ``(dq, dk, dv)`` in the inputs' dtype.
+
+    ``tiles`` (both kernels) defaults to :func:`attention_dkdv_tiles` and
+    :func:`attention_dq_tiles` for the tensors' device.
+    """
     *_, n_queries, head_dim = q.shape
     n_keys = k.shape[-2]
-    tiles = tiles or _backward_tiles(head_dim, q.dtype, is_interpreted(flash_backward_dq_kernel))
+    target = _target(flash_backward_dq_kernel, q)
+    dkdv_tiles = tiles or attention_dkdv_tiles(target, q.dtype, head_dim)
+    dq_tiles = tiles or attention_dq_tiles(target, q.dtype, head_dim)
     delta = (grad_out.float() * out.float()).sum(dim=-1)  # D = rowsum(dO ∘ O), (..., n_queries)
     # One layout for all: contiguous (batch·heads, n, d), so q and k share their strides.
     q3, do3 = (t.reshape(-1, n_queries, head_dim).contiguous() for t in (q, grad_out.to(q.dtype)))
     k3, v3 = (t.reshape(-1, n_keys, head_dim).contiguous() for t in (k, v))
     lse2, delta2 = (t.reshape(-1, n_queries).contiguous() for t in (lse, delta))
     dq, dk, dv = torch.empty_like(q3), torch.empty_like(k3), torch.empty_like(v3)
-    common = dict(
-        BLOCK_Q=tiles.block_q, BLOCK_K=tiles.block_k, BLOCK_D=_padded(head_dim), HEAD_DIM=head_dim,
-        IS_CAUSAL=is_causal, DOT_PRECISION=_dot_precision(q.dtype),
-        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
-    )  # fmt: skip
-    scale = head_dim**-0.5
-    batch = q3.shape[0]
-    flash_backward_dkdv_kernel[(triton.cdiv(n_keys, tiles.block_k), batch)](
-        q3, k3, v3, do3, lse2, delta2, dk, dv, q3.stride(0), k3.stride(0), head_dim, n_queries, n_keys, scale, scale * LOG2_E,
-        **common,
-    )  # fmt: skip
-    flash_backward_dq_kernel[(triton.cdiv(n_queries, tiles.block_q), batch)](
-        q3, k3, v3, do3, lse2, delta2, dq, q3.stride(0), k3.stride(0), head_dim, n_queries, n_keys, scale, scale * LOG2_E,
-        **common,
-    )  # fmt: skip
+    grid, args, kwargs = attention_dkdv_launch(
+        q3, k3, v3, do3, lse2, delta2, dk, dv, is_causal, dkdv_tiles
+    )
+    flash_backward_dkdv_kernel[grid](*args, **kwargs)
+    grid, args, kwargs = attention_dq_launch(q3, k3, v3, do3, lse2, delta2, dq, is_causal, dq_tiles)
+    flash_backward_dq_kernel[grid](*args, **kwargs)
     return dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape)
+
+
+def attention_dkdv_launch(
+    q3: Any,
+    k3: Any,
+    v3: Any,
+    do3: Any,
+    lse: Any,
+    delta: Any,
+    dk: Any,
+    dv: Any,
+    is_causal: bool,
+    tiles: AttentionTiles,
+) -> tuple[tuple[int], tuple, dict[str, Any]]:
+    """Grid, arguments and keywords of :func:`flash_backward_dkdv_kernel` (contiguous tensors)."""
+    batch_heads, n_queries, head_dim = q3.shape
+    n_keys = k3.shape[1]
+    scale = head_dim**-0.5
+    sizes = (q3.stride(0), k3.stride(0), head_dim, n_queries, n_keys, scale, scale * LOG2_E)
+    args = (q3, k3, v3, do3, lse, delta, dk, dv, *sizes)
+    constants = _constants(head_dim, is_causal, q3.dtype, tiles)
+    return attention_grid(n_keys, tiles.block_k, batch_heads), args, constants
+
+
+def attention_dq_launch(
+    q3: Any,
+    k3: Any,
+    v3: Any,
+    do3: Any,
+    lse: Any,
+    delta: Any,
+    dq: Any,
+    is_causal: bool,
+    tiles: AttentionTiles,
+) -> tuple[tuple[int], tuple, dict[str, Any]]:
+    """Grid, arguments and keywords of :func:`flash_backward_dq_kernel` (contiguous tensors)."""
+    batch_heads, n_queries, head_dim = q3.shape
+    n_keys = k3.shape[1]
+    scale = head_dim**-0.5
+    sizes = (q3.stride(0), k3.stride(0), head_dim, n_queries, n_keys, scale, scale * LOG2_E)
+    args = (q3, k3, v3, do3, lse, delta, dq, *sizes)
+    constants = _constants(head_dim, is_causal, q3.dtype, tiles)
+    return attention_grid(n_queries, tiles.block_q, batch_heads), args, constants
+
+
+_OPS: dict[str, Any] = {}
+
+
+def register_flash_attention_op() -> Any:
+    """Register the Triton forward as ``torch.ops.trainfast_kernels.flash_attention_forward``.
+
+    ``torch.library.triton_op`` (PyTorch 2.6 and later) makes a custom operator whose body
+    launches Triton kernels through ``torch.library.wrap_triton``; ``torch.compile`` then traces
+    *into* the kernel launch (its output shapes come from tracing the body, no fake
+    implementation needed) instead of breaking the graph, and inductor can schedule it with the
+    kernels it generates. Returns the operator (``(q, k, v, is_causal) -> (out, lse)``), once
+    per process; ``None`` where it cannot work: a PyTorch without ``triton_op``, or our kernels
+    decorated for Triton's CPU interpreter, whose kernels ``wrap_triton`` cannot trace (it would
+    call them on fake tensors, which have no data). Backward stays with
+    :class:`FlashAttentionTriton`: a kernel launch has no derivative, so autograd needs the
+    formula either way.
+    """
+    if "forward" in _OPS:
+        return _OPS["forward"]
+    triton_op = getattr(torch.library, "triton_op", None)
+    if triton_op is None or is_interpreted(flash_forward_kernel):
+        return None
+    wrap_triton = torch.library.wrap_triton
+
+    @triton_op("trainfast_kernels::flash_attention_forward", mutates_args=())
+    def flash_attention_forward(
+        q: Tensor, k: Tensor, v: Tensor, is_causal: bool
+    ) -> tuple[Tensor, Tensor]:
+        *batch_shape, n_queries, head_dim = q.shape
+        tiles = attention_forward_tiles(launch_target(q.device), q.dtype, head_dim)
+        q3, k3, v3 = (t.reshape(-1, t.shape[-2], head_dim) for t in (q, k, v))
+        out = torch.empty_like(q3)
+        lse = torch.empty(q3.shape[:2], dtype=torch.float32, device=q.device)
+        grid, args, kwargs = attention_forward_launch(q3, k3, v3, out, lse, is_causal, tiles)
+        wrap_triton(flash_forward_kernel)[grid](*args, **kwargs)
+        return out.reshape(q.shape), lse.reshape(*batch_shape, n_queries)
+
+    _OPS["forward"] = flash_attention_forward
+    return flash_attention_forward
 
 
 class FlashAttentionTriton(torch.autograd.Function):

@@ -13,14 +13,45 @@ int64, so tensors with more than 2**31 elements are addressed correctly.
 
 from __future__ import annotations
 
-from typing import Literal
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
 
-from trainfast.kernels.triton_runtime import check_launch, tl, triton
+from trainfast.gpus import GPUSpec
+from trainfast.kernels.targets import launch_target
+from trainfast.kernels.triton_runtime import check_launch, is_interpreted, tl, triton
 
-__all__ = ["copy_kernel", "copy_tensor"]
+__all__ = ["CopyTiles", "copy_kernel", "copy_launch", "copy_tensor", "copy_tiles"]
+
+
+@dataclass(frozen=True)
+class CopyTiles:
+    """Launch settings of :func:`copy_kernel`: ``block_size`` elements per program (a power of
+    two), shared by ``num_warps`` warps of 32 threads."""
+
+    block_size: int = 1024
+    num_warps: int = 4
+    num_stages: int = 1  # no loop, nothing to pipeline
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1 or self.block_size & (self.block_size - 1):
+            raise ValueError(f"Invalid block_size: {self.block_size} (need a power of two)")
+        if self.num_warps < 1:
+            raise ValueError(f"Invalid num_warps: {self.num_warps} (need at least 1)")
+
+
+def copy_tiles(target: GPUSpec | None, dtype: torch.dtype) -> CopyTiles:
+    """The copy's launch settings on ``target`` (``None``: Triton's CPU interpreter).
+
+    A copy keeps nothing in shared memory, so one setting suits every GPU: 1,024 elements per
+    program, 4 warps, i.e. 8 elements (16 to 32 bytes) per thread, enough for vector loads.
+    ``dtype`` does not change it; it is taken so that every kernel's tile function has the same
+    shape.
+    """
+    del target, dtype
+    return CopyTiles()
 
 
 @triton.jit
@@ -37,31 +68,46 @@ def copy_tensor(
     x: Tensor,
     *,
     implementation: Literal["triton", "torch"] = "triton",
-    block_size: int = 1024,
-    num_warps: int = 4,
+    block_size: int | None = None,
+    num_warps: int | None = None,
 ) -> Tensor:
     """A copy of ``x``, by the Triton :func:`copy_kernel` or by ``torch`` (``x.clone()``).
 
     ``block_size`` (a power of two) is the number of elements one program copies and
-    ``num_warps`` the number of 32-thread warps that share them (GPU only). The Triton path
+    ``num_warps`` the number of 32-thread warps that share them (GPU only); both default to
+    :func:`copy_tiles` for the tensor's device. The Triton path
     reads ``x`` as one flat array, so ``x`` must be contiguous; it raises ``ValueError``
     otherwise rather than silently copying twice.
     """
     if implementation == "torch":
         return x.clone()
     if implementation != "triton":
-        raise ValueError(f"Unknown implementation: {implementation!r} (expected 'triton' or 'torch')")
-    if block_size < 1 or block_size & (block_size - 1):
-        raise ValueError(f"Invalid block_size: {block_size} (need a power of two)")
+        raise ValueError(
+            f"Unknown implementation: {implementation!r} (expected 'triton' or 'torch')"
+        )
     if not x.is_contiguous():
         raise ValueError(
             f"copy_tensor(implementation='triton') needs a contiguous tensor, got shape "
             f"{tuple(x.shape)} with strides {x.stride()}; call .contiguous() first"
         )
     check_launch(copy_kernel, x)
+    target = None if is_interpreted(copy_kernel) else launch_target(x.device)
+    default = copy_tiles(target, x.dtype)
+    tiles = CopyTiles(block_size or default.block_size, num_warps or default.num_warps)
     y = torch.empty_like(x)
-    n_elements = x.numel()
-    if n_elements:
-        grid = (triton.cdiv(n_elements, block_size),)
-        copy_kernel[grid](x, y, n_elements, BLOCK_SIZE=block_size, num_warps=num_warps)
+    if x.numel():
+        grid, args, kwargs = copy_launch(x, y, tiles)
+        copy_kernel[grid](*args, **kwargs)
     return y
+
+
+def copy_launch(x: Any, y: Any, tiles: CopyTiles) -> tuple[tuple[int], tuple, dict[str, Any]]:
+    """Grid, arguments and keywords of :func:`copy_kernel` for ``y = x`` (flat, contiguous).
+
+    Shared by :func:`copy_tensor` and the compile report, which passes stand-ins for tensors.
+    """
+    n_elements = x.numel()
+    kwargs = dict(
+        BLOCK_SIZE=tiles.block_size, num_warps=tiles.num_warps, num_stages=tiles.num_stages
+    )
+    return (triton.cdiv(n_elements, tiles.block_size),), (x, y, n_elements), kwargs

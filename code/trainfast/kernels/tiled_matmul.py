@@ -13,22 +13,37 @@ Triton's matmul tutorial): programs that run at the same time share tiles of ``A
 which then come from the L2 cache instead of main memory.
 
 The kernel uses plain pointer arithmetic, not ``tl.make_block_ptr`` (deprecated in Triton 3.8
-and removed after it), and works on Triton 3.0 to 3.8. Out-of-range rows and columns are
-handled by wrapping the load offsets (``% M``) and masking the store, out-of-range K by masked
-loads that read zeros.
+and removed after it), and works on Triton 3.0 to 3.8. Offsets are int64 (the program id and the
+index ranges are cast before they meet a stride), so matrices with more than 2**31 elements are
+addressed correctly; in int32 ``row × stride`` wraps once M·K reaches 2**31. Out-of-range rows
+and columns are handled by wrapping the load offsets (``% M``) and masking the store,
+out-of-range K by masked loads that read zeros.
+
+Tiles depend on the GPU: :func:`matmul_tiles` picks the largest of a few tile shapes whose
+pipelined A and B tiles fit the target's shared memory per block (an H100's 227 KiB, a T4's
+64 KiB), and a single stage on sm_75, which cannot pipeline loads.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, replace
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
 
+from trainfast.gpus import GPUSpec
+from trainfast.kernels.targets import launch_target, pipelines_loads
 from trainfast.kernels.triton_runtime import check_launch, is_interpreted, tl, triton
 
-__all__ = ["MatmulTiles", "default_tiles", "matmul", "matmul_kernel", "tile_traffic_bytes"]
+__all__ = [
+    "MatmulTiles",
+    "matmul",
+    "matmul_kernel",
+    "matmul_launch",
+    "matmul_tiles",
+    "tile_traffic_bytes",
+]
 
 
 @dataclass(frozen=True)
@@ -62,14 +77,43 @@ class MatmulTiles:
         return self.num_stages * (self.block_m + self.block_n) * self.block_k * element_bytes
 
 
-def default_tiles(dtype: torch.dtype, interpreted: bool) -> MatmulTiles:
-    """Tiles for ``dtype``: large for 16-bit types on a GPU, smaller for float32, small when
-    interpreted (fewer, smaller programs run faster on the host)."""
-    if interpreted:
+#: tile shapes for 16-bit and for 32-bit inputs, largest first (Triton's matmul tutorial configs)
+_CANDIDATES = {
+    2: [
+        MatmulTiles(128, 256, 64, 8, 8, 3),
+        MatmulTiles(128, 128, 64, 8, 8, 3),
+        MatmulTiles(128, 128, 32, 8, 4, 4),
+        MatmulTiles(64, 64, 32, 8, 4, 4),
+    ],
+    4: [
+        MatmulTiles(128, 128, 32, 8, 8, 3),
+        MatmulTiles(64, 64, 32, 8, 4, 3),
+        MatmulTiles(64, 64, 32, 8, 4, 2),
+    ],
+}
+
+
+def matmul_tiles(target: GPUSpec | None, dtype: torch.dtype) -> MatmulTiles:
+    """The tiles :func:`matmul` uses for ``dtype`` on ``target`` (``None``: the CPU interpreter).
+
+    Interpreted: small tiles (fewer, smaller programs run faster on the host). On a GPU: the
+    first candidate whose pipelined A and B tiles (:meth:`MatmulTiles.shared_memory_bytes`) take
+    at most three quarters of the target's shared memory per block, the rest left for the
+    compiler's own buffers (the compile report checks the real figure). On sm_75, which has no
+    asynchronous copies, one stage; and since Triton emits no tensor-core instructions for sm_75,
+    16-bit dots run on CUDA cores there and need registers, not shared memory: 64 × 64 × 32.
+    """
+    if target is None:
         return MatmulTiles(32, 32, 32, group_m=4, num_warps=4, num_stages=1)
-    if dtype == torch.float32:  # 4-byte tiles: the 16-bit tiles would overflow shared memory
-        return MatmulTiles(64, 64, 32, group_m=8, num_warps=4, num_stages=3)
-    return MatmulTiles()
+    element_bytes = torch.empty((), dtype=dtype).element_size()
+    candidates = _CANDIDATES[4 if element_bytes == 4 else 2]
+    if not pipelines_loads(target):
+        if element_bytes == 2:
+            return MatmulTiles(64, 64, 32, group_m=8, num_warps=4, num_stages=1)
+        candidates = [replace(t, num_stages=1) for t in candidates]
+    budget = target.shared_memory_per_block_bytes * 3 // 4
+    fitting = [t for t in candidates if t.shared_memory_bytes(element_bytes) <= budget]
+    return fitting[0] if fitting else candidates[-1]
 
 
 @triton.jit
@@ -81,7 +125,7 @@ def matmul_kernel(
 ):  # fmt: skip
     """One BLOCK_M × BLOCK_N tile of C = A @ B per program, accumulated in float32."""
     # Which tile of C: programs go down GROUP_M rows of tiles before moving right (L2 reuse).
-    pid = tl.program_id(axis=0)
+    pid = tl.program_id(axis=0).to(tl.int64)  # int64 from here on: offsets × strides can pass 2**31
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     num_pid_in_group = GROUP_M * num_pid_n
@@ -94,18 +138,16 @@ def matmul_kernel(
     # Pointers to the first K-tile of A (BLOCK_M, BLOCK_K) and of B (BLOCK_K, BLOCK_N).
     offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M  # wrap: rows past M are never stored
     offs_n = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
-    offs_k = tl.arange(0, BLOCK_K)
-    a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak
-    b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn
+    a_rows = a_ptr + offs_m[:, None] * stride_am  # (BLOCK_M, 1)
+    b_cols = b_ptr + offs_n[None, :] * stride_bn  # (1, BLOCK_N)
 
     accumulator = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in range(0, tl.cdiv(K, BLOCK_K)):
-        k_left = K - k * BLOCK_K  # the last K-tile may be partial: read zeros past K
-        a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
-        b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
+        offs_k = k * BLOCK_K + tl.arange(0, BLOCK_K).to(tl.int64)  # (BLOCK_K,)
+        in_k = offs_k < K  # the last K-tile may be partial: read zeros past K
+        a = tl.load(a_rows + offs_k[None, :] * stride_ak, mask=in_k[None, :], other=0.0)
+        b = tl.load(b_cols + offs_k[:, None] * stride_bk, mask=in_k[:, None], other=0.0)
         accumulator = tl.dot(a, b, accumulator, input_precision=DOT_PRECISION)
-        a_ptrs += BLOCK_K * stride_ak
-        b_ptrs += BLOCK_K * stride_bk
 
     c = accumulator.to(c_ptr.dtype.element_ty)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -115,7 +157,7 @@ def matmul_kernel(
 
 
 def _dot_precision(dtype: torch.dtype) -> str:
-    """"ieee" for float32 unless torch allows TF32 for matmuls (as torch.matmul decides)."""
+    """ "ieee" for float32 unless torch allows TF32 for matmuls (as torch.matmul decides)."""
     if dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32:
         return "ieee"
     return "tf32"  # Triton's default; ignored for 16-bit inputs
@@ -131,37 +173,56 @@ def matmul(
     """``a @ b`` for 2-D ``a`` (M, K) and ``b`` (K, N), by :func:`matmul_kernel` or ``torch.matmul``.
 
     Any strides work (the kernel takes them as arguments), so ``b.T`` needs no copy. ``tiles``
-    defaults to :func:`default_tiles` for the dtype and mode. The output has the inputs' dtype;
+    defaults to :func:`matmul_tiles` for the dtype and the tensors' device. The output has the inputs' dtype;
     products are accumulated in float32.
     """
     if implementation == "torch":
         return torch.matmul(a, b)
     if implementation != "triton":
-        raise ValueError(f"Unknown implementation: {implementation!r} (expected 'triton' or 'torch')")
+        raise ValueError(
+            f"Unknown implementation: {implementation!r} (expected 'triton' or 'torch')"
+        )
     if a.ndim != 2 or b.ndim != 2:
-        raise ValueError(f"matmul takes 2-D matrices, got shapes {tuple(a.shape)} and {tuple(b.shape)}")
+        raise ValueError(
+            f"matmul takes 2-D matrices, got shapes {tuple(a.shape)} and {tuple(b.shape)}"
+        )
     if a.shape[1] != b.shape[0]:
         raise ValueError(
             f"Inner dimensions differ: a is {tuple(a.shape)}, b is {tuple(b.shape)} "
             f"({a.shape[1]} != {b.shape[0]})"
         )
     check_launch(matmul_kernel, a, b)
-    tiles = tiles or default_tiles(a.dtype, is_interpreted(matmul_kernel))
+    if tiles is None:
+        target = None if is_interpreted(matmul_kernel) else launch_target(a.device)
+        tiles = matmul_tiles(target, a.dtype)
     (M, K), (_, N) = a.shape, b.shape
     c = torch.empty((M, N), dtype=a.dtype, device=a.device)
     if M == 0 or N == 0:
         return c
     if K == 0:
         return c.zero_()
+    grid, args, kwargs = matmul_launch(a, b, c, tiles)
+    matmul_kernel[grid](*args, **kwargs)
+    return c
+
+
+def matmul_launch(
+    a: Any, b: Any, c: Any, tiles: MatmulTiles
+) -> tuple[tuple[int], tuple, dict[str, Any]]:
+    """Grid, arguments and keywords of :func:`matmul_kernel` for ``c = a @ b``.
+
+    Shared by :func:`matmul` and the compile report (:mod:`trainfast.kernels.compile_report`),
+    which passes stand-ins with the tensors' dtype, shape and strides.
+    """
+    (M, K), (_, N) = a.shape, b.shape
     grid = (triton.cdiv(M, tiles.block_m) * triton.cdiv(N, tiles.block_n),)
-    matmul_kernel[grid](
-        a, b, c, M, N, K,
-        a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
+    args = (a, b, c, M, N, K, *a.stride(), *b.stride(), *c.stride())
+    kwargs = dict(
         BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
         GROUP_M=tiles.group_m, DOT_PRECISION=_dot_precision(a.dtype),
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )  # fmt: skip
-    return c
+    return grid, args, kwargs
 
 
 def tile_traffic_bytes(m: int, n: int, k: int, tiles: MatmulTiles, element_bytes: int) -> int:

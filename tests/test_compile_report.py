@@ -1,0 +1,283 @@
+"""The Triton kernels compiled ahead of time for GPUs this CPU does not have.
+
+Every (GPU, kernel, dtype) is compiled once per session (module-scoped fixture, one child
+process); Triton's on-disk cache makes later sessions fast.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+from trainfast.gpus import GPUS
+from trainfast.kernels.compile_report import (
+    KERNELS,
+    compile_kernel,
+    compile_reports,
+    kernel_assembly,
+    occupancy,
+    tensor_core_class,
+)
+
+H100, A100, T4 = GPUS["H100 SXM 80GB"], GPUS["A100 SXM 80GB"], GPUS["T4 16GB"]
+#: every listed GPU, in float16 and float32, and bfloat16 from sm_80 (the T4 has none)
+CASES = [
+    (gpu, dtype)
+    for gpu in GPUS.values()
+    for dtype in (torch.float16, torch.bfloat16, torch.float32)
+    if dtype != torch.bfloat16 or gpu.compute_capability >= (8, 0)
+]
+NVCC = shutil.which("nvcc") or (
+    "/usr/local/bin/nvcc" if Path("/usr/local/bin/nvcc").exists() else None
+)
+
+
+@pytest.fixture(scope="module")
+def reports():
+    return compile_reports(CASES)
+
+
+@pytest.mark.parametrize(
+    "gpu,dtype", CASES, ids=[f"{g.sm_target}-{d}".replace("torch.", "") for g, d in CASES]
+)
+def test_every_kernel_compiles_within_the_targets_limits(reports, gpu, dtype):
+    rows = reports[gpu.name, dtype]
+    assert [r.kernel for r in rows] == list(KERNELS)
+    for row in rows:
+        assert row.target == gpu.sm_target
+        assert row.fits, row.verdict
+        assert 0 < row.registers <= 255
+        assert row.shared_bytes <= gpu.shared_memory_per_block_bytes
+        assert row.blocks_per_sm >= 1
+
+
+@pytest.mark.parametrize("gpu,instruction", [(H100, "wgmma"), (A100, "mma")])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_16_bit_dots_use_tensor_cores(reports, gpu, instruction, dtype):
+    classes = {r.kernel: r.tensor_cores for r in reports[gpu.name, dtype]}
+    assert classes["copy"] == "none"
+    for kernel in ("matmul", "attention_forward", "attention_dkdv", "attention_dq"):
+        assert classes[kernel] == instruction, (kernel, classes)
+
+
+def test_tensor_core_class_reads_ptx():
+    assert tensor_core_class("wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {...}") == "wgmma"
+    assert tensor_core_class("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {...}") == "mma"
+    assert tensor_core_class("fma.rn.f32 %f1, %f2, %f3, %f4;") == "none"
+
+
+def test_an_oversized_tile_is_reported_as_not_fitting_with_the_numbers():
+    from trainfast.kernels.tiled_matmul import MatmulTiles
+
+    tiles = MatmulTiles(
+        256, 256, 64, group_m=8, num_warps=8, num_stages=4
+    )  # 4 × 512 × 64 × 2 B = 256 KiB
+    row = compile_kernel("matmul", H100, torch.float16, tiles=tiles)
+    assert row.shared_bytes > H100.shared_memory_per_block_bytes
+    assert not row.fits and row.blocks_per_sm == 0 and row.limited_by == "shared memory"
+    assert f"{row.shared_bytes / 1024:.1f} KiB" in row.verdict and "227 KiB" in row.verdict
+    assert "does not fit" in row.verdict
+
+
+def test_occupancy_against_hand_worked_cases():
+    # 256 threads, 32 registers: a warp takes 32·32 = 1,024 registers, 64 warps fit in 64 K, i.e.
+    # 8 blocks of 8 warps; threads allow 2,048 / 256 = 8 too; shared memory only the 1 KiB CUDA
+    # reserves per block: 228 KiB // 1 KiB = 228.
+    h100 = occupancy(H100, 256, 32, 0)
+    assert h100.blocks_per_sm == 8 and h100.warps_fraction == 1.0
+    assert h100.limits == {"registers": 8, "shared memory": 228, "threads": 8, "blocks": 32}
+    # 255 registers round up to 256 per thread: 8,192 per warp, 8 warps per SM, 1 block of 8 warps.
+    assert occupancy(H100, 256, 255, 0).limits["registers"] == 1
+    # 100 KiB of shared memory + 1 KiB reserved per block: 228 // 101 = 2 blocks on an H100.
+    big = occupancy(H100, 128, 64, 100 * 1024)
+    assert big.blocks_per_sm == 2 and big.limited_by == "shared memory"
+    # The T4 reserves nothing: 64 KiB // 32 KiB = 2 blocks; 1,024 threads // 128 = 8.
+    t4 = occupancy(T4, 128, 64, 32 * 1024)
+    assert t4.limits["shared memory"] == 2 and t4.limits["threads"] == 8 and t4.blocks_per_sm == 2
+    # Over the per-block limit: nothing launches.
+    assert occupancy(T4, 128, 64, 64 * 1024 + 1).blocks_per_sm == 0
+    # Tiny blocks hit the block limit: 32 threads, 16 registers on an A100: 32 blocks.
+    tiny = occupancy(A100, 32, 16, 0)
+    assert tiny.blocks_per_sm == 32 and tiny.limited_by == "blocks"
+    with pytest.raises(ValueError, match="threads_per_block: 100"):
+        occupancy(H100, 100, 32, 0)
+
+
+def test_tiled_matmul_offsets_are_int64():
+    """Every pointer offset in the matmul's Triton IR is int64 (an int32 offset wraps at 2**31)."""
+    ttir = kernel_assembly("matmul", A100, torch.float16)["ttir"]
+    addptr = [line for line in ttir.splitlines() if "tt.addptr" in line]
+    assert addptr
+    offset_types = {
+        re.findall(r"(i32|i64)>?\s*(?:loc\(.*\))?$", line.split(":")[-1].strip())[-1]
+        for line in addptr
+    }
+    assert offset_types == {"i64"}, addptr
+
+
+def test_attention_grid_holds_more_than_65535_heads():
+    from trainfast.kernels.attention_triton import MAX_GRID_X, attention_grid
+
+    (programs,) = attention_grid(
+        n_rows=4096, block=128, batch_heads=70_000
+    )  # axis 1 would cap at 65,535
+    assert programs == 32 * 70_000 <= MAX_GRID_X
+    assert attention_grid(70, 32, 3) == (9,)
+    with pytest.raises(ValueError, match="exceed"):
+        attention_grid(n_rows=1 << 20, block=16, batch_heads=1 << 20)
+
+
+def test_attention_tiles_fit_the_t4_at_head_dim_128(reports):
+    from trainfast.kernels.attention_triton import attention_forward_tiles
+
+    for row in reports[T4.name, torch.float16] + reports[T4.name, torch.float32]:
+        assert row.shared_bytes <= 64 * 1024, row.verdict
+    assert (
+        attention_forward_tiles(None, torch.float16, 128).num_stages == 1
+    )  # the interpreter's tiles
+
+
+@pytest.mark.skipif(
+    NVCC is None, reason="nvcc not found (install the CUDA toolkit to compile CUDA C++)"
+)
+@pytest.mark.parametrize("arch", ["sm_90", "sm_75"])
+def test_cuda_bias_gelu_source_compiles_with_nvcc(tmp_path, arch):
+    from torch.utils.cpp_extension import COMMON_NVCC_FLAGS, include_paths
+    from trainfast.kernels.custom_ops import CUDA_SOURCE
+
+    source = tmp_path / "bias_gelu.cu"
+    source.write_text(CUDA_SOURCE)
+    includes = [f"-I{p}" for p in include_paths(device_type="cuda")]
+    command = [
+        NVCC,
+        f"-arch={arch}",
+        "--ptx",
+        "-std=c++20",
+        *COMMON_NVCC_FLAGS,
+        *includes,
+        str(source),
+        "-o",
+        str(tmp_path / "out.ptx"),
+    ]
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    ptx = (tmp_path / "out.ptx").read_text()
+    assert re.search(r"ld\.global(\.nc)?\.v4\.", ptx), "no 16-byte vector loads in the PTX"
+    assert "rem.s64" not in ptx and "rem.u64" not in ptx, "a 64-bit remainder per element"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_live_launch_matches_the_ahead_of_time_report():
+    """Launch each kernel on the GPU and compare what Triton compiled with the report's row."""
+    from trainfast.kernels import attention_triton as attention
+    from trainfast.kernels.compile_report import compile_report, kernel_tiles
+    from trainfast.kernels.elementwise import copy_kernel, copy_launch
+    from trainfast.kernels.targets import launch_target
+    from trainfast.kernels.tiled_matmul import matmul_kernel, matmul_launch
+
+    gpu = launch_target("cuda")
+    if gpu.name not in {spec.name for spec in GPUS.values()}:
+        pytest.skip("the live GPU is not in trainfast.gpus.GPUS")
+    dtype = torch.float16
+    rows = {r.kernel: r for r in compile_report(gpu, dtype)}
+    cuda = dict(device="cuda", dtype=dtype)
+    x, y = torch.randn(1 << 20, **cuda), torch.empty(1 << 20, **cuda)
+    a, b, c = (torch.randn(512, 512, **cuda) for _ in range(3))
+    q3, k3, v3, o3, do3, dq, dk, dv = (torch.randn(4, 512, 128, **cuda) for _ in range(8))
+    lse, delta = (torch.randn(4, 512, device="cuda") for _ in range(2))
+    launches = {
+        "copy": (copy_kernel, copy_launch(x, y, kernel_tiles("copy", gpu, dtype))),
+        "matmul": (matmul_kernel, matmul_launch(a, b, c, kernel_tiles("matmul", gpu, dtype))),
+        "attention_forward": (
+            attention.flash_forward_kernel,
+            attention.attention_forward_launch(
+                q3, k3, v3, o3, lse, False, kernel_tiles("attention_forward", gpu, dtype)
+            ),
+        ),
+        "attention_dkdv": (
+            attention.flash_backward_dkdv_kernel,
+            attention.attention_dkdv_launch(
+                q3,
+                k3,
+                v3,
+                do3,
+                lse,
+                delta,
+                dk,
+                dv,
+                False,
+                kernel_tiles("attention_dkdv", gpu, dtype),
+            ),
+        ),
+        "attention_dq": (
+            attention.flash_backward_dq_kernel,
+            attention.attention_dq_launch(
+                q3, k3, v3, do3, lse, delta, dq, False, kernel_tiles("attention_dq", gpu, dtype)
+            ),
+        ),
+    }
+    for name, (kernel, (grid, args, kwargs)) in launches.items():
+        compiled = kernel[grid](*args, **kwargs)
+        torch.cuda.synchronize()
+        assert compiled.metadata.shared == rows[name].shared_bytes, name
+        assert compiled.n_regs == rows[name].registers, name
+        assert tensor_core_class(compiled.asm["ptx"]) == rows[name].tensor_cores, name
+
+
+def test_flash_attention_op_is_registered_only_where_it_can_be_traced():
+    from trainfast.kernels.attention_triton import flash_forward_kernel, register_flash_attention_op
+    from trainfast.kernels.triton_runtime import is_interpreted
+
+    op = register_flash_attention_op()
+    if is_interpreted(flash_forward_kernel) or not hasattr(torch.library, "triton_op"):
+        assert op is None  # wrap_triton cannot trace an interpreted kernel
+    else:
+        assert op is register_flash_attention_op()  # registered once per process
+        assert hasattr(torch.ops.trainfast_kernels, "flash_attention_forward")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.skipif(
+    not hasattr(torch.library, "triton_op"), reason="torch.library.triton_op needs torch 2.6"
+)
+def test_gpu_flash_attention_op_runs_under_torch_compile_fullgraph():
+    from trainfast.kernels.attention_triton import register_flash_attention_op
+
+    op = register_flash_attention_op()
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 256, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda q, k, v: op(q, k, v, True)[0] * 2, fullgraph=True)
+    expected = 2 * torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    torch.testing.assert_close(compiled(q, k, v), expected, atol=2e-2, rtol=2e-2)
+
+
+def test_trim_loop_keeps_the_loop_and_collapses_repeats():
+    from trainfast.kernels.compile_report import trim_loop
+
+    ptx = "\n".join(
+        [
+            "ld.global.b32 %r1, [%rd1];",  # before the loop: dropped
+            "$L__BB0_2:",
+            "cp.async.wait_group 2;",
+            "add.s32 %r2, %r2, 1;",  # not an instruction that moves or multiplies tiles: dropped
+            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%r1, %r2}, {%r3}, {%r4}, {%r1, %r2};",
+            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%r5, %r6}, {%r3}, {%r4}, {%r5, %r6};",
+            "bar.sync 0;",
+            "@%p1 bra $L__BB0_2;",
+            "st.global.b32 [%rd2], %r2;",  # after the loop: dropped
+        ]
+    )
+    lines = trim_loop(ptx).splitlines()
+    assert lines[0] == "$L__BB0_2:" and lines[-1] == "@%p1 bra $L__BB0_2;"
+    assert lines[1] == "cp.async.wait_group 2;"
+    assert lines[2].startswith("mma.sync") and lines[2].endswith("// ×2")
+    assert not any("add.s32" in line or "ld.global" in line for line in lines)
+    with pytest.raises(ValueError, match="No loop"):
+        trim_loop("mov.u32 %r1, 0;")

@@ -19,9 +19,9 @@ from trainfast.kernels.compile_report import (
     compile_kernel,
     compile_reports,
     kernel_assembly,
-    occupancy,
     tensor_core_class,
 )
+from trainfast.kernels.occupancy import occupancy
 
 H100, A100, T4 = GPUS["H100 SXM 80GB"], GPUS["A100 SXM 80GB"], GPUS["T4 16GB"]
 #: every listed GPU, in float16 and float32, and bfloat16 from sm_80 (the T4 has none)
@@ -84,27 +84,38 @@ def test_an_oversized_tile_is_reported_as_not_fitting_with_the_numbers():
 
 
 def test_occupancy_against_hand_worked_cases():
+    def occ(gpu, threads, registers, shared):
+        return occupancy(
+            gpu,
+            threads_per_block=threads,
+            registers_per_thread=registers,
+            shared_memory_per_block=shared,
+        )
+
     # 256 threads, 32 registers: a warp takes 32·32 = 1,024 registers, 64 warps fit in 64 K, i.e.
     # 8 blocks of 8 warps; threads allow 2,048 / 256 = 8 too; shared memory only the 1 KiB CUDA
     # reserves per block: 228 KiB // 1 KiB = 228.
-    h100 = occupancy(H100, 256, 32, 0)
-    assert h100.blocks_per_sm == 8 and h100.warps_fraction == 1.0
-    assert h100.limits == {"registers": 8, "shared memory": 228, "threads": 8, "blocks": 32}
+    h100 = occ(H100, 256, 32, 0)
+    assert h100.blocks_per_sm == 8 and h100.fraction == 1.0
+    assert h100.limits == {"threads": 8, "registers": 8, "blocks": 32, "shared memory": 228}
     # 255 registers round up to 256 per thread: 8,192 per warp, 8 warps per SM, 1 block of 8 warps.
-    assert occupancy(H100, 256, 255, 0).limits["registers"] == 1
+    assert occ(H100, 256, 255, 0).limits["registers"] == 1
     # 100 KiB of shared memory + 1 KiB reserved per block: 228 // 101 = 2 blocks on an H100.
-    big = occupancy(H100, 128, 64, 100 * 1024)
-    assert big.blocks_per_sm == 2 and big.limited_by == "shared memory"
+    big = occ(H100, 128, 64, 100 * 1024)
+    assert big.blocks_per_sm == 2 and big.limit == "shared memory"
+    # Shared memory is allocated in 128-byte units: 100 KiB + 1 byte takes 100 KiB + 128 B.
+    assert occ(H100, 128, 64, 100 * 1024 + 1).limits["shared memory"] == 2
     # The T4 reserves nothing: 64 KiB // 32 KiB = 2 blocks; 1,024 threads // 128 = 8.
-    t4 = occupancy(T4, 128, 64, 32 * 1024)
+    t4 = occ(T4, 128, 64, 32 * 1024)
     assert t4.limits["shared memory"] == 2 and t4.limits["threads"] == 8 and t4.blocks_per_sm == 2
     # Over the per-block limit: nothing launches.
-    assert occupancy(T4, 128, 64, 64 * 1024 + 1).blocks_per_sm == 0
+    over = occ(T4, 128, 64, 64 * 1024 + 1)
+    assert over.blocks_per_sm == 0 and over.limit == "shared memory"
     # Tiny blocks hit the block limit: 32 threads, 16 registers on an A100: 32 blocks.
-    tiny = occupancy(A100, 32, 16, 0)
-    assert tiny.blocks_per_sm == 32 and tiny.limited_by == "blocks"
-    with pytest.raises(ValueError, match="threads_per_block: 100"):
-        occupancy(H100, 100, 32, 0)
+    tiny = occ(A100, 32, 16, 0)
+    assert tiny.blocks_per_sm == 32 and tiny.limit == "blocks"
+    with pytest.raises(ValueError, match="threads_per_block: 2048"):
+        occ(H100, 2048, 32, 0)
 
 
 def test_tiled_matmul_offsets_are_int64():

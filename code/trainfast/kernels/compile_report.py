@@ -11,7 +11,7 @@ dtype, shape and strides), and reads off what the GPU would have to provide:
 * registers per thread and bytes spilled to local memory (``ptxas -v``, with Triton's flags);
 * the tensor-core instruction class in the PTX: ``wgmma`` (Hopper's asynchronous warpgroup
   MMA), ``mma`` (``mma.sync``, Ampere and Ada) or ``none``;
-* the occupancy those resources allow (:func:`occupancy`), and whether the kernel fits at all.
+* the occupancy those resources allow (:func:`trainfast.kernels.occupancy.occupancy`), and whether the kernel fits at all.
 
 Triton's interpreter runs a kernel's Python body on the CPU, one program at a time. It proves
 the arithmetic (for float32 and float16) and checks none of this. This report is the other half
@@ -42,18 +42,17 @@ from typing import Any
 import torch
 
 from trainfast.gpus import GPUSpec
+from trainfast.kernels.occupancy import occupancy
 
 __all__ = [
     "KERNELS",
     "KernelReport",
-    "Occupancy",
     "attention_inner_loop_ptx",
     "compile_kernel",
     "compile_report",
     "compile_reports",
     "kernel_assembly",
     "kernel_tiles",
-    "occupancy",
     "tensor_core_class",
     "trim_loop",
 ]
@@ -62,71 +61,6 @@ __all__ = [
 KERNELS = ("copy", "matmul", "attention_forward", "attention_dkdv", "attention_dq")
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
-#: allocation granularities of the CUDA occupancy calculator: registers are allocated per warp
-#: in units of 256; shared memory per block in units of 128 bytes
-_REGISTER_UNIT, _SHARED_UNIT = 256, 128
-
-
-@dataclass(frozen=True)
-class Occupancy:
-    """How many blocks of a kernel one SM holds at once, and which resource stops it.
-
-    ``limits`` maps each resource (``"registers"``, ``"shared memory"``, ``"threads"``,
-    ``"blocks"``) to the blocks it alone would allow; ``blocks_per_sm`` is the smallest, and
-    ``warps_fraction`` the resident warps over the SM's maximum (what the CUDA occupancy
-    calculator calls occupancy).
-    """
-
-    blocks_per_sm: int
-    limited_by: str
-    limits: dict[str, int]
-    warps_fraction: float
-
-
-def occupancy(
-    gpu: GPUSpec, threads_per_block: int, registers_per_thread: int, shared_bytes_per_block: int
-) -> Occupancy:
-    """Resident blocks per SM of a kernel on ``gpu``: the CUDA occupancy rules, as a pure function.
-
-    The rules of the CUDA occupancy calculator (CUDA C++ Programming Guide, "Technical
-    Specifications per Compute Capability" and the Best Practices Guide, "Occupancy"):
-
-    * registers are allocated per warp, ``registers_per_thread × 32`` rounded up to 256, out of
-      the SM's register file (64 K on every listed GPU);
-    * shared memory is allocated per block, rounded up to 128 bytes, plus what CUDA reserves per
-      block for itself (1 KiB on sm_80 and later: the table's per-SM minus per-block limit);
-      a block asking for more than the per-block limit cannot launch (0 blocks);
-    * threads: at most ``max_threads_per_sm`` per SM; blocks: at most ``max_blocks_per_sm``.
-
-    The SM holds as many blocks as the tightest of the four allows.
-    """
-    if threads_per_block < 1 or threads_per_block % 32:
-        raise ValueError(f"Invalid threads_per_block: {threads_per_block} (need a multiple of 32)")
-    if not 0 < registers_per_thread <= 255:
-        raise ValueError(f"Invalid registers_per_thread: {registers_per_thread} (need 1 to 255)")
-    if shared_bytes_per_block < 0:
-        raise ValueError(f"Invalid shared_bytes_per_block: {shared_bytes_per_block}")
-    warps = threads_per_block // 32
-    registers_per_warp = -(-registers_per_thread * 32 // _REGISTER_UNIT) * _REGISTER_UNIT
-    by_registers = (gpu.registers_per_sm // registers_per_warp) // warps
-    if shared_bytes_per_block > gpu.shared_memory_per_block_bytes:
-        by_shared = 0
-    else:
-        reserved = gpu.shared_memory_per_sm_bytes - gpu.shared_memory_per_block_bytes
-        per_block = -(-shared_bytes_per_block // _SHARED_UNIT) * _SHARED_UNIT + reserved
-        by_shared = (
-            gpu.shared_memory_per_sm_bytes // per_block if per_block else gpu.max_blocks_per_sm
-        )
-    limits = {
-        "registers": by_registers,
-        "shared memory": by_shared,
-        "threads": gpu.max_threads_per_sm // threads_per_block,
-        "blocks": gpu.max_blocks_per_sm,
-    }
-    limited_by = min(limits, key=lambda name: limits[name])
-    blocks = limits[limited_by]
-    return Occupancy(blocks, limited_by, limits, blocks * warps * 32 / gpu.max_threads_per_sm)
 
 
 @dataclass(frozen=True)
@@ -342,7 +276,12 @@ def _compile_many(
     for (kernel, tiles, target, dtype), result in zip(
         requests, _results(requests, head_dim, want_asm=False), strict=True
     ):
-        fit = occupancy(target, tiles.num_warps * 32, max(result["registers"], 1), result["shared"])
+        fit = occupancy(
+            target,
+            threads_per_block=tiles.num_warps * 32,
+            registers_per_thread=max(result["registers"], 1),
+            shared_memory_per_block=result["shared"],
+        )
         rows.append(
             KernelReport(
                 kernel=kernel,
@@ -358,7 +297,7 @@ def _compile_many(
                 spill_bytes=result["spill_bytes"],
                 tensor_cores=result["tensor_cores"],
                 blocks_per_sm=fit.blocks_per_sm,
-                limited_by=fit.limited_by,
+                limited_by=fit.limit,
                 seconds=result["seconds"],
             )
         )

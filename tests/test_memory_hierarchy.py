@@ -882,9 +882,11 @@ def test_listings_resolve_to_package_code():
 #: 1 FLOP per 12 bytes; the settings its cells are keyed by (GPT-2's context of 1,024, the
 #: benchmark's 4096 tokens, tile sizes 16, 64, 128 and 256, stride 1); NVIDIA's hardware
 #: constants (32 threads per warp, 32-byte sectors, 128-byte lines, 4-byte float32); base-2
-#: exponentials; and the caching allocator's 512-byte rounding (kMinBlockSize).
+#: exponentials; the caching allocator's 512-byte rounding (kMinBlockSize); and the PyTorch
+#: version that added ``wrap_triton`` (2.6).
 MEMORY_HIERARCHY_CONSTANTS = {
     "1", "2", "4", "6", "12", "16", "32", "64", "100", "128", "256", "300", "512", "1,024", "4096",
+    "2.6",
 }  # fmt: skip
 
 

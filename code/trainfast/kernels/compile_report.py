@@ -34,7 +34,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -43,6 +42,7 @@ import torch
 
 from trainfast.gpus import GPUSpec
 from trainfast.kernels.occupancy import occupancy
+from trainfast.profiling.timing import timestamp
 
 __all__ = [
     "KERNELS",
@@ -454,7 +454,7 @@ def _compile_job(job: dict[str, Any]) -> dict[str, Any]:
     from triton.compiler import ASTSource, make_backend
     from triton.runtime.jit import create_function_from_signature
 
-    start = time.perf_counter()
+    start = timestamp()
     fn, args, kwargs = _launch(
         job["kernel"], _tiles_from(job["tiles"]), _DTYPES[job["dtype"]], job["head_dim"]
     )
@@ -474,7 +474,7 @@ def _compile_job(job: dict[str, Any]) -> dict[str, Any]:
     result = dict(
         shared=int(compiled.metadata.shared),
         tensor_cores=tensor_core_class(ptx),
-        seconds=time.perf_counter() - start,
+        seconds=timestamp() - start,
         **resources,
     )
     if job["want_asm"]:

@@ -12,3 +12,5 @@ trainfast.measure``:
 * :mod:`~trainfast.distributed.measurements.launchers`: how our launcher and PyTorch's fail
   (and how torchrun restarts).
 """
+
+__all__: list[str] = []

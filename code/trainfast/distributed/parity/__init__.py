@@ -11,3 +11,5 @@ where the spawned processes can find them), used by the tests and the chapter:
   :mod:`~trainfast.distributed.strategy` against one process, on a model with tied, frozen
   and unused parameters.
 """
+
+__all__: list[str] = []

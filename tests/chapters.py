@@ -173,7 +173,11 @@ def listing_problems(name: str) -> list[str]:
             block.directive is None and block.info.split()[:1] and block.info.split()[0] in _PYTHON
         ):
             language = block.argument.split()[:1] if block.directive else block.info.split()[:1]
-            if language and language[0] in _PYTHON and "excerpt" not in block.options.get("class", ""):
+            if (
+                language
+                and language[0] in _PYTHON
+                and "excerpt" not in block.options.get("class", "")
+            ):
                 problems.append(
                     f"{where}: unexecuted Python block; include it from the package, make it a "
                     "code-cell, or mark it ':class: excerpt' with a caption naming its source"
@@ -269,7 +273,10 @@ def _execute(name: str, timeout: int) -> tuple[nbformat.NotebookNode, float]:
         )
     notebook = read_chapter(name)
     client = NotebookClient(
-        notebook, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(BOOK)}}
+        notebook,
+        timeout=timeout,
+        kernel_name="python3",
+        resources={"metadata": {"path": str(BOOK)}},
     )
     start = time.perf_counter()
     client.execute()

@@ -1133,25 +1133,27 @@ def test_chapter_prose_types_no_number_that_code_produced() -> None:
 def test_numbers_in_prose_skips_code_math_roles_and_names() -> None:
     from chapters import numbers_in_prose
 
-    page = "\n".join([
-        "---",
-        "kernelspec: {version: 3}",
-        "---",
-        "# Title",
-        "(label-2)=",
-        "**3. An exercise.** After 300 steps, {glue:text}`loss:.2f` and {cite}`kingma2015adam`.",
-        "Inline `x = 5` and $x^2 + 7$ and float32, GPT-2, 2-D, 124M, [link](https://a.b/c/9).",
-        "```{code-cell} ipython3",
-        "steps = 300",
-        "```",
-        "$$",
-        "\\theta_1 = 42",
-        "$$",
-        ":::{note}",
-        "A note with 12 inside.",
-        ":::",
-        "We measured 0.75 here, with 32 lanes.",
-    ])  # fmt: skip
+    page = "\n".join(
+        [
+            "---",
+            "kernelspec: {version: 3}",
+            "---",
+            "# Title",
+            "(label-2)=",
+            "**3. An exercise.** After 300 steps, {glue:text}`loss:.2f` and {cite}`kingma2015adam`.",
+            "Inline `x = 5` and $x^2 + 7$ and float32, GPT-2, 2-D, 124M, [link](https://a.b/c/9).",
+            "```{code-cell} ipython3",
+            "steps = 300",
+            "```",
+            "$$",
+            "\\theta_1 = 42",
+            "$$",
+            ":::{note}",
+            "A note with 12 inside.",
+            ":::",
+            "We measured 0.75 here, with 32 lanes.",
+        ]
+    )
     found = numbers_in_prose(page, allow={"32"})
     assert [entry.split(" in ")[0] for entry in found] == [
         "line 6: 300",

@@ -103,9 +103,11 @@ class DDP(nn.Module):
             groups[-1].append(p)
             size += nbytes
         return [
-            _Bucket(i, g, torch.zeros(sum(p.numel() for p in g), dtype=g[0].dtype, device=g[0].device))
+            _Bucket(
+                i, g, torch.zeros(sum(p.numel() for p in g), dtype=g[0].dtype, device=g[0].device)
+            )
             for i, g in enumerate(groups)
-        ]  # fmt: skip
+        ]
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return self.module(*args, **kwargs)

@@ -188,9 +188,16 @@ def _check_collective(candidate: Callable[..., Any], kind: str) -> None:
             for r in range(world_size)
         ]
         try:
-            got = spawn(collective_exercise_worker, world_size, source, name, kind,
-                        [(s, d, root % world_size) for s, d, root in cases], timeout=120,
-                        collective_timeout=20)  # fmt: skip
+            got = spawn(
+                collective_exercise_worker,
+                world_size,
+                source,
+                name,
+                kind,
+                [(s, d, root % world_size) for s, d, root in cases],
+                timeout=120,
+                collective_timeout=20,
+            )
         except SpawnError as error:
             results.append((f"{name} on {world_size} ranks", str(error).splitlines()[0]))
             continue
@@ -200,8 +207,11 @@ def _check_collective(candidate: Callable[..., Any], kind: str) -> None:
                 expected = inputs[root][i]
             else:
                 expected = torch.stack([inputs[r][i] for r in range(world_size)]).sum(0)
-            wrong = [r for r in range(world_size) if not torch.allclose(
-                got[r][i].double(), expected.double(), rtol=1e-5, atol=1e-3)]  # fmt: skip
+            wrong = [
+                r
+                for r in range(world_size)
+                if not torch.allclose(got[r][i].double(), expected.double(), rtol=1e-5, atol=1e-3)
+            ]
             case = f"{name}: {world_size} ranks, shape {shape}, {dtype}" + (
                 f", root {root}" if kind == "broadcast" else ""
             )
@@ -252,8 +262,14 @@ def check_distributed_evaluation(
     for world_size in (2, 3, 4):
         case = f"{name} on {world_size} ranks"
         try:
-            got = spawn(evaluation_exercise_worker, world_size, source, name, timeout=120,
-                        collective_timeout=20)  # fmt: skip
+            got = spawn(
+                evaluation_exercise_worker,
+                world_size,
+                source,
+                name,
+                timeout=120,
+                collective_timeout=20,
+            )
         except SpawnError as error:
             results.append((case, str(error).splitlines()[0]))
             continue

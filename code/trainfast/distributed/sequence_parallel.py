@@ -129,7 +129,14 @@ class ParallelTransformerBlock(nn.Module):
     tensor parallelism, and this rank's (batch, seq / N, d_model) with ``sequence_parallel``.
     """
 
-    def __init__(self, block: TransformerBlock, rank: int, world_size: int, *, sequence_parallel: bool = False) -> None:  # fmt: skip
+    def __init__(
+        self,
+        block: TransformerBlock,
+        rank: int,
+        world_size: int,
+        *,
+        sequence_parallel: bool = False,
+    ) -> None:
         super().__init__()
         attn, mlp = block.attn, block.mlp
         d_model, self.n_heads = attn.qkv.in_features, attn.n_heads

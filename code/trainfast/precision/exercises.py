@@ -219,13 +219,22 @@ def check_kahan_add(kahan_add: Callable[[Tensor, Tensor, Tensor], None], *, seed
     """
     generator = torch.Generator().manual_seed(seed)
     cases: list[tuple[str, Tensor, list[Tensor]]] = [
-        ("one step, bf16 weights", torch.randn(64, generator=generator).bfloat16(),
-         [torch.randn(64, generator=generator) * 1e-2]),
-        ("1000 updates below half a spacing", torch.full((8,), 1.0, dtype=torch.bfloat16),
-         [torch.full((8,), 2.0**-10) for _ in range(1000)]),
-        ("float32 weights", torch.randn(64, generator=generator),
-         [torch.randn(64, generator=generator) * 1e-3 for _ in range(10)]),
-    ]  # fmt: skip
+        (
+            "one step, bf16 weights",
+            torch.randn(64, generator=generator).bfloat16(),
+            [torch.randn(64, generator=generator) * 1e-2],
+        ),
+        (
+            "1000 updates below half a spacing",
+            torch.full((8,), 1.0, dtype=torch.bfloat16),
+            [torch.full((8,), 2.0**-10) for _ in range(1000)],
+        ),
+        (
+            "float32 weights",
+            torch.randn(64, generator=generator),
+            [torch.randn(64, generator=generator) * 1e-3 for _ in range(10)],
+        ),
+    ]
     results: list[Case] = []
     for label, start, updates in cases:
         ours, theirs = start.clone(), start.clone()

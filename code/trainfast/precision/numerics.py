@@ -118,8 +118,15 @@ def matmul_error(
         dtype = torch.bfloat16 if mode == "bf16" else torch.float16
         product = a_dev.to(dtype) @ b_dev.to(dtype)
     error = torch.linalg.norm(product.double().cpu() - reference) / torch.linalg.norm(reference)
-    return {"mode": mode, "m": m, "k": k, "n": n, "device": device.type, "emulated": emulated,
-            "relative_error": float(error)}  # fmt: skip
+    return {
+        "mode": mode,
+        "m": m,
+        "k": k,
+        "n": n,
+        "device": device.type,
+        "emulated": emulated,
+        "relative_error": float(error),
+    }
 
 
 def _long(x: Tensor) -> Tensor:
@@ -185,6 +192,11 @@ def autocast_policy(
             policy = "float32"
         else:
             policy = "input dtype"
-        rows.append({"op": name, "from float32 inputs": str(from_fp32).removeprefix("torch."),
-                     f"from {low} inputs": str(from_low).removeprefix("torch."), "policy": policy})  # fmt: skip
+        row = {
+            "op": name,
+            "from float32 inputs": str(from_fp32).removeprefix("torch."),
+            f"from {low} inputs": str(from_low).removeprefix("torch."),
+            "policy": policy,
+        }
+        rows.append(row)
     return rows

@@ -194,13 +194,14 @@ def ddp_overlap_record(device: torch.device, quick: bool = False) -> Record:
     rows = []
     for size in sizes:
         sync, overlap = medians[f"{size}/sync"], medians[f"{size}/overlap"]
-        rows.append({
+        row = {
             "world_size": world_size,
             "bucket_cap_mb": "one per parameter" if size is None else size,
             "sync_seconds": sync,
             "overlap_seconds": overlap,
             "overlap_over_sync": overlap / sync,
-        })  # fmt: skip
+        }
+        rows.append(row)
     for row in rows:
         row["model"] = f"MLP, {config.depth} layers of {config.width}x{config.width}"
         row["batch_size_per_rank"] = config.batch_size

@@ -92,7 +92,7 @@ def pick_device():
 
 
 def _cache_with(tmp_path, monkeypatch, notebook, *, stamp: str | None = None):
-    """A jupyter-cache in tmp_path holding ``notebook`` (as if executed) and a watched-sources stamp."""
+    """A jupyter-cache in tmp_path: ``notebook`` (as if executed) and a watched-sources stamp."""
     import sys
 
     from jupyter_cache import get_cache

@@ -789,7 +789,7 @@ def test_check_logged_loop_tells_right_from_wrong():
         check_logged_loop(lambda *a, **k: logged(*a, **k, every=2))
 
 
-# --------------------------------------------------------------------------- resume, artifacts, agents
+# ------------------------------------------------------------------------ resume, artifacts, agents
 
 
 def test_a_resumed_run_ends_where_an_uninterrupted_one_does(digits_data, tmp_path):

@@ -225,7 +225,8 @@ def test_the_stub_test_sees_a_check_that_does_not_check():
         "from builtins import print as check_nothing\n\n\n"
         "def answer():\n    return 42\n\n\ncheck_nothing(answer)\n",
         "from trainfast.checks import report as check_report\n\n\n"
-        "def answer():\n    return 42\n\n\ncheck_report([('42', None if answer() == 42 else 'no')])\n",
+        "def answer():\n    return 42\n\n\n"
+        "check_report([('42', None if answer() == 42 else 'no')])\n",
     ]
     notebook = nbformat.v4.new_notebook(
         cells=[

@@ -106,7 +106,7 @@ def test_listings_resolve():
 
 # ---------------------------------------------------------------------------- collectives
 def _cases(world_size: int) -> list[Case]:
-    """Every collective x lengths (1, odd, not divisible by N, 2-D non-contiguous) x dtypes x ops."""
+    """Every collective x lengths (1, odd, indivisible by N, 2-D non-contiguous) x dtypes x ops."""
     shapes = [(1,), (7,), (2 * world_size + 1,), (3, 5)]
     dtypes = [torch.float32, torch.float64, torch.int64, torch.int32]
     cases = []

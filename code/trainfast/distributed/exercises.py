@@ -7,8 +7,9 @@ failing case (the book's one convention, :func:`trainfast.checks.report`).
 The distributed exercises (``broadcast``, ``all_reduce``, distributed evaluation) must run in
 several processes, and a function defined in a notebook cannot be looked up by name in a new
 process. So their checks send the function's *source* to the ranks, which define it there with
-``torch`` and ``torch.distributed as dist`` in scope and call it inside a real process group. The function
-must therefore be self-contained: it may use ``torch`` and ``dist``, not other notebook names.
+``torch`` and ``torch.distributed as dist`` in scope and call it inside a real process group. The
+function must therefore be self-contained: it may use ``torch`` and ``dist``, not other notebook
+names.
 """
 
 from __future__ import annotations
@@ -299,7 +300,10 @@ def check_capacity_mask(mask: Callable[[Tensor, int, int], Tensor]) -> None:
         )
         expected = capacity_mask(experts, n_experts, capacity)
         got = mask(experts.clone(), n_experts, capacity)
-        case = f"{tokens} tokens, {n_experts} experts, top-{k}, capacity {capacity}: {int((~expected).sum())} dropped"
+        dropped = int((~expected).sum())
+        case = (
+            f"{tokens} tokens, {n_experts} experts, top-{k}, capacity {capacity}: {dropped} dropped"
+        )
         if not isinstance(got, Tensor) or got.shape != expected.shape:
             problem = f"got {got!r}, expected a bool tensor of shape {tuple(expected.shape)}"
         else:
@@ -310,7 +314,10 @@ def check_capacity_mask(mask: Callable[[Tensor, int, int], Tensor]) -> None:
 
 
 def check_causal_ring_work(work: Callable[[int, int], int]) -> None:
-    """Check ``work(rank, world_size)``: key blocks rank ``rank`` attends to in causal ring attention."""
+    """Check ``work(rank, world_size)``: how many key blocks rank ``rank`` attends to.
+
+    The count is that of causal ring attention over ``world_size`` ranks.
+    """
     results: list[Case] = []
     for world_size in (1, 2, 4, 8):
         for rank in sorted({0, world_size // 2, world_size - 1}):

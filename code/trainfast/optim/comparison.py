@@ -171,7 +171,7 @@ def train_and_score(
     batch_size: int,
     steps: int,
 ) -> Run:
-    """Train ``model_fn(seed)`` with ``optimizer_fn(model, lr)`` and score it on validation and test.
+    """Train ``model_fn(seed)`` with ``optimizer_fn(model, lr)``, score it on validation and test.
 
     ``seed`` fixes both the initial weights and the batch order. A run whose loss diverged
     scores whatever its (non-finite) weights predict, usually chance.

@@ -9,10 +9,11 @@
   the raw 50,257-token vocabulary and the padded 50,304), against the datasheet peak and the
   best figure of the run. The largest bf16 square is also timed as a bare loop of back-to-back
   products, to show what the harness costs.
-* ``precision-step-time`` (:func:`step_time_record`): one training step of the book's
-  transformer under each recipe (loss scaling by ``torch.amp.GradScaler``, whose state stays on
-  the device, not the book's host-side :class:`~trainfast.precision.GradScaler`): time, tokens/s, model FLOPs utilisation, and peak memory
-  measured by the caching allocator beside the memory :mod:`trainfast.accounting` predicts.
+* ``precision-step-time`` (:func:`step_time_record`): one training step of the book's transformer
+  under each recipe (loss scaling by ``torch.amp.GradScaler``, whose state stays on the device, not
+  the book's host-side :class:`~trainfast.precision.GradScaler`): time, tokens/s, model FLOPs
+  utilisation, and peak memory measured by the caching allocator beside the memory
+  :mod:`trainfast.accounting` predicts.
 * ``autocast-policy`` (:func:`autocast_policy_record`): which dtype autocast gives each op, on
   the device it ran on (CPU and CUDA policies differ).
 * ``matmul-error`` (:func:`matmul_error_record`): a product's relative error against float64 per
@@ -103,10 +104,10 @@ def matmul_throughput(
 ) -> list[dict[str, Any]]:
     """TFLOP/s of each ``(label, m, k, n)`` shape in each dtype; one row per pair.
 
-    FP8 rows (:data:`FP8_VARIANTS`) need FP8 tensor cores and dimensions that are multiples
-    of 16 (other shapes are left out); on a CPU they are skipped. ``of_peak`` is the fraction of the datasheet's dense peak for the dtype
-    (None where :func:`~trainfast.gpus.gpu_spec` does not know the device);
-    ``of_best`` the fraction of the best figure of the same dtype in this run.
+    FP8 rows (:data:`FP8_VARIANTS`) need FP8 tensor cores and dimensions that are multiples of 16
+    (other shapes are left out); on a CPU they are skipped. ``of_peak`` is the fraction of the
+    datasheet's dense peak for the dtype (None where :func:`~trainfast.gpus.gpu_spec` does not know
+    the device); ``of_best`` the fraction of the best figure of the same dtype in this run.
     """
     spec = gpu_spec(describe_environment(device).device_name) if device.type == "cuda" else None
     rows = []
@@ -193,15 +194,17 @@ def matmul_throughput_record(device: torch.device, quick: bool) -> Record:
     )
     print(
         f"matmul-throughput: bf16 {largest}^3 through the harness reaches "
-        f"{harness['tflops'] / bare_tflops:.1%} of a bare loop of {calls} products ({bare_tflops:.3g} TFLOP/s)"
+        f"{harness['tflops'] / bare_tflops:.1%} of a bare loop of {calls} products "
+        f"({bare_tflops:.3g} TFLOP/s)"
     )
     return make_record(
         "matmul-throughput",
-        "TFLOP/s of torch.matmul per dtype and shape (fp32 with TF32 off; FP8 via the scaled matmul "
-        "with per-tensor scales: fp8 = operands quantised beforehand, float32 promotion; fp8 "
-        "fast-accum = use_fast_accum=True; fp8 + casts = both casts from bf16 timed too), random inputs, median of timings with CUDA events on a GPU; "
-        "of_peak: fraction of the datasheet dense peak; of_best: of the best of that dtype in "
-        "this run. The last row times the largest bf16 square as a bare loop of back-to-back calls.",
+        "TFLOP/s of torch.matmul per dtype and shape (fp32 with TF32 off; FP8 via the scaled "
+        "matmul with per-tensor scales: fp8 = operands quantised beforehand, float32 promotion; "
+        "fp8 fast-accum = use_fast_accum=True; fp8 + casts = both casts from bf16 timed too), "
+        "random inputs, median of timings with CUDA events on a GPU; of_peak: fraction of the "
+        "datasheet dense peak; of_best: of the best of that dtype in this run. The last row times "
+        "the largest bf16 square as a bare loop of back-to-back calls.",
         rows,
         units={"median_ms": "ms", "tflops": "TFLOP/s"},
         device=device,
@@ -357,7 +360,7 @@ def published_cuda_autocast_policy(ops: Iterable[str] | None = None) -> dict[str
 
 
 def autocast_policy_record(device: torch.device, quick: bool) -> Record:
-    """``autocast-policy``: :func:`~trainfast.precision.numerics.autocast_policy` for fp16 and bf16."""
+    """``autocast-policy``: :func:`~trainfast.precision.numerics.autocast_policy` for fp16, bf16."""
     rows = []
     for dtype in (torch.float16, torch.bfloat16):
         low = str(dtype).removeprefix("torch.")
@@ -372,7 +375,8 @@ def autocast_policy_record(device: torch.device, quick: bool) -> Record:
             rows.append(entry)
     return make_record(
         "autocast-policy",
-        "The dtype torch.autocast gives each op on this device, from float32 and from 16-bit inputs.",
+        "The dtype torch.autocast gives each op on this device, "
+        "from float32 and from 16-bit inputs.",
         rows,
         device=device,
     )

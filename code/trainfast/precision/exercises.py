@@ -89,7 +89,10 @@ def check_rounding(round_to_bits: Callable[[Tensor, int], Tensor], *, seed: int 
         problem = None
         if wrong.numel():
             i = int(wrong[0])
-            problem = f"{wrong.numel()} values differ, e.g. x={x[i].item()!r} -> {got[i].item()!r}, expected {expected[i].item()!r}"
+            problem = (
+                f"{wrong.numel()} values differ, e.g. x={x[i].item()!r} -> {got[i].item()!r}, "
+                f"expected {expected[i].item()!r}"
+            )
         results.append((case, problem))
     report(results)
 
@@ -120,7 +123,10 @@ def check_scale_update(
             )
             ours, tracker = update(ours, tracker, found, growth, backoff, interval)
             if (ours, tracker) != (theirs, their_tracker):
-                problem = f"after step {step}: (scale, tracker) = {(ours, tracker)}, expected {(theirs, their_tracker)}"
+                problem = (
+                    f"after step {step}: (scale, tracker) = {(ours, tracker)}, "
+                    f"expected {(theirs, their_tracker)}"
+                )
                 break
         results.append((f"{label}, 12 steps", problem))
     report(results)

@@ -261,7 +261,8 @@ def fp8_linear(
     """
     if weight.ndim != 2 or x.shape[-1] != weight.shape[1]:
         raise ValueError(
-            f"fp8_linear needs (..., in) and (out, in), got {tuple(x.shape)} and {tuple(weight.shape)}"
+            f"fp8_linear needs (..., in) and (out, in), "
+            f"got {tuple(x.shape)} and {tuple(weight.shape)}"
         )
     x8, scale_x = x_scaling.quantize(x.reshape(-1, x.shape[-1]))  # (tokens, in)
     w8, scale_w = weight_scaling.quantize(weight)  # (out, in)

@@ -115,7 +115,8 @@ def timing_pitfalls_record(device: torch.device, quick: bool = False) -> Record:
 
 
 def launch_overhead_record(device: torch.device, quick: bool = False) -> Record:
-    """:func:`~trainfast.profiling.overhead.launch_overhead`, plus the dispatch rate in a row's note."""
+    """:func:`~trainfast.profiling.overhead.launch_overhead`, with the dispatch rate in a row's
+    note."""
     from trainfast.profiling.overhead import launch_overhead
 
     if device.type == "cpu":

@@ -226,8 +226,9 @@ def restart_record(device: torch.device, quick: bool = False) -> Record:
         "Two CPU processes under torchrun (python -m torch.distributed.run --standalone) that "
         "join a gloo group and all-reduce once; in the failing runs rank 1 raises on the first "
         "attempt. Wall seconds of the whole torchrun command (median), runs that exited 0, runs "
-        "still running after 120 s (killed), and the attempts (0 = first) that finished; the last row gives the workers their own TCP "
-        "store (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1) instead of torchrun's rendezvous store.",
+        "still running after 120 s (killed), and the attempts (0 = first) that finished; the "
+        "last row gives the workers their own TCP store (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1) "
+        "instead of torchrun's rendezvous store.",
         rows,
         units={"median_seconds": "s"},
         device=device,

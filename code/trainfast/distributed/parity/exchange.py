@@ -18,7 +18,7 @@ __all__ = ["all_to_all_sizes", "exchange_error_worker", "exchange_parity_worker"
 
 
 def all_to_all_sizes(sender: int, receiver: int, base: int) -> int:
-    """Rows ``sender`` sends ``receiver`` in the uneven test: 0 up to ``base + 2``, never all equal."""
+    """Rows ``sender`` sends ``receiver`` in the uneven test: 0 to ``base + 2``, never all equal."""
     return (base + 3 * sender + 2 * receiver) % (base + 3)
 
 

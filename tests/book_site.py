@@ -1,11 +1,12 @@
 """The book's chapters and its built site, for the tests that check what ``make book`` produced.
 
-The site tests (``test_site.py``, part of ``test_notebooks.py``) need ``_build/html``. They use
-it when it is *current*: the stamp ``_build/.site-built``, which every HTML build writes when
-it finishes (``book/_ext/build_support.py``), is newer than every source the site is built from
-(``book/``, ``code/trainfast``, ``_config.yml``, ``_toc.yml``). Otherwise they are skipped with the reason, since ``make test`` alone does not
-build the site (a build takes minutes); ``.ci/run`` runs ``make book`` first and sets
-``TRAINFAST_BUILT_FIRST=1``, under which a missing or stale site fails instead of skipping.
+The site tests (``test_site.py``, part of ``test_notebooks.py``) need ``_build/html``. They use it
+when it is *current*: the stamp ``_build/.site-built``, which every HTML build writes when it
+finishes (``book/_ext/build_support.py``), is newer than every source the site is built from
+(``book/``, ``code/trainfast``, ``_config.yml``, ``_toc.yml``). Otherwise they are skipped with the
+reason, since ``make test`` alone does not build the site (a build takes minutes); ``.ci/run`` runs
+``make book`` first and sets ``TRAINFAST_BUILT_FIRST=1``, under which a missing or stale site fails
+instead of skipping.
 """
 
 from __future__ import annotations

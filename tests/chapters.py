@@ -173,7 +173,11 @@ def listing_problems(name: str) -> list[str]:
             block.directive is None and block.info.split()[:1] and block.info.split()[0] in _PYTHON
         ):
             language = block.argument.split()[:1] if block.directive else block.info.split()[:1]
-            if language and language[0] in _PYTHON and "excerpt" not in block.options.get("class", ""):
+            if (
+                language
+                and language[0] in _PYTHON
+                and "excerpt" not in block.options.get("class", "")
+            ):
                 problems.append(
                     f"{where}: unexecuted Python block; include it from the package, make it a "
                     "code-cell, or mark it ':class: excerpt' with a caption naming its source"
@@ -269,7 +273,10 @@ def _execute(name: str, timeout: int) -> tuple[nbformat.NotebookNode, float]:
         )
     notebook = read_chapter(name)
     client = NotebookClient(
-        notebook, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(BOOK)}}
+        notebook,
+        timeout=timeout,
+        kernel_name="python3",
+        resources={"metadata": {"path": str(BOOK)}},
     )
     start = time.perf_counter()
     client.execute()
@@ -289,12 +296,12 @@ def typed_numbers(name: str, allow: Iterable[str] = ()) -> list[str]:
     """Numbers typed by hand in chapter ``name``'s prose, as ``"line N: number in 'context'"``.
 
     Prose is what remains after removing front matter, fenced blocks (code cells, listings,
-    bibliographies; the text of admonitions stays), display and inline math, inline code,
-    roles (glue, citations, references), citation links (``[Author, 2020](url)``), link
-    targets, labels and exercise numbers (``**3. Title.**``). A number written into a name (``float32``, ``GPT-2``, ``2-D``,
-    ``124M``) is not counted. Every other number must be glued from a cell, or be a constant
-    listed in ``allow`` (compared as written, e.g. ``"32"`` or ``"0.9"``). Opt-in per chapter:
-    a chapter's test calls this and asserts the result is empty.
+    bibliographies; the text of admonitions stays), display and inline math, inline code, roles
+    (glue, citations, references), citation links (``[Author, 2020](url)``), link targets, labels
+    and exercise numbers (``**3. Title.**``). A number written into a name (``float32``, ``GPT-2``,
+    ``2-D``, ``124M``) is not counted. Every other number must be glued from a cell, or be a
+    constant listed in ``allow`` (compared as written, e.g. ``"32"`` or ``"0.9"``). Opt-in per
+    chapter: a chapter's test calls this and asserts the result is empty.
     """
     return numbers_in_prose(chapter_path(name).read_text(), allow)
 

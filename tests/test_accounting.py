@@ -240,9 +240,9 @@ def test_dropout_masks_cost_a_full_value_on_cpu():
 
 
 def test_autocast_keeps_more_than_two_bytes_per_value():
-    """The 'bf16 autocast' recipe counts 2-byte activations; autocast (here on CPU) also keeps the residual
-    stream in fp32 at every LayerNorm input, the log-probabilities in fp32, and a bf16 copy of
-    every matmul weight for backward."""
+    """The 'bf16 autocast' recipe counts 2-byte activations; autocast (here on CPU) also keeps the
+    residual stream in fp32 at every LayerNorm input, the log-probabilities in fp32, and a bf16 copy
+    of every matmul weight for backward."""
     shape, model = TINY, _model(TINY)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         measured = _saved(model, shape)

@@ -35,7 +35,12 @@ def test_there_are_two_workflows():
 
 def test_workflows_match_the_github_schema():
     result = subprocess.run(
-        [_tool("check-jsonschema"), "--builtin-schema", "vendor.github-workflows", *map(str, WORKFLOWS)],
+        [
+            _tool("check-jsonschema"),
+            "--builtin-schema",
+            "vendor.github-workflows",
+            *map(str, WORKFLOWS),
+        ],
         capture_output=True,
         text=True,
     )
@@ -62,7 +67,9 @@ def test_gpu_workflow_never_runs_code_from_pull_requests():
     triggers = set(book["on"])
     assert triggers <= {"push", "workflow_dispatch"}, triggers
     assert book["on"]["push"]["branches"] == ["main"]
-    assert book["permissions"] == {}, "the top level must grant nothing; jobs ask for what they need"
+    assert book["permissions"] == {}, (
+        "the top level must grant nothing; jobs ask for what they need"
+    )
     build = book["jobs"]["build"]
     assert build["runs-on"] == ["self-hosted", "linux", "gpu"]
     assert build["permissions"] == {"contents": "read"}
@@ -95,9 +102,7 @@ def test_pull_request_workflow_is_read_only_and_runs_the_readme_commands():
     ci = _load("ci.yml")
     assert "pull_request" in ci["on"] and "pull_request_target" not in ci["on"]
     assert ci["permissions"] == {"contents": "read"}
-    runs = "\n".join(
-        step.get("run", "") for job in ci["jobs"].values() for step in job["steps"]
-    )
+    runs = "\n".join(step.get("run", "") for job in ci["jobs"].values() for step in job["steps"])
     assert "make test" in runs and "make book" in runs and "ruff check" in runs
     for job in ci["jobs"].values():
         assert "self-hosted" not in str(job["runs-on"])
@@ -123,8 +128,7 @@ def test_package_declares_a_torch_range_and_ships_py_typed():
 
 def test_requirements_pin_every_package():
     lines = [
-        line.split("#")[0].strip()
-        for line in (ROOT / "requirements.txt").read_text().splitlines()
+        line.split("#")[0].strip() for line in (ROOT / "requirements.txt").read_text().splitlines()
     ]
     unpinned = [line for line in lines if line and "==" not in line]
     assert not unpinned, f"requirements.txt must pin exact versions: {unpinned}"

@@ -76,8 +76,14 @@ def pick_device():
 """
     problems = _problems(tmp_path, monkeypatch, body)
     assert len(problems) == 6, problems
-    expected = ["does not resolve", "has no :pyobject:", "is not from code/trainfast",
-                "unexecuted Python block", "unexecuted Python block", "defines 'pick_device'"]
+    expected = [
+        "does not resolve",
+        "has no :pyobject:",
+        "is not from code/trainfast",
+        "unexecuted Python block",
+        "unexecuted Python block",
+        "defines 'pick_device'",
+    ]
     for problem, fragment in zip(problems, expected, strict=True):
         assert fragment in problem
 
@@ -86,7 +92,7 @@ def pick_device():
 
 
 def _cache_with(tmp_path, monkeypatch, notebook, *, stamp: str | None = None):
-    """A jupyter-cache in tmp_path holding ``notebook`` (as if executed) and a watched-sources stamp."""
+    """A jupyter-cache in tmp_path: ``notebook`` (as if executed) and a watched-sources stamp."""
     import sys
 
     from jupyter_cache import get_cache
@@ -97,8 +103,9 @@ def _cache_with(tmp_path, monkeypatch, notebook, *, stamp: str | None = None):
     jcache = get_cache(cache_dir)
     jcache.cache_notebook_bundle(
         CacheBundleIn(notebook, str(tmp_path / "demo.md"), data={"execution_seconds": 4.5}),
-        check_validity=False, overwrite=True,
-    )  # fmt: skip
+        check_validity=False,
+        overwrite=True,
+    )
     sys.path.insert(0, str(chapters.ROOT / "book" / "_ext"))
     import build_support
 
@@ -113,7 +120,9 @@ def _demo(tmp_path, body: str = "```{code-cell} ipython3\nx = 1\n```\n"):
     (tmp_path / "demo.md").write_text(FRONT + body)
 
 
-def test_the_builds_execution_is_taken_only_when_sources_and_package_are_current(tmp_path, monkeypatch):
+def test_the_builds_execution_is_taken_only_when_sources_and_package_are_current(
+    tmp_path, monkeypatch
+):
     _demo(tmp_path)
     monkeypatch.setattr(chapters, "BOOK", tmp_path)
     executed = chapters.read_chapter("demo")
@@ -135,8 +144,9 @@ def test_an_error_in_the_builds_execution_is_reported(tmp_path, monkeypatch):
     _demo(tmp_path)
     monkeypatch.setattr(chapters, "BOOK", tmp_path)
     executed = chapters.read_chapter("demo")
-    executed.cells[0].outputs = [nbformat.v4.new_output("error", ename="ValueError", evalue="boom",
-                                                         traceback=[])]
+    executed.cells[0].outputs = [
+        nbformat.v4.new_output("error", ename="ValueError", evalue="boom", traceback=[])
+    ]
     assert chapters.cell_errors(executed) == ["ValueError: boom"]
     monkeypatch.setattr(chapters, "EXECUTION_CACHE", _cache_with(tmp_path, monkeypatch, executed))
     with pytest.raises(AssertionError, match="raised in the book build: ValueError: boom"):

@@ -18,8 +18,9 @@ def test_training_lowers_the_test_loss_and_counts_examples():
     train_set, test_set = digits("train"), digits("test")
     model = _model()
     before, _ = evaluate(model, test_set)
-    history = train(model, torch.optim.SGD(model.parameters(), lr=0.1), train_set,
-                    batch_size=32, steps=300)
+    history = train(
+        model, torch.optim.SGD(model.parameters(), lr=0.1), train_set, batch_size=32, steps=300
+    )
     after, accuracy = evaluate(model, test_set)
     assert history.steps == 300
     per_epoch = -(-len(train_set) // 32)  # 45 steps, the last one a partial batch
@@ -32,15 +33,22 @@ def test_training_lowers_the_test_loss_and_counts_examples():
 def test_full_batch_and_more_steps_than_one_epoch():
     train_set = digits("train")
     model = _model()
-    history = train(model, torch.optim.SGD(model.parameters(), lr=0.1), train_set,
-                    batch_size=len(train_set), steps=3)
+    history = train(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        train_set,
+        batch_size=len(train_set),
+        steps=3,
+    )
     assert history.examples == [len(train_set) * k for k in (1, 2, 3)]
 
 
 def test_train_matches_a_hand_written_loop():
     train_set = digits("train")
     ours, reference = _model(), _model()
-    train(ours, torch.optim.SGD(ours.parameters(), lr=0.1), train_set, batch_size=50, steps=40, seed=3)
+    train(
+        ours, torch.optim.SGD(ours.parameters(), lr=0.1), train_set, batch_size=50, steps=40, seed=3
+    )
     optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
     loader = torch.utils.data.DataLoader(
         train_set, batch_size=50, shuffle=True, generator=torch.Generator().manual_seed(3)
@@ -65,10 +73,13 @@ def test_evaluate_restores_training_mode():
     assert model.training
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"batch_size": 0, "steps": 1}, "batch_size: 0"),
-    ({"batch_size": 8, "steps": -1}, "steps: -1"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"batch_size": 0, "steps": 1}, "batch_size: 0"),
+        ({"batch_size": 8, "steps": -1}, "steps: -1"),
+    ],
+)
 def test_bad_arguments_name_the_value(kwargs, message):
     model = _model()
     with pytest.raises(ValueError, match=message):

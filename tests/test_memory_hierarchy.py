@@ -65,7 +65,10 @@ def _assert_matches_sdpa(attend, q, k, v, is_causal, dtype):
     for name, grad, reference in zip("qkv", grads, expected_grads, strict=True):
         scale = 1 + reference.abs().max().item()
         torch.testing.assert_close(
-            grad.double(), reference, atol=tolerance["atol"] * 4 * scale, rtol=tolerance["rtol"] * 4,
+            grad.double(),
+            reference,
+            atol=tolerance["atol"] * 4 * scale,
+            rtol=tolerance["rtol"] * 4,
             msg=lambda m, name=name: f"d{name}: {m}",
         )
 
@@ -95,7 +98,10 @@ def test_merge_softmax_stats_is_order_free_and_has_an_identity():
     right = merge_softmax_stats(*parts[0], *merge_softmax_stats(*parts[2], *parts[1]))
     torch.testing.assert_close(left, right)
     torch.testing.assert_close(left, softmax_stats(x))
-    empty = (torch.full((4,), float("-inf"), dtype=torch.float64), torch.zeros(4, dtype=torch.float64))
+    empty = (
+        torch.full((4,), float("-inf"), dtype=torch.float64),
+        torch.zeros(4, dtype=torch.float64),
+    )
     torch.testing.assert_close(merge_softmax_stats(*empty, *parts[0]), parts[0])
     both_empty = merge_softmax_stats(*empty, *empty)
     assert not torch.isnan(both_empty[1]).any() and (both_empty[1] == 0).all()
@@ -118,7 +124,9 @@ def test_merge_attention_outputs_equals_attention_over_all_keys():
     torch.testing.assert_close(lse, expected_lse)
     # a part in which a query saw no key (lse = -inf, output NaN) leaves the other part unchanged
     nothing = torch.full_like(lse_a, float("-inf"))
-    merged, lse = merge_attention_outputs(out_a, lse_a, torch.full_like(out_b, float("nan")), nothing)
+    merged, lse = merge_attention_outputs(
+        out_a, lse_a, torch.full_like(out_b, float("nan")), nothing
+    )
     torch.testing.assert_close(merged, out_a)
     torch.testing.assert_close(lse, lse_a)
 
@@ -128,8 +136,12 @@ def test_flash_attention_lse_merges_like_ring_attention():
     q, k, v = (t.detach() for t in _qkv((2, 3, 20, 32), (2, 3, 50, 32), torch.float64, "cpu"))
     from trainfast.kernels.attention import flash_attention_forward
 
-    out_a, lse_a = flash_attention_forward(q, k[..., :30, :], v[..., :30, :], tile_queries=8, tile_keys=8)
-    out_b, lse_b = flash_attention_forward(q, k[..., 30:, :], v[..., 30:, :], tile_queries=8, tile_keys=8)
+    out_a, lse_a = flash_attention_forward(
+        q, k[..., :30, :], v[..., :30, :], tile_queries=8, tile_keys=8
+    )
+    out_b, lse_b = flash_attention_forward(
+        q, k[..., 30:, :], v[..., 30:, :], tile_queries=8, tile_keys=8
+    )
     merged, _ = merge_attention_outputs(out_a, lse_a, out_b, lse_b)
     torch.testing.assert_close(merged, F.scaled_dot_product_attention(q, k, v))
 
@@ -162,7 +174,8 @@ def test_tiled_flash_attention_gradcheck_float64(monkeypatch):
     for is_causal in (False, True):
         assert torch.autograd.gradcheck(
             lambda q, k, v, is_causal=is_causal: FlashAttention.apply(q, k, v, is_causal),
-            (q, k, v), fast_mode=True,
+            (q, k, v),
+            fast_mode=True,
         )
 
 
@@ -172,7 +185,9 @@ def test_causal_convention_is_sdpas_top_left_mask():
     k = torch.zeros(1, 5, 16, dtype=torch.float64)
     v = torch.arange(5, dtype=torch.float64).reshape(1, 5, 1).expand(1, 5, 16).contiguous()
     expected = torch.tensor([0.0, 0.5], dtype=torch.float64)  # uniform weights over visible keys
-    torch.testing.assert_close(F.scaled_dot_product_attention(q, k, v, is_causal=True)[0, :, 0], expected)
+    torch.testing.assert_close(
+        F.scaled_dot_product_attention(q, k, v, is_causal=True)[0, :, 0], expected
+    )
     torch.testing.assert_close(flash_attention(q, k, v, is_causal=True)[0, :, 0], expected)
     torch.testing.assert_close(attention_reference(q, k, v, is_causal=True)[0, :, 0], expected)
 
@@ -184,11 +199,19 @@ def _saved_shapes(out):
 def test_flash_attention_saves_only_inputs_output_and_logsumexp(small_tiles):
     q, k, v = _qkv((2, 3, 40, 16), (2, 3, 56, 16), torch.float32)
     out = flash_attention(q, k, v, is_causal=True)
-    assert _saved_shapes(out) == [(2, 3, 40, 16), (2, 3, 56, 16), (2, 3, 56, 16), (2, 3, 40, 16), (2, 3, 40)]
+    assert _saved_shapes(out) == [
+        (2, 3, 40, 16),
+        (2, 3, 56, 16),
+        (2, 3, 56, 16),
+        (2, 3, 40, 16),
+        (2, 3, 40),
+    ]
     assert all(t.numel() < 40 * 56 for t in out.grad_fn.saved_tensors[4:])
     # the textbook version saves the 40 × 56 probabilities (at least once)
     saved = []
-    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.shape) or t, lambda t: t):
+    with torch.autograd.graph.saved_tensors_hooks(
+        lambda t: saved.append(t.shape) or t, lambda t: t
+    ):
         attention_reference(q, k, v, is_causal=True)
     assert (2, 3, 40, 56) in saved
 
@@ -208,7 +231,9 @@ TRITON_CASES = [  # (n_queries, n_keys, head_dim, dtype, is_causal)
 
 
 @pytest.mark.parametrize(
-    "case", TRITON_CASES, ids=lambda c: f"{c[0]}x{c[1]}x{c[2]}-{str(c[3])[6:]}-{'causal' if c[4] else 'full'}"
+    "case",
+    TRITON_CASES,
+    ids=lambda c: f"{c[0]}x{c[1]}x{c[2]}-{str(c[3])[6:]}-{'causal' if c[4] else 'full'}",
 )
 def test_triton_flash_attention_matches_sdpa(case):
     from trainfast.kernels import FlashAttentionTriton
@@ -225,7 +250,9 @@ def test_triton_flash_attention_saves_the_same_tensors_as_the_tiled_one():
     assert _saved_shapes(triton_out) == _saved_shapes(tiled_out) == [
         (1, 2, 40, 16), (1, 2, 24, 16), (1, 2, 24, 16), (1, 2, 40, 16), (1, 2, 40)
     ]  # fmt: skip
-    torch.testing.assert_close(triton_out.grad_fn.saved_tensors[4], tiled_out.grad_fn.saved_tensors[4])
+    torch.testing.assert_close(
+        triton_out.grad_fn.saved_tensors[4], tiled_out.grad_fn.saved_tensors[4]
+    )
 
 
 # --- copy and matmul ------------------------------------------------------------------------
@@ -255,10 +282,15 @@ def test_tiled_matmul_matches_torch_matmul(mkn, dtype):
     b = torch.randn(k, n, generator=generator).to(DEVICE, dtype)
     expected = a.double() @ b.double()
     tolerance = TOLERANCE[dtype]
-    torch.testing.assert_close(matmul(a, b).double(), expected, atol=tolerance["atol"] * k**0.5 * 2, rtol=tolerance["rtol"])
+    torch.testing.assert_close(
+        matmul(a, b).double(), expected, atol=tolerance["atol"] * k**0.5 * 2, rtol=tolerance["rtol"]
+    )
     # strided input without a copy: b.T of a (n, k) matrix
     torch.testing.assert_close(
-        matmul(a, b.T.contiguous().T).double(), expected, atol=tolerance["atol"] * k**0.5 * 2, rtol=tolerance["rtol"]
+        matmul(a, b.T.contiguous().T).double(),
+        expected,
+        atol=tolerance["atol"] * k**0.5 * 2,
+        rtol=tolerance["rtol"],
     )
     torch.testing.assert_close(matmul(a, b, implementation="torch"), torch.matmul(a, b))
 
@@ -280,8 +312,14 @@ def test_tile_traffic_shrinks_with_bigger_tiles():
 def _bad_attention_inputs():
     q = torch.randn(2, 8, 16)
     return [
-        ((q, torch.randn(2, 8, 32), torch.randn(2, 8, 32)), r"Mismatched head dimensions: q 16, k 32, v 32"),
-        ((q, torch.randn(3, 8, 16), torch.randn(3, 8, 16)), r"same leading dimensions.*\(2,\).*\(3,\)"),
+        (
+            (q, torch.randn(2, 8, 32), torch.randn(2, 8, 32)),
+            r"Mismatched head dimensions: q 16, k 32, v 32",
+        ),
+        (
+            (q, torch.randn(3, 8, 16), torch.randn(3, 8, 16)),
+            r"same leading dimensions.*\(2,\).*\(3,\)",
+        ),
         ((q, torch.randn(2, 8, 16), torch.randn(2, 9, 16)), r"k has 8 keys but v has 9 values"),
         ((q.int(), q.int(), q.int()), r"Unsupported dtype for q: torch.int32"),
         ((q, q.double(), q), r"must share a dtype"),
@@ -335,7 +373,10 @@ def test_interpreter_refuses_bfloat16_clearly():
     x = torch.randn(32, 32, dtype=torch.bfloat16)
     for call in (lambda: copy_tensor(x), lambda: matmul(x, x),
                  lambda: flash_attention(x[None], x[None], x[None], implementation="triton")):  # fmt: skip
-        with pytest.raises(ValueError, match=r"torch.bfloat16 in Triton's interpreter \(the interpreter computes bfloat16 wrongly\)"):
+        with pytest.raises(
+            ValueError,
+            match=r"torch.bfloat16 in Triton's interpreter \(the interpreter computes bfloat16 wrongly\)",
+        ):
             call()
 
 
@@ -392,14 +433,17 @@ def test_interpreter_works_even_after_torch_imported_triton():
 
 @pytest.mark.skipif(CUDA, reason="CPU-only behaviour")
 def test_cpu_tensors_with_compiled_kernels_fail_with_a_clear_error():
-    result = _run_python("""
+    result = _run_python(
+        """
         import torch
         from trainfast.kernels import copy_tensor
         try:
             copy_tensor(torch.randn(10))
         except ValueError as error:
             print(error)
-    """, TRITON_INTERPRET="0")
+    """,
+        TRITON_INTERPRET="0",
+    )
     assert result.returncode == 0, result.stderr
     assert "need Triton's interpreter" in result.stdout and "TRITON_INTERPRET=1" in result.stdout
 
@@ -433,7 +477,9 @@ def test_cpp_bias_gelu_gradcheck_and_opcheck(cpp_op):
     assert torch.autograd.gradcheck(bias_gelu, (x, bias))
     # fake tensor, schema, autograd registration and AOT dispatch checks of torch.library
     torch.library.opcheck(torch.ops.trainfast_kernels.bias_gelu.default, (x, bias))
-    torch.library.opcheck(torch.ops.trainfast_kernels.bias_gelu.default, (x.detach().float(), bias.detach().float()))
+    torch.library.opcheck(
+        torch.ops.trainfast_kernels.bias_gelu.default, (x.detach().float(), bias.detach().float())
+    )
 
 
 def test_cpp_bias_gelu_under_torch_compile(cpp_op):
@@ -460,7 +506,10 @@ def test_cpp_bias_gelu_under_torch_compile(cpp_op):
 def test_cpp_bias_gelu_rejects_bad_input():
     x = torch.randn(4, 6)
     bad = [
-        ((x, torch.randn(5)), r"bias must be 1-D with x's last dimension, got x \(4, 6\), bias \(5,\)"),
+        (
+            (x, torch.randn(5)),
+            r"bias must be 1-D with x's last dimension, got x \(4, 6\), bias \(5,\)",
+        ),
         ((x, torch.randn(6, dtype=torch.float64)), r"share device and dtype"),
         ((x.half(), torch.randn(6).half()), r"Unsupported dtype torch.float16 on cpu"),
         ((torch.randn(6, 4).T, torch.randn(6)), r"must be contiguous"),
@@ -488,7 +537,9 @@ def test_cpp_build_is_cached_across_processes(cpp_op):
 @gpu
 @pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-@pytest.mark.parametrize("shape", [(300, 300, 64), (128, 700, 128), (700, 128, 96), (1024, 1024, 16)])
+@pytest.mark.parametrize(
+    "shape", [(300, 300, 64), (128, 700, 128), (700, 128, 96), (1024, 1024, 16)]
+)
 def test_gpu_triton_flash_attention_matches_sdpa(shape, dtype, is_causal):
     from trainfast.kernels import FlashAttentionTriton
 
@@ -517,7 +568,9 @@ def test_gpu_matmul_and_copy_match_torch(dtype):
     expected = a.double() @ b.double()
     atol = TOLERANCE[dtype]["atol"] * 700**0.5 * 4
     for tiles in (None, MatmulTiles(64, 64, 32, num_warps=4, num_stages=4)):
-        torch.testing.assert_close(matmul(a, b, tiles=tiles).double(), expected, atol=atol, rtol=TOLERANCE[dtype]["rtol"])
+        torch.testing.assert_close(
+            matmul(a, b, tiles=tiles).double(), expected, atol=atol, rtol=TOLERANCE[dtype]["rtol"]
+        )
     x = torch.randn(10_000_019, device="cuda", dtype=dtype)
     assert torch.equal(copy_tensor(x, block_size=4096, num_warps=8), x)
 
@@ -551,7 +604,9 @@ def test_gpu_cuda_bias_gelu_matches_reference(dtype):
     got = torch.autograd.grad(out, (x, bias), grad)
     want = torch.autograd.grad(bias_gelu_reference(x, bias), (x, bias), grad)
     torch.testing.assert_close(got[0].double(), want[0].double(), **tolerance)
-    torch.testing.assert_close(got[1].double(), want[1].double(), atol=tolerance["atol"] * 64, rtol=tolerance["rtol"] * 8)
+    torch.testing.assert_close(
+        got[1].double(), want[1].double(), atol=tolerance["atol"] * 64, rtol=tolerance["rtol"] * 8
+    )
     if dtype == torch.float64:
         torch.library.opcheck(torch.ops.trainfast_kernels.bias_gelu.default, (x, bias))
 
@@ -578,7 +633,13 @@ def test_measured_roofline_rows_and_the_roofline_taken_from_them():
     from trainfast.kernels.roofline import measure_roofline, roofline_from_rows
 
     rows = measure_roofline(torch.device("cpu"), n=1 << 16, matmul_sizes=(64,), repeats=2)
-    assert [r["operation"] for r in rows] == ["copy", "x + y", "sum(x)", "matrix-vector 256x256", "matmul 64x64x64"]
+    assert [r["operation"] for r in rows] == [
+        "copy",
+        "x + y",
+        "sum(x)",
+        "matrix-vector 256x256",
+        "matmul 64x64x64",
+    ]
     assert all(r["seconds"] > 0 and r["flops_per_s"] == r["flops"] / r["seconds"] for r in rows)
     assert rows[-1]["intensity"] == pytest.approx(2 * 64**3 / (3 * 64 * 64 * 4))
     # the ceilings: the fastest matmul and the copy (timings are noisy here, the rule is not)
@@ -599,7 +660,9 @@ def test_bandwidth_measurements_return_rows():
     )
 
     copies = copy_bandwidth(torch.device("cpu"), [4096, 1 << 20])
-    assert [r["bytes"] for r in copies] == [4096, 1 << 20] and all(r["gb_per_s"] > 0 for r in copies)
+    assert [r["bytes"] for r in copies] == [4096, 1 << 20] and all(
+        r["gb_per_s"] > 0 for r in copies
+    )
     strided = strided_bandwidth(torch.device("cpu"), [1, 4, 64], n=1 << 12, repeats=2)
     assert {r["buffer_bytes"] for r in strided} == {1 << 14}  # one buffer at every stride
     line = strided[0]["unit_bytes"]
@@ -655,7 +718,11 @@ def test_occupancy_names_the_limiting_resource():
     assert full.limit == "threads"
     heavy = occupancy(h100, threads_per_block=128, registers_per_thread=255)  # 8,192 per warp
     assert (heavy.blocks_per_sm, heavy.warps_per_sm, heavy.limit) == (2, 8, "registers")
-    big = {"threads_per_block": 128, "registers_per_thread": 32, "shared_memory_per_block": 100 << 10}
+    big = {
+        "threads_per_block": 128,
+        "registers_per_thread": 32,
+        "shared_memory_per_block": 100 << 10,
+    }
     smem = occupancy(h100, **big)
     assert (smem.blocks_per_sm, smem.limit) == (2, "shared memory")  # 228 KiB / (100 + 1) KiB
     tiny = occupancy(h100, threads_per_block=32, registers_per_thread=16)
@@ -686,9 +753,15 @@ def test_rms_norm_dispatches_six_operations_and_eager_saves_about_twice_the_byte
 
 
 ALLOCATOR_CASES = [  # (request, block, segment), from CUDACachingAllocator.cpp's rules
-    (0, 0, 0), (1, 512, 2 << 20), (512, 512, 2 << 20), (513, 1024, 2 << 20), (1 << 20, 1 << 20, 2 << 20),
-    ((1 << 20) + 1, (1 << 20) + 512, 20 << 20), ((10 << 20) - 1, 10 << 20, 10 << 20),
-    (10 << 20, 10 << 20, 10 << 20), ((10 << 20) + 1, (10 << 20) + 512, 12 << 20),
+    (0, 0, 0),
+    (1, 512, 2 << 20),
+    (512, 512, 2 << 20),
+    (513, 1024, 2 << 20),
+    (1 << 20, 1 << 20, 2 << 20),
+    ((1 << 20) + 1, (1 << 20) + 512, 20 << 20),
+    ((10 << 20) - 1, 10 << 20, 10 << 20),
+    (10 << 20, 10 << 20, 10 << 20),
+    ((10 << 20) + 1, (10 << 20) + 512, 12 << 20),
     (50_000_000, 50_000_384, 24 * (2 << 20)),
 ]
 
@@ -751,7 +824,9 @@ def test_trimmed_snapshot_is_small_json_and_memory_viz_reads_it():
 
     trimmed = trim_snapshot(_fake_snapshot())
     assert json.loads(json.dumps(trimmed)) == trimmed
-    assert trimmed["segments"][0]["blocks"][0]["frames"] == [{"filename": "train.py", "line": 7, "name": "step"}]
+    assert trimmed["segments"][0]["blocks"][0]["frames"] == [
+        {"filename": "train.py", "line": 7, "name": "step"}
+    ]
     summary = segment_summary(trimmed)
     assert "segments: 1" in summary and "total_reserved: 2.0MiB" in summary
     timeline = memory_timeline(trimmed)
@@ -762,7 +837,9 @@ def test_checkpointing_trades_memory_for_compute():
     from trainfast.kernels.checkpointing import checkpointing_costs
     from trainfast.transformer import TransformerShape
 
-    shape = TransformerShape(vocab_size=64, d_model=32, n_layers=2, n_heads=2, d_ff=64, seq_len=16, batch_size=2)
+    shape = TransformerShape(
+        vocab_size=64, d_model=32, n_layers=2, n_heads=2, d_ff=64, seq_len=16, batch_size=2
+    )
     off, on = checkpointing_costs(shape, device=torch.device("cpu"), attention="manual", repeats=1)
     assert (off["checkpointing"], on["checkpointing"]) == (False, True)
     assert on["saved_bytes"] < off["saved_bytes"] / 2
@@ -777,9 +854,24 @@ def test_target_ratios_name_the_ratio_and_the_verdict():
     from trainfast.records import make_record
 
     rows = [
-        {"implementation": "torch copy_", "bytes": 1 << 30, "gb_per_s": 3000.0, "ratio_to_torch": 1.0},
-        {"implementation": "triton copy_kernel", "bytes": 1 << 30, "gb_per_s": 2820.0, "ratio_to_torch": 0.94},
-        {"implementation": "triton copy_kernel", "bytes": 1 << 20, "gb_per_s": 10.0, "ratio_to_torch": 0.1},
+        {
+            "implementation": "torch copy_",
+            "bytes": 1 << 30,
+            "gb_per_s": 3000.0,
+            "ratio_to_torch": 1.0,
+        },
+        {
+            "implementation": "triton copy_kernel",
+            "bytes": 1 << 30,
+            "gb_per_s": 2820.0,
+            "ratio_to_torch": 0.94,
+        },
+        {
+            "implementation": "triton copy_kernel",
+            "bytes": 1 << 20,
+            "gb_per_s": 10.0,
+            "ratio_to_torch": 0.1,
+        },
     ]
     record = make_record("copy-bandwidth", "test", rows)
     record.environment.update(device="cuda", device_name="Some GPU")
@@ -805,7 +897,9 @@ def test_exercise_checks_pass_right_answers_and_catch_wrong_ones(capsys):
     )
 
     check_matmul_intensity(lambda m, k, n, e: 2 * m * k * n / ((m * k + k * n + m * n) * e))
-    with pytest.raises(AssertionError, match=r"cases failed; first: \(4096, 4096\) @ \(4096, 4096\)"):
+    with pytest.raises(
+        AssertionError, match=r"cases failed; first: \(4096, 4096\) @ \(4096, 4096\)"
+    ):
         check_matmul_intensity(lambda m, k, n, e: 2 * m * k * n / ((m * k + k * n) * e))  # forgot C
 
     check_softmax_merge(merge_softmax_stats)
@@ -814,10 +908,13 @@ def test_exercise_checks_pass_right_answers_and_catch_wrong_ones(capsys):
         new_max = torch.maximum(max_a, max_b)
         return new_max, sum_a * torch.exp(max_a - new_max) + sum_b * torch.exp(max_b - new_max)
 
-    naive(*softmax_stats(torch.randn(2, 4)), *softmax_stats(torch.randn(2, 4)))  # fine on ordinary parts
+    naive(
+        *softmax_stats(torch.randn(2, 4)), *softmax_stats(torch.randn(2, 4))
+    )  # fine on ordinary parts
     with pytest.raises(AssertionError, match="first part empty"):
         check_softmax_merge(lambda *args: naive(*args) if not torch.isinf(args[0]).all() else
                             (args[2], args[3] * float("nan")))  # fmt: skip
+
     def unshifted(max_a, sum_a, max_b, sum_b):  # right in exact arithmetic, but exp(1000) overflows
         new_max = torch.maximum(max_a, max_b)
         return new_max, (sum_a * torch.exp(max_a) + sum_b * torch.exp(max_b)) * torch.exp(-new_max)
@@ -827,7 +924,9 @@ def test_exercise_checks_pass_right_answers_and_catch_wrong_ones(capsys):
 
     check_causal_key_tiles(lambda q, bq, n, bk: list(range(0, min(n, q + bq), bk)))
     with pytest.raises(AssertionError, match="cases failed"):
-        check_causal_key_tiles(lambda q, bq, n, bk: list(range(0, min(n, q), bk)))  # misses the diagonal tile
+        check_causal_key_tiles(
+            lambda q, bq, n, bk: list(range(0, min(n, q), bk))
+        )  # misses the diagonal tile
 
     def reserve(nbytes):
         size = 512 * math.ceil(nbytes / 512)
@@ -837,7 +936,9 @@ def test_exercise_checks_pass_right_answers_and_catch_wrong_ones(capsys):
 
     check_segment_bytes(reserve)
     with pytest.raises(AssertionError, match="cases failed"):
-        check_segment_bytes(lambda nbytes: 512 * math.ceil(nbytes / 512))  # the block, not the segment
+        check_segment_bytes(
+            lambda nbytes: 512 * math.ceil(nbytes / 512)
+        )  # the block, not the segment
     assert "FAILED" in capsys.readouterr().out
 
 
@@ -857,12 +958,16 @@ def test_triton_exercise_check_passes_a_kernel_and_catches_a_missing_mask():
 
     def launcher(masked):
         def axpb(x, a, b, out):
-            axpb_kernel[(triton.cdiv(x.numel(), 256),)](x, out, x.numel(), a, b, BLOCK=256, MASKED=masked)
+            axpb_kernel[(triton.cdiv(x.numel(), 256),)](
+                x, out, x.numel(), a, b, BLOCK=256, MASKED=masked
+            )
 
         return axpb
 
     check_triton_axpb(launcher(True))
-    with pytest.raises(AssertionError, match=r"first: 1 elements of torch.float32: wrote 255 values past the end"):
+    with pytest.raises(
+        AssertionError, match=r"first: 1 elements of torch.float32: wrote 255 values past the end"
+    ):
         check_triton_axpb(launcher(False))
     with pytest.raises(AssertionError, match=r"4 of 4 cases failed.*raised"):
         check_triton_axpb(lambda x, a, b, out: out.copy_(a * x + b).nonexistent)
@@ -894,8 +999,6 @@ def test_chapter_prose_types_no_number_that_code_produced():
     import chapters
 
     assert chapters.typed_numbers("memory_hierarchy", allow=MEMORY_HIERARCHY_CONSTANTS) == []
-
-
 
 
 # --- on a GPU: the allocator and the benchmarks ------------------------------------------------

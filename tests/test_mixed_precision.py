@@ -422,8 +422,14 @@ def test_scaled_matmul_equals_the_emulated_fp8_product_with_either_accumulation_
     emulated = fp8_matmul(a, b, out_dtype=torch.float32)  # CPU: the emulation
     for fast in (False, True):
         try:
-            out = scaled_matmul(a8, b8.t().contiguous().t(), sa.reciprocal(), sb.reciprocal(),
-                                out_dtype=torch.float32, use_fast_accum=fast)  # fmt: skip
+            out = scaled_matmul(
+                a8,
+                b8.t().contiguous().t(),
+                sa.reciprocal(),
+                sb.reciprocal(),
+                out_dtype=torch.float32,
+                use_fast_accum=fast,
+            )
         except (RuntimeError, NotImplementedError) as error:
             pytest.skip(f"the scaled matmul does not run on this CPU build: {error}")
         torch.testing.assert_close(out, emulated, rtol=1e-5, atol=1e-4)
@@ -477,8 +483,14 @@ def test_fp8_benchmark_variants_and_fast_accumulation_on_a_gpu():
     b8, sb = to_fp8(b)
     exact = a @ b
     for fast in (False, True):
-        out = scaled_matmul(a8, b8.t().contiguous().t(), sa.reciprocal(), sb.reciprocal(),
-                            out_dtype=torch.float32, use_fast_accum=fast)  # fmt: skip
+        out = scaled_matmul(
+            a8,
+            b8.t().contiguous().t(),
+            sa.reciprocal(),
+            sb.reciprocal(),
+            out_dtype=torch.float32,
+            use_fast_accum=fast,
+        )
         assert ((out - exact).norm() / exact.norm()).item() < 0.08
 
 
@@ -545,9 +557,11 @@ def test_block_scaling_rounds_like_torch_and_resists_outliers_that_per_tensor_sc
     spread = spread * torch.exp2(torch.randint(-14, 10, (20000,), generator=generator).float())
     e4m3 = BLOCK_FORMATS["MXFP8"].element
     torch.testing.assert_close(
-        round_to_minifloat(spread, e4m3), spread.clamp(-448, 448).to(torch.float8_e4m3fn).float(),
-        rtol=0, atol=0,
-    )  # fmt: skip
+        round_to_minifloat(spread, e4m3),
+        spread.clamp(-448, 448).to(torch.float8_e4m3fn).float(),
+        rtol=0,
+        atol=0,
+    )
     fp4 = round_to_minifloat(torch.linspace(-7, 7, 1001), BLOCK_FORMATS["NVFP4"].element)
     assert sorted(set(fp4.abs().tolist())) == [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
     x = torch.randn(64, 256, generator=generator) * 1e-3
@@ -738,11 +752,12 @@ def test_listings_are_the_packages_own_code():
 #:   alignment to multiples of 8, 64 or 128; torch 2.9 (the new TF32 API); DeepSpeed's defaults
 #:   (initial scale power 16, a 1000-step window, hysteresis 2, minimum scale 1), torch's
 #:   GradScaler's factors 2 and 0.5; exercise 5.
-MIXED_PRECISION_CONSTANTS = {
-    "0", "0.01", "0.1", "0.5", "0.9", "1", "1.5", "2", "2.9", "3", "4", "5", "6", "7", "8", "10",
-    "11", "12", "14", "15", "16", "23", "32", "50", "64", "100", "128", "256", "448",
-    "80", "1000", "1024", "4096", "65504", "65536", "50,257", "50,304",
-}  # fmt: skip
+MIXED_PRECISION_CONSTANTS = set(
+    (
+        "0 0.01 0.1 0.5 0.9 1 1.5 2 2.9 3 4 5 6 7 8 10 11 12 14 15 16 23 32 50 64 100 128 "
+        "256 448 80 1000 1024 4096 65504 65536 50,257 50,304"
+    ).split()
+)
 
 
 def test_chapter_prose_types_no_number_that_code_produced():

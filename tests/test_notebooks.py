@@ -90,9 +90,12 @@ def test_stub_keeps_imports_signatures_docstrings_and_checks_and_nothing_else():
     assert "answer = ...  # your answer here" in stub and "# your code here" in stub
     assert stub.rstrip().endswith("check_double(double)")
     assert solution_lines(SOLUTION) == {
-        "y = x + x  # the answer", "return y", "def square(x): return x * x",
-        "answer = 42", 'print("done")',
-    }  # fmt: skip
+        "y = x + x  # the answer",
+        "return y",
+        "def square(x): return x * x",
+        "answer = 42",
+        'print("done")',
+    }
     assert not solution_lines(SOLUTION) & {line.strip() for line in stub.splitlines()}
 
 
@@ -185,9 +188,12 @@ def stub_errors(exercises: nbformat.NotebookNode) -> list[str | None]:
         cells=[nbformat.v4.new_code_cell(prelude), *stubs], metadata=exercises.metadata
     )
     client = NotebookClient(
-        notebook, timeout=600, kernel_name="python3", allow_errors=True,
+        notebook,
+        timeout=600,
+        kernel_name="python3",
+        allow_errors=True,
         resources={"metadata": {"path": str(chapters.BOOK)}},
-    )  # fmt: skip
+    )
     client.execute()
     assert not chapters.cell_errors(nbformat.v4.new_notebook(cells=notebook.cells[:1]))
     return [
@@ -219,7 +225,8 @@ def test_the_stub_test_sees_a_check_that_does_not_check():
         "from builtins import print as check_nothing\n\n\n"
         "def answer():\n    return 42\n\n\ncheck_nothing(answer)\n",
         "from trainfast.checks import report as check_report\n\n\n"
-        "def answer():\n    return 42\n\n\ncheck_report([('42', None if answer() == 42 else 'no')])\n",
+        "def answer():\n    return 42\n\n\n"
+        "check_report([('42', None if answer() == 42 else 'no')])\n",
     ]
     notebook = nbformat.v4.new_notebook(
         cells=[

@@ -576,7 +576,7 @@ def test_muon_adamw_groups_match_torch_adamw() -> None:
 
 @pytest.mark.parametrize("foreach", [False, True], ids=["single", "foreach"])
 def test_muon_whole_model_matches_reference_plus_torch_adamw(foreach: bool) -> None:
-    """One Muon over the whole model == the reference on hidden weights + torch AdamW on the rest."""
+    """One Muon over the whole model == reference on hidden weights + torch AdamW on the rest."""
     ours_model, reference_model = _split_model(), _split_model()
     ours = Muon(
         muon_param_groups(ours_model), lr=0.02, weight_decay=0.01, adamw_lr=1e-2, foreach=foreach
@@ -1133,7 +1133,7 @@ def test_chapter_prose_types_no_number_that_code_produced() -> None:
 def test_numbers_in_prose_skips_code_math_roles_and_names() -> None:
     from chapters import numbers_in_prose
 
-    page = "\n".join([
+    lines = [
         "---",
         "kernelspec: {version: 3}",
         "---",
@@ -1151,7 +1151,8 @@ def test_numbers_in_prose_skips_code_math_roles_and_names() -> None:
         "A note with 12 inside.",
         ":::",
         "We measured 0.75 here, with 32 lanes.",
-    ])  # fmt: skip
+    ]
+    page = "\n".join(lines)
     found = numbers_in_prose(page, allow={"32"})
     assert [entry.split(" in ")[0] for entry in found] == [
         "line 6: 300",

@@ -106,7 +106,7 @@ def test_listings_resolve():
 
 # ---------------------------------------------------------------------------- collectives
 def _cases(world_size: int) -> list[Case]:
-    """Every collective x lengths (1, odd, not divisible by N, 2-D non-contiguous) x dtypes x ops."""
+    """Every collective x lengths (1, odd, indivisible by N, 2-D non-contiguous) x dtypes x ops."""
     shapes = [(1,), (7,), (2 * world_size + 1,), (3, 5)]
     dtypes = [torch.float32, torch.float64, torch.int64, torch.int32]
     cases = []
@@ -363,8 +363,10 @@ def test_sharded_training_matches_unsharded_adamw(world_size, strategy, adamw_re
         assert all(r.held.parameters == 4 * (matrices + vectors) for r in results)
     else:  # torch's FSDP2 cuts every parameter along its first dimension
         rows = {k: v.shape[0] for k, v in reference.items()}
-        largest = sum(math.ceil(n / world_size) * v[0].numel() for (k, n), v in
-                      zip(rows.items(), reference.values(), strict=True))  # fmt: skip
+        largest = sum(
+            math.ceil(n / world_size) * v[0].numel()
+            for (k, n), v in zip(rows.items(), reference.values(), strict=True)
+        )
         assert max(state) == 2 * largest
         assert sum(r.parameter_numel for r in results) == total  # stage 3 shards them
 
@@ -470,8 +472,14 @@ def test_zero_memory_matches_the_paper():
 def test_tensor_parallel_mlp_matches_dense(world_size):
     results = spawn(tensor_parallel_worker, world_size, 16, 42, 8, 3, timeout=120)  # 42 % 4 != 0
     for rank, pairs in enumerate(results):
-        assert set(pairs) == {"output", "input grad", "fc1.weight grad", "fc1.bias grad",
-                              "fc2.weight grad", "fc2.bias grad"}  # fmt: skip
+        assert set(pairs) == {
+            "output",
+            "input grad",
+            "fc1.weight grad",
+            "fc1.bias grad",
+            "fc2.weight grad",
+            "fc2.bias grad",
+        }
         for name, (parallel, dense) in pairs.items():
             torch.testing.assert_close(
                 parallel, dense, rtol=1e-5, atol=1e-6, msg=f"rank {rank}: {name}"

@@ -99,8 +99,11 @@ def test_benchmark_side_by_side_takes_turns_and_times_each_function():
     order = []
     timings = benchmark_side_by_side(
         {"a": lambda: order.append("a"), "b": lambda: order.append("b")},
-        warmup=1, repeats=3, number={"a": 1, "b": 2}, device="cpu",
-    )  # fmt: skip
+        warmup=1,
+        repeats=3,
+        number={"a": 1, "b": 2},
+        device="cpu",
+    )
     assert order == ["a", "b"] + ["a", "b", "b"] * 3  # one warm-up call each, then turns
     assert list(timings) == ["a", "b"] and timings["b"].number == 2
     assert all(len(t.samples) == 3 for t in timings.values())
@@ -113,9 +116,13 @@ def test_benchmark_side_by_side_takes_turns_and_times_each_function():
 def test_before_sample_runs_untimed_before_every_sample():
     events = []
     timing = benchmark(
-        lambda: events.append("fn"), warmup=1, repeats=3, number=2, device="cpu",
+        lambda: events.append("fn"),
+        warmup=1,
+        repeats=3,
+        number=2,
+        device="cpu",
         before_sample=lambda: (events.append("before"), time.sleep(0.01)),
-    )  # fmt: skip
+    )
     assert events == ["fn"] + ["before", "fn", "fn"] * 3
     assert timing.median < 0.005  # the 10 ms sleep before each sample is not in the samples
 
@@ -144,10 +151,10 @@ def test_cuda_samples_start_and_end_on_an_idle_device(monkeypatch):
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: log.append("sync"))
     monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
     fns = {"gpu_bound": lambda: log.append("a"), "host_bound": lambda: log.append("b")}
-    samples = timing.cuda_event_samples(fns, {"gpu_bound": 1, "host_bound": 2},
-                                        torch.device("cuda", 0), 2, None)  # fmt: skip
-    one_round = ["sync", "record", "a", "record", "sync", "sync", "record", "b", "b", "record",
-                 "sync"]  # fmt: skip
+    samples = timing.cuda_event_samples(
+        fns, {"gpu_bound": 1, "host_bound": 2}, torch.device("cuda", 0), 2, None
+    )
+    one_round = "sync record a record sync sync record b b record sync".split()
     assert log == one_round * 2
     assert samples == {"gpu_bound": [2e-3, 2e-3], "host_bound": [1.5e-3, 1.5e-3]}
 
@@ -192,9 +199,21 @@ def test_nvidia_smi_is_asked_about_the_gpu_by_uuid_not_by_cuda_index(tmp_path, m
 PACKAGE = Path(trainfast.__file__).parent
 
 #: Names that read a clock (as the end of a dotted name, or imported from the module on the left).
-_CLOCKS = ("perf_counter", "perf_counter_ns", "monotonic", "monotonic_ns", "process_time",
-           "process_time_ns", "time_ns", "time.time", "cuda.Event", "datetime.now",
-           "datetime.utcnow", "benchmark.Timer", "timeit")  # fmt: skip
+_CLOCKS = (
+    "perf_counter",
+    "perf_counter_ns",
+    "monotonic",
+    "monotonic_ns",
+    "process_time",
+    "process_time_ns",
+    "time_ns",
+    "time.time",
+    "cuda.Event",
+    "datetime.now",
+    "datetime.utcnow",
+    "benchmark.Timer",
+    "timeit",
+)
 
 #: Clock reads that are not measurements, each with its reason; every other one is an error.
 ALLOWED_CLOCKS = {
@@ -244,9 +263,14 @@ def test_clock_reads_finds_every_way_of_reading_a_clock():
         "d = datetime.datetime.now()\ne = time.monotonic_ns()\nf = time.sleep(1)\n"
     )
     assert clock_reads(source) == {
-        (2, "perf_counter"), (3, "timeit"), (4, "perf_counter"), (5, "time.time"),
-        (6, "cuda.Event"), (7, "datetime.now"), (8, "monotonic_ns"),
-    }  # fmt: skip
+        (2, "perf_counter"),
+        (3, "timeit"),
+        (4, "perf_counter"),
+        (5, "time.time"),
+        (6, "cuda.Event"),
+        (7, "datetime.now"),
+        (8, "monotonic_ns"),
+    }
 
 
 def test_the_package_has_one_timer():
@@ -408,9 +432,13 @@ def test_trace_times_of_a_cpu_profile_sees_operators_and_no_gpu(tmp_path):
 
 def test_profile_steps_records_memory_and_rejects_bad_schedules(tmp_path):
     profile = profile_steps(
-        lambda: torch.ones(1024, 1024).sum(), wait=0, warmup=0, active=1, out_dir=tmp_path,
+        lambda: torch.ones(1024, 1024).sum(),
+        wait=0,
+        warmup=0,
+        active=1,
+        out_dir=tmp_path,
         profile_memory=True,
-    )  # fmt: skip
+    )
     assert profile.operator("aten::empty").self_cpu_memory_bytes >= 4 * 1024 * 1024
     for settings, message in [({"active": 0}, "active: 0"), ({"wait": -1}, "wait: -1")]:
         with pytest.raises(ValueError, match=message):
@@ -462,8 +490,14 @@ def test_every_fix_this_cpu_runs_keeps_the_loss_curve_compile_included(baseline_
     """The chapter's chain (compile included, same graph as the chapter: its cache is reused)."""
     use_compile_cache(ROOT / "_build" / "torchinductor")
     chain = cumulative_fixes(torch.device("cpu"), skip=["bf16"])
-    assert list(chain) == ["baseline", "+ data_workers", "+ no_item", "+ fused_optimizer",
-                           "+ sdpa", "+ compile"]  # fmt: skip
+    assert list(chain) == [
+        "baseline",
+        "+ data_workers",
+        "+ no_item",
+        "+ fused_optimizer",
+        "+ sdpa",
+        "+ compile",
+    ]
     for name, fixes in list(chain.items())[1:]:
         tolerance = max(LOSS_TOLERANCE[fix] for fix in fixes.enabled)
         deviation = loss_deviation(train_with_fixes(fixes, STEPS), baseline_losses)
@@ -527,8 +561,10 @@ def test_compare_fixes_builds_each_run_after_the_last_one_has_stopped_its_worker
 def test_compare_fixes_times_each_run_and_compares_curves():
     rows, curves = compare_fixes(
         {"baseline": Fixes(), "fused": Fixes(fused_optimizer=True)},
-        steps_per_sample=2, rounds=2, warmup_samples=0,
-    )  # fmt: skip
+        steps_per_sample=2,
+        rounds=2,
+        warmup_samples=0,
+    )
     assert [row["variant"] for row in rows] == ["baseline", "fused"]
     assert rows[0]["speedup"] == 1.0 and rows[1]["fixes"] == "fused_optimizer"
     assert all(len(curve) == 1 + 2 * 2 for curve in curves.values())
@@ -579,7 +615,7 @@ def test_overhead_helpers_measure_rates_and_refuse_cuda_graphs_on_a_cpu():
         launch_overhead,
         small_kernels,
         time_per_op,
-    )  # fmt: skip
+    )
 
     x = torch.randn(8)
     expected = x
@@ -654,8 +690,12 @@ def test_counting_backend_counts_graph_breaks_and_recompiles():
     for n in (3, 4, 5):
         compiled(torch.randn(n))
     assert counter.compiles == 3
-    assert set(cache_counters()) == {"fx_graph_hits", "fx_graph_misses", "aot_autograd_hits",
-                                     "aot_autograd_misses"}  # fmt: skip
+    assert set(cache_counters()) == {
+        "fx_graph_hits",
+        "fx_graph_misses",
+        "aot_autograd_hits",
+        "aot_autograd_misses",
+    }
 
 
 def test_cudagraph_skip_reasons_reports_what_torch_compile_skips_silently():
@@ -695,10 +735,12 @@ def test_plot_waterfall_draws_one_bar_per_variant_plus_the_total():
     matplotlib.use("Agg")
     from trainfast.profiling.plots import plot_waterfall
 
-    rows = [{"variant": "baseline", "step_ms": 10.0, "iqr_ms": 1.0},
-            {"variant": "+ a", "step_ms": 8.0, "iqr_ms": 1.0},
-            {"variant": "+ b", "step_ms": 9.0, "iqr_ms": 0.5},
-            {"variant": "foreach alone", "step_ms": 7.0, "iqr_ms": 0.5}]  # fmt: skip
+    rows = [
+        {"variant": "baseline", "step_ms": 10.0, "iqr_ms": 1.0},
+        {"variant": "+ a", "step_ms": 8.0, "iqr_ms": 1.0},
+        {"variant": "+ b", "step_ms": 9.0, "iqr_ms": 0.5},
+        {"variant": "foreach alone", "step_ms": 7.0, "iqr_ms": 0.5},
+    ]
     ax = plot_waterfall(rows)
     assert len(ax.patches) == 4 and ax.get_ylabel().endswith("(ms)")  # "alone" is no link
     assert [t.get_text() for t in ax.get_xticklabels()] == ["baseline", "+ a", "+ b", "all fixes"]
@@ -714,8 +756,11 @@ def test_plot_waterfall_draws_one_bar_per_variant_plus_the_total():
 def test_check_bottleneck():
     from trainfast.profiling.exercises import check_bottleneck
 
-    check_bottleneck(lambda p: max((r for r in p.operators if r.name.startswith("aten::")),
-                                   key=lambda r: r.self_cpu_s).name)  # fmt: skip
+    def busiest_aten_op(p):
+        aten = [r for r in p.operators if r.name.startswith("aten::")]
+        return max(aten, key=lambda r: r.self_cpu_s).name
+
+    check_bottleneck(busiest_aten_op)
     with pytest.raises(AssertionError, match="answered"):  # total time picks a range, not an op
         check_bottleneck(lambda p: max(p.operators, key=lambda r: r.total_cpu_s).name)
 
@@ -788,7 +833,7 @@ def test_check_find_sync(capsys):
         check_find_sync(
             lambda profile: max(
                 ("prepare", "compute", "log"), key=lambda part: profile.operator(part).self_cpu_s
-            )  # fmt: skip
+            )
         )
     with pytest.raises(ValueError, match="how: 'print'"):
         planted_sync_step("log", "print")
@@ -813,8 +858,6 @@ def test_chapter_prose_types_no_number_that_code_produced() -> None:
     import chapters
 
     assert chapters.typed_numbers("profiling", allow=PROFILING_CONSTANTS) == []
-
-
 
 
 def test_rank_sum_test_agrees_with_scipy_mann_whitney_exact():

@@ -201,7 +201,9 @@ def test_measure_lists_and_rejects_unknown_benchmarks(capsys):
 @pytest.mark.parametrize("name", sorted(BENCHMARKS))
 def test_measure_writes_a_record_per_benchmark(tmp_path, monkeypatch, name):
     # The CLI and the record are under test here, not the sizes: keep the optimizer benchmark tiny.
-    monkeypatch.setattr("trainfast.optim.benchmarks.transformer_shapes", lambda w, d: [(8, 8), (8,)])
+    monkeypatch.setattr(
+        "trainfast.optim.benchmarks.transformer_shapes", lambda w, d: [(8, 8), (8,)]
+    )
     assert main(["--out", str(tmp_path), "--only", name, "--quick", "--device", "cpu"]) == 0
     (record,) = load_records(tmp_path, name)
     assert record.command.startswith(f"python -m trainfast.measure --out {tmp_path}")

@@ -106,7 +106,7 @@ def linear_training_flops(
 
 
 def training_flops(shape: TransformerShape) -> int:
-    """Matmul FLOPs of one training step (forward and backward) of the :mod:`~trainfast.transformer`.
+    """Matmul FLOPs of one training step (forward and backward) of :mod:`~trainfast.transformer`.
 
     Per layer: the four linear maps (QKV ``h -> 3h``, output ``h -> h``, MLP ``h -> f -> h``)
     and, per sequence and head, ``QK^T`` and ``PV`` (``2 s^2 d_head`` each, forward); then the
@@ -325,8 +325,8 @@ def bytes_per_parameter(recipe: str | Recipe, optimizer: str) -> MemoryBreakdown
     """Model-state bytes per parameter for a precision recipe and an optimizer (no activations).
 
     Adam: "fp32" 16 (4 + 4 + 2 x 4), "bf16 + fp32 master" 16 (2 + 2 + 4 + 2 x 4, ZeRO's
-    ``2 + 2 + K`` with ``K = 12``), "bf16, fp32 moments" 12, "pure bf16" 8. The optimizer part is what
-    :func:`trainfast.optim.state.state_bytes_per_param` measures on a real optimizer.
+    ``2 + 2 + K`` with ``K = 12``), "bf16, fp32 moments" 12, "pure bf16" 8. The optimizer part is
+    what :func:`trainfast.optim.state.state_bytes_per_param` measures on a real optimizer.
     """
     r = _recipe(recipe)
     return MemoryBreakdown(

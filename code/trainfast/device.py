@@ -106,10 +106,17 @@ def nvidia_smi_query(
         gpu = "0"
     try:
         result = subprocess.run(
-            [executable, f"--id={gpu}", f"--query-gpu={','.join(fields)}",
-             "--format=csv,noheader,nounits"],
-            capture_output=True, text=True, timeout=10, check=True,
-        )  # fmt: skip
+            [
+                executable,
+                f"--id={gpu}",
+                f"--query-gpu={','.join(fields)}",
+                "--format=csv,noheader,nounits",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     values = [value.strip() for value in result.stdout.strip().split(",")]

@@ -38,7 +38,7 @@ def clip_grad_norm_(
     error_if_nonfinite: bool = False,
     foreach: bool = False,
 ) -> Tensor:
-    r"""Scale the gradients of ``parameters`` in place so that their global norm is at most ``max_norm``.
+    r"""Scale ``parameters``' gradients in place so that their global norm is at most ``max_norm``.
 
     The global norm is the ``norm_type``-norm of all gradients together (the norm of the
     per-tensor norms), :math:`\lVert g \rVert`. If it exceeds ``max_norm`` every gradient is
@@ -81,7 +81,7 @@ def clip_grad_norm_(
 
 
 def z_loss(logits: Tensor, weight: float = 1e-4) -> Tensor:
-    r"""The auxiliary loss :math:`\text{weight} \cdot \overline{\log^2 Z}`, ``logits`` (..., classes).
+    r"""Auxiliary loss :math:`\text{weight} \cdot \overline{\log^2 Z}`, ``logits`` (..., classes).
 
     :math:`\log Z = \operatorname{logsumexp}` of each row of logits. Softmax is unchanged by
     adding a constant to a row, so nothing in cross-entropy stops :math:`\log Z` from drifting;
@@ -94,7 +94,7 @@ def z_loss(logits: Tensor, weight: float = 1e-4) -> Tensor:
 
 
 def softcap(logits: Tensor, cap: float) -> Tensor:
-    r""":math:`\text{cap} \cdot \tanh(\text{logits} / \text{cap})`: logits bounded by cap in absolute value.
+    r""":math:`\text{cap} \cdot \tanh(\text{logits} / \text{cap})`: logits kept within (-cap, cap).
 
     Close to the identity for :math:`|x| \ll \text{cap}`, smoothly saturating beyond, so the
     gradient never becomes exactly zero. Gemma 2 uses cap 50 on attention logits and 30 on the

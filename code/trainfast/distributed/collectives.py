@@ -45,9 +45,19 @@ __all__ = [
 OPS = ("sum", "mean", "max", "min")
 
 _DTYPES = [
-    torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.complex64,
-    torch.complex128, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.bool,
-]  # fmt: skip
+    torch.float32,
+    torch.float64,
+    torch.float16,
+    torch.bfloat16,
+    torch.complex64,
+    torch.complex128,
+    torch.uint8,
+    torch.int8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.bool,
+]
 _MAX_DIMS = 8
 
 
@@ -195,8 +205,11 @@ def reduce(tensor: torch.Tensor, dst: int = 0, op: str = "sum", *, check: bool =
     if rank != dst:
         dist.send(tensor.contiguous(), dst=dst)
         return
-    incoming = {other: torch.empty_like(tensor, memory_format=torch.contiguous_format)
-                for other in range(world_size) if other != dst}  # fmt: skip
+    incoming = {
+        other: torch.empty_like(tensor, memory_format=torch.contiguous_format)
+        for other in range(world_size)
+        if other != dst
+    }
     requests = [dist.irecv(buffer, src=other) for other, buffer in incoming.items()]
     for request in requests:
         request.wait()

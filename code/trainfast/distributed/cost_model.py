@@ -52,7 +52,7 @@ ALGORITHMS = ("naive", "tree", "ring")
 
 @dataclass(frozen=True)
 class Link:
-    """One link's cost: ``alpha`` s per message, ``beta`` s per byte, ``gamma`` s per byte reduced."""
+    """A link's cost: ``alpha`` s per message, ``beta`` s per byte, ``gamma`` s per byte reduced."""
 
     alpha: float  # latency, s
     beta: float  # inverse bandwidth, s/byte
@@ -107,7 +107,7 @@ def all_reduce_time(algorithm: str, n_bytes: float, world_size: int, link: Link)
 
 
 def reduce_scatter_time(n_bytes: float, world_size: int, link: Link) -> float:
-    """Ring reduce-scatter of an ``n_bytes`` tensor: ``(N-1) alpha + ((N-1)/N) n (beta + gamma)``."""
+    """Ring reduce-scatter of ``n_bytes``: ``(N-1) alpha + ((N-1)/N) n (beta + gamma)``."""
     _check("ring", world_size)
     n = world_size
     return (n - 1) * link.alpha + (n - 1) / n * n_bytes * (link.beta + link.gamma)

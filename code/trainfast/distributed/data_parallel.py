@@ -142,8 +142,10 @@ def evaluate_distributed(
     ``DistributedSampler`` would pad the last ranks with repeats).
     """
     device = next(model.parameters()).device
-    loader = DataLoader(torch.utils.data.Subset(dataset, range(rank, len(dataset), world_size)),
-                        batch_size=batch_size)  # fmt: skip
+    loader = DataLoader(
+        torch.utils.data.Subset(dataset, range(rank, len(dataset), world_size)),
+        batch_size=batch_size,
+    )
     correct, total = 0, 0
     for inputs, labels in loader:
         predictions = model(inputs.to(device)).argmax(dim=-1)

@@ -102,10 +102,12 @@ class DDP(nn.Module):
                 size = 0
             groups[-1].append(p)
             size += nbytes
-        return [
-            _Bucket(i, g, torch.zeros(sum(p.numel() for p in g), dtype=g[0].dtype, device=g[0].device))
-            for i, g in enumerate(groups)
-        ]  # fmt: skip
+        buckets = []
+        for i, group in enumerate(groups):
+            numel = sum(p.numel() for p in group)
+            flat = torch.zeros(numel, dtype=group[0].dtype, device=group[0].device)
+            buckets.append(_Bucket(i, group, flat))
+        return buckets
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return self.module(*args, **kwargs)

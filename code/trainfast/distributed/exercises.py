@@ -7,8 +7,9 @@ failing case (the book's one convention, :func:`trainfast.checks.report`).
 The distributed exercises (``broadcast``, ``all_reduce``, distributed evaluation) must run in
 several processes, and a function defined in a notebook cannot be looked up by name in a new
 process. So their checks send the function's *source* to the ranks, which define it there with
-``torch`` and ``torch.distributed as dist`` in scope and call it inside a real process group. The function
-must therefore be self-contained: it may use ``torch`` and ``dist``, not other notebook names.
+``torch`` and ``torch.distributed as dist`` in scope and call it inside a real process group. The
+function must therefore be self-contained: it may use ``torch`` and ``dist``, not other notebook
+names.
 """
 
 from __future__ import annotations
@@ -188,9 +189,16 @@ def _check_collective(candidate: Callable[..., Any], kind: str) -> None:
             for r in range(world_size)
         ]
         try:
-            got = spawn(collective_exercise_worker, world_size, source, name, kind,
-                        [(s, d, root % world_size) for s, d, root in cases], timeout=120,
-                        collective_timeout=20)  # fmt: skip
+            got = spawn(
+                collective_exercise_worker,
+                world_size,
+                source,
+                name,
+                kind,
+                [(s, d, root % world_size) for s, d, root in cases],
+                timeout=120,
+                collective_timeout=20,
+            )
         except SpawnError as error:
             results.append((f"{name} on {world_size} ranks", str(error).splitlines()[0]))
             continue
@@ -200,8 +208,11 @@ def _check_collective(candidate: Callable[..., Any], kind: str) -> None:
                 expected = inputs[root][i]
             else:
                 expected = torch.stack([inputs[r][i] for r in range(world_size)]).sum(0)
-            wrong = [r for r in range(world_size) if not torch.allclose(
-                got[r][i].double(), expected.double(), rtol=1e-5, atol=1e-3)]  # fmt: skip
+            wrong = [
+                r
+                for r in range(world_size)
+                if not torch.allclose(got[r][i].double(), expected.double(), rtol=1e-5, atol=1e-3)
+            ]
             case = f"{name}: {world_size} ranks, shape {shape}, {dtype}" + (
                 f", root {root}" if kind == "broadcast" else ""
             )
@@ -252,8 +263,14 @@ def check_distributed_evaluation(
     for world_size in (2, 3, 4):
         case = f"{name} on {world_size} ranks"
         try:
-            got = spawn(evaluation_exercise_worker, world_size, source, name, timeout=120,
-                        collective_timeout=20)  # fmt: skip
+            got = spawn(
+                evaluation_exercise_worker,
+                world_size,
+                source,
+                name,
+                timeout=120,
+                collective_timeout=20,
+            )
         except SpawnError as error:
             results.append((case, str(error).splitlines()[0]))
             continue
@@ -283,7 +300,10 @@ def check_capacity_mask(mask: Callable[[Tensor, int, int], Tensor]) -> None:
         )
         expected = capacity_mask(experts, n_experts, capacity)
         got = mask(experts.clone(), n_experts, capacity)
-        case = f"{tokens} tokens, {n_experts} experts, top-{k}, capacity {capacity}: {int((~expected).sum())} dropped"
+        dropped = int((~expected).sum())
+        case = (
+            f"{tokens} tokens, {n_experts} experts, top-{k}, capacity {capacity}: {dropped} dropped"
+        )
         if not isinstance(got, Tensor) or got.shape != expected.shape:
             problem = f"got {got!r}, expected a bool tensor of shape {tuple(expected.shape)}"
         else:
@@ -294,7 +314,10 @@ def check_capacity_mask(mask: Callable[[Tensor, int, int], Tensor]) -> None:
 
 
 def check_causal_ring_work(work: Callable[[int, int], int]) -> None:
-    """Check ``work(rank, world_size)``: key blocks rank ``rank`` attends to in causal ring attention."""
+    """Check ``work(rank, world_size)``: how many key blocks rank ``rank`` attends to.
+
+    The count is that of causal ring attention over ``world_size`` ranks.
+    """
     results: list[Case] = []
     for world_size in (1, 2, 4, 8):
         for rank in sorted({0, world_size // 2, world_size - 1}):

@@ -257,9 +257,12 @@ def spawn(
     context = None
     try:
         context = torch_mp.start_processes(
-            _run_rank, args=(fn, world_size, args, config), nprocs=world_size, join=False,
+            _run_rank,
+            args=(fn, world_size, args, config),
+            nprocs=world_size,
+            join=False,
             start_method=method,
-        )  # fmt: skip
+        )
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
             while not context.join(timeout=0.05, grace_period=_GRACE_S):

@@ -198,7 +198,7 @@ def all_to_all_rows(x: Tensor, send_sizes: list[int], recv_sizes: list[int]) -> 
 
 
 def _exchange_counts(send_sizes: list[int], device: torch.device) -> list[int]:
-    """How many rows each rank will send me, given how many I send each (an all-to-all of counts)."""
+    """How many rows each rank sends me, given how many I send each (an all-to-all of counts)."""
     _, world_size = rank_and_world_size()
     counts = [torch.tensor([size], device=device) for size in send_sizes]
     received = [torch.empty(1, dtype=torch.int64, device=device) for _ in range(world_size)]
@@ -217,7 +217,8 @@ class ExpertParallelMoE(nn.Module):
         super().__init__()
         if config.n_experts % world_size:
             raise ValueError(
-                f"Invalid n_experts: {config.n_experts} (must be a multiple of the world size {world_size})"
+                f"Invalid n_experts: {config.n_experts} "
+                f"(must be a multiple of the world size {world_size})"
             )
         self.config, self.rank, self.world_size = config, rank, world_size
         self.per_rank = config.n_experts // world_size

@@ -241,8 +241,10 @@ def make_pipeline_model(config: PipelineConfig, n_stages: int) -> nn.Sequential:
     def block() -> nn.Module:
         return nn.Sequential(nn.Linear(config.width, config.width), nn.Tanh())
 
-    return nn.Sequential(*[nn.Sequential(*[block() for _ in range(config.layers_per_stage)])
-                           for _ in range(n_stages)])  # fmt: skip
+    def stage() -> nn.Sequential:
+        return nn.Sequential(*[block() for _ in range(config.layers_per_stage)])
+
+    return nn.Sequential(*[stage() for _ in range(n_stages)])
 
 
 def pipeline_batch(config: PipelineConfig) -> tuple[torch.Tensor, torch.Tensor]:

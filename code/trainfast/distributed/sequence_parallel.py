@@ -6,7 +6,8 @@ the Megatron-LM way (Shoeybi et al., 2019):
 * **attention, by heads**: the fused QKV projection is column-parallel by *heads* (rank ``r``
   keeps the rows of its heads' queries, keys and values), every head attends on its own rank,
   and the output projection is row-parallel (its columns for those heads), a partial sum;
-* **the MLP**: column-parallel then row-parallel, as in :mod:`~trainfast.distributed.tensor_parallel`.
+* **the MLP**: column-parallel then row-parallel, as in
+  :mod:`~trainfast.distributed.tensor_parallel`.
 
 What the two communicate is behind two helpers, :meth:`ParallelTransformerBlock.enter` and
 :meth:`~ParallelTransformerBlock.leave`, and that is all ``sequence_parallel`` changes:
@@ -22,10 +23,11 @@ What the two communicate is behind two helpers, :meth:`ParallelTransformerBlock.
   ``N``-fold.
 
 Under sequence parallelism the gradients of the LayerNorms and of the row-parallel biases are
-partial sums over each rank's tokens: :meth:`~ParallelTransformerBlock.finish_gradient_synchronization`
-all-reduces them (Megatron does the same). Dropout masks are drawn per rank; Megatron keeps
-separate random streams for replicated and sharded regions, which this module does not, so
-its parity checks run with dropout 0. The sequence must divide evenly over the ranks.
+partial sums over each rank's tokens:
+:meth:`~ParallelTransformerBlock.finish_gradient_synchronization` all-reduces them (Megatron does
+the same). Dropout masks are drawn per rank; Megatron keeps separate random streams for replicated
+and sharded regions, which this module does not, so its parity checks run with dropout 0. The
+sequence must divide evenly over the ranks.
 """
 
 from __future__ import annotations
@@ -113,7 +115,7 @@ def gather_from_sequence_parallel(x: Tensor) -> Tensor:
 
 
 def reduce_scatter_to_sequence_parallel(x: Tensor) -> Tensor:
-    """Sum the ranks' partial (batch, seq, d), keep this rank's (batch, seq / N, d); all-gather backward."""
+    """Reduce-scatter partial sums (batch, seq, d) into (batch, seq / N, d); all-gather backward."""
     return _ReduceScatterToSequenceParallel.apply(x)
 
 
@@ -129,7 +131,14 @@ class ParallelTransformerBlock(nn.Module):
     tensor parallelism, and this rank's (batch, seq / N, d_model) with ``sequence_parallel``.
     """
 
-    def __init__(self, block: TransformerBlock, rank: int, world_size: int, *, sequence_parallel: bool = False) -> None:  # fmt: skip
+    def __init__(
+        self,
+        block: TransformerBlock,
+        rank: int,
+        world_size: int,
+        *,
+        sequence_parallel: bool = False,
+    ) -> None:
         super().__init__()
         attn, mlp = block.attn, block.mlp
         d_model, self.n_heads = attn.qkv.in_features, attn.n_heads
@@ -159,13 +168,13 @@ class ParallelTransformerBlock(nn.Module):
         )
 
     def leave(self, partial: Tensor) -> Tensor:
-        """Out of a parallel region: sum the ranks' partial outputs (this rank's tokens under SP)."""
+        """Out of a parallel region: sum the ranks' partial outputs (this rank's tokens with SP)."""
         if self.sequence_parallel:
             return reduce_scatter_to_sequence_parallel(partial)
         return reduce_from_tensor_parallel(partial)
 
     def attention(self, h: Tensor) -> Tensor:
-        """Causal attention of this rank's heads: (batch, seq, d_model) -> partial (batch, seq, d_model)."""
+        """Causal attention of this rank's heads: (batch, seq, d) -> partial (batch, seq, d)."""
         batch, seq, _ = h.shape
         local = self.local_heads * self.head_dim
         q, k, v = F.linear(h, self.qkv_weight, self.qkv_bias).split(
@@ -308,7 +317,7 @@ def sequence_parallel_worker(
 def _dense_grads(
     block: ParallelTransformerBlock, dense: TransformerBlock, rank: int, world_size: int
 ) -> dict:
-    """(parallel, dense) gradient pairs: each sharded gradient against its slice of the dense one."""
+    """(parallel, dense) gradient pairs: each sharded gradient and its slice of the dense one."""
     attn, mlp = dense.attn, dense.mlp
     d_model = attn.qkv.in_features
     heads = shard_range(attn.n_heads, rank, world_size)

@@ -47,7 +47,7 @@ def _loss(output: Tensor, target: Tensor) -> Tensor:
 
 
 def torch_tensor_parallel(model: nn.Sequential, world_size: int) -> nn.Sequential:
-    """Megatron pairs with ``parallelize_module``: 1st, 3rd, ... linear column-wise, the next row-wise."""
+    """Megatron pairs with ``parallelize_module``: linears 1, 3, ... by column, the next by row."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,

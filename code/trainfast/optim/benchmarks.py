@@ -49,14 +49,15 @@ def transformer_shapes(width: int, depth: int) -> list[tuple[int, ...]]:
     if width < 1 or depth < 1:
         raise ValueError(f"Invalid transformer size: width={width}, depth={depth}")
     w = width
-    block = [
-        (w,), (w,),  # ln_1 weight, bias
-        (3 * w, w), (3 * w,),  # attention QKV projection (out, in), bias
-        (w, w), (w,),  # attention output projection
-        (w,), (w,),  # ln_2
-        (4 * w, w), (4 * w,),  # MLP up
-        (w, 4 * w), (w,),  # MLP down
-    ]  # fmt: skip
+    layers = [  # (weight shape, bias shape)
+        ((w,), (w,)),  # ln_1
+        ((3 * w, w), (3 * w,)),  # attention QKV projection, weight (out, in)
+        ((w, w), (w,)),  # attention output projection
+        ((w,), (w,)),  # ln_2
+        ((4 * w, w), (4 * w,)),  # MLP up
+        ((w, 4 * w), (w,)),  # MLP down
+    ]
+    block = [shape for pair in layers for shape in pair]
     return block * depth
 
 
@@ -119,20 +120,22 @@ def compare_step_times(
             runs[label] = build(params)
         timings = benchmark_side_by_side(  # take turns, so drift hits all four alike
             {label: optimizer.step for label, optimizer in runs.items()},
-            warmup=n_warmup, repeats=n_repeats, number=n_steps, device=device,
-        )  # fmt: skip
-        ms = {label: timing.median * 1e3 for label, timing in timings.items()}
-        rows.append(
-            {
-                "optimizer": name,
-                "tensors": len(shapes),
-                "parameters": sum(w.numel() for w in weights),
-                **{f"{label}_ms": value for label, value in ms.items()},
-                "ratio_foreach": ms["ours_foreach"] / ms["torch_foreach"],
-                "ratio_single": ms["ours_single"] / ms["torch_single"],
-                "foreach_speedup": ms["ours_single"] / ms["ours_foreach"],
-            }
+            warmup=n_warmup,
+            repeats=n_repeats,
+            number=n_steps,
+            device=device,
         )
+        ms = {label: timing.median * 1e3 for label, timing in timings.items()}
+        row = {
+            "optimizer": name,
+            "tensors": len(shapes),
+            "parameters": sum(w.numel() for w in weights),
+            **{f"{label}_ms": value for label, value in ms.items()},
+            "ratio_foreach": ms["ours_foreach"] / ms["torch_foreach"],
+            "ratio_single": ms["ours_single"] / ms["torch_single"],
+            "foreach_speedup": ms["ours_single"] / ms["ours_foreach"],
+        }
+        rows.append(row)
         del runs  # free this optimizer's copies and state before the next
     return rows
 

@@ -45,9 +45,11 @@ __all__ = [
 ]
 
 # two-sided 95% quantiles of Student's t for 1..30 degrees of freedom
-_T975 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
-         2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
-         2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042]  # fmt: skip
+_T975 = [
+    *(12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228),  # 1..10
+    *(2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086),  # 11..20
+    *(2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042),  # 21..30
+]
 
 
 @dataclass(frozen=True)
@@ -169,15 +171,16 @@ def train_and_score(
     batch_size: int,
     steps: int,
 ) -> Run:
-    """Train ``model_fn(seed)`` with ``optimizer_fn(model, lr)`` and score it on validation and test.
+    """Train ``model_fn(seed)`` with ``optimizer_fn(model, lr)``, score it on validation and test.
 
     ``seed`` fixes both the initial weights and the batch order. A run whose loss diverged
     scores whatever its (non-finite) weights predict, usually chance.
     """
     train_set, validation, test = data
     model = model_fn(seed)
-    history = train(model, optimizer_fn(model, lr), train_set, batch_size=batch_size, steps=steps,
-                    seed=seed)  # fmt: skip
+    history = train(
+        model, optimizer_fn(model, lr), train_set, batch_size=batch_size, steps=steps, seed=seed
+    )
     _, validation_accuracy = evaluate(model, validation)
     _, test_accuracy = evaluate(model, test)
     return Run(lr, seed, validation_accuracy, test_accuracy, history)
@@ -209,9 +212,14 @@ def deep_mlp(seed: int, width: int = 256) -> nn.Module:
     """The Muon study's network: 64 → width → width → width → 10, ReLU between."""
     torch.manual_seed(seed)
     return nn.Sequential(
-        nn.Linear(64, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(),
-        nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 10),
-    )  # fmt: skip
+        nn.Linear(64, width),
+        nn.ReLU(),
+        nn.Linear(width, width),
+        nn.ReLU(),
+        nn.Linear(width, width),
+        nn.ReLU(),
+        nn.Linear(width, 10),
+    )
 
 
 def muon_vs_adamw_record(device: torch.device, quick: bool) -> Record:
@@ -247,12 +255,16 @@ def muon_vs_adamw_record(device: torch.device, quick: bool) -> Record:
         tuned = tune_then_repeat(run, lrs, seeds=seeds)
         for role, runs in (("tuning", tuned.grid), ("repeat", tuned.repeats)):
             for r in runs:
-                rows.append({
-                    "optimizer": name, "role": role, "lr": r.lr, "seed": r.seed,
+                row = {
+                    "optimizer": name,
+                    "role": role,
+                    "lr": r.lr,
+                    "seed": r.seed,
                     "validation_accuracy": r.validation_accuracy,
                     "test_accuracy": r.test_accuracy,
                     "seconds": r.history.seconds[-1],
-                })  # fmt: skip
+                }
+                rows.append(row)
     return make_record(
         name="muon-vs-adamw",
         description=(

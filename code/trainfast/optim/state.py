@@ -89,14 +89,14 @@ _CONFIGURATIONS: list[tuple[str, str, Callable[[nn.Module], Optimizer]]] = [
 def state_bytes_table(dtype: torch.dtype = torch.float32, seed: int = 0) -> list[dict[str, Any]]:
     """Measured state bytes per parameter of each of our optimizers in common configurations.
 
-    Each row builds the optimizer on a small MLP (32-128-128-10) with ``dtype`` weights, takes
-    one step on random data and measures. Keys: ``optimizer`` (the class name), ``configuration``
-    (its settings, in words), ``state`` (the kinds of state kept per parameter), ``parameters``
-    (how many it optimizes), ``state_bytes_per_param`` (from :func:`state_bytes_per_param`) and
-    ``copies_of_weights`` (that divided by the weights' element size). Rows of one optimizer
-    are consecutive, its default configuration first. The Muon rows depend on the model: only the weights of the two
-    hidden Linear layers (20,480 of the 22,026 parameters here) get Muon's single buffer; the
-    output layer and the biases keep AdamW's two.
+    Each row builds the optimizer on a small MLP (32-128-128-10) with ``dtype`` weights, takes one
+    step on random data and measures. Keys: ``optimizer`` (the class name), ``configuration`` (its
+    settings, in words), ``state`` (the kinds of state kept per parameter), ``parameters`` (how many
+    it optimizes), ``state_bytes_per_param`` (from :func:`state_bytes_per_param`) and
+    ``copies_of_weights`` (that divided by the weights' element size). Rows of one optimizer are
+    consecutive, its default configuration first. The Muon rows depend on the model: only the
+    weights of the two hidden Linear layers (20,480 of the 22,026 parameters here) get Muon's single
+    buffer; the output layer and the biases keep AdamW's two.
     """
     element_size = torch.empty((), dtype=dtype).element_size()
     rows = []

@@ -9,10 +9,11 @@
   the raw 50,257-token vocabulary and the padded 50,304), against the datasheet peak and the
   best figure of the run. The largest bf16 square is also timed as a bare loop of back-to-back
   products, to show what the harness costs.
-* ``precision-step-time`` (:func:`step_time_record`): one training step of the book's
-  transformer under each recipe (loss scaling by ``torch.amp.GradScaler``, whose state stays on
-  the device, not the book's host-side :class:`~trainfast.precision.GradScaler`): time, tokens/s, model FLOPs utilisation, and peak memory
-  measured by the caching allocator beside the memory :mod:`trainfast.accounting` predicts.
+* ``precision-step-time`` (:func:`step_time_record`): one training step of the book's transformer
+  under each recipe (loss scaling by ``torch.amp.GradScaler``, whose state stays on the device, not
+  the book's host-side :class:`~trainfast.precision.GradScaler`): time, tokens/s, model FLOPs
+  utilisation, and peak memory measured by the caching allocator beside the memory
+  :mod:`trainfast.accounting` predicts.
 * ``autocast-policy`` (:func:`autocast_policy_record`): which dtype autocast gives each op, on
   the device it ran on (CPU and CUDA policies differ).
 * ``matmul-error`` (:func:`matmul_error_record`): a product's relative error against float64 per
@@ -103,10 +104,10 @@ def matmul_throughput(
 ) -> list[dict[str, Any]]:
     """TFLOP/s of each ``(label, m, k, n)`` shape in each dtype; one row per pair.
 
-    FP8 rows (:data:`FP8_VARIANTS`) need FP8 tensor cores and dimensions that are multiples
-    of 16 (other shapes are left out); on a CPU they are skipped. ``of_peak`` is the fraction of the datasheet's dense peak for the dtype
-    (None where :func:`~trainfast.gpus.gpu_spec` does not know the device);
-    ``of_best`` the fraction of the best figure of the same dtype in this run.
+    FP8 rows (:data:`FP8_VARIANTS`) need FP8 tensor cores and dimensions that are multiples of 16
+    (other shapes are left out); on a CPU they are skipped. ``of_peak`` is the fraction of the
+    datasheet's dense peak for the dtype (None where :func:`~trainfast.gpus.gpu_spec` does not know
+    the device); ``of_best`` the fraction of the best figure of the same dtype in this run.
     """
     spec = gpu_spec(describe_environment(device).device_name) if device.type == "cuda" else None
     rows = []
@@ -127,9 +128,17 @@ def matmul_throughput(
                     if spec
                     else None
                 )
-                rows.append({"shape": label, "m": m, "k": k, "n": n, "dtype": name,
-                             "median_ms": timing.median * 1e3, "tflops": tflops,
-                             "of_peak": tflops * 1e12 / peak if peak else None})  # fmt: skip
+                row = {
+                    "shape": label,
+                    "m": m,
+                    "k": k,
+                    "n": n,
+                    "dtype": name,
+                    "median_ms": timing.median * 1e3,
+                    "tflops": tflops,
+                    "of_peak": tflops * 1e12 / peak if peak else None,
+                }
+                rows.append(row)
     for row in rows:
         best = max(r["tflops"] for r in rows if r["dtype"] == row["dtype"])
         row["of_best"] = row["tflops"] / best
@@ -173,20 +182,29 @@ def matmul_throughput_record(device: torch.device, quick: bool) -> Record:
     largest = max(r["m"] for r in rows if r["dtype"] == "bf16" and r["shape"].startswith("square "))
     harness = next(r for r in rows if r["dtype"] == "bf16" and r["shape"] == f"square {largest}")
     bare_tflops = _bare_loop(largest, "bf16", device, calls, repeats)
-    rows.append(dict(harness, timing=f"bare loop of {calls}", median_ms=2 * largest**3 / bare_tflops / 1e9,
-                     tflops=bare_tflops, of_peak=harness["of_peak"] and harness["of_peak"] * bare_tflops / harness["tflops"],
-                     of_best=None))  # fmt: skip
+    rows.append(
+        dict(
+            harness,
+            timing=f"bare loop of {calls}",
+            median_ms=2 * largest**3 / bare_tflops / 1e9,
+            tflops=bare_tflops,
+            of_peak=harness["of_peak"] and harness["of_peak"] * bare_tflops / harness["tflops"],
+            of_best=None,
+        )
+    )
     print(
         f"matmul-throughput: bf16 {largest}^3 through the harness reaches "
-        f"{harness['tflops'] / bare_tflops:.1%} of a bare loop of {calls} products ({bare_tflops:.3g} TFLOP/s)"
+        f"{harness['tflops'] / bare_tflops:.1%} of a bare loop of {calls} products "
+        f"({bare_tflops:.3g} TFLOP/s)"
     )
     return make_record(
         "matmul-throughput",
-        "TFLOP/s of torch.matmul per dtype and shape (fp32 with TF32 off; FP8 via the scaled matmul "
-        "with per-tensor scales: fp8 = operands quantised beforehand, float32 promotion; fp8 "
-        "fast-accum = use_fast_accum=True; fp8 + casts = both casts from bf16 timed too), random inputs, median of timings with CUDA events on a GPU; "
-        "of_peak: fraction of the datasheet dense peak; of_best: of the best of that dtype in "
-        "this run. The last row times the largest bf16 square as a bare loop of back-to-back calls.",
+        "TFLOP/s of torch.matmul per dtype and shape (fp32 with TF32 off; FP8 via the scaled "
+        "matmul with per-tensor scales: fp8 = operands quantised beforehand, float32 promotion; "
+        "fp8 fast-accum = use_fast_accum=True; fp8 + casts = both casts from bf16 timed too), "
+        "random inputs, median of timings with CUDA events on a GPU; of_peak: fraction of the "
+        "datasheet dense peak; of_best: of the best of that dtype in this run. The last row times "
+        "the largest bf16 square as a bare loop of back-to-back calls.",
         rows,
         units={"median_ms": "ms", "tflops": "TFLOP/s"},
         device=device,
@@ -213,10 +231,16 @@ def _step_row(
     losses: list[float] = []
     timing = benchmark(
         lambda: losses.append(training_step(model, optimizer, tokens, targets, recipe, scaler)),
-        warmup=2, repeats=repeats, device=device,
-    )  # fmt: skip
-    row: dict[str, Any] = {"recipe": recipe_name, "step_ms": timing.median * 1e3,
-                           "iqr_ms": timing.iqr * 1e3, "tokens_per_s": shape.tokens / timing.median}  # fmt: skip
+        warmup=2,
+        repeats=repeats,
+        device=device,
+    )
+    row: dict[str, Any] = {
+        "recipe": recipe_name,
+        "step_ms": timing.median * 1e3,
+        "iqr_ms": timing.iqr * 1e3,
+        "tokens_per_s": shape.tokens / timing.median,
+    }
     spec = gpu_spec(describe_environment(device).device_name) if device.type == "cuda" else None
     peak = spec.peak_flops[recipe.compute_format] if spec else None  # the recipe's datasheet peak
     row["mfu"] = training_flops(shape) / timing.median / peak if peak else None
@@ -264,8 +288,14 @@ def step_time_record(device: torch.device, quick: bool) -> Record:
         recipes = ["fp32", "tf32", "bf16 autocast", "fp16 autocast + scaler", "pure bf16"]
         repeats = 3 if quick else 10
     else:
-        shape = TransformerShape.gpt_like(d_model=32 if quick else 64, n_layers=2, n_heads=4,
-                                          seq_len=16 if quick else 64, vocab_size=256, batch_size=4)  # fmt: skip
+        shape = TransformerShape.gpt_like(
+            d_model=32 if quick else 64,
+            n_layers=2,
+            n_heads=4,
+            seq_len=16 if quick else 64,
+            vocab_size=256,
+            batch_size=4,
+        )
         recipes = ["fp32", "bf16 autocast", "fp16 autocast + scaler", "pure bf16"]
         repeats = 2 if quick else 5
     rows = [_step_row(shape, name, device, repeats) for name in recipes]
@@ -330,16 +360,23 @@ def published_cuda_autocast_policy(ops: Iterable[str] | None = None) -> dict[str
 
 
 def autocast_policy_record(device: torch.device, quick: bool) -> Record:
-    """``autocast-policy``: :func:`~trainfast.precision.numerics.autocast_policy` for fp16 and bf16."""
+    """``autocast-policy``: :func:`~trainfast.precision.numerics.autocast_policy` for fp16, bf16."""
     rows = []
     for dtype in (torch.float16, torch.bfloat16):
         low = str(dtype).removeprefix("torch.")
         for row in autocast_policy(device, dtype):
-            rows.append({"op": row["op"], "autocast dtype": low, "from float32 inputs": row["from float32 inputs"],
-                         "from 16-bit inputs": row[f"from {low} inputs"], "policy": row["policy"]})  # fmt: skip
+            entry = {
+                "op": row["op"],
+                "autocast dtype": low,
+                "from float32 inputs": row["from float32 inputs"],
+                "from 16-bit inputs": row[f"from {low} inputs"],
+                "policy": row["policy"],
+            }
+            rows.append(entry)
     return make_record(
         "autocast-policy",
-        "The dtype torch.autocast gives each op on this device, from float32 and from 16-bit inputs.",
+        "The dtype torch.autocast gives each op on this device, "
+        "from float32 and from 16-bit inputs.",
         rows,
         device=device,
     )

@@ -122,8 +122,16 @@ class KahanAdamW(Optimizer):
                     state["compensation"] = torch.zeros_like(param)
                 state["step"] += 1
                 kahan_adamw_step_(
-                    param, param.grad, state["exp_avg"], state["exp_avg_sq"],
-                    state["compensation"], state["step"], lr=group["lr"], beta1=beta1,
-                    beta2=beta2, eps=group["eps"], weight_decay=group["weight_decay"],
-                )  # fmt: skip
+                    param,
+                    param.grad,
+                    state["exp_avg"],
+                    state["exp_avg_sq"],
+                    state["compensation"],
+                    state["step"],
+                    lr=group["lr"],
+                    beta1=beta1,
+                    beta2=beta2,
+                    eps=group["eps"],
+                    weight_decay=group["weight_decay"],
+                )
         return loss

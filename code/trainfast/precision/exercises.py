@@ -89,7 +89,10 @@ def check_rounding(round_to_bits: Callable[[Tensor, int], Tensor], *, seed: int 
         problem = None
         if wrong.numel():
             i = int(wrong[0])
-            problem = f"{wrong.numel()} values differ, e.g. x={x[i].item()!r} -> {got[i].item()!r}, expected {expected[i].item()!r}"
+            problem = (
+                f"{wrong.numel()} values differ, e.g. x={x[i].item()!r} -> {got[i].item()!r}, "
+                f"expected {expected[i].item()!r}"
+            )
         results.append((case, problem))
     report(results)
 
@@ -120,7 +123,10 @@ def check_scale_update(
             )
             ours, tracker = update(ours, tracker, found, growth, backoff, interval)
             if (ours, tracker) != (theirs, their_tracker):
-                problem = f"after step {step}: (scale, tracker) = {(ours, tracker)}, expected {(theirs, their_tracker)}"
+                problem = (
+                    f"after step {step}: (scale, tracker) = {(ours, tracker)}, "
+                    f"expected {(theirs, their_tracker)}"
+                )
                 break
         results.append((f"{label}, 12 steps", problem))
     report(results)
@@ -219,13 +225,22 @@ def check_kahan_add(kahan_add: Callable[[Tensor, Tensor, Tensor], None], *, seed
     """
     generator = torch.Generator().manual_seed(seed)
     cases: list[tuple[str, Tensor, list[Tensor]]] = [
-        ("one step, bf16 weights", torch.randn(64, generator=generator).bfloat16(),
-         [torch.randn(64, generator=generator) * 1e-2]),
-        ("1000 updates below half a spacing", torch.full((8,), 1.0, dtype=torch.bfloat16),
-         [torch.full((8,), 2.0**-10) for _ in range(1000)]),
-        ("float32 weights", torch.randn(64, generator=generator),
-         [torch.randn(64, generator=generator) * 1e-3 for _ in range(10)]),
-    ]  # fmt: skip
+        (
+            "one step, bf16 weights",
+            torch.randn(64, generator=generator).bfloat16(),
+            [torch.randn(64, generator=generator) * 1e-2],
+        ),
+        (
+            "1000 updates below half a spacing",
+            torch.full((8,), 1.0, dtype=torch.bfloat16),
+            [torch.full((8,), 2.0**-10) for _ in range(1000)],
+        ),
+        (
+            "float32 weights",
+            torch.randn(64, generator=generator),
+            [torch.randn(64, generator=generator) * 1e-3 for _ in range(10)],
+        ),
+    ]
     results: list[Case] = []
     for label, start, updates in cases:
         ours, theirs = start.clone(), start.clone()

@@ -96,12 +96,21 @@ _FORMATS: dict[str, FloatFormat] = {
     "tf32": format_from_bits("tf32", 8, 10),
     "float16": format_from_bits("float16", 5, 10, dtype=torch.float16),
     "bfloat16": format_from_bits("bfloat16", 8, 7, dtype=torch.bfloat16),
-    "float8_e4m3fn": format_from_bits("float8_e4m3fn", 4, 3, has_infinity=False, dtype=torch.float8_e4m3fn),
+    "float8_e4m3fn": format_from_bits(
+        "float8_e4m3fn", 4, 3, has_infinity=False, dtype=torch.float8_e4m3fn
+    ),
     "float8_e5m2": format_from_bits("float8_e5m2", 5, 2, dtype=torch.float8_e5m2),
 }
-_ALIASES = {"fp32": "float32", "fp16": "float16", "half": "float16", "bf16": "bfloat16",
-            "e4m3": "float8_e4m3fn", "fp8_e4m3": "float8_e4m3fn",
-            "e5m2": "float8_e5m2", "fp8_e5m2": "float8_e5m2"}  # fmt: skip
+_ALIASES = {
+    "fp32": "float32",
+    "fp16": "float16",
+    "half": "float16",
+    "bf16": "bfloat16",
+    "e4m3": "float8_e4m3fn",
+    "fp8_e4m3": "float8_e4m3fn",
+    "e5m2": "float8_e5m2",
+    "fp8_e5m2": "float8_e5m2",
+}
 
 #: The formats :func:`float_format` knows, from widest to narrowest.
 FORMAT_NAMES: tuple[str, ...] = tuple(_FORMATS)
@@ -127,7 +136,9 @@ def float_format(dtype_or_name: torch.dtype | str) -> FloatFormat:
     )
 
 
-def representable_values(fmt: FloatFormat | torch.dtype | str, low: float, high: float) -> list[float]:
+def representable_values(
+    fmt: FloatFormat | torch.dtype | str, low: float, high: float
+) -> list[float]:
     """Every positive number of ``fmt`` in ``[low, high)``, subnormals included, ascending.
 
     Enumerated from the bit fields, not by casting: ``E = 0`` gives ``M / 2^m · 2^(1 - bias)``,

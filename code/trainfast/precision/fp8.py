@@ -135,13 +135,23 @@ def scaled_matmul(
     if functional is not None and hasattr(torch.nn.functional, "ScalingType"):
         tensorwise = torch.nn.functional.ScalingType.TensorWise
         return functional(
-            a8, b8, inv_scale_a, tensorwise, inv_scale_b, tensorwise,
-            output_dtype=out_dtype, use_fast_accum=use_fast_accum,
-        )  # fmt: skip
+            a8,
+            b8,
+            inv_scale_a,
+            tensorwise,
+            inv_scale_b,
+            tensorwise,
+            output_dtype=out_dtype,
+            use_fast_accum=use_fast_accum,
+        )
     out = torch._scaled_mm(
-        a8, b8, scale_a=inv_scale_a, scale_b=inv_scale_b, out_dtype=out_dtype,
+        a8,
+        b8,
+        scale_a=inv_scale_a,
+        scale_b=inv_scale_b,
+        out_dtype=out_dtype,
         use_fast_accum=use_fast_accum,
-    )  # fmt: skip
+    )
     return out[0] if isinstance(out, tuple) else out  # torch 2.4 also returned amax
 
 
@@ -167,8 +177,14 @@ def fp8_matmul(
                 f"scaled matmul needs multiples of 16, got {tuple(a.shape)} @ {tuple(b.shape)}"
             )
         column_major = b8.t().contiguous().t()  # (K, N) with strides (1, K)
-        return scaled_matmul(a8, column_major, scale_a.reciprocal(), scale_b.reciprocal(),
-                             out_dtype=out_dtype, use_fast_accum=use_fast_accum)  # fmt: skip
+        return scaled_matmul(
+            a8,
+            column_major,
+            scale_a.reciprocal(),
+            scale_b.reciprocal(),
+            out_dtype=out_dtype,
+            use_fast_accum=use_fast_accum,
+        )
     product = a8.float() @ b8.float()  # exact FP8 inputs, float32 accumulation
     return (product / (scale_a * scale_b)).to(out_dtype)
 
@@ -245,7 +261,8 @@ def fp8_linear(
     """
     if weight.ndim != 2 or x.shape[-1] != weight.shape[1]:
         raise ValueError(
-            f"fp8_linear needs (..., in) and (out, in), got {tuple(x.shape)} and {tuple(weight.shape)}"
+            f"fp8_linear needs (..., in) and (out, in), "
+            f"got {tuple(x.shape)} and {tuple(weight.shape)}"
         )
     x8, scale_x = x_scaling.quantize(x.reshape(-1, x.shape[-1]))  # (tokens, in)
     w8, scale_w = weight_scaling.quantize(weight)  # (out, in)

@@ -126,7 +126,9 @@ class GradScaler:
         self._device = device
         self._enabled = enabled
         if enabled and device == "cuda" and not torch.cuda.is_available():
-            warnings.warn("GradScaler is enabled, but CUDA is not available. Disabling.", stacklevel=2)
+            warnings.warn(
+                "GradScaler is enabled, but CUDA is not available. Disabling.", stacklevel=2
+            )
             self._enabled = False
         self._scale = _float32(init_scale)
         self._growth_tracker = 0
@@ -217,7 +219,9 @@ class GradScaler:
             self._scale = _float32(new_scale)
         else:
             if not self._found_inf:
-                raise RuntimeError("No inf checks were recorded prior to update(): call step() first.")
+                raise RuntimeError(
+                    "No inf checks were recorded prior to update(): call step() first."
+                )
             self._scale, self._growth_tracker = updated_scale(
                 self._scale,
                 self._growth_tracker,

@@ -1,4 +1,4 @@
-"""What goes wrong in low precision, as functions the chapter runs: sums, softmax, matmuls, autocast.
+"""What goes wrong in low precision, as the chapter's functions: sums, softmax, matmuls, autocast.
 
 * :func:`running_sum` adds one value over and over in a given dtype: once the sum's spacing
   exceeds twice the value, every addition rounds back to the same sum ("swamping"). This is
@@ -82,9 +82,10 @@ def matmul_error(
     ``C_64`` is their product in float64 on the CPU. Modes:
 
     * ``fp32``: float32 inputs and arithmetic (TF32 off);
-    * ``tf32``: on CUDA, a real float32 matmul with TF32 on (:func:`~trainfast.precision.tf32.tf32_matmuls`;
-      the tensor cores round the inputs to 10 mantissa bits); elsewhere emulated by rounding the inputs with
-      :func:`round_to_tf32` and multiplying in float32;
+    * ``tf32``: on CUDA, a real float32 matmul with TF32 on
+      (:func:`~trainfast.precision.tf32.tf32_matmuls`; the tensor cores round the inputs to 10
+      mantissa bits); elsewhere emulated by rounding the inputs with :func:`round_to_tf32` and
+      multiplying in float32;
     * ``bf16`` / ``fp16``: inputs cast to that dtype and multiplied by the device's own kernel
       (float32 accumulation in oneDNN; on GPUs cuBLAS may reduce partly in reduced precision
       unless ``torch.backends.cuda.matmul.allow_{fp16,bf16}_reduced_precision_reduction`` is off;
@@ -118,8 +119,15 @@ def matmul_error(
         dtype = torch.bfloat16 if mode == "bf16" else torch.float16
         product = a_dev.to(dtype) @ b_dev.to(dtype)
     error = torch.linalg.norm(product.double().cpu() - reference) / torch.linalg.norm(reference)
-    return {"mode": mode, "m": m, "k": k, "n": n, "device": device.type, "emulated": emulated,
-            "relative_error": float(error)}  # fmt: skip
+    return {
+        "mode": mode,
+        "m": m,
+        "k": k,
+        "n": n,
+        "device": device.type,
+        "emulated": emulated,
+        "relative_error": float(error),
+    }
 
 
 def _long(x: Tensor) -> Tensor:
@@ -185,6 +193,11 @@ def autocast_policy(
             policy = "float32"
         else:
             policy = "input dtype"
-        rows.append({"op": name, "from float32 inputs": str(from_fp32).removeprefix("torch."),
-                     f"from {low} inputs": str(from_low).removeprefix("torch."), "policy": policy})  # fmt: skip
+        row = {
+            "op": name,
+            "from float32 inputs": str(from_fp32).removeprefix("torch."),
+            f"from {low} inputs": str(from_low).removeprefix("torch."),
+            "policy": policy,
+        }
+        rows.append(row)
     return rows

@@ -1,11 +1,11 @@
 """Training recipes side by side: fp32, bf16 and fp16 autocast, loss scaling, pure bf16.
 
-A *recipe* (:class:`trainfast.recipes.Recipe`, one of :data:`trainfast.recipes.RECIPES`) says
-which dtype each part of a training step uses, and what that costs in bytes. With ``torch.autocast`` the
-parameters stay float32 (they are the *master weights*), the matrix products run in bf16 or
-fp16 on copies cast on the fly, and the gradients arrive in float32. A *pure* bf16 recipe
-stores the parameters themselves in bf16, so the optimizer adds each update to a bf16 weight:
-an update smaller than half the weight's last bit is rounded away.
+A *recipe* (:class:`trainfast.recipes.Recipe`, one of :data:`trainfast.recipes.RECIPES`) says which
+dtype each part of a training step uses, and what that costs in bytes. With ``torch.autocast`` the
+parameters stay float32 (they are the *master weights*), the matrix products run in bf16 or fp16 on
+copies cast on the fly, and the gradients arrive in float32. A *pure* bf16 recipe stores the
+parameters themselves in bf16, so the optimizer adds each update to a bf16 weight: an update smaller
+than half the weight's last bit is rounded away.
 
 :func:`training_step` is one step under a recipe (the chapter's listing); :func:`train_recipe`
 runs it on the digits classifier and records what the chapter plots: the loss, the loss scale,

@@ -61,9 +61,13 @@ def case_study_record(device: torch.device, quick: bool = False) -> Record:
         torch.set_num_threads(1)  # a tiny model: threads would only wait for each other
     passes = 1 if quick else 3
     rows, _ = compare_fixes(
-        variants, config, device,
-        steps_per_sample=2 if quick else 10, rounds=2 if quick else 9, passes=passes,
-    )  # fmt: skip
+        variants,
+        config,
+        device,
+        steps_per_sample=2 if quick else 10,
+        rounds=2 if quick else 9,
+        passes=passes,
+    )
     shape = config.shape
     description = (
         "Training step of the profiling case study (GPT-2-style decoder: "
@@ -77,10 +81,7 @@ def case_study_record(device: torch.device, quick: bool = False) -> Record:
         + (" Quick smoke test: compile left out, tiny model." if quick else "")
     )
     units = {"step_ms": "ms", "iqr_ms": "ms", "speedup": "x", "first_step_s": "s"}
-    return make_record(
-        "profiling-case-study", description, rows, units=units,
-        device=device,
-    )  # fmt: skip
+    return make_record("profiling-case-study", description, rows, units=units, device=device)
 
 
 def timing_pitfalls_record(device: torch.device, quick: bool = False) -> Record:
@@ -105,20 +106,25 @@ def timing_pitfalls_record(device: torch.device, quick: bool = False) -> Record:
         "cache or is flushed before every sample (ratio: over cold)."
     )
     return make_record(
-        "timing-pitfalls", description, rows, units={"median_ms": "ms", "iqr_ms": "ms"},
+        "timing-pitfalls",
+        description,
+        rows,
+        units={"median_ms": "ms", "iqr_ms": "ms"},
         device=device,
-    )  # fmt: skip
+    )
 
 
 def launch_overhead_record(device: torch.device, quick: bool = False) -> Record:
-    """:func:`~trainfast.profiling.overhead.launch_overhead`, plus the dispatch rate in a row's note."""
+    """:func:`~trainfast.profiling.overhead.launch_overhead`, with the dispatch rate in a row's
+    note."""
     from trainfast.profiling.overhead import launch_overhead
 
     if device.type == "cpu":
         torch.set_num_threads(1)
     compiled = not quick
-    rows = launch_overhead(device, repeats=5 if quick else 20, number=5 if quick else 50,
-                           compiled=compiled)  # fmt: skip
+    rows = launch_overhead(
+        device, repeats=5 if quick else 20, number=5 if quick else 50, compiled=compiled
+    )
     description = (
         "A chain of 32 rounds of tanh(x * 1.01 + 0.01) on 1,024 float32 numbers (96 small "
         "kernels in eager mode): time per call eager, compiled, and replayed as a CUDA graph; "
@@ -159,9 +165,12 @@ def compile_time_record(device: torch.device, quick: bool = False) -> Record:
         + (" Quick smoke test: aot_eager backend in this process, no Inductor." if quick else "")
     )
     return make_record(
-        "compile-time", description, rows, units={"first_step_s": "s", "step_ms": "ms"},
+        "compile-time",
+        description,
+        rows,
+        units={"first_step_s": "s", "step_ms": "ms"},
         device=device,
-    )  # fmt: skip
+    )
 
 
 def _quick_compile_row(device: torch.device) -> dict[str, object]:
@@ -174,5 +183,11 @@ def _quick_compile_row(device: torch.device) -> dict[str, object]:
     study = CaseStudy(Fixes(sdpa=True, compile=True), config, device)
     first = benchmark(lambda: study.run(1), warmup=0, repeats=1, device=device)
     step = benchmark(lambda: study.run(1), warmup=1, repeats=3, device=device)
-    return {"backend": "aot_eager", "cache": "n/a", "first_step_s": first.median,
-            "step_ms": step.median * 1e3, "fx_graph_hits": 0, "fx_graph_misses": 0}  # fmt: skip
+    return {
+        "backend": "aot_eager",
+        "cache": "n/a",
+        "first_step_s": first.median,
+        "step_ms": step.median * 1e3,
+        "fx_graph_hits": 0,
+        "fx_graph_misses": 0,
+    }

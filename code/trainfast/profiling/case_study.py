@@ -65,9 +65,15 @@ __all__ = [
 
 #: The fixes in the order the case study switches them on.
 FIXES = (
-    "data_workers", "pinned_memory", "no_item", "bf16", "fused_optimizer", "sdpa", "compile",
+    "data_workers",
+    "pinned_memory",
+    "no_item",
+    "bf16",
+    "fused_optimizer",
+    "sdpa",
+    "compile",
     "cuda_graphs",
-)  # fmt: skip
+)
 
 #: Alternatives measured on their own, not switched on in the chain.
 ALTERNATIVES = ("foreach_optimizer",)
@@ -180,14 +186,8 @@ class CaseStudyConfig:
 
     shape: TransformerShape = field(
         default_factory=lambda: TransformerShape(
-            vocab_size=512,
-            d_model=32,
-            n_layers=2,
-            n_heads=4,
-            d_ff=128,
-            seq_len=32,
-            batch_size=8,
-        )  # fmt: skip
+            vocab_size=512, d_model=32, n_layers=2, n_heads=4, d_ff=128, seq_len=32, batch_size=8
+        )
     )
     lr: float = 1e-3
     seed: int = 0
@@ -204,9 +204,14 @@ class CaseStudyConfig:
         enough to keep the GPU busy for a while each step, fed by four worker processes."""
         if torch.device(device).type == "cuda":
             shape = TransformerShape(
-                vocab_size=4096, d_model=256, n_layers=4, n_heads=8, d_ff=1024, seq_len=256,
+                vocab_size=4096,
+                d_model=256,
+                n_layers=4,
+                n_heads=8,
+                d_ff=1024,
+                seq_len=256,
                 batch_size=32,
-            )  # fmt: skip
+            )
             return cls(shape=shape, workers=4)
         return cls()
 
@@ -364,9 +369,11 @@ def compare_fixes(
             first = benchmark(partial(study.run, 1), warmup=0, repeats=1, device=device).median
             first_step.setdefault(name, first)
             timing = benchmark(
-                partial(study.run, steps_per_sample), warmup=warmup_samples,
-                repeats=rounds // passes, device=device,
-            )  # fmt: skip
+                partial(study.run, steps_per_sample),
+                warmup=warmup_samples,
+                repeats=rounds // passes,
+                device=device,
+            )
             samples[name] += timing.samples
             timings[name] = dataclasses.replace(timing, samples=tuple(samples[name]))
             curves.setdefault(name, study.losses())
@@ -375,7 +382,7 @@ def compare_fixes(
     rows = []
     for name, fixes in variants.items():
         step = timings[name].median / steps_per_sample
-        rows.append({
+        row = {
             "variant": name,
             "fixes": ", ".join(fixes.enabled) or "none",
             "step_ms": step * 1e3,
@@ -388,7 +395,8 @@ def compare_fixes(
                 curves[name][:LOSS_HORIZON], curves[baseline][:LOSS_HORIZON]
             ),
             "tolerance": loss_tolerance(fixes),
-        })  # fmt: skip
+        }
+        rows.append(row)
     return rows, curves
 
 
@@ -404,7 +412,9 @@ if __name__ == "__main__":  # the slow training script, for profilers: python -m
     args = parser.parse_args()
     torch.set_num_threads(1)
     losses = train_with_fixes(
-        Fixes(**dict.fromkeys(args.fix, True)), args.steps,
-        CaseStudyConfig.for_device(args.device), args.device,
-    )  # fmt: skip
+        Fixes(**dict.fromkeys(args.fix, True)),
+        args.steps,
+        CaseStudyConfig.for_device(args.device),
+        args.device,
+    )
     print(f"{args.steps} steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}")

@@ -169,8 +169,12 @@ def compile_time_in_fresh_process(
         for _ in range(2):
             result = subprocess.run(
                 [sys.executable, "-m", "trainfast.profiling.compilation", "--device", str(device)],
-                env=env, capture_output=True, text=True, timeout=timeout, check=False,
-            )  # fmt: skip
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                check=False,
+            )
             if result.returncode != 0:
                 raise RuntimeError(f"compile-time run failed:\n{result.stderr[-3000:]}")
             runs.append(json.loads(result.stdout.strip().splitlines()[-1]))

@@ -262,14 +262,22 @@ def check_find_sync(
     in.
     """
     results: list[Case] = []
-    cases = [("log", ".item()"), ("prepare", "boolean-mask indexing"), ("compute", "if tensor:"),
-             ("prepare", ".item()")]  # fmt: skip
+    cases = [
+        ("log", ".item()"),
+        ("prepare", "boolean-mask indexing"),
+        ("compute", "if tensor:"),
+        ("prepare", ".item()"),
+    ]
     with tempfile.TemporaryDirectory() as out_dir:
         for part, how in cases:
             profile = profile_steps(
-                planted_sync_step(part, how, device), wait=0, warmup=1, active=1,
-                out_dir=out_dir, device=device,
-            )  # fmt: skip
+                planted_sync_step(part, how, device),
+                wait=0,
+                warmup=1,
+                active=1,
+                out_dir=out_dir,
+                device=device,
+            )
             answer = find_sync(profile)
             problem = None if answer == part else f"answered {answer!r}"
             results.append((f"{how} planted in {part!r}", problem))

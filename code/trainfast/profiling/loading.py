@@ -47,9 +47,12 @@ def loader_seconds(
 
     def passes() -> None:
         loader = DataLoader(
-            dataset, batch_size=batch_size, num_workers=num_workers, pin_memory=pin_memory,
+            dataset,
+            batch_size=batch_size,
+            num_workers=num_workers,
+            pin_memory=pin_memory,
             persistent_workers=persistent_workers and num_workers > 0,
-        )  # fmt: skip
+        )
         for _ in range(epochs):
             for batch in loader:
                 if consume is not None:

@@ -105,18 +105,20 @@ def autocast_matmul_ratio(
                 return torch.nn.functional.linear(x, weight)
 
         timings = benchmark_side_by_side(
-            {"fp32": fp32, "bf16": bf16}, warmup=3, repeats=repeats,
-            number=max(1, 4096 // width), device=device,
-        )  # fmt: skip
-        fp32_s, bf16_s = timings["fp32"].median, timings["bf16"].median
-        rows.append(
-            {
-                "width": width,
-                "fp32_us": fp32_s * 1e6,
-                "bf16_us": bf16_s * 1e6,
-                "ratio": bf16_s / fp32_s,
-            }
+            {"fp32": fp32, "bf16": bf16},
+            warmup=3,
+            repeats=repeats,
+            number=max(1, 4096 // width),
+            device=device,
         )
+        fp32_s, bf16_s = timings["fp32"].median, timings["bf16"].median
+        row = {
+            "width": width,
+            "fp32_us": fp32_s * 1e6,
+            "bf16_us": bf16_s * 1e6,
+            "ratio": bf16_s / fp32_s,
+        }
+        rows.append(row)
     return rows
 
 
@@ -152,9 +154,14 @@ def cuda_graph(
 
 
 def launch_overhead(
-    device: torch.device, *, numel: int = 1024, layers: int = 32, repeats: int = 20,
-    number: int = 20, compiled: bool = True,
-) -> list[dict[str, Any]]:  # fmt: skip
+    device: torch.device,
+    *,
+    numel: int = 1024,
+    layers: int = 32,
+    repeats: int = 20,
+    number: int = 20,
+    compiled: bool = True,
+) -> list[dict[str, Any]]:
     """:func:`small_kernels` eager, compiled and (on CUDA) as CUDA graphs: time per call.
 
     ``first_call_s`` is the first call's time (compilation or capture included);
@@ -187,8 +194,13 @@ def launch_overhead(
     for mode, call in modes.items():
         first = benchmark(call, warmup=0, repeats=1, device=device)
         timing = benchmark(call, warmup=3, repeats=repeats, number=number, device=device)
-        rows.append({"mode": mode, "per_call_us": timing.median * 1e6, "iqr_us": timing.iqr * 1e6,
-                     "first_call_s": first.median})  # fmt: skip
+        row = {
+            "mode": mode,
+            "per_call_us": timing.median * 1e6,
+            "iqr_us": timing.iqr * 1e6,
+            "first_call_s": first.median,
+        }
+        rows.append(row)
     for row in rows:
         row["speedup"] = rows[0]["per_call_us"] / row["per_call_us"]
     return rows

@@ -31,7 +31,7 @@ _FLUSH_BYTES = 256 * 2**20  # larger than any L2 (and most L3s) we time on; do_b
 
 
 def flush_cache(device: torch.device | str, n_bytes: int = _FLUSH_BYTES) -> Any:
-    """A function that evicts ``device``'s caches by writing ``n_bytes`` (pass as ``before_sample``)."""
+    """A ``before_sample`` function that evicts ``device``'s caches by writing ``n_bytes``."""
     buffer = torch.empty(n_bytes // 4, dtype=torch.int32, device=device)
     return buffer.zero_
 

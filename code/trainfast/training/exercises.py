@@ -155,14 +155,9 @@ def check_power_law_fit(function: Callable[[np.ndarray, np.ndarray], tuple[float
         ok = math.isclose(found, reference.exponent, rel_tol=1e-6) and math.isclose(
             coefficient, reference.coefficient, rel_tol=1e-4
         )
-        results.append(
-            (
-                f"true exponent {exponent}: least squares gives {reference.exponent:.4f}",
-                None
-                if ok
-                else f"yours {found:.4f}, coefficient {coefficient:.3g} vs {reference.coefficient:.3g}",
-            )
-        )
+        case = f"true exponent {exponent}: least squares gives {reference.exponent:.4f}"
+        problem = f"yours {found:.4f}, coefficient {coefficient:.3g} vs {reference.coefficient:.3g}"
+        results.append((case, None if ok else problem))
     report(results)
 
 

@@ -84,15 +84,23 @@ def all_reduce_timing_worker(
             call()
         repeats = {name: _agreed_repeats(call, device, budget_s) for name, call in calls.items()}
         timings = benchmark_side_by_side(
-            calls, warmup=0, repeats=rounds, number=repeats, device=device,
+            calls,
+            warmup=0,
+            repeats=rounds,
+            number=repeats,
+            device=device,
             before_sample=dist.barrier,
-        )  # fmt: skip
+        )
         for name, timing in timings.items():
-            rows.append({
-                "world_size": world_size, "elements": numel, "bytes": n_bytes, "algorithm": name,
+            row = {
+                "world_size": world_size,
+                "elements": numel,
+                "bytes": n_bytes,
+                "algorithm": name,
                 "backend": dist.get_backend(),
                 "seconds": statistics.median(_slowest_rank(timing.samples, device)),
-            })  # fmt: skip
+            }
+            rows.append(row)
     return rows
 
 

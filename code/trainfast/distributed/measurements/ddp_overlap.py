@@ -1,12 +1,12 @@
 """How much of DDP's communication hides behind the backward pass: a timeline and a benchmark.
 
-:func:`ddp_timeline_worker` trains an MLP with :class:`~trainfast.distributed.ddp.DDP` and
-returns, per step, when backward ran and when each bucket's all-reduce was launched and
-finished: the chapter draws it. The buckets are timed from outside DDP, by a communication hook
-(:class:`BucketRecorder`) that notes the time and then sends the bucket as DDP would. :func:`overlap_step_times_worker` times a whole step (forward,
-backward, finishing the synchronisation, optimizer step) with the all-reduces overlapped and
-with the same buckets sent only after backward (``overlap=False``), for several bucket sizes,
-taking turns through the package's one timer. :func:`ddp_overlap_record` is the
+:func:`ddp_timeline_worker` trains an MLP with :class:`~trainfast.distributed.ddp.DDP` and returns,
+per step, when backward ran and when each bucket's all-reduce was launched and finished: the chapter
+draws it. The buckets are timed from outside DDP, by a communication hook (:class:`BucketRecorder`)
+that notes the time and then sends the bucket as DDP would. :func:`overlap_step_times_worker` times
+a whole step (forward, backward, finishing the synchronisation, optimizer step) with the all-reduces
+overlapped and with the same buckets sent only after backward (``overlap=False``), for several
+bucket sizes, taking turns through the package's one timer. :func:`ddp_overlap_record` is the
 ``python -m trainfast.measure --only ddp-overlap`` entry.
 
 On a CPU the ranks share cores with each other and with gloo's threads, so what overlap can
@@ -194,13 +194,14 @@ def ddp_overlap_record(device: torch.device, quick: bool = False) -> Record:
     rows = []
     for size in sizes:
         sync, overlap = medians[f"{size}/sync"], medians[f"{size}/overlap"]
-        rows.append({
+        row = {
             "world_size": world_size,
             "bucket_cap_mb": "one per parameter" if size is None else size,
             "sync_seconds": sync,
             "overlap_seconds": overlap,
             "overlap_over_sync": overlap / sync,
-        })  # fmt: skip
+        }
+        rows.append(row)
     for row in rows:
         row["model"] = f"MLP, {config.depth} layers of {config.width}x{config.width}"
         row["batch_size_per_rank"] = config.batch_size

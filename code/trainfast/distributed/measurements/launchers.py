@@ -63,9 +63,12 @@ def failing_trial(rank: int, world_size: int, marker: str) -> None:
 def torch_failing_trial(index: int, world_size: int, store: str, marker: str) -> None:
     """The same trial under ``torch.multiprocessing``: join the group first."""
     dist.init_process_group(
-        "gloo", init_method=f"file://{store}", rank=index, world_size=world_size,
+        "gloo",
+        init_method=f"file://{store}",
+        rank=index,
+        world_size=world_size,
         timeout=datetime.timedelta(seconds=60),
-    )  # fmt: skip
+    )
     failing_trial(index, world_size, marker)
 
 
@@ -81,9 +84,12 @@ def _trial(launcher: str, world_size: int = 3) -> dict[str, object]:
             spawn(failing_trial, world_size, marker, timeout=120, collective_timeout=60)
         else:
             context = torch_mp.start_processes(
-                torch_failing_trial, args=(world_size, os.path.join(folder, "store"), marker),
-                nprocs=world_size, join=False, start_method="forkserver",
-            )  # fmt: skip
+                torch_failing_trial,
+                args=(world_size, os.path.join(folder, "store"), marker),
+                nprocs=world_size,
+                join=False,
+                start_method="forkserver",
+            )
             while not context.join(timeout=0.01):
                 pass
     except SpawnError as error:
@@ -108,16 +114,20 @@ def launcher_record(device: torch.device, quick: bool = False) -> Record:
         for launcher, results in runs.items():
             results.append(_trial(launcher))
     for launcher, results in runs.items():
-        rows.append({
+        row = {
             "launcher": launcher,
             "trials": len(results),
-            "median_seconds_after_raise": statistics.median(r["seconds_after_raise"] for r in results),
+            "median_seconds_after_raise": statistics.median(
+                r["seconds_after_raise"] for r in results
+            ),
             "blamed_the_root_cause": sum(r["blamed_rank"] == 1 for r in results),
             "children_left": (
-                "not counted here" if results[0]["children_left"] is None
+                "not counted here"
+                if results[0]["children_left"] is None
                 else sum(int(r["children_left"]) for r in results)
             ),
-        })  # fmt: skip
+        }
+        rows.append(row)
     return make_record(
         "launcher-failure",
         "Rank 1 of 3 raises while the others wait for it: seconds from the raise to the "
@@ -165,11 +175,11 @@ def _torchrun(
 ) -> dict[str, object]:
     """One torchrun of :func:`restart_main` on two CPU processes: seconds, exit code (``None``:
     still running after ``timeout_s``, then killed), and the attempt that finished."""
-    command = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-        "--max-restarts", str(max_restarts), "-m", "trainfast.distributed.measurements.launchers",
-        *(["--fail-once"] if fail_once else []),
-    ]  # fmt: skip
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    command += ["--nproc-per-node", "2", "--max-restarts", str(max_restarts)]
+    command += ["-m", "trainfast.distributed.measurements.launchers"]
+    if fail_once:
+        command.append("--fail-once")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
     env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1" if own_store else "0"
     with tempfile.TemporaryFile("w+") as output:  # not a pipe: a pipe may outlive the job
@@ -202,21 +212,23 @@ def restart_record(device: torch.device, quick: bool = False) -> Record:
     rows = []
     for name, outcomes in results.items():
         attempts = sorted({r["attempt"] for r in outcomes if r["attempt"] is not None})
-        rows.append({
+        row = {
             "launcher": name,
             "trials": len(outcomes),
             "median_seconds": statistics.median(r["seconds"] for r in outcomes),
             "succeeded": sum(r["returncode"] == 0 for r in outcomes),
             "hung": sum(r["returncode"] is None for r in outcomes),
             "finished_on_attempt": ", ".join(map(str, attempts)) or "none",
-        })  # fmt: skip
+        }
+        rows.append(row)
     return make_record(
         "launcher-restart",
         "Two CPU processes under torchrun (python -m torch.distributed.run --standalone) that "
         "join a gloo group and all-reduce once; in the failing runs rank 1 raises on the first "
         "attempt. Wall seconds of the whole torchrun command (median), runs that exited 0, runs "
-        "still running after 120 s (killed), and the attempts (0 = first) that finished; the last row gives the workers their own TCP "
-        "store (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1) instead of torchrun's rendezvous store.",
+        "still running after 120 s (killed), and the attempts (0 = first) that finished; the "
+        "last row gives the workers their own TCP store (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1) "
+        "instead of torchrun's rendezvous store.",
         rows,
         units={"median_seconds": "s"},
         device=device,

@@ -36,8 +36,13 @@ __all__ = [
 
 #: The collectives :class:`Case` can name.
 COLLECTIVES = (
-    "broadcast", "reduce", "all_reduce", "ring_all_reduce", "all_gather", "reduce_scatter",
-)  # fmt: skip
+    "broadcast",
+    "reduce",
+    "all_reduce",
+    "ring_all_reduce",
+    "all_gather",
+    "reduce_scatter",
+)
 
 # gloo's reduce_scatter: missing before torch 2.8, ignores `op` (always sums) in 2.8
 _GLOO_REDUCE_SCATTER = torch.torch_version.TorchVersion(torch.__version__) >= (2, 9)

@@ -18,7 +18,7 @@ __all__ = ["all_to_all_sizes", "exchange_error_worker", "exchange_parity_worker"
 
 
 def all_to_all_sizes(sender: int, receiver: int, base: int) -> int:
-    """Rows ``sender`` sends ``receiver`` in the uneven test: 0 up to ``base + 2``, never all equal."""
+    """Rows ``sender`` sends ``receiver`` in the uneven test: 0 to ``base + 2``, never all equal."""
     return (base + 3 * sender + 2 * receiver) % (base + 3)
 
 
@@ -44,8 +44,12 @@ def exchange_parity_worker(
             if rank == root:
                 results[f"gather n={n} root={root}"] = (torch.stack(ours), torch.stack(theirs))
 
-            blocks = [torch.randn(n, generator=generator, dtype=torch.float64).to(device)
-                      for _ in range(world_size)] if rank == root else None  # fmt: skip
+            blocks = None
+            if rank == root:
+                blocks = [
+                    torch.randn(n, generator=generator, dtype=torch.float64).to(device)
+                    for _ in range(world_size)
+                ]
             ours_out, theirs_out = (
                 torch.empty(n, dtype=torch.float64, device=device),
                 torch.empty(n, dtype=torch.float64, device=device),
@@ -54,16 +58,23 @@ def exchange_parity_worker(
             dist.scatter(theirs_out, blocks, src=root)
             results[f"scatter n={n} root={root}"] = (ours_out, theirs_out)
 
-        inputs = [torch.randn(all_to_all_sizes(rank, to, n), 3, generator=generator).to(device)
-                  for to in range(world_size)]  # fmt: skip
-        ours_out = [torch.empty(all_to_all_sizes(src, rank, n), 3, device=device)
-                    for src in range(world_size)]  # fmt: skip
+        inputs = [
+            torch.randn(all_to_all_sizes(rank, to, n), 3, generator=generator).to(device)
+            for to in range(world_size)
+        ]
+        ours_out = [
+            torch.empty(all_to_all_sizes(src, rank, n), 3, device=device)
+            for src in range(world_size)
+        ]
         collectives.all_to_all(ours_out, inputs)
         # gloo's list all_to_all wants equal blocks; its single-tensor form takes split sizes
         theirs_out = torch.empty(sum(len(block) for block in ours_out), 3, device=device)
-        dist.all_to_all_single(theirs_out, torch.cat(inputs),
-                               output_split_sizes=[len(block) for block in ours_out],
-                               input_split_sizes=[len(block) for block in inputs])  # fmt: skip
+        dist.all_to_all_single(
+            theirs_out,
+            torch.cat(inputs),
+            output_split_sizes=[len(block) for block in ours_out],
+            input_split_sizes=[len(block) for block in inputs],
+        )
         results[f"all_to_all n={n}"] = (torch.cat(ours_out), theirs_out)
     return {name: (a.cpu(), b.cpu()) for name, (a, b) in results.items()}
 

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from trainfast.profiling.timing import timestamp
+from trainfast.timing import timestamp
 
 __all__ = ["Evaluation", "History", "evaluate", "train"]
 

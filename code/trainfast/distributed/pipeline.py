@@ -33,7 +33,7 @@ import torch.distributed as dist
 from torch import nn
 
 from trainfast.distributed.launch import rank_device
-from trainfast.profiling.timing import timestamp
+from trainfast.timing import timestamp
 
 __all__ = [
     "ChunkOp",
@@ -255,7 +255,7 @@ def pipeline_batch(config: PipelineConfig) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _wait_until(moment: float) -> None:
-    """Sleep until the host clock of :func:`~trainfast.profiling.timestamp` reads ``moment``."""
+    """Sleep until the host clock of :func:`~trainfast.timing.timestamp` reads ``moment``."""
     while (left := moment - timestamp()) > 0:
         time.sleep(left)
 
@@ -328,7 +328,7 @@ def pipeline_worker(rank: int, world_size: int, config: PipelineConfig) -> Stage
     The loss is the mean squared error over the whole batch, so the gradients equal those of the
     unsplit model on the full batch. Returns this stage's :class:`StageResult`: its gradients,
     its op :class:`Slot` list (seconds since a common start, read with
-    :func:`~trainfast.profiling.timestamp` once the device is idle), the busy and total time and
+    :func:`~trainfast.timing.timestamp` once the device is idle), the busy and total time and
     the most activations it held at once. Gradients are named as in the stage's module, or, when
     interleaved, ``"{chunk}.{name}"``.
     """

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from trainfast.distributed.launch import rank_device
-from trainfast.profiling.timing import benchmark
+from trainfast.timing import benchmark
 
 __all__ = ["deadlock_worker", "ping_pong_worker", "swap_worker"]
 

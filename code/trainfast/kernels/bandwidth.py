@@ -15,7 +15,7 @@
   waits for the GPU to finish everything queued, and copies over PCIe from pageable and from
   pinned (page-locked) memory.
 
-All timing goes through :func:`trainfast.profiling.benchmark`; results are rows for a record.
+All timing goes through :func:`trainfast.timing.benchmark`; results are rows for a record.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from trainfast.profiling import benchmark
+from trainfast.timing import benchmark
 
 __all__ = [
     "cache_line_bytes",

@@ -36,8 +36,8 @@ from trainfast.kernels.attention import FlashAttention, attention_reference
 from trainfast.kernels.bandwidth import copy_bandwidth, host_transfer_costs, strided_bandwidth
 from trainfast.kernels.roofline import Roofline, matmul_cost, measure_roofline, roofline_from_rows
 from trainfast.kernels.tiled_matmul import MatmulTiles, tile_traffic_bytes
-from trainfast.profiling import benchmark
 from trainfast.records import Prediction, Record, make_record
+from trainfast.timing import benchmark
 
 __all__ = [
     "TARGETS",

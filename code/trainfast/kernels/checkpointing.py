@@ -26,8 +26,8 @@ from trainfast.accounting import (
     saved_tensor_bytes,
     training_flops,
 )
-from trainfast.profiling import benchmark
 from trainfast.records import Record, make_record
+from trainfast.timing import benchmark
 from trainfast.transformer import Attention, TransformerShape
 
 __all__ = ["checkpointing_costs", "checkpointing_record"]
@@ -44,7 +44,7 @@ def checkpointing_costs(
     """One row per setting (checkpointing off, on): time, FLOPs and activation memory of a step.
 
     ``step_seconds`` is the median of forward + backward over ``repeats`` samples
-    (:func:`trainfast.profiling.benchmark`), ``step_seconds_min`` and ``_max`` their range;
+    (:func:`trainfast.timing.benchmark`), ``step_seconds_min`` and ``_max`` their range;
     ``counted_flops`` what ``FlopCounterMode`` counts for the step (recomputation included);
     ``saved_bytes`` the bytes autograd keeps after the forward (parameters excluded), measured
     with :func:`trainfast.accounting.saved_tensor_bytes`; ``predicted_bytes`` the formula of

@@ -42,7 +42,7 @@ import torch
 
 from trainfast.gpus import GPUSpec
 from trainfast.kernels.occupancy import occupancy
-from trainfast.profiling.timing import timestamp
+from trainfast.timing import timestamp
 
 __all__ = [
     "KERNELS",

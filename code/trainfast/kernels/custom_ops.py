@@ -40,7 +40,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from trainfast.profiling.timing import timestamp
+from trainfast.timing import timestamp
 
 __all__ = [
     "CPP_SOURCE",

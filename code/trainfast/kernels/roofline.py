@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from trainfast.accounting import matmul_flops
-from trainfast.profiling import benchmark
+from trainfast.timing import benchmark
 
 __all__ = [
     "CpuPeak",
@@ -193,7 +193,7 @@ def measure_roofline(
     """Time elementwise ops, a reduction, a matrix-vector product and square matmuls on ``device``.
 
     Returns one row per operation: its FLOPs, minimum bytes, intensity, median seconds (the
-    package's one timer, :func:`trainfast.profiling.benchmark`) and achieved FLOP/s and bytes/s.
+    package's one timer, :func:`trainfast.timing.benchmark`) and achieved FLOP/s and bytes/s.
     The vectors have ``n`` elements (make them much larger than the last-level cache to measure
     main memory). :func:`roofline_from_rows` turns the rows into the measured :class:`Roofline`.
     """

@@ -24,8 +24,8 @@ from trainfast.gpus import GPUSpec
 from trainfast.optim.adam import Adam, AdamW
 from trainfast.optim.rmsprop import RMSprop
 from trainfast.optim.sgd import SGD
-from trainfast.profiling.timing import benchmark_side_by_side
 from trainfast.records import Prediction, Record, make_record
+from trainfast.timing import benchmark_side_by_side
 
 __all__ = ["adamw_step_prediction", "compare_step_times", "step_time_record", "transformer_shapes"]
 
@@ -89,7 +89,7 @@ def compare_step_times(
     with ``foreach=False`` and ``True``, each on its own copy of the same parameters (``shapes``;
     default :func:`transformer_shapes` ``(128, 8)``: 96 tensors, 1.6M parameters) and gradients.
     After ``n_warmup`` steps, the four take turns timing ``n_steps`` steps, ``n_repeats``
-    times (:func:`~trainfast.profiling.benchmark_side_by_side`); a time is the median over
+    times (:func:`~trainfast.timing.benchmark_side_by_side`); a time is the median over
     repeats, per step. On CUDA the clock is the GPU's (CUDA events).
 
     Returns one row per optimizer with the four times in ms, ``ratio_foreach`` = ours_foreach /

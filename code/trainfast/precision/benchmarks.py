@@ -19,7 +19,7 @@
 * ``matmul-error`` (:func:`matmul_error_record`): a product's relative error against float64 per
   precision mode (TF32 and FP8 real on a GPU that has them, emulated elsewhere).
 
-All timing goes through :func:`trainfast.profiling.benchmark` (CUDA events on a GPU).
+All timing goes through :func:`trainfast.timing.benchmark` (CUDA events on a GPU).
 """
 
 from __future__ import annotations
@@ -37,9 +37,9 @@ from trainfast.precision.fp8 import has_fp8_tensor_cores, scaled_matmul, to_fp8
 from trainfast.precision.numerics import MATMUL_MODES, autocast_policy, matmul_error
 from trainfast.precision.recipes import training_step
 from trainfast.precision.tf32 import tf32_matmuls
-from trainfast.profiling import benchmark
 from trainfast.recipes import RECIPES
 from trainfast.records import Prediction, Record, make_record
+from trainfast.timing import benchmark
 from trainfast.transformer import TransformerShape
 
 __all__ = [

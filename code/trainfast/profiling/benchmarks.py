@@ -175,7 +175,7 @@ def compile_time_record(device: torch.device, quick: bool = False) -> Record:
 
 def _quick_compile_row(device: torch.device) -> dict[str, object]:
     from trainfast.profiling.case_study import CaseStudy, CaseStudyConfig, Fixes
-    from trainfast.profiling.timing import benchmark
+    from trainfast.timing import benchmark
     from trainfast.transformer import TransformerShape
 
     shape = TransformerShape(64, 16, 1, 2, 32, 8, 2)

@@ -42,8 +42,8 @@ import torch
 from torch.utils.data import DataLoader
 
 from trainfast.profiling.text import TokenWindows, WordTokenizer, python_docs_text
-from trainfast.profiling.timing import Timing, benchmark
 from trainfast.profiling.traces import annotate
+from trainfast.timing import Timing, benchmark
 from trainfast.transformer import Transformer, TransformerShape
 
 __all__ = [
@@ -339,12 +339,12 @@ def compare_fixes(
     ``steps_per_sample`` steps, and is torn down (:meth:`CaseStudy.close`) before the next is
     built; ``passes`` times over, so that a burst of load on the machine lands on a part of
     each variant's samples rather than on all of one variant's. The variants do not take
-    turns sample by sample (as :func:`~trainfast.profiling.benchmark_side_by_side` would have
+    turns sample by sample (as :func:`~trainfast.timing.benchmark_side_by_side` would have
     them) because a run's loader workers keep working while they are alive: between two of its
     samples they would tokenize its next batches for free, on cores the variant being timed
     needs, and nine runs of four workers would be dozens of processes. Compare the samples of
     two variants with a test that does not pair them
-    (:func:`~trainfast.profiling.timing.rank_sum_test`). Every pass starts from the same
+    (:func:`~trainfast.timing.rank_sum_test`). Every pass starts from the same
     weights and batches, so the loss curves (of the first pass) can be compared step by step.
 
     A row has the variant's name, its fixes, ``step_ms`` (median), ``iqr_ms``, ``samples`` and

@@ -141,7 +141,7 @@ class CountingBackend:
 def _first_compiled_step(device: str) -> dict[str, Any]:
     """In this process: build the case study with every fix up to ``compile``; time step one."""
     from trainfast.profiling.case_study import CaseStudy, CaseStudyConfig, Fixes
-    from trainfast.profiling.timing import benchmark
+    from trainfast.timing import benchmark
 
     device_ = torch.device(device)
     if device_.type == "cpu":

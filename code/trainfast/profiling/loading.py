@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from trainfast.profiling.timing import Timing, benchmark
+from trainfast.timing import Timing, benchmark
 
 __all__ = ["loader_seconds"]
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from trainfast.profiling.timing import benchmark, benchmark_side_by_side
+from trainfast.timing import benchmark, benchmark_side_by_side
 
 __all__ = [
     "autocast_matmul_ratio",

@@ -14,7 +14,7 @@
    measures cache bandwidth, not memory bandwidth. Triton's ``do_bench`` flushes the L2 before
    every sample for this reason; :func:`flush_cache` does the same through ``before_sample``.
 
-Every timing goes through :func:`~trainfast.profiling.benchmark`.
+Every timing goes through :func:`~trainfast.timing.benchmark`.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from trainfast.profiling.timing import Timing, benchmark
+from trainfast.timing import Timing, benchmark
 
 __all__ = ["cold_and_warm", "flush_cache", "wrong_and_right", "zeros_and_random"]
 

@@ -25,7 +25,7 @@ kernels, and how much of the two overlapped.
 bytes allocated after each event, the curve that https://pytorch.org/memory_viz draws.
 
 When not to use it: the profiler adds overhead per operator (microseconds), so never time with
-it; time with :func:`~trainfast.profiling.benchmark` and profile to explain the time.
+it; time with :func:`~trainfast.timing.benchmark` and profile to explain the time.
 """
 
 from __future__ import annotations

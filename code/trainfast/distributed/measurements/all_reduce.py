@@ -3,7 +3,7 @@
 :func:`all_reduce_timing_worker` runs in every rank (via :func:`~trainfast.distributed.spawn`):
 for each tensor size it times the three algorithms in turn, several rounds, interleaved, so a
 noisy moment on a shared machine hits all three alike, and keeps the median (through the
-package's one timer, :func:`~trainfast.profiling.benchmark_side_by_side`). A call's time is
+package's one timer, :func:`~trainfast.timing.benchmark_side_by_side`). A call's time is
 the slowest rank's (an all-reduce is done when the last rank is done). Our collectives run with
 ``check=False``: the shape handshake is a safety net, not part of the algorithm being compared.
 
@@ -23,8 +23,8 @@ import torch.distributed as dist
 from trainfast.distributed.collectives import all_reduce, ring_all_reduce
 from trainfast.distributed.cost_model import NVLINK4, Link, all_reduce_time
 from trainfast.distributed.launch import default_backend, rank_device, spawn
-from trainfast.profiling.timing import benchmark, benchmark_side_by_side
 from trainfast.records import Prediction, Record, make_record
+from trainfast.timing import benchmark, benchmark_side_by_side
 
 __all__ = [
     "BENCHMARK_ALGORITHMS",
@@ -70,7 +70,7 @@ def all_reduce_timing_worker(
     """Median seconds per float32 all-reduce, for each size (elements) and algorithm.
 
     Each timing repeats the call to last about ``budget_s``. The three algorithms take turns
-    (:func:`~trainfast.profiling.benchmark_side_by_side`), every rank starting each sample at a
+    (:func:`~trainfast.timing.benchmark_side_by_side`), every rank starting each sample at a
     barrier; a sample counts the slowest rank's time. Every rank returns the same rows:
     world_size, elements, bytes, algorithm, backend, seconds.
     """

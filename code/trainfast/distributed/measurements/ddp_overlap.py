@@ -25,8 +25,8 @@ from torch import nn
 
 from trainfast.distributed.ddp import DDP, all_reduce_bucket
 from trainfast.distributed.launch import rank_device, spawn
-from trainfast.profiling.timing import benchmark_side_by_side, timestamp
 from trainfast.records import Record, make_record
+from trainfast.timing import benchmark_side_by_side, timestamp
 from trainfast.training.arguments import build_optimizer
 
 __all__ = [

@@ -27,7 +27,7 @@ import torch.distributed as dist
 from torch import nn
 
 from trainfast.distributed.fsdp import FSDP
-from trainfast.profiling.timing import timestamp
+from trainfast.timing import timestamp
 
 __all__ = ["FSDPEvent", "FSDPRecorder", "fsdp_timeline_worker"]
 

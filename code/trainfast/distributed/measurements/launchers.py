@@ -35,8 +35,8 @@ import torch
 import torch.distributed as dist
 
 from trainfast.distributed.launch import SpawnError, init_from_env, spawn
-from trainfast.profiling.timing import timestamp
 from trainfast.records import Record, make_record
+from trainfast.timing import timestamp
 
 __all__ = [
     "failing_trial",

@@ -1,4 +1,4 @@
-"""The package's one timer: :func:`benchmark` runs a function many times and returns every sample.
+"""The one timer: :func:`~trainfast.timing.benchmark` times a function, keeping every sample.
 
 Timing GPU code with a host clock is the classic mistake: CUDA kernels run asynchronously, so
 ``time.perf_counter()`` around a launch measures how long it took to *queue* the work, not to do

@@ -53,6 +53,7 @@ import hashlib
 import importlib
 import importlib.util
 import inspect
+import re
 import shutil
 from collections.abc import Iterable
 from pathlib import Path
@@ -66,6 +67,7 @@ from sphinx.config import Config
 from sphinx.environment import BuildEnvironment
 from sphinx.transforms import SphinxTransform
 from sphinx.util import logging
+from sphinx.util.docutils import SphinxDirective
 
 logger = logging.getLogger(__name__)
 
@@ -300,6 +302,99 @@ class DropAutosummaryToctrees(SphinxTransform):
             node.parent.remove(node)
 
 
+def module_summary(module_name: str) -> str:
+    """The first sentence of a module's docstring, its paragraph's lines joined (reST)."""
+    doc = inspect.getdoc(importlib.import_module(module_name)) or ""
+    paragraph = " ".join(doc.split("\n\n", 1)[0].split())
+    head, dot, _ = paragraph.partition(". ")
+    return head + "." if dot else paragraph
+
+
+def teaching_chapters(modules: list[str], chapters: dict[str, str]) -> dict[str, str | None]:
+    """The chapter (name under ``book/``) that teaches each module: the one whose source names
+    the module (``trainfast.optim.adam``, or its file ``code/trainfast/optim/adam.py``) most
+    often; failing that, the chapter of its subpackage; None when no chapter names either."""
+    found: dict[str, str | None] = {}
+    for module in modules:
+        path = "code/" + module.replace(".", "/")
+        pattern = re.compile(re.escape(module) + r"\b")
+        counts = {
+            name: len(pattern.findall(text)) + text.count(path + ".py") + text.count(path + "/")
+            for name, text in chapters.items()
+        }
+        best = max(counts, key=lambda name: counts[name], default=None)
+        found[module] = best if best is not None and counts[best] else None
+    for module in modules:  # a module no chapter names: its subpackage's chapter
+        parent = module.rpartition(".")[0]
+        while found[module] is None and parent in found:
+            found[module] = found[parent]
+            parent = parent.rpartition(".")[0]
+    return found
+
+
+class ModuleTable(SphinxDirective):
+    """``.. trainfast-modules::``: every public module of the package, a line on what it holds,
+    and the chapter that teaches it, as one table (the API reference's index)."""
+
+    def run(self) -> list[nodes.Node]:
+        import pkgutil
+
+        package = importlib.import_module(PACKAGE)
+        modules = [PACKAGE] + [
+            info.name
+            for info in pkgutil.walk_packages(package.__path__, PACKAGE + ".")
+            if not any(part.startswith("_") for part in info.name.split("."))
+        ]
+        book = Path(self.env.srcdir) / "book"
+        chapters = {}
+        for path in sorted(book.glob("*.md")):
+            if path.stem != "intro":
+                chapters[path.stem] = path.read_text()
+                self.env.note_dependency(str(path))
+        taught = teaching_chapters(modules, chapters)
+        lines = [".. list-table::", "   :header-rows: 1", "   :class: trainfast-modules", ""]
+        lines += ["   * - Module", "     - What it holds", "     - Taught in"]
+        for module in modules:
+            chapter = taught[module]
+            lines += [
+                f"   * - :py:mod:`{module}`",
+                f"     - {module_summary(module)}",
+                f"     - :doc:`/book/{chapter}`" if chapter else "     - every chapter",
+            ]
+        return self.parse_text_to_nodes("\n".join(lines))
+
+
+class DropIndexAutosummaryTable(SphinxTransform):
+    """The API index's ``autosummary`` is there to generate the pages; its one-row table
+    (``trainfast``) is replaced by :class:`ModuleTable`, so it is removed from that page."""
+
+    default_priority = 99
+
+    def apply(self, **kwargs: object) -> None:
+        from sphinx.ext.autosummary import autosummary_table
+
+        if self.env.docname != "book/api/index":
+            return
+        for node in list(self.document.findall(autosummary_table)):
+            node.parent.remove(node)
+
+
+def _drop_repeated_scripts(
+    app: Sphinx, pagename: str, templatename: str, context: dict, doctree: nodes.document | None
+) -> None:
+    """Keep one copy of each script. sphinx-thebe's inline configuration
+    (``const THEBE_JS_URL = ...``) reached every page twice, and declaring the constant again is
+    a ``SyntaxError`` in every page's console (tests/test_site.py checks the console)."""
+    seen: set[tuple[str, tuple]] = set()
+    kept = []
+    for script in context.get("script_files", []):
+        key = (str(script), tuple(sorted(getattr(script, "attributes", {}).items())))
+        if key not in seen:
+            seen.add(key)
+            kept.append(script)
+    context["script_files"] = kept
+
+
 CALCULATOR_MARK = 'class="trainfast-calculator"'
 
 
@@ -317,6 +412,8 @@ def _write_calculator_data(app: Sphinx, exception: Exception | None) -> None:
         from trainfast.calculator import write_script
 
         write_script(Path(app.outdir) / "_static" / "calculator-data.js")
+
+
 # --- 6. Notebooks a reader can open anywhere ---------------------------------------------------
 
 #: Folder of the HTML output holding the downloadable notebooks: the tree of the notebooks branch.
@@ -603,8 +700,11 @@ def setup(app: Sphinx) -> dict:
     app.connect("viewcode-follow-imported", _viewcode_module)
     app.connect("doctree-read", _on_doctree_read_prefaces, priority=480)  # before codeautolink
     app.add_transform(DropAutosummaryToctrees)
+    app.add_transform(DropIndexAutosummaryTable)
+    app.add_directive("trainfast-modules", ModuleTable)
     app.add_css_file("reference.css")
     app.connect("html-page-context", _add_calculator)
+    app.connect("html-page-context", _drop_repeated_scripts, priority=900)
     app.connect("html-page-context", _restore_cached_outputs, priority=500)
     app.connect("html-page-context", _point_launch_buttons_at_notebooks, priority=600)
     app.connect("build-finished", _write_calculator_data)

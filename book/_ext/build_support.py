@@ -53,6 +53,7 @@ import hashlib
 import importlib
 import importlib.util
 import inspect
+import os
 import re
 import shutil
 from collections.abc import Iterable
@@ -148,6 +149,13 @@ def _on_env_get_outdated(
 
 
 def _on_config_inited(app: Sphinx, config: Config) -> None:
+    # The theme's top bar held only a second search box (the sidebar has one): no top bar.
+    config.html_theme_options = {**config.html_theme_options, "navbar_persistent": []}
+    # pydata-sphinx-theme reads ``default_mode`` from the page context; without it every page
+    # logged "Got invalid theme mode: . Resetting to auto." as a console error.
+    config.html_context = {"default_mode": "auto", **config.html_context}
+    # The kernels that execute the chapters inherit this: figures drawn for the page's column.
+    os.environ.setdefault("MATPLOTLIBRC", str(Path(__file__).with_name("matplotlibrc")))
     spec = importlib.util.find_spec("mathjax")
     if spec is None or spec.origin is None:
         return  # keep Sphinx's CDN default
@@ -703,6 +711,7 @@ def setup(app: Sphinx) -> dict:
     app.add_transform(DropIndexAutosummaryTable)
     app.add_directive("trainfast-modules", ModuleTable)
     app.add_css_file("reference.css")
+    app.add_css_file("layout.css")
     app.connect("html-page-context", _add_calculator)
     app.connect("html-page-context", _drop_repeated_scripts, priority=900)
     app.connect("html-page-context", _restore_cached_outputs, priority=500)

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import dataclasses
 import hashlib
 import importlib
 import importlib.util
@@ -321,7 +322,8 @@ def module_summary(module_name: str) -> str:
 def teaching_chapters(modules: list[str], chapters: dict[str, str]) -> dict[str, str | None]:
     """The chapter (name under ``book/``) that teaches each module: the one whose source names
     the module (``trainfast.optim.adam``, or its file ``code/trainfast/optim/adam.py``) most
-    often; failing that, the chapter of its subpackage; None when no chapter names either."""
+    often; failing that, the chapter of its subpackage; None when no chapter names either (and
+    for the package itself, which every chapter names)."""
     found: dict[str, str | None] = {}
     for module in modules:
         path = "code/" + module.replace(".", "/")
@@ -332,9 +334,10 @@ def teaching_chapters(modules: list[str], chapters: dict[str, str]) -> dict[str,
         }
         best = max(counts, key=lambda name: counts[name], default=None)
         found[module] = best if best is not None and counts[best] else None
+    found[PACKAGE] = None  # every chapter names the package itself
     for module in modules:  # a module no chapter names: its subpackage's chapter
         parent = module.rpartition(".")[0]
-        while found[module] is None and parent in found:
+        while found[module] is None and parent in found and parent != PACKAGE:
             found[module] = found[parent]
             parent = parent.rpartition(".")[0]
     return found
@@ -356,7 +359,7 @@ class ModuleTable(SphinxDirective):
         book = Path(self.env.srcdir) / "book"
         chapters = {}
         for path in sorted(book.glob("*.md")):
-            if path.stem != "intro":
+            if path.stem != "intro" and f"book/{path.stem}" in self.env.found_docs:
                 chapters[path.stem] = path.read_text()
                 self.env.note_dependency(str(path))
         taught = teaching_chapters(modules, chapters)
@@ -367,7 +370,7 @@ class ModuleTable(SphinxDirective):
             lines += [
                 f"   * - :py:mod:`{module}`",
                 f"     - {module_summary(module)}",
-                f"     - :doc:`/book/{chapter}`" if chapter else "     - every chapter",
+                f"     - :doc:`/book/{chapter}`" if chapter else "     - —",
             ]
         return self.parse_text_to_nodes("\n".join(lines))
 
@@ -385,6 +388,51 @@ class DropIndexAutosummaryTable(SphinxTransform):
             return
         for node in list(self.document.findall(autosummary_table)):
             node.parent.remove(node)
+
+
+_FUNCTION_DEFAULT = re.compile(r"<(?:function|built-in function) ([\w.]+)(?: at 0x[0-9a-f]+)?>")
+
+
+def _factory_call(factory: Any) -> str:
+    """``list()`` for ``default_factory=list``; ``TransformerShape(...)`` for a lambda making one."""
+    name = getattr(factory, "__name__", "")
+    if name.isidentifier():
+        return f"{name}()"
+    try:
+        return f"{type(factory()).__name__}(...)"
+    except Exception:  # a factory that needs what the build lacks: say only that there is one
+        return "..."
+
+
+def readable_signature(signature: str, obj: object) -> str:
+    """A signature Sphinx can parse, and so shorten (``Iterable[Tensor]``, linked names).
+
+    Defaults that are not Python expressions made Sphinx give up parsing and print the raw text,
+    ``~collections.abc.Iterable[~torch.Tensor]`` included: a dataclass field's ``<factory>``
+    becomes the factory's call (``list()``), a function default its name, and torch's
+    ``<required parameter>`` sentinel (``lr`` of an optimizer) no default at all.
+    """
+    signature = signature.replace(" = <required parameter>", "")
+    signature = _FUNCTION_DEFAULT.sub(r"\1", signature)
+    if "<factory>" in signature and dataclasses.is_dataclass(obj):
+        for field in dataclasses.fields(obj):
+            if field.init and field.default_factory is not dataclasses.MISSING:
+                signature = signature.replace("<factory>", _factory_call(field.default_factory), 1)
+    return signature
+
+
+def _on_process_signature(
+    app: Sphinx,
+    what: str,
+    name: str,
+    obj: object,
+    options: object,
+    signature: str | None,
+    return_annotation: str | None,
+) -> tuple[str | None, str | None] | None:
+    if not signature:
+        return None
+    return readable_signature(signature, obj), return_annotation
 
 
 def _drop_repeated_scripts(
@@ -710,6 +758,7 @@ def setup(app: Sphinx) -> dict:
     app.add_transform(DropAutosummaryToctrees)
     app.add_transform(DropIndexAutosummaryTable)
     app.add_directive("trainfast-modules", ModuleTable)
+    app.connect("autodoc-process-signature", _on_process_signature)
     app.add_css_file("reference.css")
     app.add_css_file("layout.css")
     app.connect("html-page-context", _add_calculator)

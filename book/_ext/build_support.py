@@ -316,7 +316,15 @@ def module_summary(module_name: str) -> str:
     doc = inspect.getdoc(importlib.import_module(module_name)) or ""
     paragraph = " ".join(doc.split("\n\n", 1)[0].split())
     head, dot, _ = paragraph.partition(". ")
-    return head + "." if dot else paragraph
+    summary = head + "." if dot else paragraph
+
+    def qualified(match: re.Match[str]) -> str:  # `benchmark` means its module's benchmark
+        role, target = match.group(1), match.group(2).lstrip("~")
+        if not target.startswith((PACKAGE + ".", "torch", "numpy")):
+            target = f"{module_name}.{target}"
+        return f":{role}:`~{target}`"
+
+    return re.sub(r":(\w+):`(~?[\w.]+)`", qualified, summary)
 
 
 def teaching_chapters(modules: list[str], chapters: dict[str, str]) -> dict[str, str | None]:

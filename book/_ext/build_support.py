@@ -452,7 +452,11 @@ def _drop_repeated_scripts(
     seen: set[tuple[str, tuple]] = set()
     kept = []
     for script in context.get("script_files", []):
-        key = (str(script), tuple(sorted(getattr(script, "attributes", {}).items())))
+        # the same file or inline body, whatever its priority (the copies differ only there)
+        key = (
+            str(getattr(script, "filename", script)),
+            tuple(sorted(getattr(script, "attributes", {}).items())),
+        )
         if key not in seen:
             seen.add(key)
             kept.append(script)

@@ -85,6 +85,7 @@ def plot_waterfall(rows: Sequence[dict[str, Any]], *, ax: Any = None, title: str
         Patch(color="tab:blue", label="all fixes"),
         plt.Line2D([], [], color="black", label="± half the IQR of the samples"),
     ]
-    ax.legend(handles=handles, fontsize=9, loc="upper right")
-    ax.set_ylim(0, top * 1.3)
+    # beside the axes, so that it covers no bar and no label
+    ax.legend(handles=handles, fontsize=9, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.set_ylim(0, top * 1.15)
     return ax

@@ -125,7 +125,8 @@ def test_nvidia_smi_query_reads_fields_and_is_none_without_nvidia_smi(tmp_path, 
     fake.write_text("#!/bin/sh\necho '570.86.15, 1980'\n")
     fake.chmod(0o755)
     assert nvidia_smi_query(["driver_version", "clocks.sm"]) == {
-        "driver_version": "570.86.15", "clocks.sm": "1980"
+        "driver_version": "570.86.15",
+        "clocks.sm": "1980",
     }
     assert nvidia_smi_query(["driver_version"]) is None  # answer does not match the question
 

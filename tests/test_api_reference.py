@@ -218,3 +218,9 @@ def test_readable_signature_turns_defaults_into_python():
     assert build_support.readable_signature("(f=<function cross_entropy>)", None) == (
         "(f=cross_entropy)"
     )
+
+
+def test_repeated_inline_scripts_are_dropped_once_seen():
+    page = "<head>\n<script>const A = 1;</script>\n<script src='x.js'></script>\n<script>const A = 1;</script>\n"
+    assert build_support.drop_repeated_inline_scripts(page).count("const A") == 1
+    assert "x.js" in build_support.drop_repeated_inline_scripts(page)

@@ -103,10 +103,17 @@ def visit(browser, url: str) -> tuple[dict, list[str]]:
     )
     try:
         tab.goto(url, wait_until="load")
-        # MathJax typesets after load: wait for it, since a display equation's width counts
-        tab.evaluate("() => window.MathJax && MathJax.startup && MathJax.startup.promise")
-        tab.wait_for_timeout(200)
-        return tab.evaluate(MEASURE), errors
+        for attempt in range(3):  # a redirect page (/index.html) navigates on: measure its target
+            try:
+                # MathJax typesets after load: wait for it, a display equation's width counts
+                tab.evaluate("() => window.MathJax && MathJax.startup && MathJax.startup.promise")
+                tab.wait_for_timeout(200)
+                return tab.evaluate(MEASURE), errors
+            except sync_api.Error:
+                if attempt == 2:
+                    raise
+                tab.wait_for_load_state("load")
+        raise AssertionError("unreachable")
     finally:
         tab.close()
 

@@ -443,24 +443,36 @@ def _on_process_signature(
     return readable_signature(signature, obj), return_annotation
 
 
-def _drop_repeated_scripts(
-    app: Sphinx, pagename: str, templatename: str, context: dict, doctree: nodes.document | None
-) -> None:
-    """Keep one copy of each script. sphinx-thebe's inline configuration
-    (``const THEBE_JS_URL = ...``) reached every page twice, and declaring the constant again is
-    a ``SyntaxError`` in every page's console (tests/test_site.py checks the console)."""
-    seen: set[tuple[str, tuple]] = set()
+def drop_repeated_inline_scripts(html: str) -> str:
+    """``html`` without the second and later copies of an identical inline ``<script>`` line.
+
+    sphinx-thebe's configuration (``const THEBE_JS_URL = ...``) reached every page twice, and
+    declaring the constant again is a ``SyntaxError`` in every page's console (the browser test
+    in tests/test_site_layout.py checks every page's console).
+    """
+    seen: set[str] = set()
     kept = []
-    for script in context.get("script_files", []):
-        # the same file or inline body, whatever its priority (the copies differ only there)
-        key = (
-            str(getattr(script, "filename", script)),
-            tuple(sorted(getattr(script, "attributes", {}).items())),
-        )
-        if key not in seen:
-            seen.add(key)
-            kept.append(script)
-    context["script_files"] = kept
+    for line in html.split("\n"):
+        tag = line.strip()
+        if tag.startswith("<script>") and tag.endswith("</script>"):
+            if tag in seen:
+                continue
+            seen.add(tag)
+        kept.append(line)
+    return "\n".join(kept)
+
+
+def _drop_repeated_scripts(app: Sphinx, exception: Exception | None) -> None:
+    if exception is not None or app.builder.format != "html":
+        return
+    static = Path(app.outdir) / "_static"
+    for page in Path(app.outdir).rglob("*.html"):
+        if static in page.parents:
+            continue
+        text = page.read_text()
+        cleaned = drop_repeated_inline_scripts(text)
+        if cleaned != text:
+            page.write_text(cleaned)
 
 
 CALCULATOR_MARK = 'class="trainfast-calculator"'
@@ -774,9 +786,9 @@ def setup(app: Sphinx) -> dict:
     app.add_css_file("reference.css")
     app.add_css_file("layout.css")
     app.connect("html-page-context", _add_calculator)
-    app.connect("html-page-context", _drop_repeated_scripts, priority=900)
     app.connect("html-page-context", _restore_cached_outputs, priority=500)
     app.connect("html-page-context", _point_launch_buttons_at_notebooks, priority=600)
     app.connect("build-finished", _write_calculator_data)
+    app.connect("build-finished", _drop_repeated_scripts)
     app.connect("build-finished", _write_notebooks)
     return {"version": "1.0", "parallel_read_safe": True, "parallel_write_safe": True}

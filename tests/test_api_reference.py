@@ -172,3 +172,55 @@ def test_the_calculator_is_embedded_with_the_package_data(small_build):
     data = (html / "_static" / "calculator-data.js").read_text()
     assert data.startswith("window.TRAINFAST_CALCULATOR = ")
     assert str(estimate(trainfast.calculator.grid()[0]).step_s) in data
+
+
+def _public_modules() -> list[str]:
+    return ["trainfast"] + [
+        m.name
+        for m in pkgutil.walk_packages(trainfast.__path__, "trainfast.")
+        if not any(part.startswith("_") for part in m.name.split("."))
+    ]
+
+
+def test_the_index_lists_every_module_with_its_summary_and_chapter(small_build):
+    html, _ = small_build
+    text = (html / "book" / "api" / "index.html").read_text()
+    rows = re.findall(r"<tr[^>]*>(.*?)</tr>", text.split("trainfast-modules", 1)[1], re.S)
+    by_module = {}
+    for row in rows:
+        cells = re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)
+        if cells:
+            by_module[re.sub(r"<[^>]+>", "", cells[0]).strip()] = cells
+    assert set(by_module) == set(_public_modules())
+    attention = by_module["trainfast.kernels.attention"]
+    assert re.sub(r"<[^>]+>", "", attention[1]).strip().startswith("Flash attention")
+    assert f"{CHAPTER}.html" in attention[2]  # the one chapter of the small build teaches it
+
+
+def test_signatures_are_short_and_parse(small_build):
+    html, _ = small_build
+    raw = []
+    for page in sorted((html / "book" / "api" / "generated").glob("*.html")):
+        for sig in re.findall(r'<dt class="sig sig-object py".*?</dt>', page.read_text(), re.S):
+            text = re.sub(r"<[^>]+>", "", sig).replace("&lt;", "<").replace("&gt;", ">")
+            if re.search(r"~[\w.]+|<required parameter>|<factory>|collections\.abc\.", text):
+                raw.append(f"{page.name}: {' '.join(text.split())[:160]}")
+    assert not raw, f"{len(raw)} signatures left raw:\n" + "\n".join(raw[:10])
+
+
+def test_readable_signature_turns_defaults_into_python():
+    from trainfast.profiling.case_study import CaseStudyConfig
+
+    sig = "(shape: ~x.TransformerShape = <factory>, lr: float = <required parameter>)"
+    assert build_support.readable_signature(sig, CaseStudyConfig) == (
+        "(shape: ~x.TransformerShape = TransformerShape(...), lr: float)"
+    )
+    assert build_support.readable_signature("(f=<function cross_entropy>)", None) == (
+        "(f=cross_entropy)"
+    )
+
+
+def test_repeated_inline_scripts_are_dropped_once_seen():
+    page = "<head>\n<script>const A = 1;</script>\n<script src='x.js'></script>\n<script>const A = 1;</script>\n"
+    assert build_support.drop_repeated_inline_scripts(page).count("const A") == 1
+    assert "x.js" in build_support.drop_repeated_inline_scripts(page)

@@ -8,6 +8,7 @@ downloads one here). Without either, the tests are skipped and say why; ``.ci/ru
 from __future__ import annotations
 
 import math
+import re
 import shutil
 from pathlib import Path
 
@@ -124,19 +125,101 @@ def test_the_widget_shows_python_numbers_for_inputs_typed_in(page):
         assert not wrong, f"{case['setup']}: " + "; ".join(wrong)
 
 
-def test_the_widget_names_a_bad_input(page):
+def test_the_widget_names_a_bad_input_by_its_label_on_screen(page):
     setup = dict(CASES[0]["setup"], tensor=5)
     page.evaluate(SET_INPUTS, setup)
     message = page.text_content('[data-out="error"]')
-    assert "Invalid tensor: 5" in message
+    assert "“tensor parallel t” = 5" in message and "tensor" + "_" not in message
+    assert page.get_attribute('input[name="tensor"]', "aria-invalid") == "true"
     with pytest.raises(ValueError, match="Invalid tensor: 5"):
         _setup({"setup": setup})
 
 
-def test_the_widget_names_a_bad_assumption(page):
+def test_the_widget_names_a_bad_assumption_by_its_label(page):
     setup = dict(CASES[0]["setup"])
     setup["assumptions"] = dict(setup["assumptions"], network_bytes_per_s=0)
     page.evaluate(SET_INPUTS, setup)
-    assert "Invalid network_bytes_per_s: 0" in page.text_content('[data-out="error"]')
+    assert "“network bytes/s per GPU” = 0" in page.text_content('[data-out="error"]')
     with pytest.raises(ValueError, match="Invalid network_bytes_per_s: 0"):
         _setup({"setup": setup})
+
+
+#: Every message the widget can show names a field by a label that is on screen, never by an
+#: identifier (``batch_size``), whichever field is wrong.
+LABELS_ON_SCREEN = (
+    """() => Array.from(document.querySelectorAll('.tfc-field > span'), s => s.textContent)"""
+)
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["batch_size", "global_batch", "n_heads", "tensor", "mfu", "reserve", "gpus_per_node", "top_k"],
+)
+def test_every_error_message_uses_a_label_on_screen(page, name):
+    labels = page.evaluate(LABELS_ON_SCREEN)
+    setup = dict(CASES[0]["setup"])
+    if name in setup["shape"] or name == "batch_size":
+        setup["shape"] = dict(setup["shape"], **{name: -3})
+    elif name in setup["assumptions"]:
+        setup["assumptions"] = dict(setup["assumptions"], **{name: -3})
+    else:
+        setup[name] = -3
+    page.evaluate(SET_INPUTS, setup)
+    message = page.text_content('[data-out="error"]')
+    assert any(f"“{label}”" in message for label in labels), message
+    assert not re.search(r"\b[a-z]+_[a-z_]+\b", message), f"an identifier in {message!r}"
+
+
+def test_an_empty_field_is_reported_as_empty_and_the_results_stay_greyed(page):
+    page.evaluate(SET_INPUTS, CASES[0]["setup"])
+    box = page.locator(".tfc-output").bounding_box()
+    page.fill('input[name="global_batch"]', "")
+    message = page.text_content('[data-out="error"]')
+    assert message == "“global batch (sequences)” is empty: type a number."
+    results = page.locator(".tfc-results")
+    assert results.is_visible() and "tfc-stale" in results.get_attribute("class")
+    assert page.locator('[data-out="time.step"]').is_visible()
+    assert float(results.evaluate("e => getComputedStyle(e).opacity")) < 1
+    after = page.locator(".tfc-output").bounding_box()
+    assert abs(after["x"] - box["x"]) < 1 and abs(after["width"] - box["width"]) < 1
+    page.evaluate(SET_INPUTS, CASES[0]["setup"])  # typing a number back clears it
+    assert not page.locator('[data-out="error"]').is_visible()
+    assert "tfc-stale" not in results.get_attribute("class")
+
+
+#: How much of each dropdown's chosen option is hidden: text width against the box, in px.
+CUT_OPTIONS = """() => Array.from(document.querySelectorAll('.trainfast-calculator select'), s => {
+  const probe = document.createElement('span');
+  probe.style.font = getComputedStyle(s).font;
+  probe.style.position = 'absolute';
+  probe.style.whiteSpace = 'pre';
+  probe.textContent = s.options[s.selectedIndex].text;
+  document.body.appendChild(probe);
+  const cut = probe.getBoundingClientRect().width + 24 - s.clientWidth;  // 24 px: the arrow
+  probe.remove();
+  return [s.name, probe.textContent, cut];
+})"""
+
+
+def _cut_options(page) -> list:
+    return [row for row in page.evaluate(CUT_OPTIONS) if row[2] > 0]
+
+
+def test_no_dropdown_cuts_the_name_it_shows(page):
+    for index in range(page.locator('select[name="gpu"] option').count()):
+        page.select_option('select[name="gpu"]', index=index)
+        assert not _cut_options(page)
+    page.add_style_tag(content=".tfc-field select { width: 6rem !important; }")  # planted defect
+    try:
+        assert _cut_options(page), "the check must see a cut name"
+    finally:
+        page.evaluate("() => document.head.lastElementChild.remove()")
+
+
+def test_the_dashed_capacity_line_is_labelled(page):
+    page.evaluate(SET_INPUTS, CASES[0]["setup"])
+    label = page.locator('[data-out="capacity-label"]')
+    assert label.is_visible() and "dashed line: usable memory" in label.text_content()
+    bar = page.locator(".tfc-bar").bounding_box()
+    box = label.bounding_box()
+    assert bar["x"] - 1 <= box["x"] and box["x"] + box["width"] <= bar["x"] + bar["width"] + 1

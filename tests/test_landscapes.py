@@ -206,8 +206,9 @@ def test_plot_trajectories_draws_one_line_per_path_and_a_legend(plt):
     assert [line.get_label() for line in ax.lines] == ["SGD", "SGD too fast (diverged)", "Adam"]
     legend = [text.get_text() for text in ax.get_legend().get_texts()]
     assert legend == ["SGD", "SGD too fast (diverged)", "Adam", "minimum"]
-    assert (ax.get_xlabel(), ax.get_ylabel()) == ("x", "y")
-    assert ax.get_title() == "Optimizers on rosenbrock"
+    assert (ax.get_xlabel(), ax.get_ylabel()) == ("parameter x (no unit)", "parameter y (no unit)")
+    assert ax.get_title() == "Optimizers on rosenbrock"  # no identifier in a figure
+    assert "_" not in ax.figure.axes[-1].get_ylabel()  # the colour bar's label
     assert ax.get_xlim() == surface.xlim and ax.get_ylim() == surface.ylim
     ax.figure.canvas.draw()  # renders with NaNs present
 

@@ -159,7 +159,7 @@ def test_records_round_trip_with_provenance(tmp_path):
 
 def test_to_markdown_can_pick_columns():
     text = to_markdown(_record(), columns=["ms"])
-    assert text.startswith("| ms (ms) |\n|---|\n| 0.5 |")
+    assert text.startswith("| ms (ms) |\n|---|\n| 0.50 |")
     with pytest.raises(ValueError, match="no columns \\['speed'\\]"):
         to_markdown(_record(), columns=["speed"])
 
@@ -232,14 +232,14 @@ def test_provenance_names_the_driver_when_recorded():
     assert "driver 570.86.15" in provenance(record)
 
 
-def test_exercise_report_prints_every_case_and_raises_on_the_first_failure(capsys):
+def test_exercise_report_prints_one_line_per_failure_and_raises_on_the_first(capsys):
     from trainfast.checks import report
 
     report([("a", None), ("b", None)])
-    assert capsys.readouterr().out.splitlines() == ["passed: a", "passed: b", "All 2 cases passed."]
+    assert capsys.readouterr().out.splitlines() == ["All 2 cases passed."]
     with pytest.raises(AssertionError, match="2 of 3 cases failed; first: b: too big"):
         report([("a", None), ("b", "too big"), ("c", "too small")])
-    assert "FAILED: c (too small)" in capsys.readouterr().out
+    assert capsys.readouterr().out.splitlines() == ["FAILED: b (too big)", "FAILED: c (too small)"]
     with pytest.raises(AssertionError, match="no cases"):
         report([])
 
@@ -295,3 +295,16 @@ def test_executed_chapters_print_no_gpu_placeholder(name):
     ]
     found = [m.group(0) for text in texts for m in PLACEHOLDER.finditer(text)]
     assert found == [], f"{name}: placeholder output {found}"
+
+
+def test_to_markdown_uses_one_number_format_per_column_and_the_given_labels():
+    from trainfast.records import Record, to_markdown
+
+    rows = [{"way": "a", "ms": 19585.2, "ratio": 1.0}, {"way": "b", "ms": 8830.0, "ratio": 0.45}]
+    env = dict.fromkeys(["torch_version", "device_name", "device", "python_version"], "x")
+    record = Record("t", "d.", ["way", "ms", "ratio"], rows, env, "2026-01-01", "x", {"ms": "ms"})
+    table = to_markdown(record, labels={"ratio": "ours / torch"})
+    assert table.splitlines()[0] == "| way | ms (ms) | ours / torch |"
+    assert "| a | 19,585 | 1.00 |" in table and "| b | 8,830 | 0.45 |" in table
+    with pytest.raises(ValueError, match="nope"):
+        to_markdown(record, labels={"nope": "x"})

@@ -49,10 +49,13 @@ from __future__ import annotations
 
 import ast
 import copy
+import dataclasses
 import hashlib
 import importlib
 import importlib.util
 import inspect
+import os
+import re
 import shutil
 from collections.abc import Iterable
 from pathlib import Path
@@ -66,6 +69,7 @@ from sphinx.config import Config
 from sphinx.environment import BuildEnvironment
 from sphinx.transforms import SphinxTransform
 from sphinx.util import logging
+from sphinx.util.docutils import SphinxDirective
 
 logger = logging.getLogger(__name__)
 
@@ -146,6 +150,13 @@ def _on_env_get_outdated(
 
 
 def _on_config_inited(app: Sphinx, config: Config) -> None:
+    # The theme's top bar held only a second search box (the sidebar has one): no top bar.
+    config.html_theme_options = {**config.html_theme_options, "navbar_persistent": []}
+    # pydata-sphinx-theme reads ``default_mode`` from the page context; without it every page
+    # logged "Got invalid theme mode: . Resetting to auto." as a console error.
+    config.html_context = {"default_mode": "auto", **config.html_context}
+    # The kernels that execute the chapters inherit this: figures drawn for the page's column.
+    os.environ.setdefault("MATPLOTLIBRC", str(Path(__file__).with_name("matplotlibrc")))
     spec = importlib.util.find_spec("mathjax")
     if spec is None or spec.origin is None:
         return  # keep Sphinx's CDN default
@@ -300,6 +311,170 @@ class DropAutosummaryToctrees(SphinxTransform):
             node.parent.remove(node)
 
 
+def module_summary(module_name: str) -> str:
+    """The first sentence of a module's docstring, its paragraph's lines joined (reST)."""
+    doc = inspect.getdoc(importlib.import_module(module_name)) or ""
+    paragraph = " ".join(doc.split("\n\n", 1)[0].split())
+    head, dot, _ = paragraph.partition(". ")
+    summary = head + "." if dot else paragraph
+
+    def qualified(match: re.Match[str]) -> str:  # `benchmark` means its module's benchmark
+        role, target = match.group(1), match.group(2).lstrip("~")
+        if not target.startswith((PACKAGE + ".", "torch", "numpy")):
+            target = f"{module_name}.{target}"
+        return f":{role}:`~{target}`"
+
+    return re.sub(r":(\w+):`(~?[\w.]+)`", qualified, summary)
+
+
+def teaching_chapters(modules: list[str], chapters: dict[str, str]) -> dict[str, str | None]:
+    """The chapter (name under ``book/``) that teaches each module: the one whose source names
+    the module (``trainfast.optim.adam``, or its file ``code/trainfast/optim/adam.py``) most
+    often; failing that, the chapter of its subpackage; None when no chapter names either (and
+    for the package itself, which every chapter names)."""
+    found: dict[str, str | None] = {}
+    for module in modules:
+        path = "code/" + module.replace(".", "/")
+        pattern = re.compile(re.escape(module) + r"\b")
+        counts = {
+            name: len(pattern.findall(text)) + text.count(path + ".py") + text.count(path + "/")
+            for name, text in chapters.items()
+        }
+        best = max(counts, key=lambda name: counts[name], default=None)
+        found[module] = best if best is not None and counts[best] else None
+    found[PACKAGE] = None  # every chapter names the package itself
+    for module in modules:  # a module no chapter names: its subpackage's chapter
+        parent = module.rpartition(".")[0]
+        while found[module] is None and parent in found and parent != PACKAGE:
+            found[module] = found[parent]
+            parent = parent.rpartition(".")[0]
+    return found
+
+
+class ModuleTable(SphinxDirective):
+    """``.. trainfast-modules::``: every public module of the package, a line on what it holds,
+    and the chapter that teaches it, as one table (the API reference's index)."""
+
+    def run(self) -> list[nodes.Node]:
+        import pkgutil
+
+        package = importlib.import_module(PACKAGE)
+        modules = [PACKAGE] + [
+            info.name
+            for info in pkgutil.walk_packages(package.__path__, PACKAGE + ".")
+            if not any(part.startswith("_") for part in info.name.split("."))
+        ]
+        book = Path(self.env.srcdir) / "book"
+        chapters = {}
+        for path in sorted(book.glob("*.md")):
+            if path.stem != "intro" and f"book/{path.stem}" in self.env.found_docs:
+                chapters[path.stem] = path.read_text()
+                self.env.note_dependency(str(path))
+        taught = teaching_chapters(modules, chapters)
+        lines = [".. list-table::", "   :header-rows: 1", "   :class: trainfast-modules", ""]
+        lines += ["   * - Module", "     - What it holds", "     - Taught in"]
+        for module in modules:
+            chapter = taught[module]
+            lines += [
+                f"   * - :py:mod:`{module}`",
+                f"     - {module_summary(module)}",
+                f"     - :doc:`/book/{chapter}`" if chapter else "     - —",
+            ]
+        return self.parse_text_to_nodes("\n".join(lines))
+
+
+class DropIndexAutosummaryTable(SphinxTransform):
+    """The API index's ``autosummary`` is there to generate the pages; its one-row table
+    (``trainfast``) is replaced by :class:`ModuleTable`, so it is removed from that page."""
+
+    default_priority = 99
+
+    def apply(self, **kwargs: object) -> None:
+        from sphinx.ext.autosummary import autosummary_table
+
+        if self.env.docname != "book/api/index":
+            return
+        for node in list(self.document.findall(autosummary_table)):
+            node.parent.remove(node)
+
+
+_FUNCTION_DEFAULT = re.compile(r"<(?:function|built-in function) ([\w.]+)(?: at 0x[0-9a-f]+)?>")
+
+
+def _factory_call(factory: Any) -> str:
+    """``list()`` for ``default_factory=list``; ``TransformerShape(...)`` for a lambda making one."""
+    name = getattr(factory, "__name__", "")
+    if name.isidentifier():
+        return f"{name}()"
+    try:
+        return f"{type(factory()).__name__}(...)"
+    except Exception:  # a factory that needs what the build lacks: say only that there is one
+        return "..."
+
+
+def readable_signature(signature: str, obj: object) -> str:
+    """A signature Sphinx can parse, and so shorten (``Iterable[Tensor]``, linked names).
+
+    Defaults that are not Python expressions made Sphinx give up parsing and print the raw text,
+    ``~collections.abc.Iterable[~torch.Tensor]`` included: a dataclass field's ``<factory>``
+    becomes the factory's call (``list()``), a function default its name, and torch's
+    ``<required parameter>`` sentinel (``lr`` of an optimizer) no default at all.
+    """
+    signature = signature.replace(" = <required parameter>", "")
+    signature = _FUNCTION_DEFAULT.sub(r"\1", signature)
+    if "<factory>" in signature and dataclasses.is_dataclass(obj):
+        for field in dataclasses.fields(obj):
+            if field.init and field.default_factory is not dataclasses.MISSING:
+                signature = signature.replace("<factory>", _factory_call(field.default_factory), 1)
+    return signature
+
+
+def _on_process_signature(
+    app: Sphinx,
+    what: str,
+    name: str,
+    obj: object,
+    options: object,
+    signature: str | None,
+    return_annotation: str | None,
+) -> tuple[str | None, str | None] | None:
+    if not signature:
+        return None
+    return readable_signature(signature, obj), return_annotation
+
+
+def drop_repeated_inline_scripts(html: str) -> str:
+    """``html`` without the second and later copies of an identical inline ``<script>`` line.
+
+    sphinx-thebe's configuration (``const THEBE_JS_URL = ...``) reached every page twice, and
+    declaring the constant again is a ``SyntaxError`` in every page's console (the browser test
+    in tests/test_site_layout.py checks every page's console).
+    """
+    seen: set[str] = set()
+    kept = []
+    for line in html.split("\n"):
+        tag = line.strip()
+        if tag.startswith("<script>") and tag.endswith("</script>"):
+            if tag in seen:
+                continue
+            seen.add(tag)
+        kept.append(line)
+    return "\n".join(kept)
+
+
+def _drop_repeated_scripts(app: Sphinx, exception: Exception | None) -> None:
+    if exception is not None or app.builder.format != "html":
+        return
+    static = Path(app.outdir) / "_static"
+    for page in Path(app.outdir).rglob("*.html"):
+        if static in page.parents:
+            continue
+        text = page.read_text()
+        cleaned = drop_repeated_inline_scripts(text)
+        if cleaned != text:
+            page.write_text(cleaned)
+
+
 CALCULATOR_MARK = 'class="trainfast-calculator"'
 
 
@@ -317,6 +492,8 @@ def _write_calculator_data(app: Sphinx, exception: Exception | None) -> None:
         from trainfast.calculator import write_script
 
         write_script(Path(app.outdir) / "_static" / "calculator-data.js")
+
+
 # --- 6. Notebooks a reader can open anywhere ---------------------------------------------------
 
 #: Folder of the HTML output holding the downloadable notebooks: the tree of the notebooks branch.
@@ -603,10 +780,15 @@ def setup(app: Sphinx) -> dict:
     app.connect("viewcode-follow-imported", _viewcode_module)
     app.connect("doctree-read", _on_doctree_read_prefaces, priority=480)  # before codeautolink
     app.add_transform(DropAutosummaryToctrees)
+    app.add_transform(DropIndexAutosummaryTable)
+    app.add_directive("trainfast-modules", ModuleTable)
+    app.connect("autodoc-process-signature", _on_process_signature)
     app.add_css_file("reference.css")
+    app.add_css_file("layout.css")
     app.connect("html-page-context", _add_calculator)
     app.connect("html-page-context", _restore_cached_outputs, priority=500)
     app.connect("html-page-context", _point_launch_buttons_at_notebooks, priority=600)
     app.connect("build-finished", _write_calculator_data)
+    app.connect("build-finished", _drop_repeated_scripts)
     app.connect("build-finished", _write_notebooks)
     return {"version": "1.0", "parallel_read_safe": True, "parallel_write_safe": True}

@@ -99,42 +99,49 @@
     return Number.isInteger(value) && value >= 1;
   }
 
-  /** Check a setup as TrainingSetup and StepAssumptions do; return an error message or null. */
+  /**
+   * Check a setup as TrainingSetup and StepAssumptions do. Returns null, or the field at fault
+   * and why: {name, why}. The widget shows the field by its label on screen (see LABELS).
+   */
   function problem(x, data) {
+    const positive = "must be a whole number of at least 1";
     for (const name of ["vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "seq_len", "batch_size"]) {
-      if (!isPositiveInteger(x.shape[name])) return `Invalid ${name}: ${x.shape[name]} (expected a positive integer)`;
+      if (!isPositiveInteger(x.shape[name])) return { name: name, value: x.shape[name], why: positive };
     }
-    if (x.shape.d_model % x.shape.n_heads) return `Invalid n_heads: ${x.shape.n_heads} (must divide d_model = ${x.shape.d_model})`;
+    if (x.shape.d_model % x.shape.n_heads)
+      return { name: "n_heads", value: x.shape.n_heads, why: `must divide the width d_model (${x.shape.d_model})` };
     const a = x.assumptions;
-    if (!(a.mfu > 0 && a.mfu <= 1)) return `Invalid mfu: ${a.mfu} (expected 0 < mfu <= 1)`;
-    if (!(a.overlap >= 0 && a.overlap <= 1)) return `Invalid overlap: ${a.overlap} (expected 0 <= overlap <= 1)`;
-    if (!(a.reserve >= 0 && a.reserve < 1)) return `Invalid reserve: ${a.reserve} (expected 0 <= reserve < 1)`;
-    if (!isPositiveInteger(a.gpus_per_node)) return `Invalid gpus_per_node: ${a.gpus_per_node} (expected a positive integer)`;
+    const bad = (name, why) => ({ name: name, value: a[name], why: why });
+    if (!(a.mfu > 0 && a.mfu <= 1)) return bad("mfu", "must be above 0 and at most 1");
+    if (!(a.overlap >= 0 && a.overlap <= 1)) return bad("overlap", "must be between 0 and 1");
+    if (!(a.reserve >= 0 && a.reserve < 1)) return bad("reserve", "must be at least 0 and below 1");
+    if (!isPositiveInteger(a.gpus_per_node)) return bad("gpus_per_node", positive);
     for (const name of ["nvlink_latency_s", "network_latency_s"]) {
-      if (!(a[name] >= 0)) return `Invalid ${name}: ${a[name]} (expected >= 0)`;
+      if (!(a[name] >= 0)) return bad(name, "must not be negative");
     }
-    if (!(a.network_bytes_per_s > 0)) return `Invalid network_bytes_per_s: ${a.network_bytes_per_s} (expected > 0)`;
+    if (!(a.network_bytes_per_s > 0)) return bad("network_bytes_per_s", "must be above 0");
     for (const name of ["data", "tensor", "pipeline", "context", "virtual_stages", "experts", "top_k", "expert_parallel", "global_batch"]) {
-      if (!isPositiveInteger(x[name])) return `Invalid ${name}: ${x[name]} (expected a positive integer)`;
+      if (!isPositiveInteger(x[name])) return { name: name, value: x[name], why: positive };
     }
-    if (!(x.recipe in data.recipes)) return `Unknown recipe: ${x.recipe}`;
-    if (!(x.optimizer in data.optimizer_moments)) return `Unknown optimizer: ${x.optimizer}`;
+    if (!(x.recipe in data.recipes)) return { name: "recipe", value: x.recipe, why: "is not a known recipe" };
+    if (!(x.optimizer in data.optimizer_moments)) return { name: "optimizer", value: x.optimizer, why: "is not a known optimizer" };
     const s = x.shape, m = x.global_batch / (s.batch_size * x.data);
     const checks = [
-      [![0, 1, 2, 3].includes(x.zero_stage), "zero_stage", "expected 0, 1, 2 or 3"],
-      [!(x.gpu in data.gpus), "gpu", "expected an NVLink GPU"],
-      [!data.recompute.includes(x.recompute), "recompute", "expected none, selective or full"],
-      [s.n_heads % x.tensor, "tensor", `must divide n_heads = ${s.n_heads}`],
-      [s.seq_len % (2 * x.context), "context", `2 x context must divide ${s.seq_len}`],
-      [x.pipeline * x.virtual_stages > s.n_layers, "virtual_stages", `pipeline x virtual_stages must not exceed n_layers = ${s.n_layers}`],
-      [x.top_k > x.experts, "top_k", `must not exceed experts = ${x.experts}`],
-      [x.experts % x.expert_parallel, "expert_parallel", "must divide experts"],
-      [(x.data * x.context) % x.expert_parallel, "expert_parallel", "must divide data x context"],
-      [x.global_batch % (s.batch_size * x.data), "global_batch", `must be a multiple of micro-batch ${s.batch_size} x data ${x.data}`],
+      [![0, 1, 2, 3].includes(x.zero_stage), "zero_stage", "must be 0, 1, 2 or 3"],
+      [!(x.gpu in data.gpus), "gpu", "must be one of the listed NVLink GPUs"],
+      [!data.recompute.includes(x.recompute), "recompute", "must be none, selective or full"],
+      [s.n_heads % x.tensor, "tensor", `must divide the heads (${s.n_heads})`],
+      [s.seq_len % (2 * x.context), "context", `2 × it must divide the sequence length (${s.seq_len})`],
+      [x.pipeline * x.virtual_stages > s.n_layers, "virtual_stages", `× pipeline parallel p must not exceed the layers (${s.n_layers})`],
+      [x.top_k > x.experts, "top_k", `must not exceed the experts per MLP (${x.experts})`],
+      [x.experts % x.expert_parallel, "expert_parallel", `must divide the experts per MLP (${x.experts})`],
+      [(x.data * x.context) % x.expert_parallel, "expert_parallel", `must divide data × context parallel (${x.data * x.context})`],
+      [x.global_batch % (s.batch_size * x.data), "global_batch", `must be a multiple of micro-batch × data parallel (${s.batch_size} × ${x.data})`],
     ];
-    for (const [bad, name, why] of checks) if (bad) return `Invalid ${name}: ${x[name]} (${why})`;
+    for (const [isBad, name, why] of checks) if (isBad) return { name: name, value: x[name], why: why };
     if (x.virtual_stages > 1 && m % x.pipeline)
-      return `Invalid global_batch: ${x.global_batch} (interleaving needs micro-batches ${m} to be a multiple of pipeline ${x.pipeline})`;
+      return { name: "global_batch", value: x.global_batch,
+        why: `with interleaving, its ${m} micro-batches must be a multiple of pipeline parallel p (${x.pipeline})` };
     return null;
   }
 
@@ -288,6 +295,24 @@
     ["reserve", "memory reserve"],
   ];
 
+  /** The label on screen of every input, by its name in TrainingSetup (error messages use it). */
+  const LABELS = Object.fromEntries([
+    ...SHAPE_FIELDS, ...ASSUMPTION_FIELDS,
+    ["recipe", "precision recipe"], ["optimizer", "optimizer"], ["zero_stage", "ZeRO stage"],
+    ["recompute", "activation recomputation"], ["batch_size", "micro-batch (sequences)"],
+    ["global_batch", "global batch (sequences)"], ["experts", "experts per MLP (1: dense)"],
+    ["top_k", "experts per token (top-k)"], ["gpu", "GPU"], ["data", "data parallel d"],
+    ["tensor", "tensor parallel t"], ["pipeline", "pipeline parallel p"],
+    ["virtual_stages", "virtual stages per rank v"], ["context", "context parallel c"],
+    ["expert_parallel", "expert parallel e"],
+  ]);
+
+  /** What the reader sees for a problem: the field by its label, the value typed, and why. */
+  function describe(fault) {
+    if (fault.empty) return `“${LABELS[fault.name]}” is empty: type a number.`;
+    return `“${LABELS[fault.name]}” = ${fault.value}: it ${fault.why}.`;
+  }
+
   function el(tag, attrs, children) {
     const node = document.createElement(tag);
     for (const [key, value] of Object.entries(attrs || {})) {
@@ -358,19 +383,25 @@
     const output = el("div", { class: "tfc-output", "aria-live": "polite" });
     root.replaceChildren(el("div", { class: "tfc" }, [form, output]));
 
+    /** The setup typed in, and the first empty field's name (an empty field is not 0). */
     function read() {
+      let empty = null;
       const value = (name) => form.elements[name].value;
-      const int = (name) => Number(value(name));
+      const int = (name) => {
+        const typed = value(name).trim();
+        if (typed === "" && empty === null) empty = name;
+        return Number(typed);
+      };
       const s = {};
       for (const [name] of SHAPE_FIELDS) s[name] = int(name);
       s.batch_size = int("batch_size");
       const assumptions = {};
-      for (const [name] of ASSUMPTION_FIELDS) assumptions[name] = Number(value(name));
+      for (const [name] of ASSUMPTION_FIELDS) assumptions[name] = int(name);
       const x = { shape: s, recipe: value("recipe"), optimizer: value("optimizer"), gpu: value("gpu"),
         recompute: value("recompute"), dropout: form.elements.dropout.checked, assumptions: assumptions };
       for (const name of ["zero_stage", "data", "tensor", "pipeline", "context", "virtual_stages", "experts",
         "top_k", "expert_parallel", "global_batch"]) x[name] = int(name);
-      return x;
+      return [x, empty];
     }
 
     function row(label, key, raw, shown, extra) {
@@ -378,13 +409,27 @@
         el("td", { "data-out": key, "data-value": String(raw), text: shown }), extra || el("td")]);
     }
 
+    const message = el("p", { class: "tfc-error", "data-out": "error", role: "alert", hidden: "" });
+    const results = el("div", { class: "tfc-results" });
+    output.replaceChildren(message, results);
+
     function render() {
-      const x = read();
-      const error = problem(x, data);
-      if (error) {
-        output.replaceChildren(el("p", { class: "tfc-error", "data-out": "error", text: error }));
+      const [x, empty] = read();
+      const fault = empty !== null ? { name: empty, empty: true } : problem(x, data);
+      for (const input of form.querySelectorAll("[aria-invalid]")) input.removeAttribute("aria-invalid");
+      if (fault) {
+        // Keep the last results, greyed, so the layout does not jump while the reader types.
+        message.textContent = describe(fault);
+        message.hidden = false;
+        results.classList.add("tfc-stale");
+        results.setAttribute("aria-hidden", "true");
+        if (form.elements[fault.name]) form.elements[fault.name].setAttribute("aria-invalid", "true");
         return;
       }
+      message.hidden = true;
+      message.textContent = "";
+      results.classList.remove("tfc-stale");
+      results.removeAttribute("aria-hidden");
       const r = estimate(x, data);
       const capacity = data.gpus[x.gpu].memory_bytes;
       const bar = el("div", { class: "tfc-bar", role: "img",
@@ -394,7 +439,11 @@
         bar.appendChild(el("span", { class: `tfc-part tfc-part-${i}`, title: `${label}: ${gb(r.memory[key])} GB`,
           style: `width: ${(100 * r.memory[key]) / scale}%` }));
       });
-      bar.appendChild(el("span", { class: "tfc-capacity", style: `left: ${(100 * capacity * (1 - x.assumptions.reserve)) / scale}%` }));
+      const usableAt = (100 * capacity * (1 - x.assumptions.reserve)) / scale;
+      bar.appendChild(el("span", { class: "tfc-capacity", style: `left: ${usableAt}%` }));
+      const capacityLabel = el("div", { class: "tfc-capacity-label", "data-out": "capacity-label",
+        style: usableAt > 50 ? `right: ${100 - usableAt}%` : `left: ${usableAt}%`,
+        text: `dashed line: usable memory, ${gb(capacity * (1 - x.assumptions.reserve))} GB` });
       const memoryRows = MEMORY_PARTS.map(([key, label], i) =>
         row(label, "memory." + key, r.memory[key], gb(r.memory[key]) + " GB", el("td", {}, [el("span", { class: `tfc-swatch tfc-part-${i}` })])));
       memoryRows.push(row("total per GPU", "memory.total", r.memory.total, gb(r.memory.total) + " GB"));
@@ -405,9 +454,9 @@
       const verdict = r.fits
         ? `Fits: ${gb(r.memory.total)} GB of the ${usable} GB usable on each ${x.gpu}.`
         : `Does not fit: ${gb(r.memory.total)} GB per GPU, more than the ${usable} GB usable on one ${x.gpu}.`;
-      output.replaceChildren(
+      results.replaceChildren(
         el("p", { class: r.fits ? "tfc-verdict tfc-fits" : "tfc-verdict tfc-nofit", "data-out": "fits", "data-value": String(r.fits), text: verdict }),
-        bar,
+        el("div", { class: "tfc-bar-wrap" }, [bar, capacityLabel]),
         el("table", { class: "tfc-table" }, [el("caption", { text: "Memory per GPU" }), el("tbody", {}, memoryRows)]),
         el("table", { class: "tfc-table" }, [el("caption", { text: "Time per step (a model, not a measurement)" }), el("tbody", {}, timeRows)]),
         el("p", { class: "tfc-note", text:
@@ -439,7 +488,7 @@
     roots.forEach((root) => build(root, data));
   }
 
-  window.trainfastCalculator = { estimate: estimate, problem: problem };
+  window.trainfastCalculator = { estimate: estimate, problem: problem, describe: describe };
   if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", start);
   else start();
 })();

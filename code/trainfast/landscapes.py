@@ -239,7 +239,10 @@ def plot_trajectories(
         norm=BoundaryNorm(contour_levels, cmap.N, extend="both"),
     )
     ax.contour(grid_x, grid_y, z, levels=contour_levels, colors="white", linewidths=0.3, alpha=0.4)
-    ax.figure.colorbar(filled, ax=ax, label=f"{surface.name}(x, y)", format="%.3g")
+    readable = surface.name.replace("_", " ")  # "pathological curvature", not an identifier
+    ax.figure.colorbar(
+        filled, ax=ax, label=f"loss f(x, y) of the {readable} surface", format="%.3g"
+    )
 
     for label, path in trajectories.items():
         path = path.detach().cpu().double().numpy()
@@ -272,8 +275,8 @@ def plot_trajectories(
 
     ax.set_xlim(surface.xlim)
     ax.set_ylim(surface.ylim)
-    ax.set_xlabel("x")
-    ax.set_ylabel("y")
-    ax.set_title(title if title is not None else f"Optimizers on {surface.name}")
-    ax.legend(loc="best", fontsize="small")
+    ax.set_xlabel("parameter x (no unit)")
+    ax.set_ylabel("parameter y (no unit)")
+    ax.set_title(title if title is not None else f"Optimizers on {readable}")
+    ax.legend(loc="best", fontsize=9)
     return ax

@@ -10,6 +10,7 @@ are produced by the script, never typed in by hand.
 from __future__ import annotations
 
 import json
+import math
 import re
 import shlex
 import sys
@@ -216,29 +217,51 @@ def provenance(record: Record) -> str:
     )
 
 
-def _format(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:.3g}" if abs(value) < 1e4 else f"{value:,.0f}"
-    return str(value)
+def _column_format(values: list[Any]) -> Callable[[Any], str]:
+    """One number format for a whole column, so ``19,585`` never sits above ``8.83e+03``.
+
+    Floats get thousands separators and as many decimals as the smallest nonzero magnitude
+    needs for three significant digits (at most four; fewer where the last one is zero in every
+    row); a column with magnitudes below 0.001 uses ``1.23e-05``. Other values show as they are.
+    """
+    floats = [abs(v) for v in values if isinstance(v, float) and math.isfinite(v)]
+    nonzero = [v for v in floats if v > 0]
+    if not floats:
+        return str
+    if nonzero and min(nonzero) < 1e-3:
+        return lambda v: f"{v:.2e}" if isinstance(v, float) else str(v)
+    smallest = min(nonzero, default=1.0)
+    decimals = min(4, max(0, 2 - math.floor(math.log10(smallest))))
+    while decimals > 0 and all(f"{v:.{decimals}f}".endswith("0") for v in floats):
+        decimals -= 1  # a decimal that is zero in every row says nothing
+    return lambda v: f"{v:,.{decimals}f}" if isinstance(v, float) and math.isfinite(v) else str(v)
 
 
-def to_markdown(record: Record, columns: list[str] | None = None) -> str:
+def to_markdown(
+    record: Record, columns: list[str] | None = None, labels: dict[str, str] | None = None
+) -> str:
     """The record as a Markdown table followed by its provenance, for ``IPython.display``.
 
     ``columns`` picks and orders the columns shown (default: all); an unknown one raises
-    ``ValueError`` naming it.
+    ``ValueError`` naming it. ``labels`` gives a column the header a reader should see
+    (``{"ratio": "ours / torch"}``); a column without one shows its name and its unit. Each
+    column has one number format (:func:`_column_format`).
     """
     columns = list(columns or record.columns)
-    unknown = [c for c in columns if c not in record.columns]
+    labels = labels or {}
+    unknown = [c for c in [*columns, *labels] if c not in record.columns]
     if unknown:
         raise ValueError(f"Record {record.name!r} has no columns {unknown}")
-    header = [f"{c} ({record.units[c]})" if c in record.units else c for c in columns]
+    header = [
+        labels.get(c, f"{c} ({record.units[c]})" if c in record.units else c) for c in columns
+    ]
     lines = [
         "| " + " | ".join(header) + " |",
         "|" + "---|" * len(header),
     ]
+    formats = {c: _column_format([row[c] for row in record.rows]) for c in columns}
     for row in record.rows:
-        lines.append("| " + " | ".join(_format(row[c]) for c in columns) + " |")
+        lines.append("| " + " | ".join(formats[c](row[c]) for c in columns) + " |")
     return "\n".join(lines) + f"\n\n*{record.description} {provenance(record)}*\n"
 
 

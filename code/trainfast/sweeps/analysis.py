@@ -127,11 +127,11 @@ def parallel_coordinates(
             levels = categories[name]
             for k, level in enumerate(levels):
                 text = level.strip("'\"")  # repr of a string -> the string
-                ax.text(position + 0.03, k / max(len(levels) - 1, 1), text, fontsize=7, va="center")
+                ax.text(position + 0.03, k / max(len(levels) - 1, 1), text, fontsize=9, va="center")
         else:
-            ax.text(position + 0.03, 0.0, f"{low[j]:.3g}", fontsize=7, va="top")
-            ax.text(position + 0.03, 1.0, f"{high[j]:.3g}", fontsize=7, va="bottom")
-    ax.set_xticks(positions, labels, rotation=20, ha="right")
+            ax.text(position + 0.03, 0.0, f"{low[j]:.3g}", fontsize=9, va="top")
+            ax.text(position + 0.03, 1.0, f"{high[j]:.3g}", fontsize=9, va="bottom")
+    ax.set_xticks(positions, labels, rotation=20, ha="right", fontsize=10)
     ax.set_yticks([])
     ax.set_ylabel("position between each axis' min and max")
     ax.set_xlim(-0.2, positions[-1] + 0.5)
@@ -139,5 +139,5 @@ def parallel_coordinates(
     ax.set_title(title or f"Parallel coordinates of {len(runs)} runs, coloured by {metric}")
     norm = plt.Normalize(y.min(), y.max())
     ax.figure.colorbar(plt.cm.ScalarMappable(norm=norm, cmap=cmap), ax=ax, label=metric)
-    ax.legend(loc="upper left", bbox_to_anchor=(0.0, -0.22), fontsize=8, frameon=False)
+    ax.legend(loc="upper left", bbox_to_anchor=(0.0, -0.22), fontsize=10, frameon=False)
     return ax

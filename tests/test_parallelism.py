@@ -104,6 +104,30 @@ def test_listings_resolve():
     assert chapters.listing_problems("parallelism") == []
 
 
+#: Constants the parallelism chapter may type; every other number in its prose is glued.
+#: - Names and counting: rank 0 and 1, bucket 0, layer 0 and 1, ZeRO stages 0-3, Llama 3,
+#:   exercises 4 to 6, "not exactly 1", dropout 0, 2 stages of 2 blocks, 4 ranks, 2 of 8
+#:   experts, 8 experts and 8 clusters (the MoE module's defaults, stated as the inputs).
+#: - Definitions: bytes per parameter of mixed-precision Adam as the ZeRO paper counts them
+#:   (Rajbhandari et al. 2020, Section 3.1: 2 + 2 + 12 = 16, K = 12), of fp32 (4) and AdamW
+#:   state (K = 8); 16-bit values; Korthikanti et al.'s 34 sbh per layer (Eq. 1).
+#: - Published: an H100's 80 GB; torch's DDP default bucket_cap_mb of 25 MiB and torchrun's
+#:   --max-restarts of 0; ZeRO-3's 50 % (1.5 times) more traffic than DP (ZeRO, Section 7.2);
+#:   eight devices per NVLink node; Switch's balancing weight 0.01; Narayanan et al. 2021
+#:   (Table 1, Eq. 3, Section 2.2.2): 2,304 sequences of 2,048 tokens at 148 teraFLOP/s, 47 %
+#:   of peak; Llama 3 (Table 4): 8,192-token sequences at 400 teraFLOP/s, 41 % MFU;
+#:   Korthikanti et al. Section 4.2.3; the years of cited papers (2019-2021); the issue
+#:   pytorch/pytorch#135712.
+PARALLELISM_CONSTANTS = set(
+    "0 1 2 3 4 6 8 12 16 25 34 41 47 50 80 148 400 0.01 1.5 2,048 2,304 8,192 "
+    "2019 2020 2021 2.2.2 4.2.3 135712".split()
+)
+
+
+def test_chapter_prose_types_no_number_that_code_produced() -> None:
+    assert chapters.typed_numbers("parallelism", allow=PARALLELISM_CONSTANTS) == []
+
+
 # ---------------------------------------------------------------------------- collectives
 def _cases(world_size: int) -> list[Case]:
     """Every collective x lengths (1, odd, indivisible by N, 2-D non-contiguous) x dtypes x ops."""

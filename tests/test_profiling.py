@@ -890,3 +890,14 @@ def test_paired_sign_test_counts_rounds_and_gives_the_binomial_tail():
     assert paired_sign_test([1.0] * 5, [1.0] * 5)[1] == 1.0  # ties are no evidence
     with pytest.raises(ValueError, match="Invalid samples: 2 and 1"):
         paired_sign_test([1.0, 2.0], [1.0])
+
+
+def test_the_waterfall_colours_follow_the_rank_sum_verdict():
+    from trainfast.profiling.plots import fix_verdict
+
+    slow = {"step_ms": 10.0, "samples_ms": [10.0 + 0.1 * i for i in range(8)]}
+    fast = {"step_ms": 5.0, "samples_ms": [5.0 + 0.1 * i for i in range(8)]}
+    mixed = {"step_ms": 10.0, "samples_ms": [10.05 + 0.1 * i for i in range(8)]}
+    assert fix_verdict(slow, fast) == "faster" and fix_verdict(fast, slow) == "slower"
+    assert fix_verdict(slow, mixed) == "noise"  # interleaved samples: no evidence either way
+    assert fix_verdict({"step_ms": 2.0}, {"step_ms": 1.0}) == "faster"  # no samples: medians

@@ -213,7 +213,6 @@ class FlashAttention(torch.autograd.Function):
         dq, dk, dv = flash_attention_backward(
             grad_out, q, k, v, out, lse, ctx.is_causal, tile_queries, tile_keys
         )
-
         return dq, dk, dv, None
 
 

@@ -85,7 +85,6 @@ def copy_bandwidth(
     dtype: torch.dtype = torch.float32,
 ) -> list[dict[str, Any]]:
     """``dst.copy_(src)`` for tensors of each byte size in ``sizes``: GB/s, read + written."""
-
     rows = []
     element = torch.tensor([], dtype=dtype).element_size()
     for nbytes in sizes:
@@ -223,5 +222,4 @@ def host_transfer_costs(device: torch.device, *, nbytes: int = 256 << 20) -> lis
             "gb_per_s": n * 4 / timing.median / 1e9,
         }
         rows.append(row)
-
     return rows

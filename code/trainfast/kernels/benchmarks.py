@@ -501,7 +501,6 @@ def target_ratios(records: list[Record]) -> list[str]:
             verdict = "met" if ratio >= target else "NOT met"
             outcome = f"{ratio:.2f} on {device}; target >= {target:.2f}: {verdict}"
         lines.append(f"{record.name}: {what}: {outcome}")
-
     return lines
 
 

@@ -367,7 +367,6 @@ def build_in_subprocess(extensions_dir: str | None = None, *, timeout: float = 6
     result = subprocess.run(
         command, capture_output=True, text=True, env=environment, timeout=timeout
     )
-
     if result.returncode != 0:
         raise ValueError(f"Building bias_gelu in a subprocess failed:\n{result.stderr[-2000:]}")
     return BuildInfo(**json.loads(result.stdout.strip().splitlines()[-1]))

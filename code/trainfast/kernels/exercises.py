@@ -152,7 +152,6 @@ def check_causal_key_tiles(tiles: Callable[[int, int, int, int], list[int]]) -> 
         got = list(tiles(q_start, block_q, n_keys, block_k))
         queries = f"queries {q_start}..{q_start + block_q - 1}"
         case = f"{queries}, {n_keys} keys in tiles of {block_k}: {expected}"
-
         results.append((case, None if got == expected else f"got {got}"))
     report(results)
 

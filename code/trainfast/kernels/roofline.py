@@ -175,7 +175,6 @@ def _operations(
     matrix, vector = x[: side * side].view(side, side), y[:side].view(side, 1)
     counted = matmul_cost(side, side, 1, element_bytes=size)
     gemv = OpCost(f"matrix-vector {side}x{side}", counted.flops, counted.bytes)
-
     ops.append((gemv, lambda: matrix @ vector))
     for m in matmul_sizes:
         a = torch.randn(m, m, device=device, dtype=dtype)
@@ -272,6 +271,5 @@ def plot_roofline(
         ylabel="achieved FLOP/s",
         title=title,
     )
-
     ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2)
     return ax

@@ -188,7 +188,6 @@ def matmul(
     Any strides work (the kernel takes them as arguments), so ``b.T`` needs no copy. ``tiles``
     defaults to :func:`matmul_tiles` for the dtype and the tensors' device. The output has the
     inputs' dtype; products are accumulated in float32.
-
     """
     if implementation == "torch":
         return torch.matmul(a, b)

@@ -272,14 +272,15 @@ def test_gpu_flash_attention_op_runs_under_torch_compile_fullgraph():
 def test_trim_loop_keeps_the_loop_and_collapses_repeats():
     from trainfast.kernels.compile_report import trim_loop
 
+    mma = "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"
     ptx = "\n".join(
         [
             "ld.global.b32 %r1, [%rd1];",  # before the loop: dropped
             "$L__BB0_2:",
             "cp.async.wait_group 2;",
             "add.s32 %r2, %r2, 1;",  # not an instruction that moves or multiplies tiles: dropped
-            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%r1, %r2}, {%r3}, {%r4}, {%r1, %r2};",
-            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%r5, %r6}, {%r3}, {%r4}, {%r5, %r6};",
+            mma + " {%r1, %r2}, {%r3}, {%r4}, {%r1, %r2};",
+            mma + " {%r5, %r6}, {%r3}, {%r4}, {%r5, %r6};",
             "bar.sync 0;",
             "@%p1 bra $L__BB0_2;",
             "st.global.b32 [%rd2], %r2;",  # after the loop: dropped

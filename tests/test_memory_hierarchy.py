@@ -247,9 +247,9 @@ def test_triton_flash_attention_saves_the_same_tensors_as_the_tiled_one():
     q, k, v = _qkv((1, 2, 40, 16), (1, 2, 24, 16), torch.float32)
     triton_out = flash_attention(q, k, v, implementation="triton")
     tiled_out = flash_attention(q, k, v, implementation="tiled")
-    assert _saved_shapes(triton_out) == _saved_shapes(tiled_out) == [
-        (1, 2, 40, 16), (1, 2, 24, 16), (1, 2, 24, 16), (1, 2, 40, 16), (1, 2, 40)
-    ]  # fmt: skip
+    q_shape, kv_shape, lse_shape = (1, 2, 40, 16), (1, 2, 24, 16), (1, 2, 40)
+    expected = [q_shape, kv_shape, kv_shape, q_shape, lse_shape]  # q, k, v, out, lse
+    assert _saved_shapes(triton_out) == _saved_shapes(tiled_out) == expected
     torch.testing.assert_close(
         triton_out.grad_fn.saved_tensors[4], tiled_out.grad_fn.saved_tensors[4]
     )
@@ -371,12 +371,17 @@ def test_interpreter_refuses_bfloat16_clearly():
     from trainfast.kernels import copy_tensor, matmul
 
     x = torch.randn(32, 32, dtype=torch.bfloat16)
-    for call in (lambda: copy_tensor(x), lambda: matmul(x, x),
-                 lambda: flash_attention(x[None], x[None], x[None], implementation="triton")):  # fmt: skip
-        with pytest.raises(
-            ValueError,
-            match=r"torch.bfloat16 in Triton's interpreter \(the interpreter computes bfloat16 wrongly\)",
-        ):
+    q = x[None]
+    calls = [
+        lambda: copy_tensor(x),
+        lambda: matmul(x, x),
+        lambda: flash_attention(q, q, q, implementation="triton"),
+    ]
+    message = (
+        r"torch.bfloat16 in Triton's interpreter \(the interpreter computes bfloat16 wrongly\)"
+    )
+    for call in calls:
+        with pytest.raises(ValueError, match=message):
             call()
 
 
@@ -386,10 +391,8 @@ def test_interpreter_refuses_bfloat16_clearly():
 def _run_python(code: str, **env: str) -> subprocess.CompletedProcess:
     environment = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     environment.update(env)
-    return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-        env=environment, timeout=300,
-    )  # fmt: skip
+    command = [sys.executable, "-c", textwrap.dedent(code)]
+    return subprocess.run(command, capture_output=True, text=True, env=environment, timeout=300)
 
 
 def test_import_trainfast_kernels_needs_no_triton_and_sets_nothing():
@@ -423,9 +426,10 @@ def test_interpreter_works_even_after_torch_imported_triton():
         a, b = torch.randn(40, 30), torch.randn(30, 20)
         q = torch.randn(1, 2, 20, 16)
         expected = torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+        attended = flash_attention(q, q, q, True, implementation="triton")
         print(os.environ["TRITON_INTERPRET"], interpreter_repaired(),
               torch.allclose(matmul(a, b), a @ b, atol=1e-5),
-              torch.allclose(flash_attention(q, q, q, True, implementation="triton"), expected, atol=1e-5))
+              torch.allclose(attended, expected, atol=1e-5))
     """)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["1", "True", "True", "True"]
@@ -643,8 +647,12 @@ def test_measured_roofline_rows_and_the_roofline_taken_from_them():
     assert all(r["seconds"] > 0 and r["flops_per_s"] == r["flops"] / r["seconds"] for r in rows)
     assert rows[-1]["intensity"] == pytest.approx(2 * 64**3 / (3 * 64 * 64 * 4))
     # the ceilings: the fastest matmul and the copy (timings are noisy here, the rule is not)
-    synthetic = [dict(r, flops_per_s=speed, bytes_per_s=bandwidth) for r, speed, bandwidth in
-                 zip(rows, [0.0, 5.0, 6.0, 7.0, 90.0], [40.0, 30.0, 20.0, 10.0, 1.0], strict=True)]  # fmt: skip
+    speeds = [0.0, 5.0, 6.0, 7.0, 90.0]
+    bandwidths = [40.0, 30.0, 20.0, 10.0, 1.0]
+    synthetic = [
+        dict(r, flops_per_s=speed, bytes_per_s=bandwidth)
+        for r, speed, bandwidth in zip(rows, speeds, bandwidths, strict=True)
+    ]
     roofline = roofline_from_rows(synthetic)
     assert (roofline.peak_flops, roofline.bytes_per_s) == (90.0, 40.0)
     with pytest.raises(ValueError, match="No 'copy' row"):
@@ -779,23 +787,51 @@ def _fake_snapshot():
     """A snapshot shaped like torch.cuda.memory._snapshot()'s: one 2 MiB segment, two blocks."""
     frame = {"filename": "/long/path/to/train.py", "line": 7, "name": "step"}
     cpp = {"filename": "c10/cuda/CUDACachingAllocator.cpp", "line": 1, "name": "malloc"}
-    return {
-        "segments": [{
-            "device": 0, "address": 1 << 30, "total_size": 2 << 20, "stream": 0, "segment_type": "small",
-            "allocated_size": 1024, "active_size": 1024, "requested_size": 1000,
-            "blocks": [
-                {"address": 1 << 30, "size": 1024, "requested_size": 1000, "state": "active_allocated", "frames": [cpp, frame, frame]},
-                {"address": (1 << 30) + 1024, "size": (2 << 20) - 1024, "requested_size": 0, "state": "inactive", "frames": []},
-            ],
-        }],
-        "device_traces": [[
-            {"action": "segment_alloc", "addr": 1 << 30, "size": 2 << 20, "stream": 0, "time_us": 1, "frames": [frame]},
-            {"action": "alloc", "addr": 1 << 30, "size": 1024, "stream": 0, "time_us": 2, "frames": [cpp, frame]},
-            {"action": "alloc", "addr": (1 << 30) + 1024, "size": 512, "stream": 0, "time_us": 3, "frames": [frame]},
-            {"action": "free_requested", "addr": (1 << 30) + 1024, "size": 512, "stream": 0, "time_us": 4, "frames": []},
-            {"action": "free_completed", "addr": (1 << 30) + 1024, "size": 512, "stream": 0, "time_us": 5, "frames": []},
-        ]],
-    }  # fmt: skip
+    base = 1 << 30  # the segment's address
+    used = {
+        "address": base,
+        "size": 1024,
+        "requested_size": 1000,
+        "state": "active_allocated",
+        "frames": [cpp, frame, frame],
+    }
+    free = {
+        "address": base + 1024,
+        "size": (2 << 20) - 1024,
+        "requested_size": 0,
+        "state": "inactive",
+        "frames": [],
+    }
+    segment = {
+        "device": 0,
+        "address": base,
+        "total_size": 2 << 20,
+        "stream": 0,
+        "segment_type": "small",
+        "allocated_size": 1024,
+        "active_size": 1024,
+        "requested_size": 1000,
+        "blocks": [used, free],
+    }
+    events = [  # (action, address, size, frames)
+        ("segment_alloc", base, 2 << 20, [frame]),
+        ("alloc", base, 1024, [cpp, frame]),
+        ("alloc", base + 1024, 512, [frame]),
+        ("free_requested", base + 1024, 512, []),
+        ("free_completed", base + 1024, 512, []),
+    ]
+    trace = []
+    for time_us, (action, addr, size, frames) in enumerate(events, start=1):
+        event = {
+            "action": action,
+            "addr": addr,
+            "size": size,
+            "stream": 0,
+            "time_us": time_us,
+            "frames": frames,
+        }
+        trace.append(event)
+    return {"segments": [segment], "device_traces": [trace]}
 
 
 def test_cached_block_use_follows_best_fit_and_the_split_rules():
@@ -908,12 +944,15 @@ def test_exercise_checks_pass_right_answers_and_catch_wrong_ones(capsys):
         new_max = torch.maximum(max_a, max_b)
         return new_max, sum_a * torch.exp(max_a - new_max) + sum_b * torch.exp(max_b - new_max)
 
-    naive(
-        *softmax_stats(torch.randn(2, 4)), *softmax_stats(torch.randn(2, 4))
-    )  # fine on ordinary parts
+    naive(*softmax_stats(torch.randn(2, 4)), *softmax_stats(torch.randn(2, 4)))  # ordinary: fine
+
+    def naive_or_nan(max_a, sum_a, max_b, sum_b):  # NaN sums when the first part is empty
+        if torch.isinf(max_a).all():
+            return max_b, sum_b * float("nan")
+        return naive(max_a, sum_a, max_b, sum_b)
+
     with pytest.raises(AssertionError, match="first part empty"):
-        check_softmax_merge(lambda *args: naive(*args) if not torch.isinf(args[0]).all() else
-                            (args[2], args[3] * float("nan")))  # fmt: skip
+        check_softmax_merge(naive_or_nan)
 
     def unshifted(max_a, sum_a, max_b, sum_b):  # right in exact arithmetic, but exp(1000) overflows
         new_max = torch.maximum(max_a, max_b)
@@ -989,10 +1028,7 @@ def test_listings_resolve_to_package_code():
 #: constants (32 threads per warp, 32-byte sectors, 128-byte lines, 4-byte float32); base-2
 #: exponentials; the caching allocator's 512-byte rounding (kMinBlockSize); and the PyTorch
 #: version that added ``wrap_triton`` (2.6).
-MEMORY_HIERARCHY_CONSTANTS = {
-    "1", "2", "4", "6", "12", "16", "32", "64", "100", "128", "256", "300", "512", "1,024", "4096",
-    "2.6",
-}  # fmt: skip
+MEMORY_HIERARCHY_CONSTANTS = set("1 2 4 6 12 16 32 64 100 128 256 300 512 1,024 4096 2.6".split())
 
 
 def test_chapter_prose_types_no_number_that_code_produced():
@@ -1032,6 +1068,13 @@ def test_gpu_snapshot_and_benchmarks_run_quick():
     snapshot = record.rows[0]["snapshot"]
     assert json.loads(json.dumps(snapshot)) == snapshot and "segments:" in segment_summary(snapshot)
     assert max(memory_timeline(snapshot)["allocated"]) > 0
-    for run in (benchmarks.copy_record, benchmarks.matmul_record, benchmarks.attention_record,
-                benchmarks.roofline_record, benchmarks.strided_record, benchmarks.host_transfer_record):  # fmt: skip
+    runs = [
+        benchmarks.copy_record,
+        benchmarks.matmul_record,
+        benchmarks.attention_record,
+        benchmarks.roofline_record,
+        benchmarks.strided_record,
+        benchmarks.host_transfer_record,
+    ]
+    for run in runs:
         assert run(torch.device("cuda"), True).rows

@@ -141,8 +141,23 @@ def cached_block_use(
 
 def _frames(frames: list[dict[str, Any]], keep: int) -> list[dict[str, Any]]:
     python = [f for f in frames if f.get("filename", "").endswith(".py")]
-    return [{"filename": f["filename"].split("/")[-1], "line": f["line"], "name": f["name"]}
-            for f in python[:keep]]  # fmt: skip
+    kept = []
+    for f in python[:keep]:
+        file = f["filename"].split("/")[-1]
+        kept.append({"filename": file, "line": f["line"], "name": f["name"]})
+    return kept
+
+
+#: What :func:`trim_snapshot` keeps of each segment (besides its blocks).
+_SEGMENT_KEYS = (
+    "device",
+    "address",
+    "total_size",
+    "stream",
+    "segment_type",
+    "allocated_size",
+    "active_size",
+)
 
 
 def trim_snapshot(snapshot: dict[str, Any], *, keep_frames: int = 1) -> dict[str, Any]:
@@ -154,19 +169,32 @@ def trim_snapshot(snapshot: dict[str, Any], *, keep_frames: int = 1) -> dict[str
     """
     segments = []
     for seg in snapshot.get("segments", []):
-        blocks = [{"address": b.get("address", 0), "size": b["size"],
-                   "requested_size": b.get("requested_size", b["size"]), "state": b["state"],
-                   "frames": _frames(b.get("frames", []), keep_frames)}
-                  for b in seg["blocks"]]  # fmt: skip
-        segments.append({key: seg[key] for key in ("device", "address", "total_size", "stream",
-                                                   "segment_type", "allocated_size", "active_size")
-                         if key in seg} | {"blocks": blocks})  # fmt: skip
-    traces = [
-        [{"action": e["action"], "addr": e["addr"], "size": e["size"], "stream": e.get("stream", 0),
-          "time_us": e.get("time_us", 0), "frames": _frames(e.get("frames", []), keep_frames)}
-         for e in device]
-        for device in snapshot.get("device_traces", [])
-    ]  # fmt: skip
+        blocks = []
+        for b in seg["blocks"]:
+            block = {
+                "address": b.get("address", 0),
+                "size": b["size"],
+                "requested_size": b.get("requested_size", b["size"]),
+                "state": b["state"],
+                "frames": _frames(b.get("frames", []), keep_frames),
+            }
+            blocks.append(block)
+        segment = {key: seg[key] for key in _SEGMENT_KEYS if key in seg}
+        segments.append(segment | {"blocks": blocks})
+    traces = []
+    for device in snapshot.get("device_traces", []):
+        events = []
+        for e in device:
+            event = {
+                "action": e["action"],
+                "addr": e["addr"],
+                "size": e["size"],
+                "stream": e.get("stream", 0),
+                "time_us": e.get("time_us", 0),
+                "frames": _frames(e.get("frames", []), keep_frames),
+            }
+            events.append(event)
+        traces.append(events)
     return {"segments": segments, "device_traces": traces}
 
 
@@ -238,20 +266,27 @@ def plot_memory_timeline(snapshot: dict[str, Any], *, ax: Any = None, title: str
         _, ax = plt.subplots(figsize=(7.5, 4))
     timeline = memory_timeline(snapshot)
     mib = 1 << 20
-    ax.step(timeline["event"], [b / mib for b in timeline["reserved"]], where="post",
-            label="reserved (segments from cudaMalloc)")  # fmt: skip
-    ax.step(timeline["event"], [b / mib for b in timeline["allocated"]], where="post",
-            label="allocated (blocks in use by tensors)")  # fmt: skip
-    ax.set(xlabel="allocator event (number in the recorded trace)", ylabel="memory (MiB)",
-           title=title or "The caching allocator during the workload")  # fmt: skip
+    events = timeline["event"]
+    reserved = [b / mib for b in timeline["reserved"]]
+    allocated = [b / mib for b in timeline["allocated"]]
+    ax.step(events, reserved, where="post", label="reserved (segments from cudaMalloc)")
+    ax.step(events, allocated, where="post", label="allocated (blocks in use by tensors)")
+    ax.set(
+        xlabel="allocator event (number in the recorded trace)",
+        ylabel="memory (MiB)",
+        title=title or "The caching allocator during the workload",
+    )
     ax.legend()
     return ax
 
 
 # --- measurements (python -m trainfast.measure) -------------------------------------------------
 
-_REQUESTS = [1, 511, 512, 513, 100_000, 1 << 20, (1 << 20) + 1, 5 << 20, (10 << 20) - 1, 10 << 20,
-             (10 << 20) + 1, 50_000_000]  # fmt: skip
+_REQUESTS = [
+    *(1, 511, 512, 513, 100_000),  # small requests, around the 512-byte rounding
+    *(1 << 20, (1 << 20) + 1, 5 << 20),  # either side of the small pool's 1 MiB
+    *((10 << 20) - 1, 10 << 20, (10 << 20) + 1, 50_000_000),  # either side of 10 MiB, and beyond
+]
 
 
 def allocator_rounding_record(device: torch.device, quick: bool) -> Record:
@@ -306,9 +341,12 @@ def _variable_batch_workload(device: torch.device, steps: int, width: int) -> Ca
     def run() -> object:
         torch.manual_seed(0)
         model = torch.nn.Sequential(
-            torch.nn.Linear(width, 4 * width), torch.nn.GELU(), torch.nn.Linear(4 * width, width),
-            torch.nn.GELU(), torch.nn.Linear(width, width),
-        ).to(device)  # fmt: skip
+            torch.nn.Linear(width, 4 * width),
+            torch.nn.GELU(),
+            torch.nn.Linear(4 * width, width),
+            torch.nn.GELU(),
+            torch.nn.Linear(width, width),
+        ).to(device)
         optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
         for step in range(steps):
             batch = 1024 + 384 * (step % 3) + 128 * step  # 1024, 1536, 2048, 1408, ...
@@ -333,9 +371,13 @@ def allocator_snapshot_record(device: torch.device, quick: bool) -> Record:
     rows = []
     settings = [False, True] if device.type == "cuda" else [False]
     for expandable in settings:
-        row: dict[str, Any] = {"expandable_segments": expandable, "peak_allocated_bytes": None,
-                               "peak_reserved_bytes": None, "unused_reserved_at_peak": None,
-                               "snapshot": None}  # fmt: skip
+        row: dict[str, Any] = {
+            "expandable_segments": expandable,
+            "peak_allocated_bytes": None,
+            "peak_reserved_bytes": None,
+            "unused_reserved_at_peak": None,
+            "snapshot": None,
+        }
         if device.type == "cuda":
             _set_expandable_segments(expandable)
             torch.cuda.empty_cache()
@@ -354,15 +396,14 @@ def allocator_snapshot_record(device: torch.device, quick: bool) -> Record:
     if device.type == "cuda":
         _set_expandable_segments(False)
         torch.cuda.empty_cache()
-        what = (f"{steps} Adam steps of a {width}-wide MLP on batches of varying size, recorded "
-                "with torch.cuda.memory._record_memory_history (frames trimmed to one).")  # fmt: skip
+        what = (
+            f"{steps} Adam steps of a {width}-wide MLP on batches of varying size, recorded "
+            "with torch.cuda.memory._record_memory_history (frames trimmed to one)."
+        )
     else:
         what = "Nothing recorded: the caching allocator exists on CUDA devices only."
-    return make_record(
-        "allocator-snapshot", what, rows,
-        units={c: "bytes" for c in rows[0] if c.endswith(("_bytes", "_at_peak"))},
-        device=device,
-    )  # fmt: skip
+    units = {c: "bytes" for c in rows[0] if c.endswith(("_bytes", "_at_peak"))}
+    return make_record("allocator-snapshot", what, rows, units=units, device=device)
 
 
 def _set_expandable_segments(enabled: bool) -> None:

@@ -56,7 +56,8 @@ def validate_attention_inputs(q: Tensor, k: Tensor, v: Tensor) -> None:
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.ndim < 2:
-            raise ValueError(f"{name} must be (..., sequence, head_dim), got shape {tuple(t.shape)}")
+            shape = tuple(t.shape)
+            raise ValueError(f"{name} must be (..., sequence, head_dim), got shape {shape}")
         if t.dtype not in _DTYPES:
             raise ValueError(f"Unsupported dtype for {name}: {t.dtype} (expected one of {_DTYPES})")
     if not (q.dtype == k.dtype == v.dtype):
@@ -76,7 +77,9 @@ def validate_attention_inputs(q: Tensor, k: Tensor, v: Tensor) -> None:
     if k.shape[-2] != v.shape[-2]:
         raise ValueError(f"k has {k.shape[-2]} keys but v has {v.shape[-2]} values")
     if q.shape[-2] == 0 or k.shape[-2] == 0:
-        raise ValueError(f"Need at least one query and one key, got {q.shape[-2]} and {k.shape[-2]}")
+        raise ValueError(
+            f"Need at least one query and one key, got {q.shape[-2]} and {k.shape[-2]}"
+        )
 
 
 def attention_reference(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False) -> Tensor:
@@ -98,9 +101,13 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def flash_attention_forward(
-    q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False,
-    tile_queries: int = TILE_QUERIES, tile_keys: int = TILE_KEYS,
-) -> tuple[Tensor, Tensor]:  # fmt: skip
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    is_causal: bool = False,
+    tile_queries: int = TILE_QUERIES,
+    tile_keys: int = TILE_KEYS,
+) -> tuple[Tensor, Tensor]:
     """The tiled forward pass: the output ``O`` (q's shape and dtype) and the log-sum-exp ``L``.
 
     ``L`` has shape (..., n_queries), in float32 (float64 for float64 inputs).
@@ -136,9 +143,16 @@ def flash_attention_forward(
 
 
 def flash_attention_backward(
-    grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
-    is_causal: bool = False, tile_queries: int = TILE_QUERIES, tile_keys: int = TILE_KEYS,
-) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+    grad_out: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    is_causal: bool = False,
+    tile_queries: int = TILE_QUERIES,
+    tile_keys: int = TILE_KEYS,
+) -> tuple[Tensor, Tensor, Tensor]:
     """The tiled backward pass: ``(dq, dk, dv)``, recomputing probabilities tile by tile."""
     n_queries, n_keys, scale = q.shape[-2], k.shape[-2], q.shape[-1] ** -0.5
     dtype = lse.dtype
@@ -170,12 +184,13 @@ def flash_attention_backward(
 
 
 class FlashAttention(torch.autograd.Function):
-    """Flash attention as an autograd Function, tiled in PyTorch: ``FlashAttention.apply(q, k, v, is_causal)``.
+    """Flash attention as an autograd Function, tiled in PyTorch.
 
-    The forward saves q, k, v, the output and the log-sum-exp ``L`` (..., n_queries), and
-    nothing of size n_queries × n_keys (``out.grad_fn.saved_tensors`` shows it); the backward
-    recomputes the probabilities tile by tile. Tile sizes are the class attributes
-    ``tile_queries`` and ``tile_keys``.
+    Call it as ``FlashAttention.apply(q, k, v, is_causal)``. The forward saves q, k, v, the
+    output and the log-sum-exp ``L`` (..., n_queries), and nothing of size n_queries × n_keys
+    (``out.grad_fn.saved_tensors`` shows it); the backward recomputes the probabilities tile by
+    tile. Tile sizes are the class attributes ``tile_queries`` and ``tile_keys``.
+
     """
 
     tile_queries = TILE_QUERIES
@@ -194,10 +209,10 @@ class FlashAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor, Tensor, Tensor, None]:
         q, k, v, out, lse = ctx.saved_tensors
+        tile_queries, tile_keys = FlashAttention.tile_queries, FlashAttention.tile_keys
         dq, dk, dv = flash_attention_backward(
-            grad_out, q, k, v, out, lse, ctx.is_causal,
-            FlashAttention.tile_queries, FlashAttention.tile_keys,
-        )  # fmt: skip
+            grad_out, q, k, v, out, lse, ctx.is_causal, tile_queries, tile_keys
+        )
         return dq, dk, dv, None
 
 

@@ -95,11 +95,11 @@ def attention_forward_tiles(
 
     A program keeps its query tile and its accumulator in registers and streams
     ``num_stages`` key and value tiles through shared memory. 16-bit on sm_80 and sm_90:
-    128 queries × 64 keys, 3 stages. float32 needs twice the bytes per tile: 64 × 32, 2 stages, 8 warps.
-    sm_75 (the T4: 64 KiB of shared memory per block, no asynchronous copies, and Triton emits no
-    tensor-core instructions for it, so the dots run on CUDA cores and need more registers):
-    32 × 16, one stage, the largest that compiles without spilling registers at head dimension
-    128 (:mod:`trainfast.kernels.compile_report` shows the figures).
+    128 queries × 64 keys, 3 stages. float32 needs twice the bytes per tile: 64 × 32, 2 stages,
+    8 warps. sm_75 (the T4: 64 KiB of shared memory per block, no asynchronous copies, and
+    Triton emits no tensor-core instructions for it, so the dots run on CUDA cores and need more
+    registers): 32 × 16, one stage, the largest that compiles without spilling registers at head
+    dimension 128 (:mod:`trainfast.kernels.compile_report` shows the figures).
     """
     if target is None:
         return AttentionTiles(32, 32, num_warps=1, num_stages=1)
@@ -153,19 +153,36 @@ def attention_grid(n_rows: int, block: int, batch_heads: int) -> tuple[int]:
     programs = -(-n_rows // block) * batch_heads
     if programs > MAX_GRID_X:
         raise ValueError(
-            f"{programs:,} programs (batch·heads {batch_heads:,} × {-(-n_rows // block):,} tiles) exceed "
-            f"CUDA's grid limit of {MAX_GRID_X:,}; split the batch"
+            f"{programs:,} programs (batch·heads {batch_heads:,} × {-(-n_rows // block):,} tiles) "
+            f"exceed CUDA's grid limit of {MAX_GRID_X:,}; split the batch"
         )
     return (programs,)
 
 
 @triton.jit
 def attend_key_tiles(
-    acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-    offs_q, offs_d, n_keys, start, stop, qk_scale,
-    BLOCK_K: tl.constexpr, HEAD_DIM: tl.constexpr, MASKED: tl.constexpr,
-    IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
-):  # fmt: skip
+    acc,
+    l_i,
+    m_i,
+    q,
+    k_base,
+    v_base,
+    stride_kn,
+    stride_kd,
+    stride_vn,
+    stride_vd,
+    offs_q,
+    offs_d,
+    n_keys,
+    start,
+    stop,
+    qk_scale,
+    BLOCK_K: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    MASKED: tl.constexpr,
+    IS_CAUSAL: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
     """Fold key tiles ``start, start + BLOCK_K, ... < stop`` into the running (acc, l, m)."""
     offs_k = tl.arange(0, BLOCK_K)
     for k_start in range(start, stop, BLOCK_K):
@@ -177,10 +194,10 @@ def attend_key_tiles(
         if MASKED:
             k_t_mask = k_t_mask & (cols[None, :] < n_keys)
             v_mask = v_mask & (cols[:, None] < n_keys)
-        k_t = tl.load(k_base + offs_d[:, None] * stride_kd + cols[None, :] * stride_kn,
-                      mask=k_t_mask, other=0.0)  # fmt: skip
-        v = tl.load(v_base + cols[:, None] * stride_vn + offs_d[None, :] * stride_vd,
-                    mask=v_mask, other=0.0)  # fmt: skip
+        k_t_ptrs = k_base + offs_d[:, None] * stride_kd + cols[None, :] * stride_kn
+        v_ptrs = v_base + cols[:, None] * stride_vn + offs_d[None, :] * stride_vd
+        k_t = tl.load(k_t_ptrs, mask=k_t_mask, other=0.0)
+        v = tl.load(v_ptrs, mask=v_mask, other=0.0)
         # (BLOCK_Q, BLOCK_K) scores, in log2 units
         s = tl.dot(q, k_t, input_precision=DOT_PRECISION) * qk_scale
         if MASKED:
@@ -199,13 +216,33 @@ def attend_key_tiles(
 
 @triton.jit
 def flash_forward_kernel(
-    q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr,
-    stride_qb, stride_qn, stride_qd, stride_kb, stride_kn, stride_kd,
-    stride_vb, stride_vn, stride_vd, stride_ob, stride_on, stride_od,
-    n_queries, n_keys, qk_scale,
-    BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
-    IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
-):  # fmt: skip
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    o_ptr,
+    lse_ptr,
+    stride_qb,
+    stride_qn,
+    stride_qd,
+    stride_kb,
+    stride_kn,
+    stride_kd,
+    stride_vb,
+    stride_vn,
+    stride_vd,
+    stride_ob,
+    stride_on,
+    stride_od,
+    n_queries,
+    n_keys,
+    qk_scale,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    IS_CAUSAL: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
     """One tile of BLOCK_Q queries of one (batch, head): O and L = logsumexp of its scores."""
     pid = tl.program_id(0)  # (batch·head) × tiles + tile, see attention_grid
     n_tiles = tl.cdiv(n_queries, BLOCK_Q)
@@ -214,8 +251,8 @@ def flash_forward_kernel(
     offs_q = q_start + tl.arange(0, BLOCK_Q)
     offs_d = tl.arange(0, BLOCK_D)
     q_mask = (offs_q[:, None] < n_queries) & (offs_d[None, :] < HEAD_DIM)
-    q = tl.load(q_ptr + batch * stride_qb + offs_q[:, None] * stride_qn + offs_d[None, :] * stride_qd,
-                mask=q_mask, other=0.0)  # fmt: skip
+    q_ptrs = q_ptr + batch * stride_qb + offs_q[:, None] * stride_qn + offs_d[None, :] * stride_qd
+    q = tl.load(q_ptrs, mask=q_mask, other=0.0)
     m_i = tl.full((BLOCK_Q,), float("-inf"), dtype=tl.float32)  # running maximum (log2 units)
     l_i = tl.zeros((BLOCK_Q,), dtype=tl.float32)  # running sum of exp2(s - m_i)
     acc = tl.zeros((BLOCK_Q, BLOCK_D), dtype=tl.float32)  # unnormalised output
@@ -228,29 +265,82 @@ def flash_forward_kernel(
     k_base = k_ptr + batch * stride_kb
     v_base = v_ptr + batch * stride_vb
     acc, l_i, m_i = attend_key_tiles(
-        acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-        offs_q, offs_d, n_keys, 0, unmasked_stop, qk_scale,
-        BLOCK_K, HEAD_DIM, False, IS_CAUSAL, DOT_PRECISION,
-    )  # fmt: skip
+        acc,
+        l_i,
+        m_i,
+        q,
+        k_base,
+        v_base,
+        stride_kn,
+        stride_kd,
+        stride_vn,
+        stride_vd,
+        offs_q,
+        offs_d,
+        n_keys,
+        0,
+        unmasked_stop,
+        qk_scale,
+        BLOCK_K,
+        HEAD_DIM,
+        False,
+        IS_CAUSAL,
+        DOT_PRECISION,
+    )
     acc, l_i, m_i = attend_key_tiles(
-        acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-        offs_q, offs_d, n_keys, unmasked_stop, stop, qk_scale,
-        BLOCK_K, HEAD_DIM, True, IS_CAUSAL, DOT_PRECISION,
-    )  # fmt: skip
+        acc,
+        l_i,
+        m_i,
+        q,
+        k_base,
+        v_base,
+        stride_kn,
+        stride_kd,
+        stride_vn,
+        stride_vd,
+        offs_q,
+        offs_d,
+        n_keys,
+        unmasked_stop,
+        stop,
+        qk_scale,
+        BLOCK_K,
+        HEAD_DIM,
+        True,
+        IS_CAUSAL,
+        DOT_PRECISION,
+    )
     out = acc / l_i[:, None]
-    tl.store(o_ptr + batch * stride_ob + offs_q[:, None] * stride_on + offs_d[None, :] * stride_od,
-             out.to(o_ptr.dtype.element_ty), mask=q_mask)  # fmt: skip
+    o_ptrs = o_ptr + batch * stride_ob + offs_q[:, None] * stride_on + offs_d[None, :] * stride_od
+    tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=q_mask)
     lse = (m_i + tl.math.log2(l_i)) / 1.4426950408889634  # back to natural log
     tl.store(lse_ptr + batch * n_queries + offs_q, lse, mask=offs_q < n_queries)
 
 
 @triton.jit
 def flash_backward_dkdv_kernel(
-    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr,
-    stride_qb, stride_kb, stride_n, n_queries, n_keys, scale, qk_scale,
-    BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
-    IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
-):  # fmt: skip
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    do_ptr,
+    lse_ptr,
+    delta_ptr,
+    dk_ptr,
+    dv_ptr,
+    stride_qb,
+    stride_kb,
+    stride_n,
+    n_queries,
+    n_keys,
+    scale,
+    qk_scale,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    IS_CAUSAL: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
     """dK and dV of one tile of keys. All tensors are contiguous (batch·heads, n, head_dim):
     q, dO share ``stride_qb``, k, v, dK, dV ``stride_kb``, and every row is ``stride_n`` long."""
     pid = tl.program_id(0)  # (batch·head) × tiles + tile, see attention_grid
@@ -291,11 +381,27 @@ def flash_backward_dkdv_kernel(
 
 @triton.jit
 def flash_backward_dq_kernel(
-    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr,
-    stride_qb, stride_kb, stride_n, n_queries, n_keys, scale, qk_scale,
-    BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
-    IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
-):  # fmt: skip
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    do_ptr,
+    lse_ptr,
+    delta_ptr,
+    dq_ptr,
+    stride_qb,
+    stride_kb,
+    stride_n,
+    n_queries,
+    n_keys,
+    scale,
+    qk_scale,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    IS_CAUSAL: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
     """dQ of one tile of queries, recomputing the probabilities of every key tile it sees."""
     pid = tl.program_id(0)  # (batch·head) × tiles + tile, see attention_grid
     n_tiles = tl.cdiv(n_queries, BLOCK_Q)
@@ -348,9 +454,9 @@ def _check(q: Tensor, k: Tensor, v: Tensor) -> None:
 def flash_attention_triton_forward(
     q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False, tiles: AttentionTiles | None = None
 ) -> tuple[Tensor, Tensor]:
-    """Run :func:`flash_forward_kernel`: the output (q's shape, dtype) and L (..., n_queries), float32.
+    """Run :func:`flash_forward_kernel`: the output (q's shape, dtype) and L (..., n_queries).
 
-    ``tiles`` defaults to :func:`attention_forward_tiles` for the tensors' device.
+    L is float32. ``tiles`` defaults to :func:`attention_forward_tiles` for the tensors' device.
     """
     _check(q, k, v)
     *batch_shape, n_queries, head_dim = q.shape
@@ -399,9 +505,15 @@ def _padded(head_dim: int) -> int:
 
 
 def flash_attention_triton_backward(
-    grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
-    is_causal: bool = False, tiles: AttentionTiles | None = None,
-) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+    grad_out: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    is_causal: bool = False,
+    tiles: AttentionTiles | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
     """Run the two backward kernels: ``(dq, dk, dv)`` in the inputs' dtype.
 
     ``tiles`` (both kernels) defaults to :func:`attention_dkdv_tiles` and
@@ -512,11 +624,12 @@ def register_flash_attention_op() -> Any:
 
 
 class FlashAttentionTriton(torch.autograd.Function):
-    """Flash attention with Triton forward and backward: ``FlashAttentionTriton.apply(q, k, v, is_causal)``.
+    """Flash attention with Triton forward and backward.
 
-    Same interface, saved tensors (q, k, v, O, L) and causal convention as
-    :class:`~trainfast.kernels.attention.FlashAttention`. Runs on CUDA tensors (float16,
-    bfloat16, float32) and, under Triton's interpreter, on CPU tensors (float16, float32).
+    Call it as ``FlashAttentionTriton.apply(q, k, v, is_causal)``. Same interface, saved tensors
+    (q, k, v, O, L) and causal convention as :class:`~trainfast.kernels.attention.FlashAttention`.
+    Runs on CUDA tensors (float16, bfloat16, float32) and, under Triton's interpreter, on CPU
+    tensors (float16, float32).
     """
 
     @staticmethod

@@ -84,7 +84,7 @@ def copy_bandwidth(
     *,
     dtype: torch.dtype = torch.float32,
 ) -> list[dict[str, Any]]:
-    """``dst.copy_(src)`` for tensors of each byte size in ``sizes``: GB/s counting read + written."""
+    """``dst.copy_(src)`` for tensors of each byte size in ``sizes``: GB/s, read + written."""
     rows = []
     element = torch.tensor([], dtype=dtype).element_size()
     for nbytes in sizes:
@@ -92,12 +92,20 @@ def copy_bandwidth(
         src = torch.randn(n, device=device).to(dtype)
         dst = torch.empty_like(src)
         number, repeats = _repeats_for(2 * n * element)
-        timing = benchmark(lambda dst=dst, src=src: dst.copy_(src), warmup=2, repeats=repeats,
-                           device=device, number=number)  # fmt: skip
-        rows.append({
-            "implementation": "torch copy_", "bytes": n * element, "seconds": timing.median,
+        timing = benchmark(
+            lambda dst=dst, src=src: dst.copy_(src),
+            warmup=2,
+            repeats=repeats,
+            device=device,
+            number=number,
+        )
+        row = {
+            "implementation": "torch copy_",
+            "bytes": n * element,
+            "seconds": timing.median,
             "gb_per_s": 2 * n * element / timing.median / 1e9,
-        })  # fmt: skip
+        }
+        rows.append(row)
     return rows
 
 
@@ -141,19 +149,27 @@ def strided_bandwidth(
         if n % stride:
             raise ValueError(f"Invalid stride: {stride} (must divide n = {n})")
         index = strided_order(n, stride, device=device)
-        timing = benchmark(lambda index=index: torch.index_select(source, 0, index, out=out),
-                           warmup=1, repeats=repeats, device=device)  # fmt: skip
-        if not torch.equal(
-            out[: n // stride], source[::stride]
-        ):  # pragma: no cover - the first pass
+
+        def gather(index: torch.Tensor = index) -> torch.Tensor:
+            return torch.index_select(source, 0, index, out=out)
+
+        timing = benchmark(gather, warmup=1, repeats=repeats, device=device)
+        gathered = out[: n // stride]
+        if not torch.equal(gathered, source[::stride]):  # pragma: no cover - the first pass
             raise RuntimeError(f"index_select gathered the wrong elements at stride {stride}")
-        rows.append({
-            "stride": stride, "elements": n, "buffer_bytes": n * element,
-            "unit_bytes": unit, "pass_bytes": unit * n // max(stride, unit // element),
-            "seconds": timing.median, "seconds_min": min(timing.samples),
-            "seconds_max": max(timing.samples), "repeats": repeats,
+        row = {
+            "stride": stride,
+            "elements": n,
+            "buffer_bytes": n * element,
+            "unit_bytes": unit,
+            "pass_bytes": unit * n // max(stride, unit // element),
+            "seconds": timing.median,
+            "seconds_min": min(timing.samples),
+            "seconds_max": max(timing.samples),
+            "repeats": repeats,
             "useful_gb_per_s": n * element / timing.median / 1e9,
-        })  # fmt: skip
+        }
+        rows.append(row)
         del index
     return rows
 
@@ -178,9 +194,13 @@ def host_transfer_costs(device: torch.device, *, nbytes: int = 256 << 20) -> lis
 
     for item in (False, True):
         timing = benchmark(lambda item=item: launches(item), warmup=3, repeats=15, device="cpu")
-        rows.append({"operation": "100 x sum()" + (" + .item()" if item else ", one sync"),
-                     "bytes": 4 * 100 if item else 0, "seconds": timing.median / 100,
-                     "gb_per_s": None})  # fmt: skip
+        row = {
+            "operation": "100 x sum()" + (" + .item()" if item else ", one sync"),
+            "bytes": 4 * 100 if item else 0,
+            "seconds": timing.median / 100,
+            "gb_per_s": None,
+        }
+        rows.append(row)
     if device.type != "cuda":
         return rows
     n = nbytes // 4
@@ -195,6 +215,11 @@ def host_transfer_costs(device: torch.device, *, nbytes: int = 256 << 20) -> lis
     }
     for name, copy in copies.items():
         timing = benchmark(copy, warmup=2, repeats=7, device=device)
-        rows.append({"operation": name, "bytes": n * 4, "seconds": timing.median,
-                     "gb_per_s": n * 4 / timing.median / 1e9})  # fmt: skip
+        row = {
+            "operation": name,
+            "bytes": n * 4,
+            "seconds": timing.median,
+            "gb_per_s": n * 4 / timing.median / 1e9,
+        }
+        rows.append(row)
     return rows

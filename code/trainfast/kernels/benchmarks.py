@@ -62,8 +62,13 @@ TARGETS = {
 }
 
 
-def _record(name: str, description: str, rows: list[dict[str, Any]], device: torch.device,
-            units: dict[str, str]) -> Record:  # fmt: skip
+def _record(
+    name: str,
+    description: str,
+    rows: list[dict[str, Any]],
+    device: torch.device,
+    units: dict[str, str],
+) -> Record:
     record = make_record(name, description, rows, units=units, device=device)
     for line in target_ratios([record]):
         print(line)
@@ -93,12 +98,19 @@ def copy_record(device: torch.device, quick: bool) -> Record:
         for nbytes in sizes:
             x = torch.randn(nbytes // 4, device=device)
             for block_size, num_warps in _COPY_CONFIGS:
-                timing = benchmark(lambda x=x, b=block_size, w=num_warps: copy_tensor(x, block_size=b, num_warps=w),
-                                   warmup=3, repeats=10, device=device)  # fmt: skip
-                speed = 2 * nbytes / timing.median / 1e9
-                rows.append({"implementation": "triton copy_kernel", "bytes": nbytes,
-                             "seconds": timing.median, "gb_per_s": speed,
-                             "config": f"BLOCK_SIZE={block_size}, num_warps={num_warps}"})  # fmt: skip
+
+                def run(x=x, b=block_size, w=num_warps):
+                    return copy_tensor(x, block_size=b, num_warps=w)
+
+                timing = benchmark(run, warmup=3, repeats=10, device=device)
+                row = {
+                    "implementation": "triton copy_kernel",
+                    "bytes": nbytes,
+                    "seconds": timing.median,
+                    "gb_per_s": 2 * nbytes / timing.median / 1e9,
+                    "config": f"BLOCK_SIZE={block_size}, num_warps={num_warps}",
+                }
+                rows.append(row)
         for row in rows:
             row["ratio_to_torch"] = row["gb_per_s"] / torch_speed[row["bytes"]]
     else:
@@ -109,8 +121,10 @@ def copy_record(device: torch.device, quick: bool) -> Record:
         "copy-bandwidth",
         "Copy bandwidth (bytes read + written per second) by tensor size, float32; median of "
         "repeats, warm caches (the working set is 2x the size).",
-        rows, device, {"bytes": "bytes", "seconds": "s", "gb_per_s": "GB/s"},
-    )  # fmt: skip
+        rows,
+        device,
+        {"bytes": "bytes", "seconds": "s", "gb_per_s": "GB/s"},
+    )
 
 
 def _prove_triton_copy_runs() -> None:
@@ -136,7 +150,8 @@ def _tile_sweep() -> list[Any]:
         MatmulTiles(64, 256, 32, group_m=8, num_warps=4, num_stages=4),
         MatmulTiles(128, 256, 64, group_m=8, num_warps=8, num_stages=3),
         MatmulTiles(256, 128, 64, group_m=8, num_warps=8, num_stages=3),
-        MatmulTiles(128, 256, 64, group_m=1, num_warps=8, num_stages=3),  # no grouping: L2 reuse lost
+        # no grouping: L2 reuse lost
+        MatmulTiles(128, 256, 64, group_m=1, num_warps=8, num_stages=3),
     ]
 
 
@@ -153,50 +168,80 @@ def matmul_record(device: torch.device, quick: bool) -> Record:
     from trainfast.kernels.tiled_matmul import MatmulTiles, matmul, tile_traffic_bytes
 
     if device.type == "cuda":
-        size, dtypes, sweep, repeats = (2048 if quick else 4096), [torch.float16, torch.bfloat16], _tile_sweep(), 10
+        size = 2048 if quick else 4096
+        dtypes, sweep, repeats = [torch.float16, torch.bfloat16], _tile_sweep(), 10
     else:
         size, dtypes, repeats = 64, [torch.float32], 3
-        sweep = [MatmulTiles(16, 16, 16, num_stages=1), MatmulTiles(32, 32, 32, num_stages=1),
-                 MatmulTiles(64, 64, 32, num_stages=1)]  # fmt: skip
+        sweep = [
+            MatmulTiles(16, 16, 16, num_stages=1),
+            MatmulTiles(32, 32, 32, num_stages=1),
+            MatmulTiles(64, 64, 32, num_stages=1),
+        ]
     flops = 2 * size**3
     rows = []
     for dtype in dtypes:
         a = torch.randn(size, size, device=device).to(dtype)
         b = torch.randn(size, size, device=device).to(dtype)
         element = a.element_size()
-        reference = benchmark(lambda a=a, b=b: torch.matmul(a, b), warmup=3, repeats=repeats, device=device)
+        reference = benchmark(
+            lambda a=a, b=b: torch.matmul(a, b), warmup=3, repeats=repeats, device=device
+        )
         base = {"size": size, "dtype": str(dtype).removeprefix("torch.")}
-        rows.append(base | {"implementation": "torch.matmul", "tiles": "", "shared_memory_bytes": None,
-                            "traffic_bytes": None, "seconds": reference.median,
-                            "tflops": flops / reference.median / 1e12, "ratio_to_torch": 1.0})  # fmt: skip
+        row = base | {
+            "implementation": "torch.matmul",
+            "tiles": "",
+            "shared_memory_bytes": None,
+            "traffic_bytes": None,
+            "seconds": reference.median,
+            "tflops": flops / reference.median / 1e12,
+            "ratio_to_torch": 1.0,
+        }
+        rows.append(row)
         for tiles in sweep:
+            shape = f"{tiles.block_m}x{tiles.block_n}x{tiles.block_k}"
+            launch = f"{tiles.num_warps} warps, {tiles.num_stages} stages"
             row = base | {
                 "implementation": "triton matmul_kernel",
-                "tiles": f"{tiles.block_m}x{tiles.block_n}x{tiles.block_k}, group {tiles.group_m}, "
-                         f"{tiles.num_warps} warps, {tiles.num_stages} stages",
+                "tiles": f"{shape}, group {tiles.group_m}, {launch}",
                 "shared_memory_bytes": tiles.shared_memory_bytes(element),
                 "traffic_bytes": tile_traffic_bytes(size, size, size, tiles, element),
-                "seconds": None, "tflops": None, "ratio_to_torch": None,
-            }  # fmt: skip
+                "seconds": None,
+                "tflops": None,
+                "ratio_to_torch": None,
+            }
             try:
-                timing = benchmark(lambda a=a, b=b, t=tiles: matmul(a, b, tiles=t), warmup=3,
-                                   repeats=repeats, device=device)  # fmt: skip
-            except Exception as error:  # noqa: BLE001 - only the one kind is expected, re-raised otherwise
+                timing = benchmark(
+                    lambda a=a, b=b, t=tiles: matmul(a, b, tiles=t),
+                    warmup=3,
+                    repeats=repeats,
+                    device=device,
+                )
+            except Exception as error:  # noqa: BLE001 - only the one kind is expected, else re-raised
                 if not _is_out_of_resources(error):
                     raise
             else:
-                row |= {"seconds": timing.median, "tflops": flops / timing.median / 1e12,
-                        "ratio_to_torch": reference.median / timing.median}  # fmt: skip
+                row["seconds"] = timing.median
+                row["tflops"] = flops / timing.median / 1e12
+                row["ratio_to_torch"] = reference.median / timing.median
             rows.append(row)
-    where = ("compiled" if device.type == "cuda"
-             else "interpreted on the CPU (the Triton timings measure Triton's interpreter)")  # fmt: skip
+    if device.type == "cuda":
+        where = "compiled"
+    else:
+        where = "interpreted on the CPU (the Triton timings measure Triton's interpreter)"
+    units = {
+        "seconds": "s",
+        "tflops": "TFLOP/s",
+        "shared_memory_bytes": "bytes",
+        "traffic_bytes": "bytes",
+    }
     return _record(
         "matmul-tiles",
         f"Square matmuls of size {size}: torch.matmul and the tiled Triton kernel ({where}) for "
         "each tile configuration; traffic_bytes is what the tiling reads and writes with no cache.",
-        rows, device,
-        {"seconds": "s", "tflops": "TFLOP/s", "shared_memory_bytes": "bytes", "traffic_bytes": "bytes"},
-    )  # fmt: skip
+        rows,
+        device,
+        units,
+    )
 
 
 # --- attention ---------------------------------------------------------------------------------
@@ -205,8 +250,13 @@ def matmul_record(device: torch.device, quick: bool) -> Record:
 def _attention_tile_sweep() -> list[Any]:
     from trainfast.kernels.attention_triton import AttentionTiles
 
-    return [AttentionTiles(64, 64, 4, 3), AttentionTiles(128, 64, 4, 3), AttentionTiles(128, 64, 8, 3),
-            AttentionTiles(128, 128, 8, 2), AttentionTiles(128, 32, 4, 4)]  # fmt: skip
+    return [
+        AttentionTiles(64, 64, 4, 3),
+        AttentionTiles(128, 64, 4, 3),
+        AttentionTiles(128, 64, 8, 3),
+        AttentionTiles(128, 128, 8, 2),
+        AttentionTiles(128, 32, 4, 4),
+    ]
 
 
 def _sdpa_flash_backend() -> Any:
@@ -231,20 +281,35 @@ def attention_record(device: torch.device, quick: bool) -> Record:
     for head_dim in (64, 128) if cuda else (64,):
         heads = 2048 // head_dim if cuda else 4
         for is_causal in (False, True):
-            q, k, v = (torch.randn(batch, heads, seq, head_dim, device=device).to(dtype) for _ in range(3))
+            shape = (batch, heads, seq, head_dim)
+            q, k, v = (torch.randn(shape, device=device).to(dtype) for _ in range(3))
             flops = 4 * batch * heads * seq * seq * head_dim / (2 if is_causal else 1)
-            base = {"seq": seq, "heads": heads, "head_dim": head_dim, "causal": is_causal,
-                    "dtype": str(dtype).removeprefix("torch.")}  # fmt: skip
-            for name, config, run, differentiable in _attention_contenders(q, k, v, is_causal, cuda):
+            base = {
+                "seq": seq,
+                "heads": heads,
+                "head_dim": head_dim,
+                "causal": is_causal,
+                "dtype": str(dtype).removeprefix("torch."),
+            }
+            contenders = _attention_contenders(q, k, v, is_causal, cuda)
+            for name, config, run, differentiable in contenders:
                 try:
                     timing = benchmark(run, warmup=3, repeats=10 if cuda else 5, device=device)
                 except Exception as error:  # noqa: BLE001
                     if not _is_out_of_resources(error):
                         raise
                     continue
-                saved = saved_tensor_bytes(lambda f=differentiable, args=(q, k, v): _with_grad(f, args))
-                rows.append(base | {"implementation": name, "config": config, "seconds": timing.median,
-                                    "tflops": flops / timing.median / 1e12, "saved_bytes": saved})  # fmt: skip
+                saved = saved_tensor_bytes(
+                    lambda f=differentiable, args=(q, k, v): _with_grad(f, args)
+                )
+                row = base | {
+                    "implementation": name,
+                    "config": config,
+                    "seconds": timing.median,
+                    "tflops": flops / timing.median / 1e12,
+                    "saved_bytes": saved,
+                }
+                rows.append(row)
             sdpa = next(r["seconds"] for r in rows[::-1] if r["implementation"] == "sdpa (default)")
             for row in rows:
                 if row["head_dim"] == head_dim and row["causal"] == is_causal:
@@ -253,8 +318,10 @@ def attention_record(device: torch.device, quick: bool) -> Record:
         "attention-forward",
         f"Attention forward, batch {batch}, {dtype}: median seconds and TFLOP/s "
         "(4·b·h·n²·d, halved when causal); saved_bytes is what the forward keeps for backward.",
-        rows, device, {"seconds": "s", "tflops": "TFLOP/s", "saved_bytes": "bytes"},
-    )  # fmt: skip
+        rows,
+        device,
+        {"seconds": "s", "tflops": "TFLOP/s", "saved_bytes": "bytes"},
+    )
 
 
 def _with_grad(run: Any, args: tuple[torch.Tensor, ...]) -> None:
@@ -290,10 +357,14 @@ def _attention_contenders(q, k, v, is_causal: bool, cuda: bool) -> list[tuple[st
 
         contenders.append(("sdpa (flash backend)", "", flash_backend, flash_backend))
         for tiles in _attention_tile_sweep():
-            config = f"{tiles.block_q}x{tiles.block_k}, {tiles.num_warps} warps, {tiles.num_stages} stages"
-            contenders.append(("triton flash_forward_kernel", config,
-                               lambda t=tiles: flash_attention_triton_forward(q, k, v, is_causal, t),
-                               triton_function))  # fmt: skip
+            launch = f"{tiles.num_warps} warps, {tiles.num_stages} stages"
+            config = f"{tiles.block_q}x{tiles.block_k}, {launch}"
+
+            def triton_forward(t=tiles) -> Any:
+                return flash_attention_triton_forward(q, k, v, is_causal, t)
+
+            contender = ("triton flash_forward_kernel", config, triton_forward, triton_function)
+            contenders.append(contender)
     else:
 
         def tiled() -> Any:
@@ -302,11 +373,11 @@ def _attention_contenders(q, k, v, is_causal: bool, cuda: bool) -> list[tuple[st
         def textbook() -> Any:
             return attention_reference(q, k, v, is_causal)
 
+        tiles = f"{FlashAttention.tile_queries}x{FlashAttention.tile_keys}"
         contenders += [
-            ("tiled FlashAttention (PyTorch)", f"{FlashAttention.tile_queries}x{FlashAttention.tile_keys}",
-             tiled, tiled),
+            ("tiled FlashAttention (PyTorch)", tiles, tiled, tiled),
             ("textbook attention", "", textbook, textbook),
-        ]  # fmt: skip
+        ]
     return contenders
 
 
@@ -321,23 +392,33 @@ def roofline_record(device: torch.device, quick: bool) -> Record:
     (2^20 quick: in cache), matmuls 16 to 2048 (512 quick).
     """
     if device.type == "cuda":
-        rows = measure_roofline(device, dtype=torch.bfloat16, n=1 << (24 if quick else 28),
-                                matmul_sizes=(256, 512, 1024, 2048, 4096, 8192)[: 4 if quick else 6])  # fmt: skip
+        dtype, n = torch.bfloat16, 1 << (24 if quick else 28)
+        matmul_sizes = (256, 512, 1024, 2048, 4096, 8192)[: 4 if quick else 6]
     else:
-        rows = measure_roofline(device, dtype=torch.float32, n=1 << (20 if quick else 25),
-                                matmul_sizes=(16, 64, 256, 512, 1024, 2048)[: 4 if quick else 6])  # fmt: skip
+        dtype, n = torch.float32, 1 << (20 if quick else 25)
+        matmul_sizes = (16, 64, 256, 512, 1024, 2048)[: 4 if quick else 6]
+    rows = measure_roofline(device, dtype=dtype, n=n, matmul_sizes=matmul_sizes)
     roofline = roofline_from_rows(rows)
     for row in rows:
         row["bound"] = roofline.bound(row["intensity"])
-        row["fraction_of_roof"] = row["flops_per_s"] / roofline.attainable(row["intensity"]) if row["flops"] else None
+        roof = roofline.attainable(row["intensity"])
+        row["fraction_of_roof"] = row["flops_per_s"] / roof if row["flops"] else None
     return _record(
         "roofline",
         f"Achieved FLOP/s and arithmetic intensity (minimum traffic) of common operations; the "
         f"measured roofline is the fastest matmul ({roofline.peak_flops / 1e9:,.0f} GFLOP/s) and "
-        f"the copy ({roofline.bytes_per_s / 1e9:,.1f} GB/s), ridge {roofline.ridge:.1f} FLOPs/byte.",
-        rows, device, {"seconds": "s", "flops_per_s": "FLOP/s", "bytes_per_s": "bytes/s",
-                       "intensity": "FLOPs/byte", "bytes": "bytes"},
-    )  # fmt: skip
+        f"the copy ({roofline.bytes_per_s / 1e9:,.1f} GB/s), ridge {roofline.ridge:.1f} "
+        "FLOPs/byte.",
+        rows,
+        device,
+        {
+            "seconds": "s",
+            "flops_per_s": "FLOP/s",
+            "bytes_per_s": "bytes/s",
+            "intensity": "FLOPs/byte",
+            "bytes": "bytes",
+        },
+    )
 
 
 def strided_record(device: torch.device, quick: bool) -> Record:
@@ -352,10 +433,18 @@ def strided_record(device: torch.device, quick: bool) -> Record:
         f"torch.index_select of all {n:,} float32 elements of one buffer in stride order (stride "
         "passes of every stride-th element) into a contiguous tensor; useful bandwidth counts "
         "each element gathered once.",
-        rows, device, {"seconds": "s", "seconds_min": "s", "seconds_max": "s",
-                       "useful_gb_per_s": "GB/s", "buffer_bytes": "bytes", "pass_bytes": "bytes",
-                       "unit_bytes": "bytes"},
-    )  # fmt: skip
+        rows,
+        device,
+        {
+            "seconds": "s",
+            "seconds_min": "s",
+            "seconds_max": "s",
+            "useful_gb_per_s": "GB/s",
+            "buffer_bytes": "bytes",
+            "pass_bytes": "bytes",
+            "unit_bytes": "bytes",
+        },
+    )
 
 
 def host_transfer_record(device: torch.device, quick: bool) -> Record:
@@ -365,8 +454,10 @@ def host_transfer_record(device: torch.device, quick: bool) -> Record:
         "host-transfers",
         "Seconds per small kernel with one sync at the end or a .item() after each (host clock), "
         "and copies between host and device (CUDA only).",
-        rows, device, {"seconds": "s", "gb_per_s": "GB/s", "bytes": "bytes"},
-    )  # fmt: skip
+        rows,
+        device,
+        {"seconds": "s", "gb_per_s": "GB/s", "bytes": "bytes"},
+    )
 
 
 # --- the targets -------------------------------------------------------------------------------
@@ -376,7 +467,8 @@ def _target_ratio(record: Record) -> float | None:
     rows = record.rows
     if record.name == "copy-bandwidth":
         largest = max(r["bytes"] for r in rows)
-        ratios = [r["ratio_to_torch"] for r in rows if r["bytes"] == largest and r["implementation"] != "torch copy_"]
+        triton = [r for r in rows if r["implementation"] != "torch copy_"]
+        ratios = [r["ratio_to_torch"] for r in triton if r["bytes"] == largest]
         return max(ratios) if ratios else None
     if record.name == "matmul-tiles":
         per_dtype = {}
@@ -404,10 +496,11 @@ def target_ratios(records: list[Record]) -> list[str]:
         ratio = _target_ratio(record)
         device = f"{record.environment['device_name']} ({record.environment['device']})"
         if record.environment["device"] != "cuda" or ratio is None:
-            lines.append(f"{record.name}: {what}: not measured on {device} (needs a CUDA GPU); target >= {target:.2f}")
+            outcome = f"not measured on {device} (needs a CUDA GPU); target >= {target:.2f}"
         else:
             verdict = "met" if ratio >= target else "NOT met"
-            lines.append(f"{record.name}: {what}: {ratio:.2f} on {device}; target >= {target:.2f}: {verdict}")
+            outcome = f"{ratio:.2f} on {device}; target >= {target:.2f}: {verdict}"
+        lines.append(f"{record.name}: {what}: {outcome}")
     return lines
 
 

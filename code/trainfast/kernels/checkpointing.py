@@ -58,7 +58,8 @@ def checkpointing_costs(
     tokens, targets = random_batch(shape, device=device)
     for checkpointing in (False, True):
         torch.manual_seed(0)
-        model = Transformer(shape, attention=attention, checkpointing=checkpointing).to(device, dtype)
+        model = Transformer(shape, attention=attention, checkpointing=checkpointing)
+        model = model.to(device, dtype)
 
         def step(model: torch.nn.Module = model) -> None:
             model.loss(tokens, targets).backward()
@@ -66,8 +67,8 @@ def checkpointing_costs(
 
         timing = benchmark(step, warmup=1, repeats=repeats, device=device)
         flops = counted_flops(step)
-        saved = saved_tensor_bytes(lambda model=model: model.loss(tokens, targets),
-                                   exclude=list(model.parameters()) + list(model.buffers()))  # fmt: skip
+        weights = list(model.parameters()) + list(model.buffers())
+        saved = saved_tensor_bytes(lambda model=model: model.loss(tokens, targets), exclude=weights)
         peak = None
         if device.type == "cuda":
             torch.cuda.synchronize(device)
@@ -76,7 +77,13 @@ def checkpointing_costs(
             step()
             torch.cuda.synchronize(device)
             peak = torch.cuda.max_memory_allocated(device) - before
-        rows.append({
+        predicted = model_activation_bytes(
+            shape,
+            value_bytes=torch.tensor([], dtype=dtype).element_size(),
+            attention=attention,
+            checkpointing=checkpointing,
+        )
+        row = {
             "checkpointing": checkpointing,
             "step_seconds": timing.median,
             "step_seconds_min": min(timing.samples),
@@ -85,12 +92,10 @@ def checkpointing_costs(
             "counted_flops": flops,
             "model_flops": training_flops(shape),
             "saved_bytes": saved,
-            "predicted_bytes": model_activation_bytes(
-                shape, value_bytes=torch.tensor([], dtype=dtype).element_size(), attention=attention,
-                checkpointing=checkpointing,
-            ),
+            "predicted_bytes": predicted,
             "peak_step_bytes": peak,
-        })  # fmt: skip
+        }
+        rows.append(row)
         del model
     return rows
 
@@ -107,17 +112,24 @@ def checkpointing_record(device: torch.device, quick: bool) -> Record:
         dtype, attention = torch.float32, "manual"
     if quick:
         shape = replace(shape, n_layers=2, seq_len=min(shape.seq_len, 128))
-    rows = checkpointing_costs(shape, device=device, attention=attention, dtype=dtype,
-                               repeats=3 if quick else 7)  # fmt: skip
+    repeats = 3 if quick else 7
+    rows = checkpointing_costs(
+        shape, device=device, attention=attention, dtype=dtype, repeats=repeats
+    )
     return make_record(
         "activation-checkpointing",
-        f"One training step (forward + backward) of the book's transformer, {shape.n_layers} layers "
-        f"of width {shape.d_model}, batch {shape.batch_size} x {shape.seq_len} tokens, "
+        f"One training step (forward + backward) of the book's transformer, {shape.n_layers} "
+        f"layers of width {shape.d_model}, batch {shape.batch_size} x {shape.seq_len} tokens, "
         f"{str(dtype).removeprefix('torch.')}, {attention} attention; with and without "
         "checkpointing every block.",
         rows,
-        units={"step_seconds": "s", "step_seconds_min": "s", "step_seconds_max": "s",
-               "saved_bytes": "bytes", "predicted_bytes": "bytes",
-               "peak_step_bytes": "bytes"},  # fmt: skip
+        units={
+            "step_seconds": "s",
+            "step_seconds_min": "s",
+            "step_seconds_max": "s",
+            "saved_bytes": "bytes",
+            "predicted_bytes": "bytes",
+            "peak_step_bytes": "bytes",
+        },
         device=device,
     )

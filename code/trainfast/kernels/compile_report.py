@@ -11,7 +11,8 @@ dtype, shape and strides), and reads off what the GPU would have to provide:
 * registers per thread and bytes spilled to local memory (``ptxas -v``, with Triton's flags);
 * the tensor-core instruction class in the PTX: ``wgmma`` (Hopper's asynchronous warpgroup
   MMA), ``mma`` (``mma.sync``, Ampere and Ada) or ``none``;
-* the occupancy those resources allow (:func:`trainfast.kernels.occupancy.occupancy`), and whether the kernel fits at all.
+* the occupancy those resources allow (:func:`trainfast.kernels.occupancy.occupancy`), and
+  whether the kernel fits at all.
 
 Triton's interpreter runs a kernel's Python body on the CPU, one program at a time. It proves
 the arithmetic (for float32 and float16) and checks none of this. This report is the other half
@@ -90,16 +91,18 @@ class KernelReport:
 
     @property
     def verdict(self) -> str:
-        """One line with the numbers: fits (and how many blocks per SM), or what is over the limit."""
+        """One line with the numbers: fits (and how many blocks per SM), or what is over."""
         shared = f"{self.shared_bytes / 1024:.1f} KiB of shared memory"
         limit = f"{self.shared_limit_bytes / 1024:.0f} KiB per block on the {self.gpu}"
         if not self.fits:
             return f"{self.kernel} does not fit: {shared} > {limit}"
-        return f"{self.kernel} fits: {shared} <= {limit}; {self.blocks_per_sm} block(s) per SM ({self.limited_by})"
+        blocks = f"{self.blocks_per_sm} block(s) per SM ({self.limited_by})"
+        return f"{self.kernel} fits: {shared} <= {limit}; {blocks}"
 
 
 def tensor_core_class(ptx: str) -> str:
-    """``"wgmma"`` if the PTX issues Hopper warpgroup MMAs, ``"mma"`` for ``mma.sync``, else ``"none"``."""
+    """``"wgmma"`` if the PTX issues Hopper warpgroup MMAs, ``"mma"`` for ``mma.sync``, or else
+    ``"none"``."""
     if re.search(r"\bwgmma\.mma_async", ptx):
         return "wgmma"
     if re.search(r"\bmma\.sync", ptx):
@@ -483,7 +486,7 @@ def _compile_job(job: dict[str, Any]) -> dict[str, Any]:
 
 
 def _ptxas_resources(ptx: str, capability: list[int], kernel_hash: str) -> dict[str, int]:
-    """Registers per thread and spill-store bytes, from ``ptxas -v`` (cached beside Triton's cache)."""
+    """Registers per thread and spill-store bytes, from ``ptxas -v`` (cached beside Triton's)."""
     from triton import knobs
     from triton.runtime.cache import get_cache_manager
 

@@ -11,16 +11,17 @@ example of the recipe in PyTorch's "Custom C++ and CUDA Operators" tutorial:
    index needs no per-element ``%``, and a scalar tail), compiled just in time by
    ``torch.utils.cpp_extension.load_inline`` with the machine's g++ and nvcc;
 2. the operator's schema and its CPU and CUDA implementations registered with the dispatcher
-   in C++ (``TORCH_LIBRARY``/``TORCH_LIBRARY_IMPL``), so it is ``torch.ops.trainfast_kernels.bias_gelu``;
+   in C++ (``TORCH_LIBRARY``/``TORCH_LIBRARY_IMPL``), so it is
+   ``torch.ops.trainfast_kernels.bias_gelu``;
 3. in Python, a *fake* implementation (``torch.library.register_fake``: the output's shape and
    dtype without computing it, which ``torch.compile`` traces with) and the backward formula
    (``torch.library.register_autograd``).
 
 **Build cache.** ``load_inline`` writes the sources and a ninja file to
-``$TORCH_EXTENSIONS_DIR/<name>`` (by default ``~/.cache/torch_extensions/py<ver>_<cuda tag>/<name>``,
-see :func:`build_directory`) and compiles there. A later process finds the same sources and an
-up-to-date library, so ninja has nothing to do and the library loads in well under a second;
-changing the source rebuilds it.
+``$TORCH_EXTENSIONS_DIR/<name>`` (by default
+``~/.cache/torch_extensions/py<ver>_<cuda tag>/<name>``, see :func:`build_directory`) and
+compiles there. A later process finds the same sources and an up-to-date library, so ninja has
+nothing to do and the library loads in well under a second; changing the source rebuilds it.
 
 The GELU is the exact one, ``z·Φ(z)`` with the error function (``torch.nn.functional.gelu``'s
 default). CPU kernels take float32 and float64; CUDA kernels also float16 and bfloat16,
@@ -60,6 +61,7 @@ CPU_EXTENSION = "trainfast_bias_gelu_cpu"
 CUDA_EXTENSION = "trainfast_bias_gelu_cuda"
 
 #: The C++ operator: schema, CPU kernels and their registration with the dispatcher.
+#: (C++ in its own layout: the ``noqa`` at its end lets its lines pass 100 columns.)
 CPP_SOURCE = r"""
 #include <ATen/core/Tensor.h>
 #include <ATen/Dispatch.h>
@@ -123,7 +125,7 @@ TORCH_LIBRARY_IMPL(trainfast_kernels, CPU, m) {
 }
 
 }  // namespace trainfast_kernels
-"""
+"""  # noqa: E501
 
 #: The CUDA twin: the same two operators for CUDA tensors, one thread per element.
 CUDA_SOURCE = r"""
@@ -279,7 +281,7 @@ TORCH_LIBRARY_IMPL(trainfast_kernels, CUDA, m) {
 }
 
 }  // namespace trainfast_kernels
-"""
+"""  # noqa: E501
 
 
 @dataclass(frozen=True)
@@ -294,7 +296,10 @@ class BuildInfo:
 
 
 def build_directory(name: str = CPU_EXTENSION) -> str:
-    """Where ``load_inline`` builds and caches extension ``name`` (honours ``TORCH_EXTENSIONS_DIR``)."""
+    """Where ``load_inline`` builds and caches extension ``name``.
+
+    Honours ``TORCH_EXTENSIONS_DIR``.
+    """
     from torch.utils.cpp_extension import _get_build_directory
 
     return _get_build_directory(name, verbose=False)
@@ -354,10 +359,14 @@ def build_in_subprocess(extensions_dir: str | None = None, *, timeout: float = 6
     environment = dict(os.environ)
     if extensions_dir is not None:
         environment["TORCH_EXTENSIONS_DIR"] = extensions_dir
-    code = ("import json, dataclasses; from trainfast.kernels.custom_ops import load_bias_gelu; "
-            "print(json.dumps(dataclasses.asdict(load_bias_gelu('cpu'))))")  # fmt: skip
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            env=environment, timeout=timeout)  # fmt: skip
+    code = (
+        "import json, dataclasses; from trainfast.kernels.custom_ops import load_bias_gelu; "
+        "print(json.dumps(dataclasses.asdict(load_bias_gelu('cpu'))))"
+    )
+    command = [sys.executable, "-c", code]
+    result = subprocess.run(
+        command, capture_output=True, text=True, env=environment, timeout=timeout
+    )
     if result.returncode != 0:
         raise ValueError(f"Building bias_gelu in a subprocess failed:\n{result.stderr[-2000:]}")
     return BuildInfo(**json.loads(result.stdout.strip().splitlines()[-1]))
@@ -416,7 +425,7 @@ def bias_gelu_reference(x: Tensor, bias: Tensor) -> Tensor:
 def bias_gelu(
     x: Tensor, bias: Tensor, *, implementation: Literal["cpp", "torch"] = "cpp"
 ) -> Tensor:
-    """``gelu(x + bias)`` for ``x`` (..., width) and ``bias`` (width,), fused in one C++/CUDA kernel.
+    """``gelu(x + bias)`` for ``x`` (..., width) and ``bias`` (width,), fused in one kernel.
 
     ``implementation="cpp"`` calls ``torch.ops.trainfast_kernels.bias_gelu`` (building it on
     first use, see :func:`load_bias_gelu`); ``"torch"`` is :func:`bias_gelu_reference`. Both are
@@ -429,7 +438,8 @@ def bias_gelu(
         raise ValueError(f"Unknown implementation: {implementation!r} (expected 'cpp' or 'torch')")
     if bias.ndim != 1 or x.ndim < 1 or x.shape[-1] != bias.shape[0]:
         raise ValueError(
-            f"bias must be 1-D with x's last dimension, got x {tuple(x.shape)}, bias {tuple(bias.shape)}"
+            f"bias must be 1-D with x's last dimension, got x {tuple(x.shape)}, "
+            f"bias {tuple(bias.shape)}"
         )
     if x.device != bias.device or x.dtype != bias.dtype:
         raise ValueError(

@@ -32,8 +32,14 @@ def check_matmul_intensity(intensity: Callable[[int, int, int, int], float]) -> 
     """Check ``intensity(m, k, n, element_bytes)``: FLOPs per byte of an ``(m, k) @ (k, n)``
     product that reads A and B once and writes C once."""
     results: list[Case] = []
-    for m, k, n, element_bytes in [(4096, 4096, 4096, 2), (4096, 4096, 4096, 4), (1, 4096, 4096, 2),
-                                   (8192, 128, 8192, 2), (16, 16, 16, 4)]:  # fmt: skip
+    shapes = [  # (m, k, n, element_bytes)
+        (4096, 4096, 4096, 2),
+        (4096, 4096, 4096, 4),
+        (1, 4096, 4096, 2),
+        (8192, 128, 8192, 2),
+        (16, 16, 16, 4),
+    ]
+    for m, k, n, element_bytes in shapes:
         expected = matmul_cost(m, k, n, element_bytes=element_bytes).intensity
         got = intensity(m, k, n, element_bytes)
         case = f"({m}, {k}) @ ({k}, {n}), {element_bytes}-byte elements: {expected:.2f} FLOPs/byte"
@@ -42,7 +48,9 @@ def check_matmul_intensity(intensity: Callable[[int, int, int, int], float]) -> 
     report(results)
 
 
-def check_softmax_merge(merge: Callable[[Tensor, Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]) -> None:
+def check_softmax_merge(
+    merge: Callable[[Tensor, Tensor, Tensor, Tensor], tuple[Tensor, Tensor]],
+) -> None:
     """Check ``merge(max_a, sum_a, max_b, sum_b) -> (max, sum)``, the online-softmax step.
 
     Cases: two halves of random rows, parts whose maxima differ by a thousand (a naive ``exp``
@@ -50,7 +58,8 @@ def check_softmax_merge(merge: Callable[[Tensor, Tensor, Tensor, Tensor], tuple[
     """
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(6, 40, generator=generator, dtype=torch.float64)
-    empty = (torch.full((6,), float("-inf"), dtype=torch.float64), torch.zeros(6, dtype=torch.float64))
+    no_max = torch.full((6,), float("-inf"), dtype=torch.float64)
+    empty = (no_max, torch.zeros(6, dtype=torch.float64))
     cases = {
         "two halves of random rows": (softmax_stats(x[:, :20]), softmax_stats(x[:, 20:])),
         "maxima 1000 apart": (softmax_stats(x[:, :20] + 1000), softmax_stats(x[:, 20:])),
@@ -68,14 +77,17 @@ def check_softmax_merge(merge: Callable[[Tensor, Tensor, Tensor, Tensor], tuple[
         problem = None
         for name, value, reference in zip(("max", "sum"), got, expected, strict=True):
             if not torch.allclose(value, reference, rtol=1e-9, atol=0, equal_nan=False):
-                problem = f"{name} differs: {value.tolist()[:3]} ... expected {reference.tolist()[:3]} ..."
+                problem = (
+                    f"{name} differs: {value.tolist()[:3]} ... "
+                    f"expected {reference.tolist()[:3]} ..."
+                )
                 break
         results.append((case, problem))
     report(results)
 
 
 def check_triton_axpb(axpb: Callable[[Tensor, float, float, Tensor], object]) -> None:
-    """Check ``axpb(x, a, b, out)``, which must write ``a * x + b`` into ``out`` with a Triton kernel.
+    """Check ``axpb(x, a, b, out)``: it must write ``a * x + b`` into ``out`` with a Triton kernel.
 
     Sizes that are not multiples of any block size (the mask), one element, float16 and float32;
     on a CPU the kernel runs in Triton's interpreter. ``x`` and ``out`` are the first ``n``
@@ -87,7 +99,13 @@ def check_triton_axpb(axpb: Callable[[Tensor, float, float, Tensor], object]) ->
     device = pick_device()
     guard = 8192  # elements past the end: more than any block a kernel is likely to use
     results: list[Case] = []
-    for n, dtype in [(1, torch.float32), (1000, torch.float32), (4097, torch.float32), (3000, torch.float16)]:
+    sizes = [
+        (1, torch.float32),
+        (1000, torch.float32),
+        (4097, torch.float32),
+        (3000, torch.float16),
+    ]
+    for n, dtype in sizes:
         case = f"{n} elements of {dtype}"
         x = torch.randn(n + guard, generator=torch.Generator().manual_seed(n)).to(device, dtype)[:n]
         buffer = torch.full((n + guard,), float("nan"), device=device, dtype=dtype)
@@ -99,12 +117,14 @@ def check_triton_axpb(axpb: Callable[[Tensor, float, float, Tensor], object]) ->
             results.append((case, f"raised {type(error).__name__}: {str(error)[:120]}"))
             continue
         written_past_end = int((~torch.isnan(buffer[n:])).sum())
+        worst = (out.float() - expected.float()).abs().nan_to_num(float("inf")).max().item()
         if written_past_end:
-            results.append((case, f"wrote {written_past_end} values past the end of out (a missing mask?)"))
-        elif not torch.allclose(out.float(), expected.float(), rtol=1e-3, atol=1e-3, equal_nan=False):
-            results.append((case, f"differs by up to {(out.float() - expected.float()).abs().nan_to_num(float('inf')).max().item():.3g}"))
+            problem = f"wrote {written_past_end} values past the end of out (a missing mask?)"
+        elif not torch.allclose(out.float(), expected.float(), rtol=1e-3, atol=1e-3):
+            problem = f"differs by up to {worst:.3g}"
         else:
-            results.append((case, None))
+            problem = None
+        results.append((case, problem))
     report(results)
 
 
@@ -117,13 +137,21 @@ def visible_key_tiles(q_start: int, block_q: int, n_keys: int, block_k: int) -> 
 
 
 def check_causal_key_tiles(tiles: Callable[[int, int, int, int], list[int]]) -> None:
-    """Check ``tiles(q_start, block_q, n_keys, block_k)``: which key tiles a causal query tile visits."""
+    """Check ``tiles(q_start, block_q, n_keys, block_k)``: key tiles a causal query tile visits."""
     results: list[Case] = []
-    for q_start, block_q, n_keys, block_k in [(0, 64, 256, 64), (128, 64, 256, 64), (64, 64, 40, 16),
-                                              (0, 16, 100, 32), (96, 32, 1000, 64), (192, 64, 128, 32)]:  # fmt: skip
+    layouts = [  # (q_start, block_q, n_keys, block_k)
+        (0, 64, 256, 64),
+        (128, 64, 256, 64),
+        (64, 64, 40, 16),
+        (0, 16, 100, 32),
+        (96, 32, 1000, 64),
+        (192, 64, 128, 32),
+    ]
+    for q_start, block_q, n_keys, block_k in layouts:
         expected = visible_key_tiles(q_start, block_q, n_keys, block_k)
         got = list(tiles(q_start, block_q, n_keys, block_k))
-        case = f"queries {q_start}..{q_start + block_q - 1}, {n_keys} keys in tiles of {block_k}: {expected}"
+        queries = f"queries {q_start}..{q_start + block_q - 1}"
+        case = f"{queries}, {n_keys} keys in tiles of {block_k}: {expected}"
         results.append((case, None if got == expected else f"got {got}"))
     report(results)
 

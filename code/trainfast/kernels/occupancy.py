@@ -70,7 +70,7 @@ class Occupancy:
 
     @property
     def fraction(self) -> float:
-        """Resident warps over the most the SM can hold (what the CUDA calculator calls occupancy)."""
+        """Resident warps over the most the SM can hold (the CUDA calculator's occupancy)."""
         return self.warps_per_sm / self.max_warps_per_sm
 
 

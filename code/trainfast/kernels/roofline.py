@@ -133,9 +133,14 @@ def cpu_peak_flops(threads: int, *, fma_units: int = 2, cpuinfo: str | None = No
 
 
 def elementwise_cost(
-    name: str, n: int, *, inputs: int, outputs: int = 1, flops_per_element: float = 1,
+    name: str,
+    n: int,
+    *,
+    inputs: int,
+    outputs: int = 1,
+    flops_per_element: float = 1,
     element_bytes: int = 4,
-) -> OpCost:  # fmt: skip
+) -> OpCost:
     """An elementwise op on ``n`` elements: ``inputs`` tensors read, ``outputs`` written."""
     return OpCost(name, flops_per_element * n, (inputs + outputs) * n * element_bytes)
 
@@ -159,26 +164,24 @@ def _operations(
     size = torch.tensor([], dtype=dtype).element_size()
     x, y = torch.randn(n, device=device, dtype=dtype), torch.randn(n, device=device, dtype=dtype)
     out = torch.empty_like(x)
+    copy = elementwise_cost("copy", n, inputs=1, flops_per_element=0, element_bytes=size)
+    add = elementwise_cost("x + y", n, inputs=2, element_bytes=size)
     ops: list[tuple[OpCost, Callable[[], Any]]] = [
-        (elementwise_cost("copy", n, inputs=1, flops_per_element=0, element_bytes=size),
-         lambda: out.copy_(x)),
-        (elementwise_cost("x + y", n, inputs=2, element_bytes=size),
-         lambda: torch.add(x, y, out=out)),
+        (copy, lambda: out.copy_(x)),
+        (add, lambda: torch.add(x, y, out=out)),
         (reduction_cost("sum(x)", n, element_bytes=size), lambda: x.sum()),
-    ]  # fmt: skip
+    ]
     side = int(n**0.5)
     matrix, vector = x[: side * side].view(side, side), y[:side].view(side, 1)
-    gemv = matmul_cost(side, side, 1, element_bytes=size)
-    ops.append(
-        (OpCost(f"matrix-vector {side}x{side}", gemv.flops, gemv.bytes), lambda: matrix @ vector)
-    )
+    counted = matmul_cost(side, side, 1, element_bytes=size)
+    gemv = OpCost(f"matrix-vector {side}x{side}", counted.flops, counted.bytes)
+    ops.append((gemv, lambda: matrix @ vector))
     for m in matmul_sizes:
         a = torch.randn(m, m, device=device, dtype=dtype)
         b = torch.randn(m, m, device=device, dtype=dtype)
         c = torch.empty(m, m, device=device, dtype=dtype)
-        ops.append(
-            (matmul_cost(m, m, m, element_bytes=size), lambda a=a, b=b, c=c: torch.mm(a, b, out=c))
-        )
+        cost = matmul_cost(m, m, m, element_bytes=size)
+        ops.append((cost, lambda a=a, b=b, c=c: torch.mm(a, b, out=c)))
     return ops
 
 
@@ -199,10 +202,10 @@ def measure_roofline(
     """
     rows = []
     for cost, run in _operations(device, dtype, n, matmul_sizes):
-        timing = benchmark(run, warmup=2, repeats=repeats, device=device,
-                           number=max(1, int(2e6 // max(cost.bytes, 1))))  # fmt: skip
+        number = max(1, int(2e6 // max(cost.bytes, 1)))  # calls per sample: about 2 MB moved
+        timing = benchmark(run, warmup=2, repeats=repeats, device=device, number=number)
         seconds = timing.median
-        rows.append({
+        row = {
             "operation": cost.name,
             "dtype": str(dtype).removeprefix("torch."),
             "flops": cost.flops,
@@ -211,7 +214,8 @@ def measure_roofline(
             "seconds": seconds,
             "flops_per_s": cost.flops / seconds,
             "bytes_per_s": cost.bytes / seconds,
-        })  # fmt: skip
+        }
+        rows.append(row)
     return rows
 
 
@@ -247,8 +251,11 @@ def plot_roofline(
     grid = np.logspace(np.log10(low), np.log10(high), 200)
     for i, (label, roofline) in enumerate(rooflines.items()):
         style = "-" if i == 0 else "--"
-        ax.plot(grid, [roofline.attainable(x) for x in grid], style, color="k" if i == 0 else "0.5",
-                label=f"{label}: {roofline.peak_flops / 1e9:,.0f} GFLOP/s, {roofline.bytes_per_s / 1e9:,.1f} GB/s")  # fmt: skip
+        color = "k" if i == 0 else "0.5"
+        peak = f"{roofline.peak_flops / 1e9:,.0f} GFLOP/s"
+        bandwidth = f"{roofline.bytes_per_s / 1e9:,.1f} GB/s"
+        attainable = [roofline.attainable(x) for x in grid]
+        ax.plot(grid, attainable, style, color=color, label=f"{label}: {peak}, {bandwidth}")
     first = next(iter(rooflines.values()), None)
     if first is not None:
         ax.axvline(
@@ -257,7 +264,12 @@ def plot_roofline(
     markers = "osD^v<>ph*"
     for i, (label, intensity, flops) in enumerate(points):
         ax.plot(intensity, flops, markers[i % len(markers)], markersize=7, label=label)
-    ax.set(xscale="log", yscale="log", xlabel="arithmetic intensity (FLOPs per byte of memory traffic)",
-           ylabel="achieved FLOP/s", title=title)  # fmt: skip
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlabel="arithmetic intensity (FLOPs per byte of memory traffic)",
+        ylabel="achieved FLOP/s",
+        title=title,
+    )
     ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2)
     return ax

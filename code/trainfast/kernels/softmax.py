@@ -56,7 +56,9 @@ def softmax_stats(x: Tensor, *, block_size: int = 128) -> tuple[Tensor, Tensor]:
         block = x[..., start : start + block_size]  # (..., block)
         block_max = block.amax(dim=-1)
         block_sum = torch.exp(block - block_max.unsqueeze(-1)).sum(dim=-1)
-        running_max, running_sum = merge_softmax_stats(running_max, running_sum, block_max, block_sum)
+        running_max, running_sum = merge_softmax_stats(
+            running_max, running_sum, block_max, block_sum
+        )
     return running_max, running_sum
 
 
@@ -87,5 +89,8 @@ def merge_attention_outputs(
     safe_lse = torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)
     weight_a = torch.exp(lse_a - safe_lse).unsqueeze(-1)  # (..., n_queries, 1)
     weight_b = torch.exp(lse_b - safe_lse).unsqueeze(-1)
-    out = torch.nan_to_num(out_a.to(lse.dtype)) * weight_a + torch.nan_to_num(out_b.to(lse.dtype)) * weight_b
+    out = (
+        torch.nan_to_num(out_a.to(lse.dtype)) * weight_a
+        + torch.nan_to_num(out_b.to(lse.dtype)) * weight_b
+    )
     return out.to(out_a.dtype), lse

@@ -118,11 +118,24 @@ def matmul_tiles(target: GPUSpec | None, dtype: torch.dtype) -> MatmulTiles:
 
 @triton.jit
 def matmul_kernel(
-    a_ptr, b_ptr, c_ptr, M, N, K,
-    stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, DOT_PRECISION: tl.constexpr,
-):  # fmt: skip
+    a_ptr,
+    b_ptr,
+    c_ptr,
+    M,
+    N,
+    K,
+    stride_am,
+    stride_ak,
+    stride_bk,
+    stride_bn,
+    stride_cm,
+    stride_cn,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
     """One BLOCK_M × BLOCK_N tile of C = A @ B per program, accumulated in float32."""
     # Which tile of C: programs go down GROUP_M rows of tiles before moving right (L2 reuse).
     pid = tl.program_id(axis=0).to(tl.int64)  # int64 from here on: offsets × strides can pass 2**31
@@ -170,11 +183,11 @@ def matmul(
     implementation: Literal["triton", "torch"] = "triton",
     tiles: MatmulTiles | None = None,
 ) -> Tensor:
-    """``a @ b`` for 2-D ``a`` (M, K) and ``b`` (K, N), by :func:`matmul_kernel` or ``torch.matmul``.
+    """``a @ b`` for 2-D ``a`` (M, K) and ``b`` (K, N), by :func:`matmul_kernel` or torch.
 
     Any strides work (the kernel takes them as arguments), so ``b.T`` needs no copy. ``tiles``
-    defaults to :func:`matmul_tiles` for the dtype and the tensors' device. The output has the inputs' dtype;
-    products are accumulated in float32.
+    defaults to :func:`matmul_tiles` for the dtype and the tensors' device. The output has the
+    inputs' dtype; products are accumulated in float32.
     """
     if implementation == "torch":
         return torch.matmul(a, b)
@@ -217,11 +230,9 @@ def matmul_launch(
     (M, K), (_, N) = a.shape, b.shape
     grid = (triton.cdiv(M, tiles.block_m) * triton.cdiv(N, tiles.block_n),)
     args = (a, b, c, M, N, K, *a.stride(), *b.stride(), *c.stride())
-    kwargs = dict(
-        BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
-        GROUP_M=tiles.group_m, DOT_PRECISION=_dot_precision(a.dtype),
-        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
-    )  # fmt: skip
+    blocks = dict(BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k)
+    launch = dict(num_warps=tiles.num_warps, num_stages=tiles.num_stages)
+    kwargs = dict(**blocks, GROUP_M=tiles.group_m, DOT_PRECISION=_dot_precision(a.dtype), **launch)
     return grid, args, kwargs
 
 

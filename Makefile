@@ -26,6 +26,7 @@ test: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check code tests
 
 # Write measurement records for this machine into book/records (run on the GPU runner too).
 measure: $(STAMP)

@@ -221,6 +221,7 @@ def test_readable_signature_turns_defaults_into_python():
 
 
 def test_repeated_inline_scripts_are_dropped_once_seen():
-    page = "<head>\n<script>const A = 1;</script>\n<script src='x.js'></script>\n<script>const A = 1;</script>\n"
+    script = "<script>const A = 1;</script>\n"
+    page = "<head>\n" + script + "<script src='x.js'></script>\n" + script
     assert build_support.drop_repeated_inline_scripts(page).count("const A") == 1
     assert "x.js" in build_support.drop_repeated_inline_scripts(page)

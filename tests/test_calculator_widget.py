@@ -25,7 +25,8 @@ sync_api = pytest.importorskip(
 )
 if CHROMIUM is None:
     pytest.skip(
-        "no system chromium: install it with `apt-get install -y chromium` to run the widget in a browser",
+        "no system chromium: install it with `apt-get install -y chromium` to run the widget "
+        "in a browser",
         allow_module_level=True,
     )
 
@@ -89,7 +90,8 @@ CASES = export()["cases"]
 
 def test_the_widget_functions_match_python_on_the_grid(page):
     got = page.evaluate(
-        "cases => cases.map(c => trainfastCalculator.estimate(c.setup, window.TRAINFAST_CALCULATOR))",
+        "cases => cases.map("
+        "c => trainfastCalculator.estimate(c.setup, window.TRAINFAST_CALCULATOR))",
         CASES,
     )
     for case, result in zip(CASES, got, strict=True):

@@ -92,7 +92,9 @@ def test_step_memory_prediction_agrees_with_accounting_for_a_quick_model():
     shape = TransformerShape.gpt_like(
         d_model=768, n_layers=2, n_heads=12, seq_len=1024, batch_size=8
     )
-    expected = training_memory(shape, recipe="bf16 autocast", optimizer="adamw", attention="sdpa").total
+    expected = training_memory(
+        shape, recipe="bf16 autocast", optimizer="adamw", attention="sdpa"
+    ).total
     assert step_memory_prediction("fp16 autocast + scaler", quick=True).value == pytest.approx(
         expected / 1e9
     )

@@ -21,10 +21,12 @@ import pytest
 CHAPTERS = book_site.toc_chapters()
 #: Attributes by which a page makes the browser fetch something (links to follow are not fetches).
 FETCHING = {
-    ("script", "src"), ("link", "href"), ("img", "src"), ("iframe", "src"), ("source", "src"),
-    ("video", "src"), ("video", "poster"), ("audio", "src"), ("embed", "src"), ("object", "data"),
-    ("input", "src"), ("img", "srcset"), ("source", "srcset"),
-}  # fmt: skip
+    tuple(pair.split("."))
+    for pair in (
+        "script.src link.href img.src iframe.src source.src video.src video.poster audio.src "
+        "embed.src object.data input.src img.srcset source.srcset"
+    ).split()
+}
 REMOTE = re.compile(r"^(https?:)?//", re.I)
 CSS_REMOTE = re.compile(r"""(url\(\s*['"]?|@import\s+['"])(https?:)?//""", re.I)
 
@@ -155,16 +157,13 @@ def dump_dom(url: str, tmp_path: Path) -> tuple[str, list[str]]:
     origin") are not the page's and are left out.
     """
     netlog = tmp_path / "netlog.json"
-    result = subprocess.run(
-        [
-            CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-            "--disable-background-networking", "--disable-component-update",
-            "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE localhost, EXCLUDE 127.0.0.1",
-            f"--log-net-log={netlog}", "--virtual-time-budget=15000",
-            "--allow-file-access-from-files", "--dump-dom", url,
-        ],
-        capture_output=True, text=True, timeout=180,
-    )  # fmt: skip
+    flags = (
+        "--headless --no-sandbox --disable-gpu --no-first-run --disable-background-networking "
+        "--disable-component-update --virtual-time-budget=15000 --allow-file-access-from-files"
+    ).split()
+    resolver = "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE localhost, EXCLUDE 127.0.0.1"
+    command = [CHROMIUM, *flags, resolver, f"--log-net-log={netlog}", "--dump-dom", url]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=180)
     assert result.returncode == 0, result.stderr[-2000:]
     log = json.loads(netlog.read_text())
     start_job = log["constants"]["logEventTypes"]["URL_REQUEST_START_JOB"]

@@ -44,7 +44,10 @@ MEASURE = """() => {
   const describe = (e) => (e.textContent || e.getAttribute('src') || '').trim().slice(0, 70);
   const figures = Array.from(article.querySelectorAll('img'))
     .filter((img) => !img.closest('.sphinx-codeautolink-a, a.headerlink, .tfc'))
-    .map((img) => ({ what: img.getAttribute('src'), share: img.getBoundingClientRect().width / column }));
+    .map((img) => ({
+      what: img.getAttribute('src'),
+      share: img.getBoundingClientRect().width / column,
+    }));
   const selectors = ['div.highlight pre', 'table', 'mjx-container[display="true"]', 'div.math'];
   const wide = [];
   for (const selector of selectors) {
@@ -59,7 +62,9 @@ MEASURE = """() => {
       }
       const overflow = Math.max(scroller.scrollWidth - scroller.clientWidth,
                                 e.getBoundingClientRect().right - right);
-      if (overflow > 1) wide.push(`${selector} ${Math.round(overflow)} px too wide: ${describe(e)}`);
+      if (overflow > 1) {
+        wide.push(`${selector} ${Math.round(overflow)} px too wide: ${describe(e)}`);
+      }
     }
   }
   return { column: column, figures: figures, wide: wide };

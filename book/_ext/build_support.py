@@ -402,7 +402,8 @@ _FUNCTION_DEFAULT = re.compile(r"<(?:function|built-in function) ([\w.]+)(?: at 
 
 
 def _factory_call(factory: Any) -> str:
-    """``list()`` for ``default_factory=list``; ``TransformerShape(...)`` for a lambda making one."""
+    """``list()`` for ``default_factory=list``; ``TransformerShape(...)`` for a lambda making
+    one."""
     name = getattr(factory, "__name__", "")
     if name.isidentifier():
         return f"{name}()"
@@ -521,7 +522,7 @@ import os
 if importlib.util.find_spec("trainfast") is None:
     %pip install --quiet "trainfast[book] @ git+{url}"
 if not os.path.isdir("records"):
-    !git clone --quiet --depth 1 {url} /tmp/train-faster && cp -r /tmp/train-faster/book/records records"""
+    !git clone --quiet --depth 1 {url} /tmp/train-faster && cp -r /tmp/train-faster/book/records records"""  # noqa: E501 (a notebook cell's one command)
     return nbformat.v4.new_code_cell(source, metadata={"tags": [INSTALL_TAG]})
 
 
@@ -638,7 +639,7 @@ def notebook_paths(pagename: str) -> dict[str, str]:
 
 
 def launch_urls(repository_url: str, pagename: str, colab_url: str, binderhub_url: str) -> dict:
-    """Colab and Binder URLs that open page ``pagename``'s clean notebook on the notebooks branch."""
+    """Colab and Binder URLs opening page ``pagename``'s clean notebook on the notebooks branch."""
     org, repo = repository_url.rstrip("/").split("/")[-2:]
     path = f"{pagename}.ipynb"
     return {

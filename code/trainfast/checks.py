@@ -19,8 +19,9 @@ Case = tuple[str, "str | None"]
 def report(results: list[Case]) -> None:
     """Print ``FAILED: <case> (<problem>)`` per failing case and raise, or one summary line.
 
-    When every case passes, prints ``All <n> cases passed.`` only. Otherwise raises ``AssertionError("<k> of <n> cases failed; first: <case>: <problem>")``; an empty
-    list raises too, since a check that checked nothing must not pass.
+    When every case passes, prints ``All <n> cases passed.`` only. Otherwise raises
+    ``AssertionError("<k> of <n> cases failed; first: <case>: <problem>")``; an empty list
+    raises too, since a check that checked nothing must not pass.
     """
     if not results:
         raise AssertionError("the check ran no cases")

@@ -44,8 +44,9 @@ def pathological_curvature(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
     Across the valley (in ``x``) the curvature at the bottom is 2; along it (in ``y``) the slope
     is at most 0.25 (at ``y = 0``) and fades away on either side, so one learning rate is too
-    large for one direction and far too small for the other. There is no minimum: the value falls towards
-    0 as ``y -> -inf``. From ARENA's optimizer exercises (``pathological_curve_loss``).
+    large for one direction and far too small for the other. There is no minimum: the value
+    falls towards 0 as ``y -> -inf``. From ARENA's optimizer exercises
+    (``pathological_curve_loss``).
     """
     return torch.tanh(x) ** 2 + 0.01 * torch.abs(x) + torch.sigmoid(y)
 

@@ -168,7 +168,7 @@ def load_records(directory: str | Path, name: str | None = None) -> list[Record]
 
 
 def _book_records() -> Path:
-    """The book's ``records`` folder, from a chapter's folder, the repository root or the package."""
+    """The book's ``records`` folder, from a chapter's folder, the repo root or the package."""
     here = Path.cwd()
     candidates = [
         here / "records",  # a chapter runs in book/

@@ -292,3 +292,16 @@ def test_trim_loop_keeps_the_loop_and_collapses_repeats():
     assert not any("add.s32" in line or "ld.global" in line for line in lines)
     with pytest.raises(ValueError, match="No loop"):
         trim_loop("mov.u32 %r1, 0;")
+
+
+@pytest.mark.parametrize("gpu", [H100, A100, T4], ids=lambda g: g.sm_target)
+def test_every_autotuning_candidate_of_the_fused_matmul_fits(gpu):
+    """Each tile the autotuner may pick, compiled with the bias + GELU epilogue, fits the GPU."""
+    from trainfast.kernels.tiled_matmul import matmul_tile_candidates
+
+    for tiles in matmul_tile_candidates(gpu, torch.float16):
+        row = compile_kernel("matmul_bias_gelu", gpu, torch.float16, tiles=tiles)
+        assert row.fits, row.verdict
+        assert row.spill_bytes == 0 or gpu.compute_capability < (8, 0), row
+        if gpu.compute_capability >= (8, 0):
+            assert row.tensor_cores == ("wgmma" if gpu is H100 else "mma"), row

@@ -42,6 +42,7 @@ from trainfast.records import Prediction, Record, make_record
 from trainfast.timing import benchmark
 
 __all__ = [
+    "FUSED_LINEAR_GELU_SHAPE",
     "TARGETS",
     "attention_forward_prediction",
     "attention_record",

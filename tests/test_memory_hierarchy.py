@@ -646,6 +646,26 @@ def test_gpu_matmul_and_copy_match_torch(dtype):
 
 @pytest.mark.gpu
 @gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_gpu_matmul_epilogue_matches_torch_and_cublaslt(dtype):
+    from trainfast.kernels.tiled_matmul import matmul
+
+    generator = torch.Generator().manual_seed(3)
+    a = (torch.randn(1000, 700, generator=generator) / 700**0.5).to("cuda", dtype)
+    b = torch.randn(700, 1200, generator=generator).to("cuda", dtype)
+    bias = torch.randn(1200, generator=generator).to("cuda", dtype)
+    expected = F.gelu(a.double() @ b.double() + bias.double(), approximate="tanh")
+    atol, rtol = TOLERANCE[dtype]["atol"] * 4, TOLERANCE[dtype]["rtol"] * 2
+    for tiles in (None, "autotune"):
+        fused = matmul(a, b, bias, "gelu_tanh", tiles=tiles)
+        torch.testing.assert_close(fused.double(), expected, atol=atol, rtol=rtol)
+    if dtype != torch.float32:  # cuBLASLt's fused GELU epilogue computes the same function
+        cublaslt = torch._addmm_activation(bias, a, b, use_gelu=True)
+        torch.testing.assert_close(cublaslt.double(), expected, atol=atol, rtol=rtol)
+
+
+@pytest.mark.gpu
+@gpu
 def test_gpu_compiled_kernels_refuse_cpu_tensors():
     from trainfast.kernels import copy_tensor
 

@@ -211,7 +211,10 @@ FUSED_LINEAR_GELU_SHAPE = (8192, 4096, 1024)  # (m, n, k)
 
 
 def _gelu_linear(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    return torch.nn.functional.gelu(a @ b + bias, approximate="tanh")
+    """``gelu(a @ b + bias, approximate="tanh")`` in eager PyTorch: the reference path."""
+    from trainfast.kernels.tiled_matmul import matmul_reference
+
+    return matmul_reference(a, b, bias, "gelu_tanh")
 
 
 def _inductor_kernel_count(compiled: Any, args: tuple[torch.Tensor, ...]) -> tuple[int, int]:

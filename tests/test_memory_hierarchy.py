@@ -306,6 +306,75 @@ def test_tile_traffic_shrinks_with_bigger_tiles():
     assert small / large > 5
 
 
+@pytest.mark.parametrize("mkn", [(37, 19, 53), (33, 70, 31), (1, 5, 3)])
+@pytest.mark.parametrize("has_bias", [True, False])
+def test_matmul_bias_gelu_epilogue_matches_torch(mkn, has_bias):
+    """The fused epilogue (interpreted on a CPU) against gelu(a @ b + bias, approximate="tanh")."""
+    from trainfast.kernels.tiled_matmul import matmul, matmul_reference
+
+    m, k, n = mkn
+    generator = torch.Generator().manual_seed(2)
+    a = torch.randn(m, k, generator=generator).to(DEVICE)
+    b = torch.randn(k, n, generator=generator).to(DEVICE)
+    bias = torch.randn(n, generator=generator).to(DEVICE) if has_bias else None
+    linear = a.double() @ b.double() + (0 if bias is None else bias.double())
+    expected = F.gelu(linear, approximate="tanh")
+    atol, rtol = 2e-5 * k**0.5 * 2, 2e-5
+    fused = matmul(a, b, bias, "gelu_tanh")
+    torch.testing.assert_close(fused.double(), expected, atol=atol, rtol=rtol)
+    # bias alone, and the reference path behind the same signature
+    torch.testing.assert_close(matmul(a, b, bias).double(), linear, atol=atol, rtol=rtol)
+    reference = matmul(a, b, bias, "gelu_tanh", implementation="torch")
+    torch.testing.assert_close(reference, matmul_reference(a, b, bias, "gelu_tanh"))
+    torch.testing.assert_close(reference.double(), expected, atol=atol, rtol=rtol)
+    # "autotune" under the interpreter times nothing and uses the fixed tiles
+    torch.testing.assert_close(matmul(a, b, bias, "gelu_tanh", tiles="autotune"), fused)
+
+
+def test_matmul_epilogue_rejects_bad_input_and_never_tunes_interpreted():
+    from trainfast.kernels.tiled_matmul import (
+        matmul,
+        matmul_tile_candidates,
+        matmul_tiles,
+        tune_matmul_tiles,
+    )
+
+    a, b = torch.randn(4, 3), torch.randn(3, 5)
+    with pytest.raises(ValueError, match="Unknown activation: 'relu'"):
+        matmul(a, b, activation="relu")
+    with pytest.raises(ValueError, match=r"bias must have shape \(5,\).*got \(4,\)"):
+        matmul(a, b, torch.randn(4))
+    assert tune_matmul_tiles(a, b, None, "gelu_tanh") == matmul_tiles(None, torch.float32)
+    assert matmul_tile_candidates(None, torch.float32) == [matmul_tiles(None, torch.float32)]
+
+
+def test_matmul_tiles_is_the_first_candidate_and_candidates_respect_the_budget():
+    from trainfast.gpus import GPUS
+    from trainfast.kernels.tiled_matmul import matmul_tile_candidates, matmul_tiles
+
+    for gpu in GPUS.values():
+        for dtype in (torch.float16, torch.float32):
+            candidates = matmul_tile_candidates(gpu, dtype)
+            assert candidates and matmul_tiles(gpu, dtype) == candidates[0]
+            element = torch.empty((), dtype=dtype).element_size()
+            budget = gpu.shared_memory_per_block_bytes * 3 // 4
+            assert all(t.shared_memory_bytes(element) <= budget for t in candidates), gpu.name
+
+
+def test_epilogue_traffic_counts_the_four_extra_passes():
+    from trainfast.kernels.tiled_matmul import epilogue_traffic_bytes
+
+    m, n, k = 8192, 4 * 1024, 1024  # tokens × MLP width × model width
+    fused = epilogue_traffic_bytes(m, n, k, 2, fused=True)
+    unfused = epilogue_traffic_bytes(m, n, k, 2, fused=False)
+    assert fused == (m * k + k * n + n + m * n) * 2
+    assert unfused - fused == 4 * m * n * 2  # bias add: read + write C; GELU: read + write
+    no_bias = epilogue_traffic_bytes(m, n, k, 2, has_bias=False, fused=False)
+    assert no_bias - epilogue_traffic_bytes(m, n, k, 2, has_bias=False, fused=True) == 2 * m * n * 2
+    with pytest.raises(ValueError, match="Invalid k: 0"):
+        epilogue_traffic_bytes(m, n, 0, 2, fused=True)
+
+
 # --- bad input --------------------------------------------------------------------------------
 
 
@@ -577,6 +646,26 @@ def test_gpu_matmul_and_copy_match_torch(dtype):
         )
     x = torch.randn(10_000_019, device="cuda", dtype=dtype)
     assert torch.equal(copy_tensor(x, block_size=4096, num_warps=8), x)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_gpu_matmul_epilogue_matches_torch_and_cublaslt(dtype):
+    from trainfast.kernels.tiled_matmul import matmul
+
+    generator = torch.Generator().manual_seed(3)
+    a = (torch.randn(1000, 700, generator=generator) / 700**0.5).to("cuda", dtype)
+    b = torch.randn(700, 1200, generator=generator).to("cuda", dtype)
+    bias = torch.randn(1200, generator=generator).to("cuda", dtype)
+    expected = F.gelu(a.double() @ b.double() + bias.double(), approximate="tanh")
+    atol, rtol = TOLERANCE[dtype]["atol"] * 4, TOLERANCE[dtype]["rtol"] * 2
+    for tiles in (None, "autotune"):
+        fused = matmul(a, b, bias, "gelu_tanh", tiles=tiles)
+        torch.testing.assert_close(fused.double(), expected, atol=atol, rtol=rtol)
+    if dtype != torch.float32:  # cuBLASLt's fused GELU epilogue computes the same function
+        cublaslt = torch._addmm_activation(bias, a, b, use_gelu=True)
+        torch.testing.assert_close(cublaslt.double(), expected, atol=atol, rtol=rtol)
 
 
 @pytest.mark.gpu

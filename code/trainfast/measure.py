@@ -30,6 +30,7 @@ from trainfast.kernels.allocator import allocator_rounding_record, allocator_sna
 from trainfast.kernels.benchmarks import (
     attention_record,
     copy_record,
+    fused_linear_gelu_record,
     host_transfer_record,
     matmul_record,
     roofline_record,
@@ -71,6 +72,7 @@ BENCHMARKS: dict[str, Benchmark] = {
     "roofline": roofline_record,
     "strided-access": strided_record,
     "host-transfers": host_transfer_record,
+    "fused-linear-gelu": fused_linear_gelu_record,
     "activation-checkpointing": checkpointing_record,
     "caching-allocator": allocator_rounding_record,
     "allocator-snapshot": allocator_snapshot_record,

@@ -15,6 +15,8 @@ benchmark              measures                                            targe
                        intensity, with the measured ridge
 ``strided-access``     one gather of a buffer in stride order, by stride     (none)
 ``host-transfers``     ``.item()``, pageable and pinned copies              (none)
+``fused-linear-gelu``  ``gelu(a @ b + bias)``: the Triton epilogue vs      (none)
+                       eager, ``torch.compile`` and cuBLASLt's epilogue
 =====================  ==================================================  ===========
 
 :func:`target_ratios` reads the three ratios back from records and prints them beside their
@@ -35,16 +37,19 @@ from trainfast.gpus import GPUSpec
 from trainfast.kernels.attention import FlashAttention, attention_reference
 from trainfast.kernels.bandwidth import copy_bandwidth, host_transfer_costs, strided_bandwidth
 from trainfast.kernels.roofline import Roofline, matmul_cost, measure_roofline, roofline_from_rows
-from trainfast.kernels.tiled_matmul import MatmulTiles, tile_traffic_bytes
+from trainfast.kernels.tiled_matmul import MatmulTiles, epilogue_traffic_bytes, tile_traffic_bytes
 from trainfast.records import Prediction, Record, make_record
 from trainfast.timing import benchmark
 
 __all__ = [
+    "FUSED_LINEAR_GELU_SHAPE",
     "TARGETS",
     "attention_forward_prediction",
     "attention_record",
     "copy_prediction",
     "copy_record",
+    "fused_linear_gelu_prediction",
+    "fused_linear_gelu_record",
     "host_transfer_prediction",
     "host_transfer_record",
     "matmul_prediction",
@@ -241,6 +246,128 @@ def matmul_record(device: torch.device, quick: bool) -> Record:
         rows,
         device,
         units,
+    )
+
+
+# --- fused linear + GELU -------------------------------------------------------------------------
+
+#: an MLP's first projection: tokens × model width @ model width × 4 · model width (GPT-2 medium)
+FUSED_LINEAR_GELU_SHAPE = (8192, 4096, 1024)  # (m, n, k)
+
+
+def _gelu_linear(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """``gelu(a @ b + bias, approximate="tanh")`` in eager PyTorch: the reference path."""
+    from trainfast.kernels.tiled_matmul import matmul_reference
+
+    return matmul_reference(a, b, bias, "gelu_tanh")
+
+
+def _inductor_kernel_count(compiled: Any, args: tuple[torch.Tensor, ...]) -> tuple[int, int]:
+    """(kernels Inductor generated, library calls it kept) for one fresh compile of ``compiled``."""
+    from torch._dynamo.utils import counters
+    from torch._inductor import metrics
+
+    torch._dynamo.reset()
+    metrics.reset()
+    counters.clear()
+    compiled(*args)
+    return metrics.generated_kernel_count, int(counters["inductor"]["extern_calls"])
+
+
+def fused_linear_gelu_record(device: torch.device, quick: bool) -> Record:
+    """``gelu(a @ b + bias, approximate="tanh")`` four ways, at an MLP's shape.
+
+    Eager PyTorch (three kernels), ``torch.compile`` (Inductor), cuBLASLt's fused GELU epilogue
+    (``torch._addmm_activation(bias, a, b, use_gelu=True)``, on CUDA only: on a CPU that op
+    computes the exact GELU), and :func:`~trainfast.kernels.tiled_matmul.matmul` with its
+    epilogue, at its default tiles and autotuned. On CUDA in bf16 at
+    :data:`FUSED_LINEAR_GELU_SHAPE` (a quarter of the tokens quick); ``max_error`` is against
+    the float64 result. On a CPU, float32 at a small size, and the Triton kernel once,
+    interpreted (its time measures the interpreter).
+    """
+    from trainfast.kernels.tiled_matmul import matmul, matmul_tiles, tune_matmul_tiles
+
+    cuda = device.type == "cuda"
+    if cuda:
+        (m, n, k), dtype, repeats = FUSED_LINEAR_GELU_SHAPE, torch.bfloat16, 20
+        m = m // 4 if quick else m
+    else:
+        (m, n, k), dtype, repeats = (256, 512, 128), torch.float32, 5
+    generator = torch.Generator().manual_seed(0)
+    a = (torch.randn(m, k, generator=generator) / k**0.5).to(device, dtype)
+    b = torch.randn(k, n, generator=generator).to(device, dtype)
+    bias = torch.randn(n, generator=generator).to(device, dtype)
+    expected = _gelu_linear(a.double(), b.double(), bias.double())
+    compiled = torch.compile(_gelu_linear)
+    kernels, library_calls = _inductor_kernel_count(compiled, (a, b, bias))
+    contenders = {
+        "eager": ("3 kernels", lambda: _gelu_linear(a, b, bias)),
+        "torch.compile": (
+            f"Inductor: {kernels} generated kernel(s), {library_calls} library call(s)",
+            lambda: compiled(a, b, bias),
+        ),
+    }
+    if cuda:
+        contenders["cuBLASLt epilogue"] = (
+            "torch._addmm_activation(use_gelu=True)",
+            lambda: torch._addmm_activation(bias, a, b, use_gelu=True),
+        )
+    default = matmul_tiles(None if not cuda else _target(device), dtype)
+    contenders["triton epilogue"] = (
+        _tiles_text(default),
+        lambda: matmul(a, b, bias, "gelu_tanh", tiles=default),
+    )
+    if cuda:
+        tuned = tune_matmul_tiles(a, b, bias, "gelu_tanh")
+        contenders["triton epilogue, autotuned"] = (
+            _tiles_text(tuned),
+            lambda: matmul(a, b, bias, "gelu_tanh", tiles=tuned),
+        )
+    flops = 2 * m * n * k
+    base = {"m": m, "n": n, "k": k, "dtype": str(dtype).removeprefix("torch.")}
+    rows, eager_seconds = [], None
+    for name, (config, run) in contenders.items():
+        interpreted = name.startswith("triton") and not cuda
+        timing = benchmark(
+            run,
+            warmup=0 if interpreted else 3,
+            repeats=1 if interpreted else repeats,
+            device=device,
+        )
+        eager_seconds = eager_seconds or timing.median
+        rows.append(
+            base
+            | {
+                "implementation": name,
+                "config": config,
+                "seconds": timing.median,
+                "tflops": flops / timing.median / 1e12,
+                "speedup_vs_eager": eager_seconds / timing.median,
+                "max_error": (run().double() - expected).abs().max().item(),
+            }
+        )
+    where = "compiled" if cuda else "interpreted on the CPU (its time measures the interpreter)"
+    return _record(
+        "fused-linear-gelu",
+        f"gelu(a @ b + bias, tanh) for a ({m}, {k}) @ ({k}, {n}) product in {base['dtype']}: eager "
+        f"PyTorch, torch.compile, cuBLASLt's fused epilogue (CUDA only) and the Triton matmul "
+        f"with its fused epilogue ({where}); max_error against float64.",
+        rows,
+        device,
+        {"seconds": "s", "tflops": "TFLOP/s"},
+    )
+
+
+def _target(device: torch.device) -> Any:
+    from trainfast.kernels.targets import launch_target
+
+    return launch_target(device)
+
+
+def _tiles_text(tiles: MatmulTiles) -> str:
+    return (
+        f"{tiles.block_m}x{tiles.block_n}x{tiles.block_k}, {tiles.num_warps} warps, "
+        f"{tiles.num_stages} stages"
     )
 
 
@@ -546,6 +673,38 @@ def matmul_prediction(
         roofline.attainable(cost.flops / moved) / 1e12,
         "TFLOP/s",
         f"roofline of the {gpu.name} datasheet, {dtype} {size}³ with {how}",
+    )
+
+
+def fused_linear_gelu_prediction(
+    gpu: GPUSpec, m: int, n: int, k: int, dtype: str = "bf16", *, fused: bool
+) -> Prediction:
+    """The time ``gelu(a @ b + bias)`` should take on ``gpu``, fused or as three kernels.
+
+    Each kernel takes ``max(FLOPs / peak, bytes / bandwidth)`` (the roofline), with the bytes of
+    :func:`~trainfast.kernels.tiled_matmul.epilogue_traffic_bytes`: fused, one matmul that also
+    reads the bias; unfused, the matmul, then a bias add and a GELU that each read and write the
+    (m, n) output (their few FLOPs per element never reach the compute ceiling). It ignores
+    launch overhead and the L2 cache, which can hold part of an (m, n) intermediate between two
+    kernels. ``fused-linear-gelu`` measures it.
+    """
+    if dtype not in gpu.peak_flops:
+        raise ValueError(f"Unknown dtype for {gpu.name}: {dtype!r} (has {sorted(gpu.peak_flops)})")
+    element = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}[dtype]
+    peak, bandwidth = gpu.peak_flops[dtype], gpu.hbm_bytes_per_s
+    matmul_flops = 2 * m * n * k
+    fused_bytes = epilogue_traffic_bytes(m, n, k, element, fused=True)
+    if fused:
+        seconds = max(matmul_flops / peak, fused_bytes / bandwidth)
+    else:
+        matmul_bytes = epilogue_traffic_bytes(m, n, k, element, has_bias=False, fused=True)
+        epilogue_bytes = epilogue_traffic_bytes(m, n, k, element, fused=False) - matmul_bytes
+        seconds = max(matmul_flops / peak, matmul_bytes / bandwidth) + epilogue_bytes / bandwidth
+    how = "one fused kernel" if fused else "matmul, bias add and GELU as three kernels"
+    return Prediction(
+        seconds * 1e6,
+        "µs",
+        f"roofline of the {gpu.name} datasheet, {dtype} ({m}, {k}) @ ({k}, {n}), {how}",
     )
 
 

@@ -48,6 +48,7 @@ from trainfast.timing import timestamp
 __all__ = [
     "KERNELS",
     "KernelReport",
+    "VARIANTS",
     "attention_inner_loop_ptx",
     "compile_kernel",
     "compile_report",
@@ -60,6 +61,9 @@ __all__ = [
 
 #: the Triton kernels of :mod:`trainfast.kernels`, by the name the report uses
 KERNELS = ("copy", "matmul", "attention_forward", "attention_dkdv", "attention_dq")
+#: variants :func:`compile_kernel` also compiles on request (not in the default report): the
+#: matmul with its bias + GELU epilogue (``HAS_BIAS``, ``ACTIVATION="gelu_tanh"``)
+VARIANTS = ("matmul_bias_gelu",)
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -118,7 +122,7 @@ def kernel_tiles(
         from trainfast.kernels.elementwise import copy_tiles
 
         return copy_tiles(target, dtype)
-    if kernel == "matmul":
+    if kernel in ("matmul", "matmul_bias_gelu"):
         from trainfast.kernels.tiled_matmul import matmul_tiles
 
         return matmul_tiles(target, dtype)
@@ -130,7 +134,7 @@ def kernel_tiles(
         "attention_dq": attention.attention_dq_tiles,
     }
     if kernel not in functions:
-        raise ValueError(f"Unknown kernel: {kernel!r} (expected one of {KERNELS})")
+        raise ValueError(f"Unknown kernel: {kernel!r} (expected one of {KERNELS + VARIANTS})")
     return functions[kernel](target, dtype, head_dim)
 
 
@@ -424,6 +428,12 @@ def _launch(
 
         a, b, c = (_stand_in(dtype, (_SIDE, _SIDE)) for _ in range(3))
         return matmul_kernel, *matmul_launch(a, b, c, tiles)[1:]
+    if kernel == "matmul_bias_gelu":
+        from trainfast.kernels.tiled_matmul import matmul_kernel, matmul_launch
+
+        a, b, c = (_stand_in(dtype, (_SIDE, _SIDE)) for _ in range(3))
+        launch = matmul_launch(a, b, c, tiles, _stand_in(dtype, (_SIDE,)), "gelu_tanh")
+        return matmul_kernel, *launch[1:]
     from trainfast.kernels import attention_triton as attention
 
     q3, k3, v3, o3, do3, dq, dk, dv = (

@@ -771,6 +771,7 @@ def _write_notebooks(app: Sphinx, exception: Exception | None) -> None:
 
 def setup(app: Sphinx) -> dict:
     app.setup_extension("sphinx.ext.viewcode")  # its events are connected below
+    app.setup_extension("sphinx.ext.autodoc")  # so is autodoc-process-signature
     app.add_config_value("build_support_watch", [], "env", [list])
     app.add_config_value("build_support_gpu_notebooks", [], "html", [list])
     app.connect("config-inited", _on_config_inited)

@@ -156,8 +156,9 @@ def _pump(source: TextIO, log: TextIO, echo: TextIO | None, prefix: str) -> None
             echo.flush()
 
 
-def run_step(step: Step, logs: Path, echo: TextIO | None = sys.stdout) -> StepResult:
-    """Run ``step`` under its time limit; its output goes to ``logs/<name>.log`` (and ``echo``).
+def run_step(step: Step, logs: Path, echo: TextIO | None = None) -> StepResult:
+    """Run ``step`` under its time limit; its output goes to ``logs/<name>.log`` (and ``echo``,
+    e.g. ``sys.stdout``, if given).
 
     Never raises for the step's own failure: that is the result's status and error.
     """
@@ -406,7 +407,7 @@ def run_pass(
     steps: Sequence[Step],
     out: Path,
     header: dict[str, object] | None = None,
-    echo: TextIO | None = sys.stdout,
+    echo: TextIO | None = None,
     budget: float | None = None,
 ) -> list[StepResult]:
     """Run ``steps`` one after another, each under its own limit, and write the summary.
@@ -698,7 +699,7 @@ def main(argv: list[str] | None = None) -> int:
         print(header["environment"], file=sys.stderr)
         return 2
     print(header["environment"], flush=True)
-    results = run_pass(steps, out, header, budget=args.budget)
+    results = run_pass(steps, out, header, echo=sys.stdout, budget=args.budget)
     if not results:
         write_summary(out, [], {**header, "finished": _now()})
     print((out / "summary.md").read_text(), flush=True)

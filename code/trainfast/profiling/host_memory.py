@@ -2,7 +2,7 @@
 
 Two views, both from the standard library, because neither alone tells the whole story:
 
-* :mod:`tracemalloc` traces every allocation that goes through Python's allocator and can say
+* ``tracemalloc`` traces every allocation that goes through Python's allocator and can say
   which line made it. It sees Python objects (lists of token ids, dictionaries, batches
   collated as lists), but **not** tensor storage: PyTorch allocates that with its own C++
   allocator, out of tracemalloc's sight.
@@ -29,7 +29,7 @@ def resident_bytes() -> dict[str, int]:
     """This process's resident set now (``rss``) and at its peak (``peak_rss``), in bytes.
 
     Read from ``/proc/self/status`` (Linux); elsewhere ``rss`` is 0 and ``peak_rss`` comes from
-    :func:`resource.getrusage` where it exists.
+    ``resource.getrusage`` where it exists.
     """
     status = Path("/proc/self/status")
     if status.exists():

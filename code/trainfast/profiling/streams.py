@@ -3,17 +3,17 @@
 A GPU runs the work of one CUDA stream in order, and the work of different streams
 concurrently where it can. Its copy engines move host memory to the device independently of
 its compute units, so a host-to-device copy queued on a *side* stream can run while kernels
-of the current stream compute. Three conditions, all from PyTorch's CUDA semantics notes
-(``pytorch2024cudasemantics``):
+of the current stream compute. Three conditions, all from the "CUDA semantics" notes of
+PyTorch's documentation:
 
 * the host tensor is **pinned** (page-locked): a copy from pageable memory first goes through
   a staging buffer and returns only when the host side is done;
 * the copy is **non-blocking** (``.to(device, non_blocking=True)``), so the host queues it and
   moves on;
-* the streams are **ordered by hand** where they meet: the current stream ``wait_stream``\\ s
-  the side stream before it uses the batch, and ``record_stream`` tells the caching allocator
-  that the batch, allocated on the side stream, is used on the current one (else its memory
-  could be handed out again while the current stream still reads it).
+* the streams are **ordered by hand** where they meet: the current stream waits for the side
+  stream (``wait_stream``) before it uses the batch, and ``record_stream`` tells the caching
+  allocator that the batch, allocated on the side stream, is used on the current one (else its
+  memory could be handed out again while the current stream still reads it).
 
 :class:`CudaPrefetcher` does exactly that; :func:`copy_compute_overlap` times a step with the
 copy in line and with it prefetched, and :func:`host_to_device_seconds` predicts the copy time

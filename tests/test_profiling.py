@@ -942,6 +942,10 @@ def test_stream_overlap_needs_cuda():
         CudaPrefetcher([torch.zeros(2)], torch.device("cpu"))
     with pytest.raises(ValueError, match="needs a CUDA device, got cpu"):
         copy_compute_overlap(torch.device("cpu"))
+    from trainfast.measure import run_benchmark
+
+    with pytest.raises(ValueError, match="needs a CUDA device, got cpu"):
+        run_benchmark("copy-compute-overlap", torch.device("cpu"), quick=True)
 
 
 @pytest.mark.gpu

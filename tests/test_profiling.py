@@ -901,3 +901,106 @@ def test_the_waterfall_colours_follow_the_rank_sum_verdict():
     assert fix_verdict(slow, fast) == "faster" and fix_verdict(fast, slow) == "slower"
     assert fix_verdict(slow, mixed) == "noise"  # interleaved samples: no evidence either way
     assert fix_verdict({"step_ms": 2.0}, {"step_ms": 1.0}) == "faster"  # no samples: medians
+
+
+def test_mlp_block_matches_torch_modules():
+    from trainfast.profiling.overhead import mlp_block
+
+    torch.manual_seed(0)
+    width = 16
+    x = torch.randn(5, width)
+    norm = torch.nn.LayerNorm(width, elementwise_affine=False)
+    up, down = (
+        torch.nn.Linear(width, 4 * width, bias=False),
+        torch.nn.Linear(4 * width, width, bias=False),
+    )
+    expected = x + down(torch.nn.GELU()(up(norm(x))))
+    actual = mlp_block(x, up.weight, down.weight)
+    torch.testing.assert_close(actual, expected, atol=1e-6, rtol=1e-5)
+
+
+def test_compile_speedup_by_width_rows_and_bad_width():
+    from trainfast.profiling.overhead import compile_speedup_by_width
+
+    torch.set_num_threads(1)
+    rows = compile_speedup_by_width([8, 16], tokens=4, repeats=3, backend="eager")
+    assert [row["width"] for row in rows] == [8, 16]
+    for row in rows:
+        assert row["eager_us"] > 0 and row["compiled_us"] > 0 and row["compile_s"] > 0
+        assert row["ratio"] == pytest.approx(row["compiled_us"] / row["eager_us"])
+        assert row["eager_iqr_us"] >= 0 and row["compiled_iqr_us"] >= 0
+    with pytest.raises(ValueError, match="Invalid width: 0"):
+        compile_speedup_by_width([0], backend="eager")
+
+
+def test_host_to_device_seconds_is_one_direction_of_pcie():
+    from trainfast.gpus import GPUS
+    from trainfast.profiling.streams import host_to_device_seconds
+
+    h100 = GPUS["H100 SXM 80GB"]
+    assert host_to_device_seconds(64 * 2**20, h100) == pytest.approx(
+        64 * 2**20 / (h100.pcie_bytes_per_s / 2)
+    )
+    assert host_to_device_seconds(0, h100) == 0.0
+    with pytest.raises(ValueError, match="Invalid nbytes: -1"):
+        host_to_device_seconds(-1, h100)
+
+
+def test_stream_overlap_needs_cuda():
+    from trainfast.profiling.streams import CudaPrefetcher, copy_compute_overlap
+
+    with pytest.raises(ValueError, match="needs a CUDA device, got cpu"):
+        CudaPrefetcher([torch.zeros(2)], torch.device("cpu"))
+    with pytest.raises(ValueError, match="needs a CUDA device, got cpu"):
+        copy_compute_overlap(torch.device("cpu"))
+    from trainfast.measure import run_benchmark
+
+    with pytest.raises(ValueError, match="needs a CUDA device, got cpu"):
+        run_benchmark("copy-compute-overlap", torch.device("cpu"), quick=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_prefetcher_delivers_every_batch_unchanged_and_overlap_is_timed():
+    from trainfast.profiling.streams import CudaPrefetcher, copy_compute_overlap
+
+    device = torch.device("cuda")
+    generator = torch.Generator().manual_seed(0)
+    batches = [torch.randn(256, 64, generator=generator).pin_memory() for _ in range(5)]
+    received = [batch * 1.0 for batch in CudaPrefetcher(batches, device)]  # computed on them
+    assert len(received) == len(batches)
+    for host, on_device in zip(batches, received, strict=True):
+        torch.testing.assert_close(on_device.cpu(), host, atol=0, rtol=0)
+    with pytest.raises(ValueError, match="pinned"):
+        list(CudaPrefetcher([torch.zeros(2)], device))
+    rows = copy_compute_overlap(device, batch_shape=(512, 256), layers=2, steps=3, repeats=3)
+    assert [row.mode for row in rows] == [
+        "pageable, in line",
+        "pinned, in line",
+        "pinned, prefetched",
+    ]
+    assert all(row.step_ms > 0 for row in rows) and rows[0].speedup == 1.0
+
+
+def test_host_memory_profile_names_the_line_and_misses_tensor_storage():
+    from trainfast.profiling.host_memory import host_memory_profile, resident_bytes
+
+    torch.set_num_threads(1)
+    numel = 4 * 2**20  # 16 MiB of float32
+
+    def allocate():
+        blobs = [bytes(1000) for _ in range(1000)]  # about 1 MB of Python objects
+        tensor = torch.ones(numel)  # storage from PyTorch's allocator
+        return blobs, tensor
+
+    profile = host_memory_profile(allocate, top=3)
+    top = profile.sites[0]
+    assert top.file == __file__ and top.count >= 1000 and top.size_bytes >= 1000 * 1000
+    assert profile.traced_bytes >= 1000 * 1000
+    assert profile.traced_peak_bytes >= profile.traced_bytes
+    assert profile.traced_bytes < 4 * numel  # the tensor's storage is not traced ...
+    if resident_bytes()["rss"]:  # ... but it is resident (Linux)
+        assert profile.rss_growth_bytes >= 0.9 * 4 * numel
+        assert profile.untraced_bytes >= 0.8 * 4 * numel
+    with pytest.raises(ValueError, match="Invalid top: 0"):
+        host_memory_profile(lambda: None, top=0)

@@ -42,7 +42,9 @@ from trainfast.optim.comparison import muon_vs_adamw_record
 from trainfast.precision import benchmarks as precision_benchmarks
 from trainfast.profiling.benchmarks import (
     case_study_record,
+    compile_by_width_record,
     compile_time_record,
+    copy_compute_overlap_record,
     launch_overhead_record,
     timing_pitfalls_record,
 )
@@ -80,6 +82,8 @@ BENCHMARKS: dict[str, Benchmark] = {
     "timing-pitfalls": timing_pitfalls_record,
     "launch-overhead": launch_overhead_record,
     "compile-time": compile_time_record,
+    "compile-by-width": compile_by_width_record,
+    "copy-compute-overlap": copy_compute_overlap_record,
     "scaling-study": scaling_study_record,
 }
 

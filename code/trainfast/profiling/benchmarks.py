@@ -6,6 +6,10 @@
   against random data, a cold cache against a warm one;
 * ``launch-overhead`` (:func:`launch_overhead_record`): a chain of small kernels eager, compiled
   and replayed as CUDA graphs;
+* ``copy-compute-overlap`` (:func:`copy_compute_overlap_record`, GPU only): a step that copies
+  its batch in line, against one whose next batch is copied on a side stream;
+* ``compile-by-width`` (:func:`compile_by_width_record`): a feed-forward block eager and
+  compiled across widths, to show from which width compiling pays;
 * ``compile-time`` (:func:`compile_time_record`): the case study's first compiled step in a new
   process with a cold compile cache, then with the cache the first run filled.
 
@@ -16,13 +20,18 @@ its rows.
 
 from __future__ import annotations
 
+import os
+import tempfile
+
 import torch
 
 from trainfast.records import Record, make_record
 
 __all__ = [
     "case_study_record",
+    "compile_by_width_record",
     "compile_time_record",
+    "copy_compute_overlap_record",
     "launch_overhead_record",
     "timing_pitfalls_record",
 ]
@@ -133,6 +142,72 @@ def launch_overhead_record(device: torch.device, quick: bool = False) -> Record:
     )
     units = {"per_call_us": "µs", "iqr_us": "µs", "first_call_s": "s", "speedup": "x"}
     return make_record("launch-overhead", description, rows, units=units, device=device)
+
+
+def compile_by_width_record(device: torch.device, quick: bool = False) -> Record:
+    """:func:`~trainfast.profiling.overhead.compile_speedup_by_width` at widths that fit
+    ``device``; ``quick`` takes three small widths (it still compiles: a minute on a CPU)."""
+    from trainfast.profiling.compilation import use_compile_cache
+    from trainfast.profiling.overhead import compile_speedup_by_width
+
+    if device.type == "cpu":
+        torch.set_num_threads(1)
+        widths = [32, 128, 512] if quick else [32, 64, 128, 256, 512, 1024]
+    else:
+        widths = [64, 256, 1024] if quick else [64, 128, 256, 512, 1024, 2048, 4096]
+    tokens = 256 if device.type == "cpu" else 8192
+    previous = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    with tempfile.TemporaryDirectory() as cache:  # cold compiles: compile_s is a real compile
+        use_compile_cache(cache)
+        try:
+            rows = compile_speedup_by_width(
+                widths, device, tokens=tokens, repeats=5 if quick else 15
+            )
+        finally:
+            if previous is None:
+                os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+            else:
+                os.environ["TORCHINDUCTOR_CACHE_DIR"] = previous
+    description = (
+        f"A transformer feed-forward block (layer norm, width -> 4 x width, GELU, back to width, "
+        f"residual add) on {tokens} float32 tokens, eager against torch.compile (Inductor, "
+        "dynamic=False), timed side by side; ratio is compiled over eager, compile_s the first "
+        "compiled call, with an empty Inductor cache."
+        + (" Quick run: three widths, five samples." if quick else "")
+    )
+    units = {"eager_us": "µs", "compiled_us": "µs", "compile_s": "s"}
+    units |= {"eager_iqr_us": "µs", "compiled_iqr_us": "µs"}
+    return make_record("compile-by-width", description, rows, units=units, device=device)
+
+
+def copy_compute_overlap_record(device: torch.device, quick: bool = False) -> Record:
+    """:func:`~trainfast.profiling.streams.copy_compute_overlap` (CUDA only: ``ValueError``
+    elsewhere), with the predicted copy time of one batch from the GPU's datasheet."""
+    from dataclasses import asdict
+
+    from trainfast.gpus import gpu_for_device
+    from trainfast.profiling.streams import copy_compute_overlap, host_to_device_seconds
+
+    batch_shape = (2048, 1024) if quick else (8192, 1024)
+    rows = [
+        asdict(row)
+        for row in copy_compute_overlap(
+            device, batch_shape=batch_shape, steps=4 if quick else 8, repeats=3 if quick else 11
+        )
+    ]
+    gpu = gpu_for_device(device)
+    predicted = host_to_device_seconds(4 * batch_shape[0] * batch_shape[1], gpu) if gpu else None
+    for row in rows:
+        row["predicted_copy_ms"] = predicted * 1e3 if predicted is not None else None
+    description = (
+        f"Steps that copy a float32 batch of {batch_shape[0]} x {batch_shape[1]} to the GPU and "
+        "then run 8 matmuls of width 1024 with tanh: from pageable memory in line, from pinned "
+        "memory in line (same stream), and prefetched on a side stream while the previous step "
+        "computes; speedup is over the first; predicted_copy_ms is one batch's copy at the "
+        "datasheet's one-way PCIe bandwidth." + (" Quick run: smaller batches." if quick else "")
+    )
+    units = {"step_ms": "ms", "iqr_ms": "ms", "speedup": "x", "predicted_copy_ms": "ms"}
+    return make_record("copy-compute-overlap", description, rows, units=units, device=device)
 
 
 def compile_time_record(device: torch.device, quick: bool = False) -> Record:

@@ -30,7 +30,9 @@ from trainfast.timing import benchmark, benchmark_side_by_side
 
 __all__ = [
     "autocast_matmul_ratio",
+    "compile_speedup_by_width",
     "cuda_graph",
+    "mlp_block",
     "dispatch_rate",
     "launch_overhead",
     "small_kernels",
@@ -119,6 +121,78 @@ def autocast_matmul_ratio(
             "ratio": bf16_s / fp32_s,
         }
         rows.append(row)
+    return rows
+
+
+def mlp_block(x: torch.Tensor, w_in: torch.Tensor, w_out: torch.Tensor) -> torch.Tensor:
+    """A transformer's feed-forward block: ``x + gelu(layer_norm(x) @ w_in.T) @ w_out.T``.
+
+    Two matmuls and four cheap operations around them (the norm, GELU, the residual add), the
+    operations that ``torch.compile`` fuses into the matmuls' neighbours.
+    """
+    h = torch.nn.functional.layer_norm(x, x.shape[-1:])  # (tokens, width)
+    h = torch.nn.functional.gelu(torch.nn.functional.linear(h, w_in))  # (tokens, 4 * width)
+    return x + torch.nn.functional.linear(h, w_out)  # (tokens, width)
+
+
+def compile_speedup_by_width(
+    widths: list[int],
+    device: torch.device | str = "cpu",
+    tokens: int = 256,
+    repeats: int = 7,
+    backend: str = "inductor",
+) -> list[dict[str, float]]:
+    """:func:`mlp_block` eager against ``torch.compile`` for each width, timed side by side.
+
+    The ``torch.compile`` counterpart of :func:`autocast_matmul_ratio`: fusion saves the fixed
+    cost and the memory passes of the small operations around the matmuls, and a compiled call
+    pays a fixed cost of its own (the guards that check the inputs still match the compiled
+    graph), so what it saves depends on the width. Each width compiles once
+    (``dynamic=False``: one specialised graph per shape, as training with a fixed shape does);
+    ``backend`` is ``torch.compile``'s (``"eager"`` checks the code path without compiling).
+    Returns one row per width: ``eager_us``, ``compiled_us`` (median per call), their
+    interquartile ranges ``eager_iqr_us`` and ``compiled_iqr_us``, ``ratio`` (compiled over
+    eager: below 1, compiling pays) and ``compile_s`` (the first call).
+    """
+    rows = []
+    for width in widths:
+        if width < 1:
+            raise ValueError(f"Invalid width: {width} (need at least 1)")
+        generator = torch.Generator().manual_seed(width)
+        x = torch.randn(tokens, width, generator=generator).to(device)
+        w_in = (torch.randn(4 * width, width, generator=generator) / width**0.5).to(device)
+        w_out = (torch.randn(width, 4 * width, generator=generator) / width**0.5).to(device)
+        args = (x, w_in, w_out)
+        compiled = torch.compile(mlp_block, dynamic=False, backend=backend)
+
+        def eager_call(args: tuple[torch.Tensor, ...] = args) -> torch.Tensor:
+            return mlp_block(*args)
+
+        def compiled_call(
+            args: tuple[torch.Tensor, ...] = args, compiled: Callable[..., Any] = compiled
+        ) -> torch.Tensor:
+            return compiled(*args)
+
+        first = benchmark(compiled_call, warmup=0, repeats=1, device=device)
+        timings = benchmark_side_by_side(
+            {"eager": eager_call, "compiled": compiled_call},
+            warmup=3,
+            repeats=repeats,
+            number=max(1, 2048 // width),
+            device=device,
+        )
+        eager_s, compiled_s = timings["eager"].median, timings["compiled"].median
+        rows.append(
+            {
+                "width": width,
+                "eager_us": eager_s * 1e6,
+                "compiled_us": compiled_s * 1e6,
+                "eager_iqr_us": timings["eager"].iqr * 1e6,
+                "compiled_iqr_us": timings["compiled"].iqr * 1e6,
+                "ratio": compiled_s / eager_s,
+                "compile_s": first.median,
+            }
+        )
     return rows
 
 

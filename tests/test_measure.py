@@ -61,3 +61,12 @@ def test_list_as_a_command():
     )
     assert run.returncode == 0, run.stderr
     assert run.stdout.split() == list(BENCHMARKS)
+
+
+def test_cuda_only_benchmarks_are_refused_by_name_off_cuda(tmp_path):
+    from trainfast import measure
+
+    assert measure.CUDA_ONLY <= set(measure.BENCHMARKS)
+    with pytest.raises(ValueError, match="need a CUDA device, got cpu"):
+        measure.main(["--out", str(tmp_path), "--device", "cpu", "--only", "copy-compute-overlap"])
+    assert not list(tmp_path.iterdir())  # refused before anything ran

@@ -51,7 +51,7 @@ from trainfast.profiling.benchmarks import (
 from trainfast.records import Record, write_record
 from trainfast.training.benchmarks import scaling_study_record
 
-__all__ = ["BENCHMARKS", "Benchmark", "benchmark_function", "main", "run_benchmark"]
+__all__ = ["BENCHMARKS", "CUDA_ONLY", "Benchmark", "benchmark_function", "main", "run_benchmark"]
 
 #: What a benchmark is: it takes the device and ``quick`` (small sizes, for a smoke test).
 Benchmark = Callable[[torch.device, bool], Record]
@@ -100,6 +100,11 @@ def run_benchmark(name: str, device: torch.device | None = None, quick: bool = F
     return benchmark_function(name)(device or pick_device(), quick)
 
 
+#: Benchmarks that measure something only a CUDA device has (a side stream's overlap); a run of
+#: the whole table on another device skips them, and naming one there is an error.
+CUDA_ONLY = frozenset({"copy-compute-overlap"})
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m trainfast.measure", description=__doc__)
     parser.add_argument("--out", type=Path, help="folder for the JSON records (required to run)")
@@ -119,6 +124,12 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:  # fail before running anything
         raise ValueError(f"Unknown benchmarks: {unknown} (known: {sorted(BENCHMARKS)})")
     device = pick_device(args.device)
+    cuda_only = [name for name in names if name in CUDA_ONLY]
+    if device.type != "cuda" and cuda_only:
+        if args.only:  # asked for by name: say why it cannot run here
+            raise ValueError(f"Benchmarks {cuda_only} need a CUDA device, got {device.type}")
+        names = [name for name in names if name not in CUDA_ONLY]
+        print(f"skipped on {device.type}, they need CUDA: {', '.join(cuda_only)}", flush=True)
     command = shlex.join(["python", "-m", "trainfast.measure", *(argv or sys.argv[1:])])
     print(environment_line(device), flush=True)
     for name in names:

@@ -227,6 +227,9 @@ TRITON_CASES = [  # (n_queries, n_keys, head_dim, dtype, is_causal)
     (70, 33, 80, torch.float32, True),
     (33, 70, 128, torch.float16, True),
     (1, 1, 64, torch.float32, False),
+    # several full tiles below the causal diagonal: the backward's unmasked runs (32 × 32 tiles)
+    (100, 100, 16, torch.float32, True),
+    (65, 96, 16, torch.float32, True),
 ]
 
 
@@ -241,6 +244,24 @@ def test_triton_flash_attention_matches_sdpa(case):
     n_queries, n_keys, head_dim, dtype, is_causal = case
     q, k, v = _qkv((2, 2, n_queries, head_dim), (2, 2, n_keys, head_dim), dtype)
     _assert_matches_sdpa(FlashAttentionTriton.apply, q, k, v, is_causal, dtype)
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 37, 24), (1, 1, 64, 16), (5, 128)])
+def test_triton_backward_delta_matches_rowsum_of_do_times_o(shape):
+    from trainfast.kernels.attention_triton import attention_backward_delta
+
+    generator = torch.Generator().manual_seed(0)
+    out, grad_out = (torch.randn(shape, generator=generator).to(DEVICE) for _ in range(2))
+    delta = attention_backward_delta(out, grad_out, block_rows=16)
+    assert delta.shape == shape[:-1] and delta.dtype == torch.float32
+    torch.testing.assert_close(delta, (grad_out * out).sum(-1), atol=1e-5, rtol=1e-5)
+
+
+def test_triton_backward_delta_rejects_mismatched_shapes():
+    from trainfast.kernels.attention_triton import attention_backward_delta
+
+    with pytest.raises(ValueError, match=r"\(2, 3\) and \(2, 4\)"):
+        attention_backward_delta(torch.zeros(2, 3), torch.zeros(2, 4))
 
 
 def test_triton_flash_attention_saves_the_same_tensors_as_the_tiled_one():

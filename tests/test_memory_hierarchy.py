@@ -179,6 +179,39 @@ def test_tiled_flash_attention_gradcheck_float64(monkeypatch):
         )
 
 
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("n_heads, n_kv_heads", [(6, 2), (4, 1), (3, 3)])
+def test_tiled_grouped_query_attention_matches_sdpa_enable_gqa(
+    small_tiles, n_heads, n_kv_heads, is_causal
+):
+    q, k, v = _qkv((2, n_heads, 37, 16), (2, n_kv_heads, 29, 16), torch.float64, "cpu")
+    out = flash_attention(q, k, v, is_causal, enable_gqa=True)
+    grad_out = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), grad_out)
+    expected = F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, enable_gqa=True)
+    expected_grads = torch.autograd.grad(expected, (q, k, v), grad_out)
+    # and SDPA's convention is query head h on KV head h // group: K, V repeat_interleave'd
+    group = n_heads // n_kv_heads
+    repeated = F.scaled_dot_product_attention(
+        q, k.repeat_interleave(group, -3), v.repeat_interleave(group, -3), is_causal=is_causal
+    )
+    torch.testing.assert_close(out, expected, **TOLERANCE[torch.float64])
+    torch.testing.assert_close(out, repeated, **TOLERANCE[torch.float64])
+    for grad, expected_grad in zip(grads, expected_grads, strict=True):
+        assert grad.shape == expected_grad.shape
+        torch.testing.assert_close(grad, expected_grad, **TOLERANCE[torch.float64])
+
+
+def test_grouped_query_attention_rejects_heads_that_do_not_divide():
+    q, k, v = torch.randn(1, 6, 8, 16), torch.randn(1, 4, 8, 16), torch.randn(1, 4, 8, 16)
+    with pytest.raises(ValueError, match=r"same leading dimensions.*\(1, 6\).*\(1, 4\)"):
+        flash_attention(q, k, v, enable_gqa=True)
+    with pytest.raises(ValueError, match=r"same leading dimensions"):  # GQA must be asked for
+        flash_attention(q, k[:, :2], v[:, :2])
+    with pytest.raises(ValueError, match=r"no grouped-query attention.*q heads 6, k heads 2"):
+        flash_attention(q, k[:, :2], v[:, :2], enable_gqa=True, implementation="triton")
+
+
 def test_causal_convention_is_sdpas_top_left_mask():
     """With 2 queries and 5 keys, query 0 sees key 0 only and query 1 keys 0 and 1 (SDPA's rule)."""
     q = torch.zeros(1, 2, 16, dtype=torch.float64)

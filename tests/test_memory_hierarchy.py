@@ -204,12 +204,26 @@ def test_tiled_grouped_query_attention_matches_sdpa_enable_gqa(
 
 def test_grouped_query_attention_rejects_heads_that_do_not_divide():
     q, k, v = torch.randn(1, 6, 8, 16), torch.randn(1, 4, 8, 16), torch.randn(1, 4, 8, 16)
-    with pytest.raises(ValueError, match=r"same leading dimensions.*\(1, 6\).*\(1, 4\)"):
-        flash_attention(q, k, v, enable_gqa=True)
-    with pytest.raises(ValueError, match=r"same leading dimensions"):  # GQA must be asked for
-        flash_attention(q, k[:, :2], v[:, :2])
-    with pytest.raises(ValueError, match=r"no grouped-query attention.*q heads 6, k heads 2"):
-        flash_attention(q, k[:, :2], v[:, :2], enable_gqa=True, implementation="triton")
+    for implementation in ("tiled", "triton"):
+        with pytest.raises(ValueError, match=r"same leading dimensions.*\(1, 6\).*\(1, 4\)"):
+            flash_attention(q, k, v, enable_gqa=True, implementation=implementation)
+        with pytest.raises(ValueError, match=r"same leading dimensions"):  # GQA must be asked for
+            flash_attention(q, k[:, :2], v[:, :2], implementation=implementation)
+
+
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+def test_triton_grouped_query_attention_matches_sdpa_enable_gqa(is_causal):
+    q, k, v = _qkv((2, 4, 37, 16), (2, 2, 45, 16), torch.float32)
+    out = flash_attention(q, k, v, is_causal, implementation="triton", enable_gqa=True)
+    grad_out = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), grad_out)
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    expected = F.scaled_dot_product_attention(q64, k64, v64, is_causal=is_causal, enable_gqa=True)
+    expected_grads = torch.autograd.grad(expected, (q64, k64, v64), grad_out.double())
+    torch.testing.assert_close(out.double(), expected, **TOLERANCE[torch.float32])
+    for grad, expected_grad in zip(grads, expected_grads, strict=True):
+        assert grad.shape == expected_grad.shape
+        torch.testing.assert_close(grad.double(), expected_grad, **TOLERANCE[torch.float32])
 
 
 def test_causal_convention_is_sdpas_top_left_mask():

@@ -274,17 +274,12 @@ def flash_attention(
     float64); ``"triton"`` is :class:`~trainfast.kernels.attention_triton.FlashAttentionTriton`
     (a CUDA device, or the CPU interpreter; float16 and float32, bfloat16 on a GPU). The result
     is the Function's output itself, so ``out.grad_fn`` shows what the forward saved.
-    ``enable_gqa`` (grouped-query attention, k and v with fewer heads) is the tiled version's.
+    ``enable_gqa`` allows grouped-query attention (k and v with fewer heads), in both.
     """
     if implementation == "tiled":
         return FlashAttention.apply(q, k, v, is_causal, enable_gqa)
     if implementation == "triton":
-        if enable_gqa and q.shape[:-2] != k.shape[:-2]:
-            raise ValueError(
-                f"implementation='triton' has no grouped-query attention (q heads {q.shape[-3]}, "
-                f"k heads {k.shape[-3]}); use implementation='tiled'"
-            )
         from trainfast.kernels.attention_triton import FlashAttentionTriton
 
-        return FlashAttentionTriton.apply(q, k, v, is_causal)
+        return FlashAttentionTriton.apply(q, k, v, is_causal, enable_gqa)
     raise ValueError(f"Unknown implementation: {implementation!r} (expected 'tiled' or 'triton')")

@@ -209,11 +209,14 @@ def flash_forward_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr,
     stride_qb, stride_qn, stride_qd, stride_kb, stride_kn, stride_kd,
     stride_vb, stride_vn, stride_vd, stride_ob, stride_on, stride_od,
-    n_queries, n_keys, qk_scale,
+    n_queries, n_keys, qk_scale, group,
     BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
     IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
-    """One tile of BLOCK_Q queries of one (batch, head): O and L = logsumexp of its scores."""
+    """One tile of BLOCK_Q queries of one (batch, head): O and L = logsumexp of its scores.
+
+    Query head ``batch`` reads K and V head ``batch // group`` (grouped-query attention;
+    ``group`` is 1 without it)."""
     pid = tl.program_id(0)  # (batch·head) × tiles + tile, see attention_grid
     n_tiles = tl.cdiv(n_queries, BLOCK_Q)
     q_start = (pid % n_tiles) * BLOCK_Q
@@ -232,8 +235,8 @@ def flash_forward_kernel(
     else:
         stop = n_keys
         unmasked_stop = (n_keys // BLOCK_K) * BLOCK_K
-    k_base = k_ptr + batch * stride_kb
-    v_base = v_ptr + batch * stride_vb
+    k_base = k_ptr + (batch // group) * stride_kb
+    v_base = v_ptr + (batch // group) * stride_vb
     acc, l_i, m_i = attend_key_tiles(
         acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
         offs_q, offs_d, n_keys, 0, unmasked_stop, qk_scale,
@@ -337,12 +340,14 @@ def dkdv_query_tiles(
 @triton.jit
 def flash_backward_dkdv_kernel(
     q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr,
-    stride_qb, stride_kb, stride_n, n_queries, n_keys, scale, qk_scale,
+    stride_qb, stride_kb, stride_n, n_queries, n_keys, scale, qk_scale, group,
     BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
     IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
     """dK and dV of one tile of keys. All tensors are contiguous (batch·heads, n, head_dim):
     q, dO share ``stride_qb``, k, v, dK, dV ``stride_kb``, and every row is ``stride_n`` long.
+    With grouped-query attention, k and v are head ``batch // group``'s and dK, dV the query
+    head's share (one per query head, summed over the group by the caller).
 
     Query tiles in three runs, as the forward splits its key tiles: with the causal mask, the
     tiles that straddle the diagonal (masked); then the full tiles below it (unmasked); then
@@ -354,9 +359,10 @@ def flash_backward_dkdv_kernel(
     cols = k_start + tl.arange(0, BLOCK_K)
     offs_d = tl.arange(0, BLOCK_D)
     kv_mask = (cols[:, None] < n_keys) & (offs_d[None, :] < HEAD_DIM)
-    kv_offsets = batch * stride_kb + cols[:, None] * stride_n + offs_d[None, :]
-    k = tl.load(k_ptr + kv_offsets, mask=kv_mask, other=0.0)  # (BLOCK_K, BLOCK_D)
-    v = tl.load(v_ptr + kv_offsets, mask=kv_mask, other=0.0)
+    kv_offsets = cols[:, None] * stride_n + offs_d[None, :]
+    kv_head = (batch // group) * stride_kb
+    k = tl.load(k_ptr + kv_head + kv_offsets, mask=kv_mask, other=0.0)  # (BLOCK_K, BLOCK_D)
+    v = tl.load(v_ptr + kv_head + kv_offsets, mask=kv_mask, other=0.0)
     dk = tl.zeros((BLOCK_K, BLOCK_D), dtype=tl.float32)
     dv = tl.zeros((BLOCK_K, BLOCK_D), dtype=tl.float32)
     full_stop = (n_queries // BLOCK_Q) * BLOCK_Q  # end of the last full query tile
@@ -433,8 +439,9 @@ def flash_backward_dkdv_kernel(
         IS_CAUSAL,
         DOT_PRECISION,
     )
-    tl.store(dk_ptr + kv_offsets, (dk * scale).to(dk_ptr.dtype.element_ty), mask=kv_mask)
-    tl.store(dv_ptr + kv_offsets, dv.to(dv_ptr.dtype.element_ty), mask=kv_mask)
+    dkv_offsets = batch * stride_kb + kv_offsets  # dK, dV: one per query head
+    tl.store(dk_ptr + dkv_offsets, (dk * scale).to(dk_ptr.dtype.element_ty), mask=kv_mask)
+    tl.store(dv_ptr + dkv_offsets, dv.to(dv_ptr.dtype.element_ty), mask=kv_mask)
 
 
 @triton.jit
@@ -491,7 +498,7 @@ def dq_key_tiles(
 @triton.jit
 def flash_backward_dq_kernel(
     q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr,
-    stride_qb, stride_kb, stride_n, n_queries, n_keys, scale, qk_scale,
+    stride_qb, stride_kb, stride_n, n_queries, n_keys, scale, qk_scale, group,
     BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
     IS_CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
@@ -518,7 +525,8 @@ def flash_backward_dq_kernel(
     else:
         stop = n_keys
         unmasked_stop = (n_keys // BLOCK_K) * BLOCK_K
-    k_base, v_base = k_ptr + batch * stride_kb, v_ptr + batch * stride_kb
+    kv_head = (batch // group) * stride_kb  # grouped-query attention: the group's KV head
+    k_base, v_base = k_ptr + kv_head, v_ptr + kv_head
     dq = dq_key_tiles(
         dq,
         q,
@@ -568,8 +576,8 @@ def _dot_precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"  # fp32 exactly, as the references do
 
 
-def _check(q: Tensor, k: Tensor, v: Tensor) -> None:
-    validate_attention_inputs(q, k, v)
+def _check(q: Tensor, k: Tensor, v: Tensor, enable_gqa: bool = False) -> None:
+    validate_attention_inputs(q, k, v, enable_gqa)
     head_dim = q.shape[-1]
     if not MIN_HEAD_DIM <= head_dim <= MAX_HEAD_DIM:
         raise ValueError(
@@ -580,13 +588,19 @@ def _check(q: Tensor, k: Tensor, v: Tensor) -> None:
 
 
 def flash_attention_triton_forward(
-    q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False, tiles: AttentionTiles | None = None
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    is_causal: bool = False,
+    tiles: AttentionTiles | None = None,
+    enable_gqa: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """Run :func:`flash_forward_kernel`: the output (q's shape, dtype) and L (..., n_queries), float32.
 
-    ``tiles`` defaults to :func:`attention_forward_tiles` for the tensors' device.
+    ``tiles`` defaults to :func:`attention_forward_tiles` for the tensors' device; with
+    ``enable_gqa``, k and v may have fewer heads than q (grouped-query attention, SDPA's rule).
     """
-    _check(q, k, v)
+    _check(q, k, v, enable_gqa)
     *batch_shape, n_queries, head_dim = q.shape
     if tiles is None:
         tiles = attention_forward_tiles(_target(flash_forward_kernel, q), q.dtype, head_dim)
@@ -614,7 +628,8 @@ def attention_forward_launch(
     batch_heads, n_queries, head_dim = q3.shape
     n_keys = k3.shape[1]
     strides = (*q3.stride(), *k3.stride(), *v3.stride(), *out.stride())
-    args = (q3, k3, v3, out, lse, *strides, n_queries, n_keys, head_dim**-0.5 * LOG2_E)
+    group = batch_heads // k3.shape[0]  # query heads per KV head (1 without GQA)
+    args = (q3, k3, v3, out, lse, *strides, n_queries, n_keys, head_dim**-0.5 * LOG2_E, group)
     constants = _constants(head_dim, is_causal, q3.dtype, tiles)
     return attention_grid(n_queries, tiles.block_q, batch_heads), args, constants
 
@@ -682,13 +697,19 @@ def flash_attention_triton_backward(
     delta = attention_backward_delta(out, grad_out.to(q.dtype))  # D = rowsum(dO ∘ O)
     k3, v3 = (t.reshape(-1, n_keys, head_dim).contiguous() for t in (k, v))
     lse2, delta2 = lse.reshape(-1, n_queries).contiguous(), delta.reshape(-1, n_queries)
-    dq, dk, dv = torch.empty_like(q3), torch.empty_like(k3), torch.empty_like(v3)
+    dq = torch.empty_like(q3)
+    # one dK, dV per query head (batch·heads, n_keys, d), summed over each group below
+    dk, dv = (
+        torch.empty(q3.shape[0], n_keys, head_dim, dtype=q.dtype, device=q.device) for _ in "kv"
+    )
     grid, args, kwargs = attention_dkdv_launch(
         q3, k3, v3, do3, lse2, delta2, dk, dv, is_causal, dkdv_tiles
     )
     flash_backward_dkdv_kernel[grid](*args, **kwargs)
     grid, args, kwargs = attention_dq_launch(q3, k3, v3, do3, lse2, delta2, dq, is_causal, dq_tiles)
     flash_backward_dq_kernel[grid](*args, **kwargs)
+    if k3.shape[0] != q3.shape[0]:  # grouped-query attention: (kv heads, group, n_keys, d)
+        dk, dv = (t.float().unflatten(0, (k3.shape[0], -1)).sum(1).to(q.dtype) for t in (dk, dv))
     return dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape)
 
 
@@ -708,7 +729,8 @@ def attention_dkdv_launch(
     batch_heads, n_queries, head_dim = q3.shape
     n_keys = k3.shape[1]
     scale = head_dim**-0.5
-    sizes = (q3.stride(0), k3.stride(0), head_dim, n_queries, n_keys, scale, scale * LOG2_E)
+    group = batch_heads // k3.shape[0]  # query heads per KV head (1 without GQA)
+    sizes = (q3.stride(0), k3.stride(0), head_dim, n_queries, n_keys, scale, scale * LOG2_E, group)
     args = (q3, k3, v3, do3, lse, delta, dk, dv, *sizes)
     constants = _constants(head_dim, is_causal, q3.dtype, tiles)
     return attention_grid(n_keys, tiles.block_k, batch_heads), args, constants
@@ -729,7 +751,8 @@ def attention_dq_launch(
     batch_heads, n_queries, head_dim = q3.shape
     n_keys = k3.shape[1]
     scale = head_dim**-0.5
-    sizes = (q3.stride(0), k3.stride(0), head_dim, n_queries, n_keys, scale, scale * LOG2_E)
+    group = batch_heads // k3.shape[0]  # query heads per KV head (1 without GQA)
+    sizes = (q3.stride(0), k3.stride(0), head_dim, n_queries, n_keys, scale, scale * LOG2_E, group)
     args = (q3, k3, v3, do3, lse, delta, dq, *sizes)
     constants = _constants(head_dim, is_causal, q3.dtype, tiles)
     return attention_grid(n_queries, tiles.block_q, batch_heads), args, constants
@@ -779,20 +802,22 @@ def register_flash_attention_op() -> Any:
 class FlashAttentionTriton(torch.autograd.Function):
     """Flash attention with Triton forward and backward: ``FlashAttentionTriton.apply(q, k, v, is_causal)``.
 
-    Same interface, saved tensors (q, k, v, O, L) and causal convention as
-    :class:`~trainfast.kernels.attention.FlashAttention`. Runs on CUDA tensors (float16,
+    Same interface (``enable_gqa`` included), saved tensors (q, k, v, O, L) and causal
+    convention as :class:`~trainfast.kernels.attention.FlashAttention`. Runs on CUDA tensors (float16,
     bfloat16, float32) and, under Triton's interpreter, on CPU tensors (float16, float32).
     """
 
     @staticmethod
-    def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False) -> Tensor:
-        out, lse = flash_attention_triton_forward(q, k, v, is_causal)
+    def forward(
+        ctx: Any, q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False, enable_gqa: bool = False
+    ) -> Tensor:
+        out, lse = flash_attention_triton_forward(q, k, v, is_causal, enable_gqa=enable_gqa)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.is_causal = is_causal
         return out
 
     @staticmethod
-    def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor, Tensor, Tensor, None]:
+    def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor, Tensor, Tensor, None, None]:
         q, k, v, out, lse = ctx.saved_tensors
         dq, dk, dv = flash_attention_triton_backward(grad_out, q, k, v, out, lse, ctx.is_causal)
-        return dq, dk, dv, None
+        return dq, dk, dv, None, None

@@ -18,7 +18,9 @@ memory), never writing an ``n_queries × n_keys`` matrix to main memory:
 ``D = rowsum(dO ∘ O)`` is computed before them by a fourth, small kernel
 (:func:`flash_backward_preprocess_kernel`). The backward kernels split their loops as the forward
 does: tiles that no mask touches run without masking, the causal diagonal and the sequence's last
-partial tile with it. Head dimensions that
+partial tile with it. Grouped-query attention (``enable_gqa``): a program of query head ``i``
+reads K and V head ``i // group``; dK and dV are written per query head and summed over the group
+by PyTorch. Head dimensions that
 are not powers of two (24, 80, 96, ...) are padded to the next power of two inside the kernel
 (masked loads read zeros), so any head dimension from 16 to 128 works. Pointer arithmetic only
 (no block pointers), for Triton 3.0 to 3.8. The causal mask is ``scaled_dot_product_attention``'s,

@@ -359,7 +359,7 @@ def attention_sweep_record(device: torch.device, quick: bool) -> Record:
                 difference = (out.float() - expected.float()).abs().max().item()
 
                 step = partial(_attention_step, attend, args, grad_out if backward else None)
-                timing = benchmark(step, warmup=2, repeats=10 if cuda else 3, device=device)
+                timing = benchmark(step, warmup=2, repeats=10, device=device)
                 flops = forward_flops * (3.5 if backward else 1.0)
                 rows.append(
                     base

@@ -329,8 +329,30 @@ def attention_sweep_record(device: torch.device, quick: bool) -> Record:
     FlashAttention-2 paper's convention, forward ``4·b·h·n²·d`` and backward 2.5 times that,
     halved when causal (forward only where ``pass`` says so); ``min_seconds`` is the fastest
     of the ten calls, steadier than the median on a shared CPU; ``max_abs_diff`` is each output's largest difference from SDPA's. The
-    prediction beside it is :func:`attention_sweep_prediction`.
+    prediction beside it is :func:`attention_sweep_prediction`. On a CPU it times with one thread
+    (restored after): on a shared machine, several threads' calls swing by whole scheduler periods.
     """
+    cuda = device.type == "cuda"
+    threads = torch.get_num_threads()
+    if not cuda:
+        torch.set_num_threads(1)
+    try:
+        rows = _attention_sweep_rows(device, quick)
+    finally:
+        torch.set_num_threads(threads)
+    dtype = rows[0]["dtype"]
+    return _record(
+        "attention-fwd-bwd",
+        f"Causal attention forward + backward, {dtype}: median seconds and TFLOP/s (forward "
+        "4·b·h·n²·d, backward 2.5 times that, halved for causal); max_abs_diff from SDPA's output.",
+        rows,
+        device,
+        {"seconds": "s", "min_seconds": "s", "tflops": "TFLOP/s"},
+    )
+
+
+def _attention_sweep_rows(device: torch.device, quick: bool) -> list[dict[str, Any]]:
+    """The rows of :func:`attention_sweep_record`, timed with the threads the caller set."""
     cuda = device.type == "cuda"
     dtype = torch.bfloat16 if cuda else torch.float32
     heads = 16 if cuda else 4
@@ -352,6 +374,7 @@ def attention_sweep_record(device: torch.device, quick: bool) -> Record:
                 "batch": batch,
                 "heads": heads,
                 "dtype": str(dtype).removeprefix("torch."),
+                "threads": torch.get_num_threads(),
             }
             expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
             for name, attend, backward in _sweep_contenders(seq, cuda, quick):
@@ -373,14 +396,7 @@ def attention_sweep_record(device: torch.device, quick: bool) -> Record:
                         "max_abs_diff": difference,
                     }
                 )
-    return _record(
-        "attention-fwd-bwd",
-        f"Causal attention forward + backward, {dtype}: median seconds and TFLOP/s (forward "
-        "4·b·h·n²·d, backward 2.5 times that, halved for causal); max_abs_diff from SDPA's output.",
-        rows,
-        device,
-        {"seconds": "s", "min_seconds": "s", "tflops": "TFLOP/s"},
-    )
+    return rows
 
 
 def _attention_step(attend: Any, args: list[torch.Tensor], grad_out: torch.Tensor | None) -> None:

@@ -179,6 +179,53 @@ def test_tiled_flash_attention_gradcheck_float64(monkeypatch):
         )
 
 
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("n_heads, n_kv_heads", [(6, 2), (4, 1), (3, 3)])
+def test_tiled_grouped_query_attention_matches_sdpa_enable_gqa(
+    small_tiles, n_heads, n_kv_heads, is_causal
+):
+    q, k, v = _qkv((2, n_heads, 37, 16), (2, n_kv_heads, 29, 16), torch.float64, "cpu")
+    out = flash_attention(q, k, v, is_causal, enable_gqa=True)
+    grad_out = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), grad_out)
+    expected = F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, enable_gqa=True)
+    expected_grads = torch.autograd.grad(expected, (q, k, v), grad_out)
+    # and SDPA's convention is query head h on KV head h // group: K, V repeat_interleave'd
+    group = n_heads // n_kv_heads
+    repeated = F.scaled_dot_product_attention(
+        q, k.repeat_interleave(group, -3), v.repeat_interleave(group, -3), is_causal=is_causal
+    )
+    torch.testing.assert_close(out, expected, **TOLERANCE[torch.float64])
+    torch.testing.assert_close(out, repeated, **TOLERANCE[torch.float64])
+    for grad, expected_grad in zip(grads, expected_grads, strict=True):
+        assert grad.shape == expected_grad.shape
+        torch.testing.assert_close(grad, expected_grad, **TOLERANCE[torch.float64])
+
+
+def test_grouped_query_attention_rejects_heads_that_do_not_divide():
+    q, k, v = torch.randn(1, 6, 8, 16), torch.randn(1, 4, 8, 16), torch.randn(1, 4, 8, 16)
+    for implementation in ("tiled", "triton"):
+        with pytest.raises(ValueError, match=r"same leading dimensions.*\(1, 6\).*\(1, 4\)"):
+            flash_attention(q, k, v, enable_gqa=True, implementation=implementation)
+        with pytest.raises(ValueError, match=r"same leading dimensions"):  # GQA must be asked for
+            flash_attention(q, k[:, :2], v[:, :2], implementation=implementation)
+
+
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+def test_triton_grouped_query_attention_matches_sdpa_enable_gqa(is_causal):
+    q, k, v = _qkv((2, 4, 37, 16), (2, 2, 45, 16), torch.float32)
+    out = flash_attention(q, k, v, is_causal, implementation="triton", enable_gqa=True)
+    grad_out = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), grad_out)
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    expected = F.scaled_dot_product_attention(q64, k64, v64, is_causal=is_causal, enable_gqa=True)
+    expected_grads = torch.autograd.grad(expected, (q64, k64, v64), grad_out.double())
+    torch.testing.assert_close(out.double(), expected, **TOLERANCE[torch.float32])
+    for grad, expected_grad in zip(grads, expected_grads, strict=True):
+        assert grad.shape == expected_grad.shape
+        torch.testing.assert_close(grad.double(), expected_grad, **TOLERANCE[torch.float32])
+
+
 def test_causal_convention_is_sdpas_top_left_mask():
     """With 2 queries and 5 keys, query 0 sees key 0 only and query 1 keys 0 and 1 (SDPA's rule)."""
     q = torch.zeros(1, 2, 16, dtype=torch.float64)
@@ -227,6 +274,9 @@ TRITON_CASES = [  # (n_queries, n_keys, head_dim, dtype, is_causal)
     (70, 33, 80, torch.float32, True),
     (33, 70, 128, torch.float16, True),
     (1, 1, 64, torch.float32, False),
+    # several full tiles below the causal diagonal: the backward's unmasked runs (32 × 32 tiles)
+    (100, 100, 16, torch.float32, True),
+    (65, 96, 16, torch.float32, True),
 ]
 
 
@@ -241,6 +291,24 @@ def test_triton_flash_attention_matches_sdpa(case):
     n_queries, n_keys, head_dim, dtype, is_causal = case
     q, k, v = _qkv((2, 2, n_queries, head_dim), (2, 2, n_keys, head_dim), dtype)
     _assert_matches_sdpa(FlashAttentionTriton.apply, q, k, v, is_causal, dtype)
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 37, 24), (1, 1, 64, 16), (5, 128)])
+def test_triton_backward_delta_matches_rowsum_of_do_times_o(shape):
+    from trainfast.kernels.attention_triton import attention_backward_delta
+
+    generator = torch.Generator().manual_seed(0)
+    out, grad_out = (torch.randn(shape, generator=generator).to(DEVICE) for _ in range(2))
+    delta = attention_backward_delta(out, grad_out, block_rows=16)
+    assert delta.shape == shape[:-1] and delta.dtype == torch.float32
+    torch.testing.assert_close(delta, (grad_out * out).sum(-1), atol=1e-5, rtol=1e-5)
+
+
+def test_triton_backward_delta_rejects_mismatched_shapes():
+    from trainfast.kernels.attention_triton import attention_backward_delta
+
+    with pytest.raises(ValueError, match=r"\(2, 3\) and \(2, 4\)"):
+        attention_backward_delta(torch.zeros(2, 3), torch.zeros(2, 4))
 
 
 def test_triton_flash_attention_saves_the_same_tensors_as_the_tiled_one():

@@ -113,3 +113,16 @@ def test_published_cuda_autocast_policy_follows_the_documentations_lists():
         "conv2d": "lower precision",
         "nll_loss": "float32",
     }
+
+
+def test_attention_sweep_prediction_counts_three_kernels_and_recomputation():
+    from trainfast.kernels.benchmarks import attention_sweep_prediction
+
+    seq, head_dim, block = 4096, 128, 64
+    executed = 18 * seq * seq * head_dim  # forward 2 products, backward 7 (S and dP twice)
+    moved = (3 * (seq // block) * 2 * seq * head_dim + 9 * seq * head_dim) * 2
+    seconds = max(executed / 989.4e12, moved / 3.35e12)
+    expected = 14 * seq * seq * head_dim / seconds / 1e12  # reported as 3.5 forwards
+    assert attention_sweep_prediction(H100, seq, head_dim).value == pytest.approx(expected)
+    with pytest.raises(ValueError, match="head_dim=0"):
+        attention_sweep_prediction(H100, 4096, 0)

@@ -29,6 +29,7 @@ from trainfast.distributed.measurements.launchers import launcher_record, restar
 from trainfast.kernels.allocator import allocator_rounding_record, allocator_snapshot_record
 from trainfast.kernels.benchmarks import (
     attention_record,
+    attention_sweep_record,
     copy_record,
     fused_linear_gelu_record,
     host_transfer_record,
@@ -71,6 +72,7 @@ BENCHMARKS: dict[str, Benchmark] = {
     "copy-bandwidth": copy_record,
     "matmul-tiles": matmul_record,
     "attention-forward": attention_record,
+    "attention-fwd-bwd": attention_sweep_record,
     "roofline": roofline_record,
     "strided-access": strided_record,
     "host-transfers": host_transfer_record,

@@ -19,6 +19,13 @@ PyTorch: slow (a Python loop over tiles) but exact, and it runs anywhere. Its Tr
 ``torch.nn.functional.scaled_dot_product_attention``: ``q`` (..., n_queries, head_dim), ``k``
 and ``v`` (..., n_keys, head_dim), the scale ``1/√head_dim``.
 
+**Grouped-query attention** (GQA; Ainslie et al., 2023): with ``enable_gqa=True``, as in
+``scaled_dot_product_attention``, ``k`` and ``v`` may have fewer heads than ``q``
+((..., n_kv_heads, n_keys, head_dim) against (..., n_heads, n_queries, head_dim), ``n_kv_heads``
+dividing ``n_heads``): query head ``h`` reads key and value head ``h // (n_heads / n_kv_heads)``.
+The tiled version views the query heads as (n_kv_heads, group) and broadcasts each KV head
+over its group (no copy); the backward sums the group's gradients into the shared head.
+
 **Causal mask.** As in ``scaled_dot_product_attention(is_causal=True)``, query ``i`` sees key
 ``j`` when ``j <= i``: the lower triangle aligned at the *top-left* corner, also when
 ``n_queries != n_keys`` (so with more keys than queries the last keys are seen by no one).
@@ -39,6 +46,7 @@ __all__ = [
     "flash_attention",
     "flash_attention_backward",
     "flash_attention_forward",
+    "group_query_heads",
     "validate_attention_inputs",
 ]
 
@@ -47,17 +55,19 @@ TILE_KEYS = 64
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
-def validate_attention_inputs(q: Tensor, k: Tensor, v: Tensor) -> None:
+def validate_attention_inputs(q: Tensor, k: Tensor, v: Tensor, enable_gqa: bool = False) -> None:
     """Raise ``ValueError`` naming the problem if ``q``, ``k``, ``v`` cannot be attended.
 
     Same device and dtype (float16, bfloat16, float32 or float64), at least 2-D, one head
     dimension for all three, the same leading (batch, head) dimensions (no broadcasting), as
-    many values as keys, and at least one query and one key.
+    many values as keys, and at least one query and one key. With ``enable_gqa``, k and v may
+    have fewer heads (dimension -3) than q, a number that divides q's.
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.ndim < 2:
-            shape = tuple(t.shape)
-            raise ValueError(f"{name} must be (..., sequence, head_dim), got shape {shape}")
+            raise ValueError(
+                f"{name} must be (..., sequence, head_dim), got shape {tuple(t.shape)}"
+            )
         if t.dtype not in _DTYPES:
             raise ValueError(f"Unsupported dtype for {name}: {t.dtype} (expected one of {_DTYPES})")
     if not (q.dtype == k.dtype == v.dtype):
@@ -69,7 +79,18 @@ def validate_attention_inputs(q: Tensor, k: Tensor, v: Tensor) -> None:
             f"Mismatched head dimensions: q {q.shape[-1]}, k {k.shape[-1]}, v {v.shape[-1]} "
             "(all three must be equal)"
         )
-    if not (q.shape[:-2] == k.shape[:-2] == v.shape[:-2]):
+    if k.shape[:-2] != v.shape[:-2]:
+        raise ValueError(
+            f"k and v must have the same leading dimensions, got {tuple(k.shape[:-2])}, "
+            f"{tuple(v.shape[:-2])}"
+        )
+    grouped = (
+        enable_gqa
+        and q.ndim == k.ndim >= 3
+        and q.shape[:-3] == k.shape[:-3]
+        and q.shape[-3] % k.shape[-3] == 0
+    )
+    if q.shape[:-2] != k.shape[:-2] and not grouped:
         raise ValueError(
             f"q, k, v must have the same leading dimensions, got {tuple(q.shape[:-2])}, "
             f"{tuple(k.shape[:-2])}, {tuple(v.shape[:-2])}"
@@ -94,6 +115,23 @@ def attention_reference(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False
         hidden = torch.ones(n_queries, n_keys, dtype=torch.bool, device=q.device).triu(1)
         scores = scores.masked_fill(hidden, float("-inf"))
     return torch.softmax(scores, dim=-1) @ v
+
+
+def group_query_heads(q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+    """Views for grouped-query attention: ``q`` as (..., n_kv_heads, group, n_queries, d) and
+    ``k`` (or ``v``) expanded to (..., n_kv_heads, group, n_keys, d), without copying.
+
+    Attention over these 5-D views is attention of query head ``h`` against KV head
+    ``h // group``, SDPA's ``enable_gqa`` convention. Raises ``ValueError`` if ``k`` has more
+    heads than ``q`` or a number that does not divide q's.
+    """
+    n_heads, n_kv_heads = q.shape[-3], k.shape[-3]
+    if n_kv_heads > n_heads or n_heads % n_kv_heads:
+        raise ValueError(f"n_kv_heads={n_kv_heads} must divide n_heads={n_heads}")
+    group = n_heads // n_kv_heads
+    q5 = q.unflatten(-3, (n_kv_heads, group))  # (..., n_kv_heads, group, n_queries, d)
+    k5 = k.unsqueeze(-3).expand(*k.shape[:-2], group, *k.shape[-2:])  # (..., n_kv, group, n, d)
+    return q5, k5
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -186,34 +224,56 @@ def flash_attention_backward(
 class FlashAttention(torch.autograd.Function):
     """Flash attention as an autograd Function, tiled in PyTorch.
 
-    Call it as ``FlashAttention.apply(q, k, v, is_causal)``. The forward saves q, k, v, the
-    output and the log-sum-exp ``L`` (..., n_queries), and nothing of size n_queries × n_keys
-    (``out.grad_fn.saved_tensors`` shows it); the backward recomputes the probabilities tile by
-    tile. Tile sizes are the class attributes ``tile_queries`` and ``tile_keys``.
+    Call it as ``FlashAttention.apply(q, k, v, is_causal)``.
 
+    The forward saves q, k, v, the output and the log-sum-exp ``L`` (..., n_queries), and
+    nothing of size n_queries × n_keys (``out.grad_fn.saved_tensors`` shows it); the backward
+    recomputes the probabilities tile by tile. Tile sizes are the class attributes
+    ``tile_queries`` and ``tile_keys``.
     """
 
     tile_queries = TILE_QUERIES
     tile_keys = TILE_KEYS
 
     @staticmethod
-    def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False) -> Tensor:
-        validate_attention_inputs(q, k, v)
+    def forward(
+        ctx: Any, q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False, enable_gqa: bool = False
+    ) -> Tensor:
+        validate_attention_inputs(q, k, v, enable_gqa)
+        grouped = q.shape[:-2] != k.shape[:-2]
+        q_in, k_in, v_in = q, k, v
+        if grouped:  # 5-D views: (..., n_kv_heads, group, n, d)
+            (q_in, k_in), (_, v_in) = group_query_heads(q, k), group_query_heads(q, v)
         out, lse = flash_attention_forward(
-            q, k, v, is_causal, FlashAttention.tile_queries, FlashAttention.tile_keys
+            q_in, k_in, v_in, is_causal, FlashAttention.tile_queries, FlashAttention.tile_keys
         )
+        out, lse = out.reshape(q.shape), lse.reshape(q.shape[:-1])
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.is_causal = is_causal
+        ctx.grouped = grouped
         return out
 
     @staticmethod
-    def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor, Tensor, Tensor, None]:
+    def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor, Tensor, Tensor, None, None]:
         q, k, v, out, lse = ctx.saved_tensors
-        tile_queries, tile_keys = FlashAttention.tile_queries, FlashAttention.tile_keys
+        q_in, k_in, v_in = q, k, v
+        if ctx.grouped:  # 5-D views: (..., n_kv_heads, group, n, d)
+            (q_in, k_in), (_, v_in) = group_query_heads(q, k), group_query_heads(q, v)
+        shape = q_in.shape
         dq, dk, dv = flash_attention_backward(
-            grad_out, q, k, v, out, lse, ctx.is_causal, tile_queries, tile_keys
+            grad_out.reshape(shape),
+            q_in,
+            k_in,
+            v_in,
+            out.reshape(shape),
+            lse.reshape(shape[:-1]),
+            ctx.is_causal,
+            FlashAttention.tile_queries,
+            FlashAttention.tile_keys,
         )
-        return dq, dk, dv, None
+        if ctx.grouped:  # each KV head served its whole group: its gradient is the group's sum
+            dq, dk, dv = dq.reshape(q.shape), dk.sum(-3), dv.sum(-3)
+        return dq, dk, dv, None, None
 
 
 def flash_attention(
@@ -223,6 +283,7 @@ def flash_attention(
     is_causal: bool = False,
     *,
     implementation: Literal["tiled", "triton"] = "tiled",
+    enable_gqa: bool = False,
 ) -> Tensor:
     """Flash attention with ``scaled_dot_product_attention``'s shapes and causal convention.
 
@@ -230,11 +291,12 @@ def flash_attention(
     float64); ``"triton"`` is :class:`~trainfast.kernels.attention_triton.FlashAttentionTriton`
     (a CUDA device, or the CPU interpreter; float16 and float32, bfloat16 on a GPU). The result
     is the Function's output itself, so ``out.grad_fn`` shows what the forward saved.
+    ``enable_gqa`` allows grouped-query attention (k and v with fewer heads), in both.
     """
     if implementation == "tiled":
-        return FlashAttention.apply(q, k, v, is_causal)
+        return FlashAttention.apply(q, k, v, is_causal, enable_gqa)
     if implementation == "triton":
         from trainfast.kernels.attention_triton import FlashAttentionTriton
 
-        return FlashAttentionTriton.apply(q, k, v, is_causal)
+        return FlashAttentionTriton.apply(q, k, v, is_causal, enable_gqa)
     raise ValueError(f"Unknown implementation: {implementation!r} (expected 'tiled' or 'triton')")

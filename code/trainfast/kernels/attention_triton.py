@@ -15,7 +15,12 @@ memory), never writing an ``n_queries × n_keys`` matrix to main memory:
   and accumulates ``dQ``. Two kernels instead of one with atomic additions: each output is
   written by exactly one program, so the result is deterministic.
 
-``D = rowsum(dO ∘ O)`` is computed by PyTorch before the backward kernels. Head dimensions that
+``D = rowsum(dO ∘ O)`` is computed before them by a fourth, small kernel
+(:func:`flash_backward_preprocess_kernel`). The backward kernels split their loops as the forward
+does: tiles that no mask touches run without masking, the causal diagonal and the sequence's last
+partial tile with it. Grouped-query attention (``enable_gqa``): a program of query head ``i``
+reads K and V head ``i // group``; dK and dV are written per query head and summed over the group
+by PyTorch. Head dimensions that
 are not powers of two (24, 80, 96, ...) are padded to the next power of two inside the kernel
 (masked loads read zeros), so any head dimension from 16 to 128 works. Pointer arithmetic only
 (no block pointers), for Triton 3.0 to 3.8. The causal mask is ``scaled_dot_product_attention``'s,
@@ -52,6 +57,7 @@ __all__ = [
     "AttentionTiles",
     "FlashAttentionTriton",
     "attend_key_tiles",
+    "attention_backward_delta",
     "attention_dkdv_launch",
     "attention_dkdv_tiles",
     "attention_dq_launch",
@@ -59,10 +65,13 @@ __all__ = [
     "attention_forward_launch",
     "attention_forward_tiles",
     "attention_grid",
+    "dkdv_query_tiles",
+    "dq_key_tiles",
     "flash_attention_triton_backward",
     "flash_attention_triton_forward",
     "flash_backward_dkdv_kernel",
     "flash_backward_dq_kernel",
+    "flash_backward_preprocess_kernel",
     "flash_forward_kernel",
     "register_flash_attention_op",
 ]
@@ -96,10 +105,11 @@ def attention_forward_tiles(
     A program keeps its query tile and its accumulator in registers and streams
     ``num_stages`` key and value tiles through shared memory. 16-bit on sm_80 and sm_90:
     128 queries × 64 keys, 3 stages. float32 needs twice the bytes per tile: 64 × 32, 2 stages,
-    8 warps. sm_75 (the T4: 64 KiB of shared memory per block, no asynchronous copies, and
-    Triton emits no tensor-core instructions for it, so the dots run on CUDA cores and need more
-    registers): 32 × 16, one stage, the largest that compiles without spilling registers at head
-    dimension 128 (:mod:`trainfast.kernels.compile_report` shows the figures).
+    8 warps.
+    sm_75 (the T4: 64 KiB of shared memory per block, no asynchronous copies, and Triton emits no
+    tensor-core instructions for it, so the dots run on CUDA cores and need more registers):
+    32 × 16, one stage, the largest that compiles without spilling registers at head dimension
+    128 (:mod:`trainfast.kernels.compile_report` shows the figures).
     """
     if target is None:
         return AttentionTiles(32, 32, num_warps=1, num_stages=1)
@@ -154,7 +164,8 @@ def attention_grid(n_rows: int, block: int, batch_heads: int) -> tuple[int]:
     if programs > MAX_GRID_X:
         raise ValueError(
             f"{programs:,} programs (batch·heads {batch_heads:,} × {-(-n_rows // block):,} tiles) "
-            f"exceed CUDA's grid limit of {MAX_GRID_X:,}; split the batch"
+            "exceed "
+            f"CUDA's grid limit of {MAX_GRID_X:,}; split the batch"
         )
     return (programs,)
 
@@ -194,10 +205,14 @@ def attend_key_tiles(
         if MASKED:
             k_t_mask = k_t_mask & (cols[None, :] < n_keys)
             v_mask = v_mask & (cols[:, None] < n_keys)
-        k_t_ptrs = k_base + offs_d[:, None] * stride_kd + cols[None, :] * stride_kn
-        v_ptrs = v_base + cols[:, None] * stride_vn + offs_d[None, :] * stride_vd
-        k_t = tl.load(k_t_ptrs, mask=k_t_mask, other=0.0)
-        v = tl.load(v_ptrs, mask=v_mask, other=0.0)
+        k_t = tl.load(
+            k_base + offs_d[:, None] * stride_kd + cols[None, :] * stride_kn,
+            mask=k_t_mask,
+            other=0.0,
+        )
+        v = tl.load(
+            v_base + cols[:, None] * stride_vn + offs_d[None, :] * stride_vd, mask=v_mask, other=0.0
+        )
         # (BLOCK_Q, BLOCK_K) scores, in log2 units
         s = tl.dot(q, k_t, input_precision=DOT_PRECISION) * qk_scale
         if MASKED:
@@ -236,6 +251,7 @@ def flash_forward_kernel(
     n_queries,
     n_keys,
     qk_scale,
+    group,
     BLOCK_Q: tl.constexpr,
     BLOCK_K: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -243,7 +259,10 @@ def flash_forward_kernel(
     IS_CAUSAL: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    """One tile of BLOCK_Q queries of one (batch, head): O and L = logsumexp of its scores."""
+    """One tile of BLOCK_Q queries of one (batch, head): O and L = logsumexp of its scores.
+
+    Query head ``batch`` reads K and V head ``batch // group`` (grouped-query attention;
+    ``group`` is 1 without it)."""
     pid = tl.program_id(0)  # (batch·head) × tiles + tile, see attention_grid
     n_tiles = tl.cdiv(n_queries, BLOCK_Q)
     q_start = (pid % n_tiles) * BLOCK_Q
@@ -251,8 +270,11 @@ def flash_forward_kernel(
     offs_q = q_start + tl.arange(0, BLOCK_Q)
     offs_d = tl.arange(0, BLOCK_D)
     q_mask = (offs_q[:, None] < n_queries) & (offs_d[None, :] < HEAD_DIM)
-    q_ptrs = q_ptr + batch * stride_qb + offs_q[:, None] * stride_qn + offs_d[None, :] * stride_qd
-    q = tl.load(q_ptrs, mask=q_mask, other=0.0)
+    q = tl.load(
+        q_ptr + batch * stride_qb + offs_q[:, None] * stride_qn + offs_d[None, :] * stride_qd,
+        mask=q_mask,
+        other=0.0,
+    )
     m_i = tl.full((BLOCK_Q,), float("-inf"), dtype=tl.float32)  # running maximum (log2 units)
     l_i = tl.zeros((BLOCK_Q,), dtype=tl.float32)  # running sum of exp2(s - m_i)
     acc = tl.zeros((BLOCK_Q, BLOCK_D), dtype=tl.float32)  # unnormalised output
@@ -262,8 +284,8 @@ def flash_forward_kernel(
     else:
         stop = n_keys
         unmasked_stop = (n_keys // BLOCK_K) * BLOCK_K
-    k_base = k_ptr + batch * stride_kb
-    v_base = v_ptr + batch * stride_vb
+    k_base = k_ptr + (batch // group) * stride_kb
+    v_base = v_ptr + (batch // group) * stride_vb
     acc, l_i, m_i = attend_key_tiles(
         acc,
         l_i,
@@ -311,10 +333,96 @@ def flash_forward_kernel(
         DOT_PRECISION,
     )
     out = acc / l_i[:, None]
-    o_ptrs = o_ptr + batch * stride_ob + offs_q[:, None] * stride_on + offs_d[None, :] * stride_od
-    tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=q_mask)
+    tl.store(
+        o_ptr + batch * stride_ob + offs_q[:, None] * stride_on + offs_d[None, :] * stride_od,
+        out.to(o_ptr.dtype.element_ty),
+        mask=q_mask,
+    )
     lse = (m_i + tl.math.log2(l_i)) / 1.4426950408889634  # back to natural log
     tl.store(lse_ptr + batch * n_queries + offs_q, lse, mask=offs_q < n_queries)
+
+
+@triton.jit
+def flash_backward_preprocess_kernel(
+    out_ptr,
+    do_ptr,
+    delta_ptr,
+    n_rows,
+    BLOCK_ROWS: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+):
+    """D = rowsum(dO ∘ O) of ``BLOCK_ROWS`` rows of contiguous (rows, HEAD_DIM) tensors, in float32.
+
+    The backward's one reduction over the head dimension, done once per query row before the
+    two kernels that need it (FlashAttention-2's "preprocess" step): D_i = Σ_j P_ij dP_ij.
+    """
+    rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask = (rows[:, None] < n_rows) & (offs_d[None, :] < HEAD_DIM)
+    offsets = rows[:, None].to(tl.int64) * HEAD_DIM + offs_d[None, :]
+    o = tl.load(out_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    do = tl.load(do_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    tl.store(delta_ptr + rows, tl.sum(o * do, 1), mask=rows < n_rows)
+
+
+@triton.jit
+def dkdv_query_tiles(
+    dk,
+    dv,
+    k,
+    v,
+    q_base,
+    do_base,
+    lse_base,
+    delta_base,
+    cols,
+    offs_d,
+    n_queries,
+    start,
+    stop,
+    stride_n,
+    qk_scale,
+    BLOCK_Q: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    MASKED: tl.constexpr,
+    IS_CAUSAL: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """Fold query tiles ``start, start + BLOCK_Q, ... < stop`` into one key tile's (dK, dV).
+
+    Unmasked tiles (``MASKED=False``) lie wholly inside the sequence and below the causal
+    diagonal: no comparison per element. Key columns past ``n_keys`` need no mask either way:
+    their k and v were loaded as zeros and their rows of dK and dV are never stored.
+    """
+    offs_q = tl.arange(0, BLOCK_Q)
+    for q_start in range(start, stop, BLOCK_Q):
+        rows = q_start + offs_q
+        q_mask = offs_d[None, :] < HEAD_DIM
+        if MASKED:
+            q_mask = q_mask & (rows[:, None] < n_queries)
+        q_offsets = rows[:, None] * stride_n + offs_d[None, :]
+        q = tl.load(q_base + q_offsets, mask=q_mask, other=0.0)  # (BLOCK_Q, BLOCK_D)
+        do = tl.load(do_base + q_offsets, mask=q_mask, other=0.0)
+        if MASKED:
+            lse = tl.load(lse_base + rows, mask=rows < n_queries, other=0.0)
+            delta = tl.load(delta_base + rows, mask=rows < n_queries, other=0.0)
+        else:
+            lse = tl.load(lse_base + rows)
+            delta = tl.load(delta_base + rows)
+        # Sᵀ (BLOCK_K, BLOCK_Q) in log2 units, Pᵀ recomputed from L
+        s_t = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION) * qk_scale
+        p_t = tl.math.exp2(s_t - lse[None, :] * 1.4426950408889634)
+        if MASKED:
+            visible = rows[None, :] < n_queries
+            if IS_CAUSAL:
+                visible = visible & (cols[:, None] <= rows[None, :])
+            p_t = tl.where(visible, p_t, 0.0)
+        dv += tl.dot(p_t.to(do.dtype), do, input_precision=DOT_PRECISION)  # dV += Pᵀ dO
+        dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)  # dPᵀ = V dOᵀ
+        ds_t = p_t * (dp_t - delta[None, :])  # dSᵀ = Pᵀ ∘ (dPᵀ - D)
+        dk += tl.dot(ds_t.to(q.dtype), q, input_precision=DOT_PRECISION)  # dK += dSᵀ Q
+    return dk, dv
 
 
 @triton.jit
@@ -334,6 +442,7 @@ def flash_backward_dkdv_kernel(
     n_keys,
     scale,
     qk_scale,
+    group,
     BLOCK_Q: tl.constexpr,
     BLOCK_K: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -342,7 +451,13 @@ def flash_backward_dkdv_kernel(
     DOT_PRECISION: tl.constexpr,
 ):
     """dK and dV of one tile of keys. All tensors are contiguous (batch·heads, n, head_dim):
-    q, dO share ``stride_qb``, k, v, dK, dV ``stride_kb``, and every row is ``stride_n`` long."""
+    q, dO share ``stride_qb``, k, v, dK, dV ``stride_kb``, and every row is ``stride_n`` long.
+    With grouped-query attention, k and v are head ``batch // group``'s and dK, dV the query
+    head's share (one per query head, summed over the group by the caller).
+
+    Query tiles in three runs, as the forward splits its key tiles: with the causal mask, the
+    tiles that straddle the diagonal (masked); then the full tiles below it (unmasked); then
+    the last, partial tile of the sequence (masked)."""
     pid = tl.program_id(0)  # (batch·head) × tiles + tile, see attention_grid
     n_tiles = tl.cdiv(n_keys, BLOCK_K)
     k_start = (pid % n_tiles) * BLOCK_K
@@ -350,33 +465,140 @@ def flash_backward_dkdv_kernel(
     cols = k_start + tl.arange(0, BLOCK_K)
     offs_d = tl.arange(0, BLOCK_D)
     kv_mask = (cols[:, None] < n_keys) & (offs_d[None, :] < HEAD_DIM)
-    kv_offsets = batch * stride_kb + cols[:, None] * stride_n + offs_d[None, :]
-    k = tl.load(k_ptr + kv_offsets, mask=kv_mask, other=0.0)  # (BLOCK_K, BLOCK_D)
-    v = tl.load(v_ptr + kv_offsets, mask=kv_mask, other=0.0)
+    kv_offsets = cols[:, None] * stride_n + offs_d[None, :]
+    kv_head = (batch // group) * stride_kb
+    k = tl.load(k_ptr + kv_head + kv_offsets, mask=kv_mask, other=0.0)  # (BLOCK_K, BLOCK_D)
+    v = tl.load(v_ptr + kv_head + kv_offsets, mask=kv_mask, other=0.0)
     dk = tl.zeros((BLOCK_K, BLOCK_D), dtype=tl.float32)
     dv = tl.zeros((BLOCK_K, BLOCK_D), dtype=tl.float32)
+    full_stop = (n_queries // BLOCK_Q) * BLOCK_Q  # end of the last full query tile
     first = 0
-    if IS_CAUSAL:  # queries before k_start see none of these keys
-        first = (k_start // BLOCK_Q) * BLOCK_Q
-    for q_start in range(first, n_queries, BLOCK_Q):
-        rows = q_start + tl.arange(0, BLOCK_Q)
-        q_mask = (rows[:, None] < n_queries) & (offs_d[None, :] < HEAD_DIM)
-        q_offsets = batch * stride_qb + rows[:, None] * stride_n + offs_d[None, :]
-        q = tl.load(q_ptr + q_offsets, mask=q_mask, other=0.0)  # (BLOCK_Q, BLOCK_D)
-        do = tl.load(do_ptr + q_offsets, mask=q_mask, other=0.0)
-        lse = tl.load(lse_ptr + batch * n_queries + rows, mask=rows < n_queries, other=0.0)
-        delta = tl.load(delta_ptr + batch * n_queries + rows, mask=rows < n_queries, other=0.0)
-        s_t = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION) * qk_scale  # (BLOCK_K, BLOCK_Q)
-        visible = (cols[:, None] < n_keys) & (rows[None, :] < n_queries)
-        if IS_CAUSAL:
-            visible = visible & (cols[:, None] <= rows[None, :])
-        p_t = tl.where(visible, tl.math.exp2(s_t - lse[None, :] * 1.4426950408889634), 0.0)
-        dv += tl.dot(p_t.to(do.dtype), do, input_precision=DOT_PRECISION)
-        dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)  # (BLOCK_K, BLOCK_Q)
-        ds_t = p_t * (dp_t - delta[None, :])
-        dk += tl.dot(ds_t.to(q.dtype), q, input_precision=DOT_PRECISION)
-    tl.store(dk_ptr + kv_offsets, (dk * scale).to(dk_ptr.dtype.element_ty), mask=kv_mask)
-    tl.store(dv_ptr + kv_offsets, dv.to(dv_ptr.dtype.element_ty), mask=kv_mask)
+    diagonal_stop = 0
+    if IS_CAUSAL:  # queries before k_start see none of these keys; from the first tile
+        first = (k_start // BLOCK_Q) * BLOCK_Q  # starting at k_start + BLOCK_K - 1, all
+        diagonal_stop = tl.minimum(tl.cdiv(k_start + BLOCK_K - 1, BLOCK_Q) * BLOCK_Q, full_stop)
+    q_base, do_base = q_ptr + batch * stride_qb, do_ptr + batch * stride_qb
+    lse_base, delta_base = lse_ptr + batch * n_queries, delta_ptr + batch * n_queries
+    dk, dv = dkdv_query_tiles(
+        dk,
+        dv,
+        k,
+        v,
+        q_base,
+        do_base,
+        lse_base,
+        delta_base,
+        cols,
+        offs_d,
+        n_queries,
+        first,
+        diagonal_stop,
+        stride_n,
+        qk_scale,
+        BLOCK_Q,
+        HEAD_DIM,
+        True,
+        IS_CAUSAL,
+        DOT_PRECISION,
+    )
+    dk, dv = dkdv_query_tiles(
+        dk,
+        dv,
+        k,
+        v,
+        q_base,
+        do_base,
+        lse_base,
+        delta_base,
+        cols,
+        offs_d,
+        n_queries,
+        tl.maximum(first, diagonal_stop),
+        full_stop,
+        stride_n,
+        qk_scale,
+        BLOCK_Q,
+        HEAD_DIM,
+        False,
+        IS_CAUSAL,
+        DOT_PRECISION,
+    )
+    dk, dv = dkdv_query_tiles(
+        dk,
+        dv,
+        k,
+        v,
+        q_base,
+        do_base,
+        lse_base,
+        delta_base,
+        cols,
+        offs_d,
+        n_queries,
+        tl.maximum(first, full_stop),
+        n_queries,
+        stride_n,
+        qk_scale,
+        BLOCK_Q,
+        HEAD_DIM,
+        True,
+        IS_CAUSAL,
+        DOT_PRECISION,
+    )
+    dkv_offsets = batch * stride_kb + kv_offsets  # dK, dV: one per query head
+    tl.store(dk_ptr + dkv_offsets, (dk * scale).to(dk_ptr.dtype.element_ty), mask=kv_mask)
+    tl.store(dv_ptr + dkv_offsets, dv.to(dv_ptr.dtype.element_ty), mask=kv_mask)
+
+
+@triton.jit
+def dq_key_tiles(
+    dq,
+    q,
+    do,
+    lse,
+    delta,
+    k_base,
+    v_base,
+    rows,
+    offs_d,
+    n_keys,
+    start,
+    stop,
+    stride_n,
+    BLOCK_K: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    MASKED: tl.constexpr,
+    IS_CAUSAL: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    qk_scale,
+):
+    """Fold key tiles ``start, start + BLOCK_K, ... < stop`` into one query tile's dQ (unscaled).
+
+    Unmasked tiles (``MASKED=False``) lie wholly inside the sequence and below the causal
+    diagonal. Query rows past ``n_queries`` need no mask: their q and dO were loaded as zeros
+    and their rows of dQ are never stored.
+    """
+    offs_k = tl.arange(0, BLOCK_K)
+    for k_start in range(start, stop, BLOCK_K):
+        cols = k_start + offs_k
+        kv_mask = offs_d[None, :] < HEAD_DIM
+        if MASKED:
+            kv_mask = kv_mask & (cols[:, None] < n_keys)
+        kv_offsets = cols[:, None] * stride_n + offs_d[None, :]
+        k = tl.load(k_base + kv_offsets, mask=kv_mask, other=0.0)  # (BLOCK_K, BLOCK_D)
+        v = tl.load(v_base + kv_offsets, mask=kv_mask, other=0.0)
+        # S (BLOCK_Q, BLOCK_K) in log2 units, P recomputed from L
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+        p = tl.math.exp2(s - lse[:, None] * 1.4426950408889634)
+        if MASKED:
+            visible = cols[None, :] < n_keys
+            if IS_CAUSAL:
+                visible = visible & (cols[None, :] <= rows[:, None])
+            p = tl.where(visible, p, 0.0)
+        dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)  # dP = dO Vᵀ
+        ds = p * (dp - delta[:, None])  # dS = P ∘ (dP - D)
+        dq += tl.dot(ds.to(k.dtype), k, input_precision=DOT_PRECISION)  # dQ += dS K
+    return dq
 
 
 @triton.jit
@@ -395,6 +617,7 @@ def flash_backward_dq_kernel(
     n_keys,
     scale,
     qk_scale,
+    group,
     BLOCK_Q: tl.constexpr,
     BLOCK_K: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -402,7 +625,10 @@ def flash_backward_dq_kernel(
     IS_CAUSAL: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    """dQ of one tile of queries, recomputing the probabilities of every key tile it sees."""
+    """dQ of one tile of queries, recomputing the probabilities of every key tile it sees.
+
+    Key tiles split as in the forward: the full tiles that no mask touches, then (masked) the
+    tiles on the causal diagonal and the last, partial tile."""
     pid = tl.program_id(0)  # (batch·head) × tiles + tile, see attention_grid
     n_tiles = tl.cdiv(n_queries, BLOCK_Q)
     q_start = (pid % n_tiles) * BLOCK_Q
@@ -416,23 +642,56 @@ def flash_backward_dq_kernel(
     lse = tl.load(lse_ptr + batch * n_queries + rows, mask=rows < n_queries, other=0.0)
     delta = tl.load(delta_ptr + batch * n_queries + rows, mask=rows < n_queries, other=0.0)
     dq = tl.zeros((BLOCK_Q, BLOCK_D), dtype=tl.float32)
-    stop = n_keys
-    if IS_CAUSAL:  # later keys are seen by none of these queries
+    if IS_CAUSAL:  # keys up to the last query of the tile; all of them visible up to q_start
         stop = tl.minimum(n_keys, q_start + BLOCK_Q)
-    for k_start in range(0, stop, BLOCK_K):
-        cols = k_start + tl.arange(0, BLOCK_K)
-        kv_mask = (cols[:, None] < n_keys) & (offs_d[None, :] < HEAD_DIM)
-        kv_offsets = batch * stride_kb + cols[:, None] * stride_n + offs_d[None, :]
-        k = tl.load(k_ptr + kv_offsets, mask=kv_mask, other=0.0)  # (BLOCK_K, BLOCK_D)
-        v = tl.load(v_ptr + kv_offsets, mask=kv_mask, other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale  # (BLOCK_Q, BLOCK_K)
-        visible = (rows[:, None] < n_queries) & (cols[None, :] < n_keys)
-        if IS_CAUSAL:
-            visible = visible & (cols[None, :] <= rows[:, None])
-        p = tl.where(visible, tl.math.exp2(s - lse[:, None] * 1.4426950408889634), 0.0)
-        dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
-        ds = p * (dp - delta[:, None])
-        dq += tl.dot(ds.to(k.dtype), k, input_precision=DOT_PRECISION)
+        unmasked_stop = (tl.minimum(q_start + 1, n_keys) // BLOCK_K) * BLOCK_K
+    else:
+        stop = n_keys
+        unmasked_stop = (n_keys // BLOCK_K) * BLOCK_K
+    kv_head = (batch // group) * stride_kb  # grouped-query attention: the group's KV head
+    k_base, v_base = k_ptr + kv_head, v_ptr + kv_head
+    dq = dq_key_tiles(
+        dq,
+        q,
+        do,
+        lse,
+        delta,
+        k_base,
+        v_base,
+        rows,
+        offs_d,
+        n_keys,
+        0,
+        unmasked_stop,
+        stride_n,
+        BLOCK_K,
+        HEAD_DIM,
+        False,
+        IS_CAUSAL,
+        DOT_PRECISION,
+        qk_scale,
+    )
+    dq = dq_key_tiles(
+        dq,
+        q,
+        do,
+        lse,
+        delta,
+        k_base,
+        v_base,
+        rows,
+        offs_d,
+        n_keys,
+        unmasked_stop,
+        stop,
+        stride_n,
+        BLOCK_K,
+        HEAD_DIM,
+        True,
+        IS_CAUSAL,
+        DOT_PRECISION,
+        qk_scale,
+    )
     tl.store(dq_ptr + q_offsets, (dq * scale).to(dq_ptr.dtype.element_ty), mask=q_mask)
 
 
@@ -440,8 +699,8 @@ def _dot_precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"  # fp32 exactly, as the references do
 
 
-def _check(q: Tensor, k: Tensor, v: Tensor) -> None:
-    validate_attention_inputs(q, k, v)
+def _check(q: Tensor, k: Tensor, v: Tensor, enable_gqa: bool = False) -> None:
+    validate_attention_inputs(q, k, v, enable_gqa)
     head_dim = q.shape[-1]
     if not MIN_HEAD_DIM <= head_dim <= MAX_HEAD_DIM:
         raise ValueError(
@@ -452,13 +711,21 @@ def _check(q: Tensor, k: Tensor, v: Tensor) -> None:
 
 
 def flash_attention_triton_forward(
-    q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False, tiles: AttentionTiles | None = None
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    is_causal: bool = False,
+    tiles: AttentionTiles | None = None,
+    enable_gqa: bool = False,
 ) -> tuple[Tensor, Tensor]:
-    """Run :func:`flash_forward_kernel`: the output (q's shape, dtype) and L (..., n_queries).
+    """Run :func:`flash_forward_kernel`: the output (q's shape and dtype) and L (..., n_queries).
 
-    L is float32. ``tiles`` defaults to :func:`attention_forward_tiles` for the tensors' device.
+    L is float32.
+
+    ``tiles`` defaults to :func:`attention_forward_tiles` for the tensors' device; with
+    ``enable_gqa``, k and v may have fewer heads than q (grouped-query attention, SDPA's rule).
     """
-    _check(q, k, v)
+    _check(q, k, v, enable_gqa)
     *batch_shape, n_queries, head_dim = q.shape
     if tiles is None:
         tiles = attention_forward_tiles(_target(flash_forward_kernel, q), q.dtype, head_dim)
@@ -486,7 +753,8 @@ def attention_forward_launch(
     batch_heads, n_queries, head_dim = q3.shape
     n_keys = k3.shape[1]
     strides = (*q3.stride(), *k3.stride(), *v3.stride(), *out.stride())
-    args = (q3, k3, v3, out, lse, *strides, n_queries, n_keys, head_dim**-0.5 * LOG2_E)
+    group = batch_heads // k3.shape[0]  # query heads per KV head (1 without GQA)
+    args = (q3, k3, v3, out, lse, *strides, n_queries, n_keys, head_dim**-0.5 * LOG2_E, group)
     constants = _constants(head_dim, is_causal, q3.dtype, tiles)
     return attention_grid(n_queries, tiles.block_q, batch_heads), args, constants
 
@@ -502,6 +770,37 @@ def _constants(
 
 def _padded(head_dim: int) -> int:
     return max(16, 1 << math.ceil(math.log2(head_dim)))
+
+
+def attention_backward_delta(out: Tensor, grad_out: Tensor, block_rows: int = 32) -> Tensor:
+    """D = rowsum(dO ∘ O) by :func:`flash_backward_preprocess_kernel`: float32, ``out.shape[:-1]``.
+
+    The term every backward kernel subtracts from dP (``dS = P ∘ (dP - D)``): since
+    ``O_i = Σ_j P_ij V_j``, ``D_i = Σ_j P_ij dP_ij = dO_i · O_i``, one dot product of length
+    head_dim per query instead of a sum over all keys. Computed once, before the two backward
+    kernels, as FlashAttention-2 does; ``block_rows`` rows per program.
+    """
+    if out.shape != grad_out.shape:
+        raise ValueError(
+            f"out and grad_out must have one shape, got {tuple(out.shape)} and "
+            f"{tuple(grad_out.shape)}"
+        )
+    if block_rows < 1 or block_rows & (block_rows - 1):
+        raise ValueError(f"Invalid block_rows: {block_rows} (need a power of two)")
+    head_dim = out.shape[-1]
+    o2, do2 = (t.reshape(-1, head_dim).contiguous() for t in (out, grad_out))  # (rows, d)
+    delta = torch.empty(o2.shape[0], dtype=torch.float32, device=out.device)
+    grid = (-(-o2.shape[0] // block_rows),)
+    flash_backward_preprocess_kernel[grid](
+        o2,
+        do2,
+        delta,
+        o2.shape[0],
+        BLOCK_ROWS=block_rows,
+        BLOCK_D=_padded(head_dim),
+        HEAD_DIM=head_dim,
+    )
+    return delta.reshape(out.shape[:-1])
 
 
 def flash_attention_triton_backward(
@@ -524,18 +823,24 @@ def flash_attention_triton_backward(
     target = _target(flash_backward_dq_kernel, q)
     dkdv_tiles = tiles or attention_dkdv_tiles(target, q.dtype, head_dim)
     dq_tiles = tiles or attention_dq_tiles(target, q.dtype, head_dim)
-    delta = (grad_out.float() * out.float()).sum(dim=-1)  # D = rowsum(dO ∘ O), (..., n_queries)
     # One layout for all: contiguous (batch·heads, n, d), so q and k share their strides.
     q3, do3 = (t.reshape(-1, n_queries, head_dim).contiguous() for t in (q, grad_out.to(q.dtype)))
+    delta = attention_backward_delta(out, grad_out.to(q.dtype))  # D = rowsum(dO ∘ O)
     k3, v3 = (t.reshape(-1, n_keys, head_dim).contiguous() for t in (k, v))
-    lse2, delta2 = (t.reshape(-1, n_queries).contiguous() for t in (lse, delta))
-    dq, dk, dv = torch.empty_like(q3), torch.empty_like(k3), torch.empty_like(v3)
+    lse2, delta2 = lse.reshape(-1, n_queries).contiguous(), delta.reshape(-1, n_queries)
+    dq = torch.empty_like(q3)
+    # one dK, dV per query head (batch·heads, n_keys, d), summed over each group below
+    dk, dv = (
+        torch.empty(q3.shape[0], n_keys, head_dim, dtype=q.dtype, device=q.device) for _ in "kv"
+    )
     grid, args, kwargs = attention_dkdv_launch(
         q3, k3, v3, do3, lse2, delta2, dk, dv, is_causal, dkdv_tiles
     )
     flash_backward_dkdv_kernel[grid](*args, **kwargs)
     grid, args, kwargs = attention_dq_launch(q3, k3, v3, do3, lse2, delta2, dq, is_causal, dq_tiles)
     flash_backward_dq_kernel[grid](*args, **kwargs)
+    if k3.shape[0] != q3.shape[0]:  # grouped-query attention: (kv heads, group, n_keys, d)
+        dk, dv = (t.float().unflatten(0, (k3.shape[0], -1)).sum(1).to(q.dtype) for t in (dk, dv))
     return dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape)
 
 
@@ -555,7 +860,8 @@ def attention_dkdv_launch(
     batch_heads, n_queries, head_dim = q3.shape
     n_keys = k3.shape[1]
     scale = head_dim**-0.5
-    sizes = (q3.stride(0), k3.stride(0), head_dim, n_queries, n_keys, scale, scale * LOG2_E)
+    group = batch_heads // k3.shape[0]  # query heads per KV head (1 without GQA)
+    sizes = (q3.stride(0), k3.stride(0), head_dim, n_queries, n_keys, scale, scale * LOG2_E, group)
     args = (q3, k3, v3, do3, lse, delta, dk, dv, *sizes)
     constants = _constants(head_dim, is_causal, q3.dtype, tiles)
     return attention_grid(n_keys, tiles.block_k, batch_heads), args, constants
@@ -576,7 +882,8 @@ def attention_dq_launch(
     batch_heads, n_queries, head_dim = q3.shape
     n_keys = k3.shape[1]
     scale = head_dim**-0.5
-    sizes = (q3.stride(0), k3.stride(0), head_dim, n_queries, n_keys, scale, scale * LOG2_E)
+    group = batch_heads // k3.shape[0]  # query heads per KV head (1 without GQA)
+    sizes = (q3.stride(0), k3.stride(0), head_dim, n_queries, n_keys, scale, scale * LOG2_E, group)
     args = (q3, k3, v3, do3, lse, delta, dq, *sizes)
     constants = _constants(head_dim, is_causal, q3.dtype, tiles)
     return attention_grid(n_queries, tiles.block_q, batch_heads), args, constants
@@ -626,21 +933,25 @@ def register_flash_attention_op() -> Any:
 class FlashAttentionTriton(torch.autograd.Function):
     """Flash attention with Triton forward and backward.
 
-    Call it as ``FlashAttentionTriton.apply(q, k, v, is_causal)``. Same interface, saved tensors
-    (q, k, v, O, L) and causal convention as :class:`~trainfast.kernels.attention.FlashAttention`.
-    Runs on CUDA tensors (float16, bfloat16, float32) and, under Triton's interpreter, on CPU
-    tensors (float16, float32).
+    Call it as ``FlashAttentionTriton.apply(q, k, v, is_causal)``.
+
+    Same interface (``enable_gqa`` included), saved tensors (q, k, v, O, L) and causal
+    convention as :class:`~trainfast.kernels.attention.FlashAttention`. Runs on CUDA tensors
+    (float16, bfloat16, float32) and, under Triton's interpreter, on CPU tensors (float16,
+    float32).
     """
 
     @staticmethod
-    def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False) -> Tensor:
-        out, lse = flash_attention_triton_forward(q, k, v, is_causal)
+    def forward(
+        ctx: Any, q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False, enable_gqa: bool = False
+    ) -> Tensor:
+        out, lse = flash_attention_triton_forward(q, k, v, is_causal, enable_gqa=enable_gqa)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.is_causal = is_causal
         return out
 
     @staticmethod
-    def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor, Tensor, Tensor, None]:
+    def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor, Tensor, Tensor, None, None]:
         q, k, v, out, lse = ctx.saved_tensors
         dq, dk, dv = flash_attention_triton_backward(grad_out, q, k, v, out, lse, ctx.is_causal)
-        return dq, dk, dv, None
+        return dq, dk, dv, None, None

@@ -11,6 +11,9 @@ benchmark              measures                                            targe
                        fp16 and bf16, over a sweep of tile sizes
 ``attention-forward``  Triton flash-attention forward vs                    ≥ 0.60
                        ``scaled_dot_product_attention``, bf16, seq 4096
+``attention-fwd-bwd``  forward + backward over sequence lengths and head     (none)
+                       dimensions: Triton (GPU) or tiled (CPU) flash
+                       attention, SDPA, FlexAttention under compile (CPU)
 ``roofline``           elementwise ops, a reduction, matmuls: FLOP/s and    (none)
                        intensity, with the measured ridge
 ``strided-access``     one gather of a buffer in stride order, by stride     (none)
@@ -28,6 +31,7 @@ and run the Triton kernels once at a tiny size to prove they work.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import torch
@@ -46,6 +50,8 @@ __all__ = [
     "TARGETS",
     "attention_forward_prediction",
     "attention_record",
+    "attention_sweep_prediction",
+    "attention_sweep_record",
     "copy_prediction",
     "copy_record",
     "fused_linear_gelu_prediction",
@@ -506,6 +512,184 @@ def _attention_contenders(q, k, v, is_causal: bool, cuda: bool) -> list[tuple[st
             ("textbook attention", "", textbook, textbook),
         ]
     return contenders
+
+
+def attention_sweep_record(device: torch.device, quick: bool) -> Record:
+    """Attention forward + backward, causal, over sequence lengths and head dimensions.
+
+    On CUDA: bfloat16, 16 heads, tokens per batch fixed at 16,384 (batch = 16,384 / seq),
+    sequences 512 to 8,192 (1,024 and 4,096 quick), head dimensions 64 and 128;
+    :class:`~trainfast.kernels.attention_triton.FlashAttentionTriton` against SDPA's default
+    backend. On a CPU (float32, batch 1, 4 heads, sequences 128 and 256 (128 quick), head
+    dimensions 32 and 64 (32 quick)): the tiled PyTorch FlashAttention, SDPA and
+    ``flex_attention`` compiled by ``torch.compile`` with a causal block mask (not when
+    ``quick``). FLOPs follow the
+    FlashAttention-2 paper's convention, forward ``4·b·h·n²·d`` and backward 2.5 times that,
+    halved when causal (forward only where ``pass`` says so); ``min_seconds`` is the fastest
+    of the ten calls, steadier than the median on a shared CPU; ``max_abs_diff`` is each
+    output's largest difference from SDPA's. The
+    prediction beside it is :func:`attention_sweep_prediction`. On a CPU it times with one thread
+    (restored after): on a shared machine, several threads' calls swing by whole scheduler periods.
+    """
+    cuda = device.type == "cuda"
+    threads = torch.get_num_threads()
+    if not cuda:
+        torch.set_num_threads(1)
+    try:
+        rows = _attention_sweep_rows(device, quick)
+    finally:
+        torch.set_num_threads(threads)
+    dtype = rows[0]["dtype"]
+    return _record(
+        "attention-fwd-bwd",
+        f"Causal attention forward + backward, {dtype}: median seconds and TFLOP/s (forward "
+        "4·b·h·n²·d, backward 2.5 times that, halved for causal); max_abs_diff from SDPA's output.",
+        rows,
+        device,
+        {"seconds": "s", "min_seconds": "s", "tflops": "TFLOP/s"},
+    )
+
+
+def _attention_sweep_rows(device: torch.device, quick: bool) -> list[dict[str, Any]]:
+    """The rows of :func:`attention_sweep_record`, timed with the threads the caller set."""
+    cuda = device.type == "cuda"
+    dtype = torch.bfloat16 if cuda else torch.float32
+    heads = 16 if cuda else 4
+    if cuda:
+        seqs, head_dims = ((1024, 4096) if quick else (512, 1024, 2048, 4096, 8192)), (64, 128)
+    else:
+        seqs, head_dims = ((128,) if quick else (128, 256)), ((32,) if quick else (32, 64))
+    rows = []
+    for head_dim in head_dims:
+        for seq in seqs:
+            batch = max(1, 16_384 // seq) if cuda else 1
+            shape = (batch, heads, seq, head_dim)
+            q, k, v = (torch.randn(shape, device=device, dtype=dtype) for _ in range(3))
+            grad_out = torch.randn_like(q)
+            forward_flops = 4 * batch * heads * seq * seq * head_dim / 2
+            base = {
+                "seq": seq,
+                "head_dim": head_dim,
+                "batch": batch,
+                "heads": heads,
+                "dtype": str(dtype).removeprefix("torch."),
+                "threads": torch.get_num_threads(),
+            }
+            expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+            for name, attend, backward in _sweep_contenders(seq, cuda, quick):
+                args = [t.detach().clone().requires_grad_(backward) for t in (q, k, v)]
+                out = attend(*args)
+                difference = (out.float() - expected.float()).abs().max().item()
+
+                step = partial(_attention_step, attend, args, grad_out if backward else None)
+                timing = benchmark(step, warmup=2, repeats=10, device=device)
+                flops = forward_flops * (3.5 if backward else 1.0)
+                rows.append(
+                    base
+                    | {
+                        "implementation": name,
+                        "pass": "forward + backward" if backward else "forward",
+                        "seconds": timing.median,
+                        "min_seconds": timing.min,
+                        "tflops": flops / timing.median / 1e12,
+                        "max_abs_diff": difference,
+                    }
+                )
+    return rows
+
+
+def _attention_step(attend: Any, args: list[torch.Tensor], grad_out: torch.Tensor | None) -> None:
+    """One timed step: the forward, and the backward unless ``grad_out`` is None."""
+    out = attend(*args)
+    if grad_out is not None:
+        torch.autograd.grad(out, args, grad_out)
+
+
+def _sweep_contenders(seq: int, cuda: bool, quick: bool) -> list[tuple[str, Any, bool]]:
+    """(name, attend(q, k, v) -> causal output, whether the backward is timed too) for
+    :func:`attention_sweep_record`.
+
+    ``quick`` on a CPU leaves FlexAttention out: its compilation takes minutes there. FlexAttention
+    has no backward on a CPU (torch 2.14 raises ``NotImplementedError``), so there it is timed
+    forward only, beside SDPA's forward.
+    """
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def causal_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return sdpa(q, k, v, is_causal=True)
+
+    contenders: list[tuple[str, Any, bool]] = [("sdpa (default)", causal_sdpa, True)]
+    if cuda:
+        from trainfast.kernels.attention_triton import FlashAttentionTriton
+
+        contenders.append(
+            (
+                "triton FlashAttentionTriton",
+                lambda q, k, v: FlashAttentionTriton.apply(q, k, v, True),
+                True,
+            )
+        )
+        return contenders
+    tiled = (
+        "tiled FlashAttention (PyTorch)",
+        lambda q, k, v: FlashAttention.apply(q, k, v, True),
+        True,
+    )
+    if quick:
+        return [*contenders, tiled]
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    def causal(
+        batch: torch.Tensor, head: torch.Tensor, q_index: torch.Tensor, kv_index: torch.Tensor
+    ) -> torch.Tensor:
+        return q_index >= kv_index
+
+    block_mask = create_block_mask(causal, None, None, seq, seq, device="cpu")
+    compiled = torch.compile(flex_attention)
+    contenders += [
+        tiled,
+        ("sdpa (default)", causal_sdpa, False),
+        (
+            "flex_attention (torch.compile)",
+            lambda q, k, v: compiled(q, k, v, block_mask=block_mask),
+            False,
+        ),
+    ]
+    return contenders
+
+
+def attention_sweep_prediction(
+    gpu: GPUSpec, seq: int, head_dim: int, dtype: str = "bf16", block: int = 64
+) -> Prediction:
+    """The forward + backward FLOP/s of causal flash attention on ``gpu``, from the roofline.
+
+    Executed FLOPs per (batch, head), before halving for causal: the forward's two products
+    (``4 · seq² · head_dim``) and the backward's seven (S and dP recomputed in both backward
+    kernels, dV, dK, dQ: ``14 · seq² · head_dim``). Bytes, with tiles of ``block`` rows and no
+    cache: each of the three kernels streams the other side's two n × d tensors once per tile,
+    ``3 · (seq / block) · 2 · seq · head_dim`` elements, plus about ``9 · seq · head_dim`` read
+    or written once (q, k, v, O, dO, dQ, dK, dV). The time is the larger of FLOPs / peak and
+    bytes / bandwidth; the rate is reported in :func:`attention_sweep_record`'s convention
+    (``3.5 · 4 · seq² · head_dim`` per time), so it is comparable with the record. L2 serves
+    most repeated tile reads on a real GPU, so read it as a no-cache estimate.
+    ``attention-fwd-bwd`` measures it.
+    """
+    if seq < 1 or head_dim < 1 or block < 1:
+        raise ValueError(
+            f"Invalid attention shape: seq={seq!r}, head_dim={head_dim!r}, block={block!r}"
+        )
+    if dtype not in gpu.peak_flops:
+        raise ValueError(f"Unknown dtype for {gpu.name}: {dtype!r} (has {sorted(gpu.peak_flops)})")
+    element = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}[dtype]
+    executed = (4 + 14) * seq * seq * head_dim
+    moved = (3 * -(-seq // block) * 2 * seq * head_dim + 9 * seq * head_dim) * element
+    seconds = max(executed / gpu.peak_flops[dtype], moved / gpu.hbm_bytes_per_s)
+    return Prediction(
+        3.5 * 4 * seq * seq * head_dim / seconds / 1e12,
+        "TFLOP/s",
+        f"roofline of the {gpu.name} datasheet, {dtype} forward + backward, seq {seq}, "
+        f"head dim {head_dim}, {block}-row tiles, no cache",
+    )
 
 
 # --- the memory hierarchy ----------------------------------------------------------------------

@@ -85,8 +85,8 @@ def plot_waterfall(rows: Sequence[dict[str, Any]], *, ax: Any = None, title: str
     ax.title.set_size(12)
     handles = [
         Patch(color="0.45", label="baseline"),
-        Patch(color=VERDICT_COLORS["faster"], label="fix: faster (sign test, p < 0.05)"),
-        Patch(color=VERDICT_COLORS["slower"], label="fix: slower (sign test, p < 0.05)"),
+        Patch(color=VERDICT_COLORS["faster"], label="fix: faster (rank-sum test, p < 0.05)"),
+        Patch(color=VERDICT_COLORS["slower"], label="fix: slower (rank-sum test, p < 0.05)"),
         Patch(color=VERDICT_COLORS["noise"], label="fix: within the noise"),
         Patch(color="tab:blue", label="all fixes"),
         plt.Line2D([], [], color="black", label="± half the IQR of the samples"),

@@ -235,8 +235,11 @@ def matmul_kernel(
 def _gelu_tanh(x):
     """GELU's tanh approximation, ``x/2 · (1 + tanh(u))`` with ``u = √(2/π)(x + 0.044715 x³)``,
     written as ``x · sigmoid(2u)`` (the same function: ``(1 + tanh u)/2 = sigmoid(2u)``), since
-    ``tl.sigmoid`` is in Triton's core language and ``tanh`` is not."""
+    ``tl.sigmoid`` is in Triton's core language and ``tanh`` is not. ``u`` is clamped to ±15,
+    where sigmoid(2u) is already 1 or 0 to float32's precision, so that ``exp`` cannot overflow
+    (the interpreter's NumPy warns when it does; the GPU would return the same value)."""
     u = 0.7978845608028654 * (x + 0.044715 * x * x * x)
+    u = tl.minimum(tl.maximum(u, -15.0), 15.0)
     return x * tl.sigmoid(2.0 * u)
 
 

@@ -73,15 +73,16 @@ def gradient_noise_scale(
         raise ValueError(
             f"Invalid batch sizes: small={small}, big={big} (expected 1 <= small < big)"
         )
-    if big > len(dataset):  # type: ignore[arg-type]
-        raise ValueError(f"Invalid big={big}: the data set has only {len(dataset)} examples")  # type: ignore[arg-type]
+    n_examples = len(dataset)  # type: ignore[arg-type]
+    if big > n_examples:
+        raise ValueError(f"Invalid big={big}: the data set has only {n_examples} examples")
     generator = torch.Generator().manual_seed(seed)
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
     small_sq, big_sq = 0.0, 0.0
     for _ in range(batches):
-        index = torch.randperm(len(dataset), generator=generator)[:big].tolist()  # type: ignore[arg-type]
+        index = torch.randperm(n_examples, generator=generator)[:big].tolist()
         inputs = torch.stack([dataset[i][0] for i in index]).to(device)
         targets = torch.stack([torch.as_tensor(dataset[i][1]) for i in index]).to(device)
         big_sq += _gradient(model, inputs, targets, loss_fn).square().sum().item()

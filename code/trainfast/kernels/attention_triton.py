@@ -755,7 +755,7 @@ def attention_forward_launch(
     strides = (*q3.stride(), *k3.stride(), *v3.stride(), *out.stride())
     group = batch_heads // k3.shape[0]  # query heads per KV head (1 without GQA)
     args = (q3, k3, v3, out, lse, *strides, n_queries, n_keys, head_dim**-0.5 * LOG2_E, group)
-    constants = _constants(head_dim, is_causal, q3.dtype, tiles)
+    constants = _constants(q3.shape[-1], is_causal, q3.dtype, tiles)
     return attention_grid(n_queries, tiles.block_q, batch_heads), args, constants
 
 
@@ -844,6 +844,16 @@ def flash_attention_triton_backward(
     return dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape)
 
 
+def _backward_sizes(q3: Any, k3: Any) -> tuple[int, int, int, tuple]:
+    """Batch·heads, queries, keys and the size arguments both backward kernels take."""
+    batch_heads, n_queries, head_dim = q3.shape
+    n_keys = k3.shape[1]
+    scale = head_dim**-0.5
+    group = batch_heads // k3.shape[0]  # query heads per KV head (1 without GQA)
+    sizes = (q3.stride(0), k3.stride(0), head_dim, n_queries, n_keys, scale, scale * LOG2_E, group)
+    return batch_heads, n_queries, n_keys, sizes
+
+
 def attention_dkdv_launch(
     q3: Any,
     k3: Any,
@@ -857,13 +867,9 @@ def attention_dkdv_launch(
     tiles: AttentionTiles,
 ) -> tuple[tuple[int], tuple, dict[str, Any]]:
     """Grid, arguments and keywords of :func:`flash_backward_dkdv_kernel` (contiguous tensors)."""
-    batch_heads, n_queries, head_dim = q3.shape
-    n_keys = k3.shape[1]
-    scale = head_dim**-0.5
-    group = batch_heads // k3.shape[0]  # query heads per KV head (1 without GQA)
-    sizes = (q3.stride(0), k3.stride(0), head_dim, n_queries, n_keys, scale, scale * LOG2_E, group)
+    batch_heads, n_queries, n_keys, sizes = _backward_sizes(q3, k3)
     args = (q3, k3, v3, do3, lse, delta, dk, dv, *sizes)
-    constants = _constants(head_dim, is_causal, q3.dtype, tiles)
+    constants = _constants(q3.shape[-1], is_causal, q3.dtype, tiles)
     return attention_grid(n_keys, tiles.block_k, batch_heads), args, constants
 
 
@@ -879,13 +885,9 @@ def attention_dq_launch(
     tiles: AttentionTiles,
 ) -> tuple[tuple[int], tuple, dict[str, Any]]:
     """Grid, arguments and keywords of :func:`flash_backward_dq_kernel` (contiguous tensors)."""
-    batch_heads, n_queries, head_dim = q3.shape
-    n_keys = k3.shape[1]
-    scale = head_dim**-0.5
-    group = batch_heads // k3.shape[0]  # query heads per KV head (1 without GQA)
-    sizes = (q3.stride(0), k3.stride(0), head_dim, n_queries, n_keys, scale, scale * LOG2_E, group)
+    batch_heads, n_queries, n_keys, sizes = _backward_sizes(q3, k3)
     args = (q3, k3, v3, do3, lse, delta, dq, *sizes)
-    constants = _constants(head_dim, is_causal, q3.dtype, tiles)
+    constants = _constants(q3.shape[-1], is_causal, q3.dtype, tiles)
     return attention_grid(n_queries, tiles.block_q, batch_heads), args, constants
 
 

@@ -46,6 +46,7 @@ from trainfast.records import Prediction, Record, make_record
 from trainfast.timing import benchmark
 
 __all__ = [
+    "ELEMENT_BYTES",
     "FUSED_LINEAR_GELU_SHAPE",
     "TARGETS",
     "attention_forward_prediction",
@@ -64,6 +65,9 @@ __all__ = [
     "strided_record",
     "target_ratios",
 ]
+
+#: Bytes per element of each format the predictions take (a key of ``GPUSpec.peak_flops``).
+ELEMENT_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 
 #: benchmark name -> (what is compared, the ratio's target on an H100)
 TARGETS = {
@@ -680,7 +684,7 @@ def attention_sweep_prediction(
         )
     if dtype not in gpu.peak_flops:
         raise ValueError(f"Unknown dtype for {gpu.name}: {dtype!r} (has {sorted(gpu.peak_flops)})")
-    element = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}[dtype]
+    element = ELEMENT_BYTES[dtype]
     executed = (4 + 14) * seq * seq * head_dim
     moved = (3 * -(-seq // block) * 2 * seq * head_dim + 9 * seq * head_dim) * element
     seconds = max(executed / gpu.peak_flops[dtype], moved / gpu.hbm_bytes_per_s)
@@ -848,7 +852,7 @@ def matmul_prediction(
         raise ValueError(f"Invalid matrix size: {size!r} (expected >= 1)")
     if dtype not in gpu.peak_flops:
         raise ValueError(f"Unknown dtype for {gpu.name}: {dtype!r} (has {sorted(gpu.peak_flops)})")
-    element = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}[dtype]
+    element = ELEMENT_BYTES[dtype]
     cost = matmul_cost(size, size, size, element_bytes=element)
     moved = cost.bytes if tiles is None else tile_traffic_bytes(size, size, size, tiles, element)
     roofline = Roofline(gpu.peak_flops[dtype], gpu.hbm_bytes_per_s)
@@ -874,7 +878,7 @@ def fused_linear_gelu_prediction(
     """
     if dtype not in gpu.peak_flops:
         raise ValueError(f"Unknown dtype for {gpu.name}: {dtype!r} (has {sorted(gpu.peak_flops)})")
-    element = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}[dtype]
+    element = ELEMENT_BYTES[dtype]
     peak, bandwidth = gpu.peak_flops[dtype], gpu.hbm_bytes_per_s
     matmul_flops = 2 * m * n * k
     fused_bytes = epilogue_traffic_bytes(m, n, k, element, fused=True)
@@ -926,7 +930,7 @@ def attention_forward_prediction(
         )
     if dtype not in gpu.peak_flops:
         raise ValueError(f"Unknown dtype for {gpu.name}: {dtype!r} (has {sorted(gpu.peak_flops)})")
-    element = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}[dtype]
+    element = ELEMENT_BYTES[dtype]
     flops = 4 * seq * seq * head_dim
     moved = (-(-seq // block) * 2 * seq * head_dim + 2 * seq * head_dim) * element
     roofline = Roofline(gpu.peak_flops[dtype], gpu.hbm_bytes_per_s)

@@ -334,8 +334,8 @@ def _page(body: str, css: str = "") -> str:
     return f"""<!doctype html><html><head><meta charset="utf-8"><link rel="icon" href="data:,">
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <link rel="stylesheet" href="{LAYOUT_CSS.as_uri()}">
-<style>body {{ margin: 0; }} article {{ max-width: 800px; padding: 0 20px; }}
-pre {{ overflow-x: auto; }} {css}</style></head>
+<style>span.pre {{ white-space: nowrap; }} body {{ margin: 0; }}
+article {{ max-width: 800px; padding: 0 20px; }} pre {{ overflow-x: auto; }} {css}</style></head>
 <body><article class="bd-article">{body}</article></body></html>"""
 
 
@@ -380,8 +380,8 @@ def planted_pages(folder: Path) -> tuple[Path, Path]:
         + "<table><tr><th>layout</th><th>GB per device</th></tr>"
         + "<tr><td>tp=64</td><td>does not fit</td></tr></table>"
         + '<p>Long inline code wraps: <code class="docutils literal notranslate">'
-        + "torch.distributed.elastic.multiprocessing.errors.record_and_raise_with_context"
-        + "</code>, and <a href='#'>https://docs.pytorch.org/docs/stable/generated/"
+        + '<span class="pre">torch.distributed.elastic.multiprocessing.errors.record_and_raise'
+        + "</span></code>, and <a href='#'>https://docs.pytorch.org/docs/stable/generated/"
         + "torch.optim.lr_scheduler.OneCycleLR.html</a>.</p>",
     )
     (folder / "planted.html").write_text(planted)

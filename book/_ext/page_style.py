@@ -8,16 +8,32 @@
    ever shrinks a figure to its column (never stretches it); ``tests/test_site_layout.py``
    checks the scale of every figure.
 
+   A figure glued from another page (``{glued-figure}``, below) gets its width the same way.
+
 2. **Citations by author and year, everywhere.** Each chapter's reference list labels its
    entries "Kingma and Ba, 2015" ("et al." from three authors or "and others" on;
    "NVIDIA, 2024a", "2024b" where labels would repeat) and sorts them by author, year and title,
    reading a corporate author (``{NVIDIA}``) by its name rather than after "Z"
    (``bibtex_default_style: author_year``). A citation in the text shows the same label in
    round brackets (``bibtex_reference_style: author_year_round``).
+
+3. **A numbered figure glued from another page.** myst-nb's ``{glue:figure}`` (caption, name,
+   alt text) reads only the page's own glue; its ``{glue}`` reads another page's but gives no
+   caption, and alt text that is the file's path. ``{glued-figure} key`` with ``:doc:``,
+   ``:name:`` and ``:alt:`` does both: the intro opens with the profiling chapter's figure::
+
+       ```{glued-figure} intro_waterfall
+       :doc: profiling.md
+       :name: fig-intro-waterfall
+       :alt: What the figure shows, in words.
+
+       The caption (its first paragraph; more paragraphs become the figure's legend).
+       ```
 """
 
 from __future__ import annotations
 
+import base64
 import struct
 from collections import Counter
 from dataclasses import dataclass, field
@@ -26,10 +42,15 @@ from pathlib import Path
 import pybtex.plugin
 import sphinxcontrib.bibtex.plugin
 from docutils import nodes
+from docutils.parsers.rst import directives
+from myst_nb.ext.glue.crossref import read_glue_cache
+from myst_nb.ext.glue.utils import PendingGlueReferenceError, create_pending_glue_ref
 from pybtex.style.formatting.plain import Style as PlainStyle
 from pybtex.style.labels import BaseLabelStyle
 from pybtex.style.sorting.author_year_title import SortingStyle as AuthorYearTitleSorting
 from sphinx.application import Sphinx
+from sphinx.transforms.post_transforms import SphinxPostTransform
+from sphinx.util.docutils import SphinxDirective
 from sphinxcontrib.bibtex.style.referencing import BracketStyle, GroupReferenceStyle, PersonStyle
 from sphinxcontrib.bibtex.style.referencing.basic_author_year import (
     BasicAuthorYearTextualReferenceStyle,
@@ -81,6 +102,64 @@ def _size_figures(app: Sphinx, doctree: nodes.document) -> None:
         width = None if path is None else print_width(path)
         if width is not None:
             image["width"] = f"{width}px"
+
+
+class GluedFigure(SphinxDirective):
+    """A figure glued from another page's notebook, with a numbered caption and alt text."""
+
+    required_arguments = 1  # the glue key
+    has_content = True
+    option_spec = {
+        "doc": directives.unchanged_required,
+        "name": directives.unchanged,
+        "alt": directives.unchanged_required,
+    }
+
+    def run(self) -> list[nodes.Node]:
+        key = self.arguments[0]
+        try:
+            source, line = self.get_source_info()
+            ref = create_pending_glue_ref(
+                self.state.document, source, line, self.options["doc"], key
+            )
+        except (PendingGlueReferenceError, KeyError) as error:
+            raise self.error(f"glued-figure {key}: {error} (it needs :doc:)") from None
+        figure = nodes.figure("", ref, classes=["glued-figure"])
+        figure["glue_doc"], figure["glue_key"] = ref.refdoc, ref.key
+        figure["glue_alt"] = self.options["alt"]
+        self.set_source_info(figure)
+        self.add_name(figure)
+        if self.content:
+            parsed = nodes.Element()
+            self.state.nested_parse(self.content, self.content_offset, parsed)
+            first, *rest = parsed.children
+            if not isinstance(first, nodes.paragraph):
+                raise self.error("glued-figure: the caption must be a paragraph")
+            figure += nodes.caption(first.rawsource, "", *first.children)
+            if rest:
+                figure += nodes.legend("", *rest)
+        return [figure]
+
+
+class SizeGluedFigures(SphinxPostTransform):
+    """After myst-nb put the image in (its priority 5): the alt text and the print width."""
+
+    default_priority = 6
+
+    def apply(self, **kwargs) -> None:
+        for figure in list(self.document.findall(nodes.figure)):
+            if "glue_key" not in figure:
+                continue
+            for image in figure.findall(nodes.image):
+                image["alt"] = figure["glue_alt"]
+                glued = read_glue_cache(self.env.mystnb_config.output_folder, figure["glue_doc"])
+                png = glued.get(figure["glue_key"], {}).get("data", {}).get("image/png")
+                if png and "width" not in image:
+                    width, _, dpi = png_info(base64.b64decode(png))
+                    if dpi:
+                        image["width"] = f"{round(width * CSS_DPI / dpi)}px"
+            for key in ("glue_doc", "glue_key", "glue_alt"):
+                del figure[key]
 
 
 # --- citations -----------------------------------------------------------------------------------
@@ -166,4 +245,6 @@ sphinxcontrib.bibtex.plugin.register_plugin(
 
 def setup(app: Sphinx) -> dict:
     app.connect("doctree-read", _size_figures)
+    app.add_directive("glued-figure", GluedFigure)
+    app.add_post_transform(SizeGluedFigures)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

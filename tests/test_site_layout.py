@@ -651,3 +651,23 @@ def test_the_table_check_sees_a_planted_empty_column():
 def test_no_table_has_an_empty_column(site, name):
     found = empty_columns((site / "book" / f"{name}.html").read_text())
     assert not found, f"{name}: empty columns:\n" + "\n".join(found)
+
+
+def test_the_build_sizes_a_figure_from_the_resolution_its_png_records(tmp_path):
+    """``page_style`` gives a 2x PNG (192 px per inch) half its pixel width, leaves a PNG that
+    records no resolution, and an image with a width of its own, as they are."""
+    from types import SimpleNamespace
+
+    from docutils import nodes
+    from PIL import Image
+
+    Image.new("RGB", (1728, 400)).save(tmp_path / "drawn.png", dpi=(192, 192))
+    Image.new("RGB", (300, 100)).save(tmp_path / "plain.png")
+    doctree = nodes.document(None, None)
+    drawn, plain = nodes.image(uri="drawn.png"), nodes.image(uri="plain.png")
+    sized = nodes.image(uri="drawn.png", width="50%")
+    doctree += [drawn, plain, sized]
+    env = SimpleNamespace(docname="page", relfn2path=lambda uri, doc: (uri, str(tmp_path / uri)))
+    page_style._size_figures(SimpleNamespace(env=env, srcdir=str(tmp_path)), doctree)
+    assert drawn["width"] == "864px"  # 9 inches at 96 CSS px per inch
+    assert "width" not in plain and sized["width"] == "50%"

@@ -105,6 +105,9 @@ MEASURE = """() => {
     code_inputs: texts('.cell_input, .cell .cell_input'),
     outputs: texts('.cell_output, span.pasted-text, .pasted-inline, table, figcaption'),
     cells: texts('td, th').map((s) => s.trim()),
+    bold_glue: Array.from(article.querySelectorAll('span.pasted-text'))
+      .filter((e) => parseInt(getComputedStyle(e).fontWeight, 10) >= 600)
+      .map((e) => e.textContent.trim().slice(0, 60)),
   };
 }"""
 
@@ -334,7 +337,8 @@ def _page(body: str, css: str = "") -> str:
     return f"""<!doctype html><html><head><meta charset="utf-8"><link rel="icon" href="data:,">
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <link rel="stylesheet" href="{LAYOUT_CSS.as_uri()}">
-<style>span.pre {{ white-space: nowrap; }} body {{ margin: 0; }}
+<style>span.pre {{ white-space: nowrap; }} span.pasted-text {{ font-weight: bold; }}
+body {{ margin: 0; }}
 article {{ max-width: 800px; padding: 0 20px; }} pre {{ overflow-x: auto; }} {css}</style></head>
 <body><article class="bd-article">{body}</article></body></html>"""
 
@@ -367,6 +371,7 @@ def planted_pages(folder: Path) -> tuple[Path, Path]:
         "  File /__w/pytorch/pytorch/torch/nn/x.py</pre></div>"
         + "<table><tr><th>layout</th><th>GB per device</th></tr>"
         + "<tr><td>tp=64</td><td>nan</td></tr></table>"
+        + '<p>A glued <strong><span class="pasted-text">72.0%</span></strong> in bold.</p>'
         + '<p><span style="white-space: nowrap">a 600 px line that does not wrap: '
         + "x" * 80
         + "</span></p>",
@@ -379,6 +384,8 @@ def planted_pages(folder: Path) -> tuple[Path, Path]:
         + '<div class="cell_output"><pre>saved to trace.json</pre></div>'
         + "<table><tr><th>layout</th><th>GB per device</th></tr>"
         + "<tr><td>tp=64</td><td>does not fit</td></tr></table>"
+        + '<p>A glued <span class="pasted-text">72.0%</span> at the body\'s weight (myst-nb '
+        + "sets it bold, layout.css does not).</p>"
         + '<p>Long inline code wraps: <code class="docutils literal notranslate">'
         + '<span class="pre">torch.distributed.elastic.multiprocessing.errors.record_and_raise'
         + "</span></code>, and <a href='#'>https://docs.pytorch.org/docs/stable/generated/"
@@ -408,6 +415,7 @@ def test_the_checks_see_each_planted_defect_and_pass_a_clean_page(browser, tmp_p
     assert len(found) == 2 and "/tmp/tmpk3j2x" in found[0] and "/__w/" in found[1], found
     assert machine_paths(good) == []
     assert nan_cells(bad) == ["nan"] and nan_cells(good) == []
+    assert bad["bold_glue"] == ["72.0%"] and good["bold_glue"] == []
 
     bad_phone, _ = visit(browser, planted.as_uri(), PHONE)
     good_phone, _ = visit(browser, clean.as_uri(), PHONE)
@@ -483,6 +491,12 @@ def test_no_output_shows_a_machine_path(chapter_layouts, name):
 def test_no_table_cell_reads_nan(chapter_layouts, name):
     found = nan_cells(chapter_layouts[name][0])
     assert not found, f"{name}: {len(found)} cells read {sorted(set(found))}"
+
+
+@pytest.mark.parametrize("name", PAGES)
+def test_glued_values_take_the_bodys_weight(chapter_layouts, name):
+    bold = chapter_layouts[name][0]["bold_glue"]
+    assert not bold, f"{name}: {len(bold)} bold glued values: {bold[:5]}"
 
 
 @pytest.mark.parametrize("name", PAGES)

@@ -685,3 +685,23 @@ def test_the_build_sizes_a_figure_from_the_resolution_its_png_records(tmp_path):
     page_style._size_figures(SimpleNamespace(env=env, srcdir=str(tmp_path)), doctree)
     assert drawn["width"] == "864px"  # 9 inches at 96 CSS px per inch
     assert "width" not in plain and sized["width"] == "50%"
+
+
+def test_the_matplotlibrc_draws_at_2x_with_plain_numbers_on_a_small_log_range():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rc = book_site.ROOT / "book" / "_ext" / "matplotlibrc"
+    with matplotlib.rc_context(fname=str(rc)):
+        assert matplotlib.rcParams["figure.dpi"] == 2 * page_style.CSS_DPI
+        fig, ax = plt.subplots()
+        ax.plot([2, 50], [3, 40])
+        ax.set_xscale("log")
+        fig.canvas.draw()
+        labels = [t.get_text() for t in ax.get_xticklabels(minor=True) + ax.get_xticklabels()]
+        plt.close(fig)
+    assert {"$\\mathdefault{3}$", "$\\mathdefault{20}$"} <= set(labels), labels
+    assert not [label for label in labels if "times" in label], labels  # no "3 × 10⁰"
+    assert smallest_figure_text_pt(rc) >= 11

@@ -1,6 +1,7 @@
-"""Citations read one way: every chapter ends with a "References" section that lists the works it
-cites, each cited key is in ``book/references.bib``, the entries render without raw LaTeX or
-wrong capitals, and the lists are sorted and labelled by author and year
+"""Citations read one way: works are cited with ``{cite}`` (never typed by hand as
+"[Goyal et al., 2017](https://...)"), every chapter ends with a "References" section that lists
+the works it cites, each cited key is in ``book/references.bib``, the entries render without
+raw LaTeX or wrong capitals, and the lists are sorted and labelled by author and year
 (``book/_ext/page_style.py``). Each check is proven on a planted instance first."""
 
 from __future__ import annotations
@@ -40,6 +41,27 @@ def reference_problems(markdown: str, keys: set[str]) -> list[str]:
     if not cited:
         problems.append("its References section lists nothing: the chapter cites no work")
     return problems
+
+
+#: A citation typed by hand: "[Goyal et al., 2017](https://...)", "Kaplan et al. (2020)",
+#: "Bergstra and Bengio (2012)"; the book cites with ``{cite}`` and a references.bib entry.
+HAND_CITATION = re.compile(
+    r"\[[A-Z][^\]]{0,80}\b(?:19|20)\d\d[a-z]?\]\(https?://"
+    r"|\b[A-Z][\w'-]+(?: et al\.| and [A-Z][\w'-]+)(?:,\s*| \()(?:19|20)\d\d[a-z]?\b"
+)
+
+
+def hand_written_citations(markdown: str) -> list[str]:
+    """Prose lines (outside code fences) that cite a work by hand instead of with ``{cite}``."""
+    found, fence = [], None
+    for number, line in enumerate(markdown.splitlines(), 1):
+        opener = re.match(r"\s*(`{3,}|~{3,})", line)
+        if opener and (fence is None or line.strip() == fence):
+            fence = opener.group(1) if fence is None else None
+            continue
+        if fence is None and HAND_CITATION.search(CITE.sub("", line)):
+            found.append(f"line {number}: {line.strip()[:90]}")
+    return found
 
 
 #: LaTeX a BibTeX field may hold and pybtex renders: escaped underscores and the like. Anything
@@ -100,6 +122,28 @@ def test_the_reference_checks_see_planted_mistakes():
         "c.title: raw LaTeX in 'A Proof for the Queuing Formula: {$L = \\\\lambda W$}'",
         "d.title: raw LaTeX in '{cuBLAS}: epilogues (\\\\texttt{cublasLtEpilogue\\\\_t})'",
     ]
+
+
+def test_the_citation_style_check_sees_citations_typed_by_hand():
+    planted = (
+        "As [Goyal et al., 2017](https://arxiv.org/abs/1706.02677) found,\n"
+        "and as Kaplan et al. (2020) and Bergstra and Bengio (2012) did,\n"
+        "```{code-cell} ipython3\n# Smith et al. (2019) in code is not prose\n```\n"
+        "Adam {cite}`kingma2015adam`; in 2015 and 2019 the batch grew.\n"
+    )
+    assert hand_written_citations(planted) == [
+        "line 1: As [Goyal et al., 2017](https://arxiv.org/abs/1706.02677) found,",
+        "line 2: and as Kaplan et al. (2020) and Bergstra and Bengio (2012) did,",
+    ]
+
+
+@pytest.mark.parametrize("name", ["intro", *CHAPTERS])
+def test_every_chapter_cites_with_the_bibliography(name):
+    found = hand_written_citations((book_site.ROOT / "book" / f"{name}.md").read_text())
+    assert not found, (
+        f"book/{name}.md cites by hand (use {{cite}} and a references.bib entry, so the "
+        "reference list has it):\n" + "\n".join(found[:30])
+    )
 
 
 def test_reference_lists_are_sorted_and_labelled_by_author_and_year():

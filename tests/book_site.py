@@ -7,11 +7,19 @@ finishes (``book/_ext/build_support.py``), is newer than every source the site i
 reason, since ``make test`` alone does not build the site (a build takes minutes); ``.ci/run`` runs
 ``make book`` first and sets ``TRAINFAST_BUILT_FIRST=1``, under which a missing or stale site fails
 instead of skipping.
+
+The browser tests start chromium one way, through :func:`chromium` here.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import http.server
+import importlib.util
 import os
+import shutil
+import threading
 from pathlib import Path
 
 import pytest
@@ -67,3 +75,58 @@ def built_site() -> Path:
             pytest.fail(f"TRAINFAST_BUILT_FIRST=1, but {reason}")
         pytest.skip(reason)
     return HTML
+
+
+# --- the browser ---------------------------------------------------------------------------------
+
+#: Debian's chromium; GitHub's Ubuntu runners ship Google Chrome instead.
+CHROMIUM = next(
+    filter(None, map(shutil.which, ["chromium", "chromium-browser", "google-chrome"])), None
+)
+
+
+def browser_missing() -> str | None:
+    """Why the browser tests cannot run here (no chromium, no Playwright), or None."""
+    if CHROMIUM is None:
+        return "Debian's chromium is not installed (.ci/run installs it as root)"
+    if importlib.util.find_spec("playwright") is None:
+        return "playwright is not installed (it is in requirements.txt)"
+    return None
+
+
+@contextlib.contextmanager
+def chromium():
+    """The one way the tests start a browser: the system chromium, headless, driven by Playwright.
+
+    Skips (saying why) where there is no chromium or no Playwright.
+    """
+    reason = browser_missing()
+    if reason is not None:
+        pytest.skip(reason)
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"]
+        )
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def serve(directory: Path):
+    """``directory`` over HTTP on localhost; yields its base URL."""
+    handler = functools.partial(_QuietHandler, directory=str(directory))
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    finally:
+        httpd.shutdown()

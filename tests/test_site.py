@@ -1,16 +1,11 @@
 """The built site works offline: nothing is fetched from elsewhere, every internal link and anchor
 resolves, and search finds the chapters. Needs a current ``_build/html`` (see book_site.py); the
-browser tests also need Debian's ``chromium`` (``.ci/run`` installs it when it runs as root)."""
+browser tests also need Debian's ``chromium`` and Playwright (``book_site.chromium``)."""
 
 from __future__ import annotations
 
-import functools
-import http.server
 import json
 import re
-import shutil
-import subprocess
-import threading
 from html.parser import HTMLParser
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
@@ -140,92 +135,82 @@ def test_the_search_index_holds_every_chapter_and_its_words(site):
 
 # --- in a real browser -------------------------------------------------------------------------
 
-#: Debian's chromium; GitHub's Ubuntu runners ship Google Chrome instead.
-CHROMIUM = next(
-    filter(None, map(shutil.which, ["chromium", "chromium-browser", "google-chrome"])), None
-)
-needs_chromium = pytest.mark.skipif(
-    CHROMIUM is None, reason="Debian's chromium is not installed (.ci/run installs it as root)"
-)
+
+@pytest.fixture(scope="module")
+def browser():
+    with book_site.chromium() as browser:
+        yield browser
 
 
-def dump_dom(url: str, tmp_path: Path) -> tuple[str, list[str]]:
+def load(browser, url: str) -> tuple[str, list[str]]:
     """The DOM of ``url`` after its scripts ran, and every request the page made to another host.
 
-    Every host but localhost is unresolvable, so such a request fails; chromium's NetLog
-    records it either way. Requests the browser makes for itself (its initiator is "not an
-    origin") are not the page's and are left out.
+    Such a request is recorded and refused (nothing is fetched from elsewhere); requests the
+    browser makes for itself are not the page's and are not seen.
     """
-    netlog = tmp_path / "netlog.json"
-    flags = (
-        "--headless --no-sandbox --disable-gpu --no-first-run --disable-background-networking "
-        "--disable-component-update --virtual-time-budget=15000 --allow-file-access-from-files"
-    ).split()
-    resolver = "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE localhost, EXCLUDE 127.0.0.1"
-    command = [CHROMIUM, *flags, resolver, f"--log-net-log={netlog}", "--dump-dom", url]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=180)
-    assert result.returncode == 0, result.stderr[-2000:]
-    log = json.loads(netlog.read_text())
-    start_job = log["constants"]["logEventTypes"]["URL_REQUEST_START_JOB"]
-    requests = [
-        event["params"]
-        for event in log["events"]
-        if event["type"] == start_job and "url" in event.get("params", {})
-    ]
-    remote = [
-        request["url"]
-        for request in requests
-        if request.get("initiator") != "not an origin"
-        and urlsplit(request["url"]).hostname not in (None, "localhost", "127.0.0.1")
-    ]
-    return result.stdout, remote
+    remote: list[str] = []
+
+    def route(request_route):
+        host = urlsplit(request_route.request.url).hostname
+        if request_route.request.url.startswith(("http:", "https:")) and host not in LOCAL:
+            remote.append(request_route.request.url)
+            request_route.abort()
+        else:
+            request_route.continue_()
+
+    tab = browser.new_page()
+    try:
+        tab.route("**/*", route)
+        tab.goto(url, wait_until="load")
+        tab.evaluate("() => window.MathJax && MathJax.startup && MathJax.startup.promise")
+        if "search.html" in url:  # the results are filled in after load
+            tab.wait_for_selector("ul.search li a", timeout=15000)
+        tab.wait_for_timeout(300)
+        return tab.content(), remote
+    finally:
+        tab.close()
 
 
-def test_the_request_log_sees_a_page_that_uses_a_cdn(tmp_path):
-    if CHROMIUM is None:
-        pytest.skip("Debian's chromium is not installed (.ci/run installs it as root)")
+LOCAL = (None, "localhost", "127.0.0.1")
+
+
+def test_the_request_log_sees_a_page_that_uses_a_cdn(browser, tmp_path):
     page = tmp_path / "cdn.html"
     page.write_text('<script src="https://cdn.jsdelivr.net/npm/mathjax@3/es5/tex-svg.js"></script>')
-    assert dump_dom(page.as_uri(), tmp_path)[1] == [
+    assert load(browser, page.as_uri())[1] == [
         "https://cdn.jsdelivr.net/npm/mathjax@3/es5/tex-svg.js"
     ]
 
 
 @pytest.fixture(scope="module")
 def server(site):
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(site))
-    handler.log_message = lambda *args: None
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}"
-    httpd.shutdown()
+    with book_site.serve(site) as url:
+        yield url
 
 
 def _math_chapter() -> str:
     return next(n for n in CHAPTERS if "$" in (book_site.ROOT / "book" / f"{n}.md").read_text())
 
 
-@needs_chromium
 @pytest.mark.parametrize("origin", ["file", "server"])
-def test_a_chapter_renders_its_math_offline(site, server, origin, tmp_path):
+def test_a_chapter_renders_its_math_offline(site, server, browser, origin):
     name = _math_chapter()
     url = (
         (site / "book" / f"{name}.html").as_uri()
         if origin == "file"
         else f"{server}/book/{name}.html"
     )
-    dom, remote = dump_dom(url, tmp_path)
+    dom, remote = load(browser, url)
     assert "<mjx-container" in dom, f"MathJax did not typeset {url}"
     assert not remote, f"{url} requested from other hosts: {remote}"
 
 
-@needs_chromium
 @pytest.mark.parametrize("origin", ["file", "server"])
-def test_search_finds_a_chapter_offline(site, server, origin, tmp_path):
+def test_search_finds_a_chapter_offline(site, server, browser, origin):
     word = "optimizer"
     base = site.as_uri() if origin == "file" else server
-    dom, remote = dump_dom(f"{base}/search.html?q={word}", tmp_path)
-    results = re.findall(r'<li[^>]*>\s*<a href="([^"]+)"', dom.split('class="search"', 1)[-1])
+    dom, remote = load(browser, f"{base}/search.html?q={word}")
+    results = re.findall(r'<li[^>]*>\s*<a[^>]* href="([^"]+)"', dom.split('class="search"', 1)[-1])
     assert any("book/optimizers.html" in href for href in results), (
         f"searching {word!r} ({origin}) found {results[:5]}"
     )

@@ -1,40 +1,47 @@
-"""The built site as a reader sees it, in Debian's chromium at 1400 px: figures fill their column,
-nothing is wider than its column (code, tables, equations), no page logs a console error, the
-executed chapters show no raw logs, and no table has an empty column.
+"""The built site as a reader sees it, in Debian's chromium at 1400 px and on a 390 px phone.
+
+At 1400 px: every figure is shown at its print size (never stretched beyond 1.1x, its text at
+least 9 pt), has a numbered caption and alt text in words, and nothing is wider than its column
+(code, tables, equations); no page logs a console error. On a phone no page is wider than the
+screen and no figure's text shrinks below 7 pt. In what a reader reads: no visible ``glue(``
+line, no machine path (a temporary folder, PyTorch CI's ``/__w/``), no ``nan`` table cell, no
+raw logs, no empty table column, and no prose line that MyST swallows as a comment (``%``).
 
 Every check is one function run on the real pages and, first, on a tiny planted page with the
-defect it exists to catch, so a check that can no longer see its defect fails too. Needs a
-current ``_build/html`` (see book_site.py), Playwright and ``chromium``; skipped, saying why,
-without them.
+defect it exists to catch and on a clean one without it, so a check that can no longer see its
+defect, or that sees defects where there are none, fails too. The real pages need a current
+``_build/html`` (see book_site.py); the browser needs Playwright and ``chromium``
+(``book_site.chromium``); each is skipped, saying why, without them.
 """
 
 from __future__ import annotations
 
-import functools
-import http.server
+import base64
 import json
 import re
-import shutil
-import threading
+import sys
 from pathlib import Path
+from urllib.parse import unquote, urlsplit
 
 import book_site
 import pytest
 
-sync_api = pytest.importorskip(
-    "playwright.sync_api", reason="playwright is not installed (it is in requirements.txt)"
-)
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-if CHROMIUM is None:
-    pytest.skip("no system chromium (apt-get install -y chromium)", allow_module_level=True)
+sys.path.insert(0, str(book_site.ROOT / "book" / "_ext"))
+import page_style  # noqa: E402  (how the build sizes figures: the PNG's resolution)
 
 CHAPTERS = book_site.toc_chapters()
-WIDTH, HEIGHT = 1400, 2400
-#: A figure narrower than this share of its column is too small to read (split it instead).
-MIN_FIGURE_SHARE = 0.9
+PAGES = ["intro", *CHAPTERS]
+WIDE = {"width": 1400, "height": 2400}
+PHONE = {"width": 390, "height": 844}
+#: A figure shown larger than its print size by more than this is blurry and its text too big.
+MAX_UPSCALE = 1.1
+#: The smallest text a figure may show, in points, on a wide screen and on a phone.
+MIN_TEXT_PT = 9.0
+MIN_PHONE_TEXT_PT = 7.0
 
-#: What a reader sees of the page's layout: the column, every figure's width, and every code
-#: cell, table or display equation wider than the space it has (it scrolls or is cut off).
+#: What a reader sees of the page's layout: the column, every figure (its file, its natural and
+#: shown width, caption and alt), every code cell, table or display equation wider than the
+#: space it has, and what sticks out of the screen sideways; and the texts the checks read.
 MEASURE = """() => {
   const article = document.querySelector('article.bd-article') || document.body;
   const style = getComputedStyle(article);
@@ -44,22 +51,32 @@ MEASURE = """() => {
   const describe = (e) => (e.textContent || e.getAttribute('src') || '').trim().slice(0, 70);
   const figures = Array.from(article.querySelectorAll('img'))
     .filter((img) => !img.closest('.sphinx-codeautolink-a, a.headerlink, .tfc'))
-    .map((img) => ({
-      what: img.getAttribute('src'),
-      share: img.getBoundingClientRect().width / column,
-    }));
+    .map((img) => {
+      const figure = img.closest('figure');
+      const caption = figure && figure.querySelector('figcaption');
+      return {
+        src: img.currentSrc || img.src,
+        alt: img.getAttribute('alt') || '',
+        natural: img.naturalWidth,
+        shown: img.getBoundingClientRect().width,
+        caption: caption ? caption.textContent.trim() : '',
+        numbered: !!(caption && caption.querySelector('.caption-number')),
+      };
+    });
+  const scrolls = (e) => {  // the element, or the container that scrolls it sideways
+    for (let p = e; p && p !== document.body; p = p.parentElement) {
+      if (p.scrollWidth > p.clientWidth + 1 && getComputedStyle(p).overflowX !== 'visible') {
+        return p;
+      }
+    }
+    return null;
+  };
   const selectors = ['div.highlight pre', 'table', 'mjx-container[display="true"]', 'div.math'];
   const wide = [];
   for (const selector of selectors) {
     for (const e of article.querySelectorAll(selector)) {
       if (e.closest('.tfc')) continue;
-      let scroller = e;  // the element, or the container that scrolls it sideways
-      for (let p = e; p && p !== article; p = p.parentElement) {
-        if (p.scrollWidth > p.clientWidth + 1 && getComputedStyle(p).overflowX !== 'visible') {
-          scroller = p;
-          break;
-        }
-      }
+      const scroller = scrolls(e) || e;
       const overflow = Math.max(scroller.scrollWidth - scroller.clientWidth,
                                 e.getBoundingClientRect().right - right);
       if (overflow > 1) {
@@ -67,7 +84,31 @@ MEASURE = """() => {
       }
     }
   }
-  return { column: column, figures: figures, wide: wide };
+  // What sticks out of the screen sideways without a box that scrolls it: the innermost ones.
+  const screen = document.documentElement.clientWidth;
+  const out = [];
+  for (const e of document.body.querySelectorAll('*')) {
+    const r = e.getBoundingClientRect();
+    if (r.width === 0 || r.right <= screen + 1 || getComputedStyle(e).visibility === 'hidden') {
+      continue;
+    }
+    if (r.left >= screen || scrolls(e.parentElement)) continue;  // off-canvas, or in a scroller
+    const inner = Array.from(e.children).some((c) => c.getBoundingClientRect().right > screen + 1);
+    if (!inner) out.push(`<${e.tagName.toLowerCase()} class="${e.className}"> to ` +
+                         `${Math.round(r.right)} px: ${describe(e)}`);
+  }
+  const texts = (selector) => Array.from(article.querySelectorAll(selector))
+    .map((e) => e.innerText || e.textContent);
+  return {
+    column: column, figures: figures, wide: wide,
+    page_width: document.documentElement.scrollWidth, screen: screen, sticking_out: out,
+    code_inputs: texts('.cell_input, .cell .cell_input'),
+    outputs: texts('.cell_output, span.pasted-text, .pasted-inline, table, figcaption'),
+    cells: texts('td, th').map((s) => s.trim()),
+    bold_glue: Array.from(article.querySelectorAll('span.pasted-text'))
+      .filter((e) => parseInt(getComputedStyle(e).fontWeight, 10) >= 600)
+      .map((e) => e.textContent.trim().slice(0, 60)),
+  };
 }"""
 
 
@@ -78,27 +119,21 @@ def site() -> Path:
 
 @pytest.fixture(scope="module")
 def server(site):
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(site))
-    handler.log_message = lambda *args: None
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}"
-    httpd.shutdown()
+    with book_site.serve(site) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
 def browser():
-    with sync_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(
-            executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"]
-        )
+    with book_site.chromium() as browser:
         yield browser
-        browser.close()
 
 
-def visit(browser, url: str) -> tuple[dict, list[str]]:
-    """Open ``url`` at 1400 px; its layout (``MEASURE``) and its console errors."""
-    tab = browser.new_page(viewport={"width": WIDTH, "height": HEIGHT})
+def visit(browser, url: str, viewport: dict = WIDE) -> tuple[dict, list[str]]:
+    """Open ``url`` at ``viewport``; its layout (``MEASURE``) and its console errors."""
+    from playwright.sync_api import Error
+
+    tab = browser.new_page(viewport=viewport)
     errors: list[str] = []
     tab.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
     tab.on("pageerror", lambda error: errors.append(f"uncaught: {error}"))
@@ -114,7 +149,7 @@ def visit(browser, url: str) -> tuple[dict, list[str]]:
                 tab.evaluate("() => window.MathJax && MathJax.startup && MathJax.startup.promise")
                 tab.wait_for_timeout(200)
                 return tab.evaluate(MEASURE), errors
-            except sync_api.Error:
+            except Error:
                 if attempt == 2:
                     raise
                 tab.wait_for_load_state("load")
@@ -123,52 +158,393 @@ def visit(browser, url: str) -> tuple[dict, list[str]]:
         tab.close()
 
 
-def small_figures(layout: dict) -> list[str]:
+# --- figures -------------------------------------------------------------------------------------
+
+
+def smallest_figure_text_pt(rc: Path = book_site.ROOT / "book" / "_ext" / "matplotlibrc") -> float:
+    """The smallest text size the book's matplotlibrc gives a figure (ticks, legend, labels)."""
+    sizes = []
+    for line in rc.read_text().splitlines():
+        key, _, value = line.split("#", 1)[0].partition(":")
+        if key.strip().endswith(("font.size", "labelsize", "legend.fontsize", "titlesize")):
+            try:
+                sizes.append(float(value))
+            except ValueError:
+                pass  # a relative size ("medium") is relative to font.size
+    return min(sizes)
+
+
+def image_file(src: str, site: Path | None, base: str | None) -> Path | bytes | None:
+    """The file (or, for a ``data:`` URL, the bytes) behind an image's URL."""
+    if src.startswith("data:"):
+        header, _, payload = src.partition(",")
+        return base64.b64decode(payload) if header.endswith(";base64") else None
+    parts = urlsplit(src)
+    if parts.scheme == "file":
+        return Path(unquote(parts.path))
+    if site is not None and base is not None and src.startswith(base):
+        return site / unquote(parts.path).lstrip("/")
+    return None
+
+
+def print_scale(figure: dict, site: Path | None = None, base: str | None = None) -> float:
+    """How large the page shows a figure relative to its print size (1 = one figure inch per CSS
+    inch). A PNG's print size comes from the resolution it records (``page_style``); an image
+    that records none (an SVG, a PNG without ``pHYs``) is at print size at its natural width."""
+    dpi = None
+    found = image_file(figure["src"], site, base)
+    if isinstance(found, bytes) or (isinstance(found, Path) and found.suffix == ".png"):
+        if isinstance(found, Path):
+            found = found.read_bytes() if found.is_file() else None
+        if found and found[:8] == b"\x89PNG\r\n\x1a\n":
+            dpi = page_style.png_info(found)[2]
+    natural_print = figure["natural"] * page_style.CSS_DPI / (dpi or page_style.CSS_DPI)
+    return figure["shown"] / natural_print if natural_print else 1.0
+
+
+def figure_scale_problems(layout: dict, min_pt: float, site=None, base=None) -> list[str]:
+    """Figures shown above ``MAX_UPSCALE`` times their print size, or whose smallest text (the
+    matplotlibrc's) comes out under ``min_pt`` points."""
+    smallest = smallest_figure_text_pt()
+    found = []
+    for figure in layout["figures"]:
+        if not figure["natural"]:
+            continue  # not loaded: the console-error test reports it
+        scale = print_scale(figure, site, base)
+        name = figure["src"].rsplit("/", 1)[-1][:24]
+        if scale > MAX_UPSCALE:
+            found.append(f"{name}: shown at {scale:.2f}x its print size (blurry, text too big)")
+        if smallest * scale < min_pt - 0.05:
+            found.append(f"{name}: {smallest:g} pt text shown at {smallest * scale:.1f} pt")
+    return found
+
+
+def path_like(alt: str) -> bool:
+    return bool(re.search(r"[/\\]|\.(png|svg|jpe?g|gif)$", alt.strip(), re.I))
+
+
+def uncaptioned_figures(layout: dict) -> list[str]:
+    """Figures without a numbered caption, or whose alt text is missing or a file name."""
+    found = []
+    for figure in layout["figures"]:
+        name = figure["src"].rsplit("/", 1)[-1][:24]
+        if not figure["numbered"] or len(figure["caption"]) < 10:
+            found.append(f"{name}: no numbered caption")
+        if len(figure["alt"].strip()) < 10 or path_like(figure["alt"]):
+            found.append(f"{name}: alt text {figure['alt']!r} does not say what it shows")
+    return found
+
+
+# --- what a reader reads -------------------------------------------------------------------------
+
+GLUE_LINE = re.compile(r"^\s*(?:\w+\.)*glue\(", re.M)
+#: Paths of the machine that built the book, or of PyTorch's CI, in what the page shows.
+MACHINE_PATH = re.compile(
+    r"(?<![\w.])(/tmp/|/var/folders/|/private/var/|/__w/|/root/|/home/\w+/|/Users/\w+/"
+    r"|[A-Z]:\\Users\\)"
+)
+NAN_CELL = re.compile(r"^(nan|NaN|<NA>|NaT|-?inf)$")
+
+
+def visible_glue_lines(layout: dict) -> list[str]:
+    """Lines of visible code cells that call ``glue(`` (build bookkeeping, not the lesson)."""
     return [
-        f"{f['what']} at {f['share']:.0%} of the column"
-        for f in layout["figures"]
-        if f["share"] < MIN_FIGURE_SHARE
+        match.group(0).strip() + "..."
+        for code in layout["code_inputs"]
+        for match in re.finditer(r"^\s*(?:\w+\.)*glue\(.{0,40}", code, re.M)
     ]
 
 
-PLANTED = """<!doctype html><html><head><meta charset="utf-8"><link rel="icon" href="data:,">
-<style>article { width: 800px; padding: 0 20px; } pre { overflow-x: auto; }</style></head>
-<body><article class="bd-article">
-<div class="cell_output"><img src="data:image/svg+xml,%3Csvg xmlns='http://www.w3.org/2000/svg'
- width='400' height='100'/%3E"></div>
-<div class="highlight"><pre>{long_line}</pre></div>
-<table><tr><td>{long_cell}</td></tr></table>
-</article><script>const X = 1;</script><script>const X = 2;</script></body></html>"""
+def machine_paths(layout: dict) -> list[str]:
+    """Outputs, glued values, tables and captions that show a path of the build machine."""
+    found = []
+    for text in layout["outputs"]:
+        for match in MACHINE_PATH.finditer(text):
+            line = text[text.rfind("\n", 0, match.start()) + 1 :].split("\n", 1)[0]
+            found.append(line.strip()[:120])
+    return found
 
 
-def test_the_checks_see_each_planted_defect(browser, tmp_path):
-    page = tmp_path / "planted.html"
-    planted = PLANTED.replace("{long_line}", "x = 1  # " + "y" * 200)
-    page.write_text(planted.replace("{long_cell}", "z" * 300))
-    layout, errors = visit(browser, page.as_uri())
-    assert small_figures(layout), "a figure at half the column must be flagged"
-    assert any(w.startswith("div.highlight pre") for w in layout["wide"]), layout["wide"]
-    assert any(w.startswith("table") for w in layout["wide"]), layout["wide"]
-    assert any("X" in e for e in errors), f"a redeclared const must be an error: {errors}"
+def nan_cells(layout: dict) -> list[str]:
+    return [cell for cell in layout["cells"] if NAN_CELL.match(cell)]
+
+
+def too_wide_for_a_phone(layout: dict) -> list[str]:
+    """The page is wider than the screen: what sticks out (the innermost elements)."""
+    if layout["page_width"] <= layout["screen"] + 1:
+        return []
+    return [f"page {layout['page_width']} px wide on a {layout['screen']} px screen"] + layout[
+        "sticking_out"
+    ][:10]
+
+
+def comment_lines(markdown: str) -> list[str]:
+    """Prose lines that start with ``%``: MyST reads them as comments and drops them (outside
+    code fences, directives and display math, where ``%`` is not MyST's)."""
+    found, fence, math = [], None, False
+    for number, line in enumerate(markdown.splitlines(), 1):
+        stripped = line.lstrip()
+        opener = re.match(r"(`{3,}|~{3,}|:{3,})", stripped)
+        if fence is None and opener:
+            fence = opener.group(1)
+        elif fence is not None:
+            if stripped.startswith(fence) and not stripped[len(fence) :].strip():
+                fence = None
+        elif math:
+            math = not stripped.rstrip().endswith("$$")
+        elif stripped.startswith("$$"):
+            math = stripped.strip() == "$$" or not stripped.rstrip().endswith("$$")
+        elif not math and stripped.startswith("%"):
+            found.append(f"line {number}: {line.strip()[:80]}")
+    return found
+
+
+#: Figure text set below 9 pt in the source (``fontsize=8``, ``"x-small"``): the page shows a
+#: figure at most at its print size, so such text is under 9 pt on every screen.
+SMALL_FONT = re.compile(
+    r"\b(?:\w*fontsize|labelsize)\s*=\s*(?:(?P<number>\d+(?:\.\d+)?)\b|"
+    r"[\"'](?P<name>xx?-small)[\"'])"
+)
+
+
+def small_font_settings(source: str) -> list[str]:
+    found = []
+    for number, line in enumerate(source.splitlines(), 1):
+        if any(
+            match.group("name") or float(match.group("number")) < MIN_TEXT_PT
+            for match in SMALL_FONT.finditer(line)
+        ):
+            found.append(f"line {number}: {line.strip()[:90]}")
+    return found
+
+
+# --- the planted pages ---------------------------------------------------------------------------
+
+LAYOUT_CSS = book_site.ROOT / "book" / "_static" / "layout.css"
+
+
+def _png(path: Path, inches: float, dpi: int = 192) -> str:
+    """A blank PNG ``inches`` wide that records ``dpi``, as matplotlib writes them for the book."""
+    from PIL import Image
+
+    Image.new("RGB", (round(inches * dpi), round(inches * dpi / 3)), "white").save(
+        path, dpi=(dpi, dpi)
+    )
+    return path.name
+
+
+def _page(body: str, css: str = "") -> str:
+    return f"""<!doctype html><html><head><meta charset="utf-8"><link rel="icon" href="data:,">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<link rel="stylesheet" href="{LAYOUT_CSS.as_uri()}">
+<style>span.pre {{ white-space: nowrap; }} span.pasted-text {{ font-weight: bold; }}
+body {{ margin: 0; }}
+article {{ max-width: 800px; padding: 0 20px; }} pre {{ overflow-x: auto; }} {css}</style></head>
+<body><article class="bd-article">{body}</article></body></html>"""
+
+
+def _figure(src: str, width: int, caption: str | None, alt: str) -> str:
+    caption_html = (
+        f'<figcaption><p><span class="caption-number">Fig. 1 </span>'
+        f'<span class="caption-text">{caption}</span></p></figcaption>'
+        if caption
+        else ""
+    )
+    return (
+        f'<div class="cell_output"><figure><img src="{src}" alt="{alt}" '
+        f'style="width: {width}px">{caption_html}</figure></div>'
+    )
+
+
+def planted_pages(folder: Path) -> tuple[Path, Path]:
+    """Two pages: one with an instance of every defect the checks exist for, one without."""
+    small, wide = _png(folder / "small.png", 2.0), _png(folder / "wide.png", 20.0)
+    fits = _png(folder / "fits.png", 6.0)
+    good_alt = "A line that falls from left to right."
+    planted = _page(
+        _figure(small, 800, "Blown up four times.", good_alt)  # upscaled 4x
+        + _figure(wide, 1920, "Shrunk to 0.4x.", good_alt)  # its text under 9 pt
+        + _figure(fits, 576, None, "_images/fits.png")  # no caption, alt is a file name
+        + '<div class="cell"><div class="cell_input"><pre>loss = train()\n'
+        'glue("loss", loss, display=False)</pre></div></div>'
+        + '<div class="cell_output"><pre>saved to /tmp/tmpk3j2x/trace.json\n'
+        "  File /__w/pytorch/pytorch/torch/nn/x.py</pre></div>"
+        + "<table><tr><th>layout</th><th>GB per device</th></tr>"
+        + "<tr><td>tp=64</td><td>nan</td></tr></table>"
+        + '<p>A glued <strong><span class="pasted-text">72.0%</span></strong> in bold.</p>'
+        + '<p><span style="white-space: nowrap">a 600 px line that does not wrap: '
+        + "x" * 80
+        + "</span></p>",
+    )
+    clean = _page(
+        _figure(fits, 576, "A figure at its print size.", good_alt)
+        + _figure(_png(folder / "column.png", 9.0), 864, "As wide as the column.", good_alt)
+        + '<div class="cell"><div class="cell_input"><pre>loss = train()\nprint(loss)</pre>'
+        "</div></div>"
+        + '<div class="cell_output"><pre>saved to trace.json</pre></div>'
+        + "<table><tr><th>layout</th><th>GB per device</th></tr>"
+        + "<tr><td>tp=64</td><td>does not fit</td></tr></table>"
+        + '<p>A glued <span class="pasted-text">72.0%</span> at the body\'s weight (myst-nb '
+        + "sets it bold, layout.css does not).</p>"
+        + '<p>Long inline code wraps: <code class="docutils literal notranslate">'
+        + '<span class="pre">torch.distributed.elastic.multiprocessing.errors.record_and_raise'
+        + "</span></code>, and <a href='#'>https://docs.pytorch.org/docs/stable/generated/"
+        + "torch.optim.lr_scheduler.OneCycleLR.html</a>.</p>",
+    )
+    (folder / "planted.html").write_text(planted)
+    (folder / "clean.html").write_text(clean)
+    return folder / "planted.html", folder / "clean.html"
+
+
+def test_the_checks_see_each_planted_defect_and_pass_a_clean_page(browser, tmp_path):
+    planted, clean = planted_pages(tmp_path)
+    bad, _ = visit(browser, planted.as_uri())
+    good, _ = visit(browser, clean.as_uri())
+    scale = figure_scale_problems(bad, MIN_TEXT_PT)
+    assert any(p.startswith("small.png: shown at 3.") for p in scale), scale
+    assert any(p.startswith("wide.png") and "pt text shown at" in p for p in scale), scale
+    assert figure_scale_problems(good, MIN_TEXT_PT) == []
+    assert uncaptioned_figures(bad) == [
+        "fits.png: no numbered caption",
+        "fits.png: alt text '_images/fits.png' does not say what it shows",
+    ]
+    assert uncaptioned_figures(good) == []
+    assert visible_glue_lines(bad) == ['glue("loss", loss, display=False)...']
+    assert visible_glue_lines(good) == []
+    found = machine_paths(bad)
+    assert len(found) == 2 and "/tmp/tmpk3j2x" in found[0] and "/__w/" in found[1], found
+    assert machine_paths(good) == []
+    assert nan_cells(bad) == ["nan"] and nan_cells(good) == []
+    assert bad["bold_glue"] == ["72.0%"] and good["bold_glue"] == []
+
+    bad_phone, _ = visit(browser, planted.as_uri(), PHONE)
+    good_phone, _ = visit(browser, clean.as_uri(), PHONE)
+    wide = too_wide_for_a_phone(bad_phone)
+    assert wide and "does not wrap" in "\n".join(wide), wide
+    assert too_wide_for_a_phone(good_phone) == [], too_wide_for_a_phone(good_phone)
+    assert figure_scale_problems(good_phone, MIN_PHONE_TEXT_PT) == []
+
+
+def test_a_figure_shrunk_to_a_phone_without_the_sites_css_is_caught(browser, tmp_path):
+    """layout.css keeps a 9-inch figure at 7 pt or more on a phone; the theme's own rule (shrink
+    every image to its column) would not."""
+    _, clean = planted_pages(tmp_path)
+    unstyled = tmp_path / "unstyled.html"
+    theme = "img { max-width: 100%; height: auto; }"
+    link = f'<link rel="stylesheet" href="{LAYOUT_CSS.as_uri()}">'
+    unstyled.write_text(clean.read_text().replace(link, f"<style>{theme}</style>"))
+    layout, _ = visit(browser, unstyled.as_uri(), PHONE)
+    assert any("column.png" in p for p in figure_scale_problems(layout, MIN_PHONE_TEXT_PT))
+
+
+def test_the_source_checks_see_planted_lines():
+    prose = (
+        "The A100 reaches 70\n% of its peak.\n\n```{code-cell} ipython3\n% not prose\n```\n\n"
+        "$$\n% a TeX comment\nx = 1\n$$\n\nFine.\n"
+    )
+    assert comment_lines(prose) == ["line 2: % of its peak."]
+    assert comment_lines(prose.replace("\n% of", " % of")) == []
+    source = 'ax.legend(fontsize=8)\nax.set_title("t", fontsize="x-small")\nax.legend()\n'
+    assert [line[:6] for line in small_font_settings(source)] == ["line 1", "line 2"]
+    assert small_font_settings("ax.legend(fontsize=11)\nplt.figure(figsize=(9, 4))") == []
+
+
+# --- the real pages ------------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
 def chapter_layouts(site, server, browser) -> dict[str, tuple[dict, list[str]]]:
-    return {name: visit(browser, f"{server}/book/{name}.html") for name in ["intro", *CHAPTERS]}
+    return {name: visit(browser, f"{server}/book/{name}.html") for name in PAGES}
 
 
-@pytest.mark.parametrize("name", CHAPTERS)
-def test_every_chapter_figure_fills_most_of_its_column(chapter_layouts, name):
+@pytest.fixture(scope="module")
+def phone_layouts(site, server, browser) -> dict[str, dict]:
+    return {name: visit(browser, f"{server}/book/{name}.html", PHONE)[0] for name in PAGES}
+
+
+@pytest.mark.parametrize("name", PAGES)
+def test_every_figure_shows_at_its_print_size(chapter_layouts, site, server, name):
     layout, _ = chapter_layouts[name]
-    small = small_figures(layout)
-    assert not small, f"{name} (column {layout['column']:.0f} px):\n" + "\n".join(small)
+    found = figure_scale_problems(layout, MIN_TEXT_PT, site, server)
+    assert not found, f"{name} (column {layout['column']:.0f} px):\n" + "\n".join(found)
 
 
-@pytest.mark.parametrize("name", ["intro", *CHAPTERS])
+@pytest.mark.parametrize("name", PAGES)
+def test_every_figure_has_a_numbered_caption_and_alt_text(chapter_layouts, name):
+    found = uncaptioned_figures(chapter_layouts[name][0])
+    assert not found, f"{name}: {len(found)} figures:\n" + "\n".join(found[:30])
+
+
+@pytest.mark.parametrize("name", PAGES)
+def test_no_visible_code_cell_glues(chapter_layouts, name):
+    found = visible_glue_lines(chapter_layouts[name][0])
+    assert not found, f"{name}: {len(found)} visible glue lines:\n" + "\n".join(found[:20])
+
+
+@pytest.mark.parametrize("name", PAGES)
+def test_no_output_shows_a_machine_path(chapter_layouts, name):
+    found = machine_paths(chapter_layouts[name][0])
+    assert not found, f"{name}: machine paths:\n" + "\n".join(found[:20])
+
+
+@pytest.mark.parametrize("name", PAGES)
+def test_no_table_cell_reads_nan(chapter_layouts, name):
+    found = nan_cells(chapter_layouts[name][0])
+    assert not found, f"{name}: {len(found)} cells read {sorted(set(found))}"
+
+
+@pytest.mark.parametrize("name", PAGES)
+def test_glued_values_take_the_bodys_weight(chapter_layouts, name):
+    bold = chapter_layouts[name][0]["bold_glue"]
+    assert not bold, f"{name}: {len(bold)} bold glued values: {bold[:5]}"
+
+
+@pytest.mark.parametrize("name", PAGES)
+def test_no_page_is_wider_than_a_phone(phone_layouts, site, server, name):
+    layout = phone_layouts[name]
+    found = too_wide_for_a_phone(layout) + figure_scale_problems(
+        layout, MIN_PHONE_TEXT_PT, site, server
+    )
+    assert not found, f"{name} at {PHONE['width']} px:\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize("name", PAGES)
+def test_no_prose_line_starts_with_a_percent_sign(name):
+    found = comment_lines((book_site.ROOT / "book" / f"{name}.md").read_text())
+    assert not found, f"book/{name}.md: MyST drops these lines as comments:\n" + "\n".join(found)
+
+
+def test_no_figure_text_is_set_below_9_pt():
+    sources = [book_site.ROOT / "book" / f"{name}.md" for name in PAGES]
+    sources += sorted((book_site.ROOT / "code" / "trainfast").rglob("*.py"))
+    found = [
+        f"{path.relative_to(book_site.ROOT)} {line}"
+        for path in sources
+        for line in small_font_settings(path.read_text())
+    ]
+    assert not found, "figure text under 9 pt:\n" + "\n".join(found[:30])
+
+
+@pytest.mark.parametrize("name", PAGES)
 def test_no_code_cell_table_or_equation_is_wider_than_its_column(chapter_layouts, name):
     layout, _ = chapter_layouts[name]
     wide = layout["wide"]
     assert not wide, f"{name}: {len(wide)} too wide:\n" + "\n".join(wide[:25])
+
+
+def test_the_column_checks_see_planted_wide_code_and_tables(browser, tmp_path):
+    page = tmp_path / "wide.html"
+    page.write_text(
+        _page(
+            '<div class="highlight"><pre>x = 1  # ' + "y" * 200 + "</pre></div>"
+            "<table><tr><td>" + "z" * 300 + "</td></tr></table>"
+            "<script>const X = 1;</script><script>const X = 2;</script>"
+        )
+    )
+    layout, errors = visit(browser, page.as_uri())
+    assert any(w.startswith("div.highlight pre") for w in layout["wide"]), layout["wide"]
+    assert any(w.startswith("table") for w in layout["wide"]), layout["wide"]
+    assert any("X" in e for e in errors), f"a redeclared const must be an error: {errors}"
 
 
 def test_no_page_logs_a_console_error(site, server, browser):
@@ -184,12 +560,12 @@ def test_no_page_logs_a_console_error(site, server, browser):
 # --- the executed chapters' outputs ------------------------------------------------------------
 
 #: Output a reader should not see: log lines (glog's ``W1124 12:00:00``), warnings, progress
-#: bars, and paths of the machine that built the book.
+#: bars, and paths of the machine that built the book (a temporary folder) or of PyTorch's CI.
 RAW_LOG = re.compile(
     r"^[WVIEF]\d{4} \d\d:\d\d:\d\d"  # torch's (glog-style) log lines
     r"|\w+Warning: |^WARNING[: ]"  # Python warnings and logging
     r"|\d+%\|[^|\n]*\|"  # a tqdm bar
-    r"|/root/|/home/\w+/|/tmp/ipykernel",  # the build machine's paths
+    r"|/root/|/home/\w+/|/tmp/\w|/var/folders/|/__w/",  # the build machine's and CI's paths
     re.M,
 )
 
@@ -228,6 +604,8 @@ def test_the_output_scan_sees_planted_logs():
                     },
                     {"output_type": "stream", "name": "stderr", "text": "40%|████      | 4/10\n"},
                     {"output_type": "stream", "name": "stdout", "text": "from /root/.cache/x\n"},
+                    {"output_type": "stream", "name": "stdout", "text": "in /tmp/tmpa1b2/rec\n"},
+                    {"output_type": "stream", "name": "stdout", "text": "/__w/pytorch/x.py:1\n"},
                 ],
             },
             {
@@ -239,7 +617,7 @@ def test_the_output_scan_sees_planted_logs():
             },
         ]
     }
-    assert len(raw_logs(planted)) == 3
+    assert len(raw_logs(planted)) == 5
 
 
 @pytest.mark.parametrize("name", CHAPTERS)
@@ -287,3 +665,43 @@ def test_the_table_check_sees_a_planted_empty_column():
 def test_no_table_has_an_empty_column(site, name):
     found = empty_columns((site / "book" / f"{name}.html").read_text())
     assert not found, f"{name}: empty columns:\n" + "\n".join(found)
+
+
+def test_the_build_sizes_a_figure_from_the_resolution_its_png_records(tmp_path):
+    """``page_style`` gives a 2x PNG (192 px per inch) half its pixel width, leaves a PNG that
+    records no resolution, and an image with a width of its own, as they are."""
+    from types import SimpleNamespace
+
+    from docutils import nodes
+    from PIL import Image
+
+    Image.new("RGB", (1728, 400)).save(tmp_path / "drawn.png", dpi=(192, 192))
+    Image.new("RGB", (300, 100)).save(tmp_path / "plain.png")
+    doctree = nodes.document(None, None)
+    drawn, plain = nodes.image(uri="drawn.png"), nodes.image(uri="plain.png")
+    sized = nodes.image(uri="drawn.png", width="50%")
+    doctree += [drawn, plain, sized]
+    env = SimpleNamespace(docname="page", relfn2path=lambda uri, doc: (uri, str(tmp_path / uri)))
+    page_style._size_figures(SimpleNamespace(env=env, srcdir=str(tmp_path)), doctree)
+    assert drawn["width"] == "864px"  # 9 inches at 96 CSS px per inch
+    assert "width" not in plain and sized["width"] == "50%"
+
+
+def test_the_matplotlibrc_draws_at_2x_with_plain_numbers_on_a_small_log_range():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rc = book_site.ROOT / "book" / "_ext" / "matplotlibrc"
+    with matplotlib.rc_context(fname=str(rc)):
+        assert matplotlib.rcParams["figure.dpi"] == 2 * page_style.CSS_DPI
+        fig, ax = plt.subplots()
+        ax.plot([2, 50], [3, 40])
+        ax.set_xscale("log")
+        fig.canvas.draw()
+        labels = [t.get_text() for t in ax.get_xticklabels(minor=True) + ax.get_xticklabels()]
+        plt.close(fig)
+    assert {"$\\mathdefault{3}$", "$\\mathdefault{20}$"} <= set(labels), labels
+    assert not [label for label in labels if "times" in label], labels  # no "3 × 10⁰"
+    assert smallest_figure_text_pt(rc) >= 11

@@ -858,6 +858,25 @@ def test_kahan_add_keeps_the_updates_a_bf16_weight_rounds_away():
     assert (compensated.float() + compensation.float() - exact).abs().max() < 2.0**-8
 
 
+def test_a_bf16_compensation_loses_a_little_and_a_float32_one_almost_nothing():
+    """The chapter's "little, not nothing": the compensation is rounded to its own dtype."""
+    from trainfast.precision import kahan_add_
+
+    generator = torch.Generator().manual_seed(0)
+    start = torch.randn(512, generator=generator).bfloat16()
+    updates = torch.randn(300, 512, generator=generator) * 1e-4
+    exact = updates.double().sum(0)
+    missing = {}
+    for dtype in (torch.bfloat16, torch.float32):
+        weight, compensation = start.clone(), torch.zeros(512, dtype=dtype)
+        for update in updates:
+            kahan_add_(weight, update, compensation)
+        kept = weight.double() - start.double() + compensation.double()
+        missing[dtype] = ((kept - exact).norm() / exact.norm()).item()
+    assert 1e-3 < missing[torch.bfloat16] < 0.1  # a little is lost ...
+    assert missing[torch.float32] < 1e-5  # ... because the compensation itself rounds
+
+
 def test_kahan_adamw_rescues_pure_bf16_training():
     from trainfast.datasets import digits
     from trainfast.precision import KahanAdamW

@@ -548,6 +548,58 @@ def test_limited_precision_sum_is_float32_at_23_bits_and_promotion_bounds_its_er
         limited_precision_sum(terms, 13, rounding="up")
 
 
+def test_fp8_dot_products_are_exact_because_the_scales_come_after_the_sum():
+    from trainfast.precision import fp8_dot_products, from_fp8, to_fp8
+
+    products, decode = fp8_dot_products(512, rows=16)
+    generator = torch.Generator().manual_seed(0)  # the same inputs, rebuilt here
+    a8, scale_a = to_fp8(torch.randn(16, 512, generator=generator))
+    b8, scale_b = to_fp8(torch.randn(16, 512, generator=generator))
+    exact = a8.double() * b8.double()
+    assert torch.equal(products.double(), exact)  # every product of raw FP8 values is exact
+    assert decode.item() == pytest.approx(1 / (scale_a * scale_b).item(), rel=1e-6)
+    # The scales 448 / amax are not powers of two: products of dequantised values mostly round.
+    dequantised = from_fp8(a8, scale_a) * from_fp8(b8, scale_b)
+    exact_dequantised = from_fp8(a8, scale_a).double() * from_fp8(b8, scale_b).double()
+    assert (dequantised.double() != exact_dequantised).float().mean() > 0.9
+    with pytest.raises(ValueError, match="k=0"):
+        fp8_dot_products(0)
+
+
+def test_the_outliers_block_mates_carry_nvfp4s_and_mxfp8s_extra_error():
+    """The chapter's data: (64, 1024) activations of 1e-3 with column 7 scaled by the ratio."""
+    from trainfast.precision import error_by_position
+
+    def split(ratio, name):
+        generator = torch.Generator().manual_seed(0)
+        x = torch.randn(64, 1024, generator=generator) * 1e-3
+        x[:, 7] *= ratio
+        return error_by_position(x, name, column=7)
+
+    clean = {name: split(1.0, name) for name in ("MXFP8", "NVFP4", "per-tensor e4m3")}
+    for ratio in (1e2, 1e3, 1e4):
+        nvfp4 = split(ratio, "NVFP4")
+        # the other blocks stay where they were without an outlier ...
+        assert nvfp4.other_blocks < 1.1 * clean["NVFP4"].other_blocks, ratio
+    # ... while the 15 block-mates flush to zero: E2M1's smallest non-zero value is 1/12 of 6
+    assert split(1e3, "NVFP4").mates_zero > 0.95 and split(1e4, "NVFP4").block_mates > 0.99
+    # the two levels of scale show only near 1e5, where the other blocks' error rises too
+    assert split(1e5, "NVFP4").other_blocks > 1.2 * clean["NVFP4"].other_blocks
+    # MXFP8's rise at 1e5 is its block-mates' alone
+    mxfp8 = split(1e5, "MXFP8")
+    assert mxfp8.other_blocks < 1.1 * clean["MXFP8"].other_blocks
+    assert mxfp8.block_mates > 3 * clean["MXFP8"].block_mates
+    # per-tensor scaling has no blocks: one error for all the other values
+    per_tensor = split(1e5, "per-tensor e4m3")
+    assert (
+        per_tensor.block_mates
+        == per_tensor.other_blocks
+        > 5 * clean["per-tensor e4m3"].other_blocks
+    )
+    with pytest.raises(ValueError, match="column: 1024"):
+        error_by_position(torch.zeros(2, 1024), "MXFP8", column=1024)
+
+
 def test_block_scaling_rounds_like_torch_and_resists_outliers_that_per_tensor_scaling_does_not():
     from trainfast.precision import BLOCK_FORMATS, fake_quantize
     from trainfast.precision.block_scaling import round_to_minifloat
@@ -804,6 +856,25 @@ def test_kahan_add_keeps_the_updates_a_bf16_weight_rounds_away():
     assert torch.equal(plain, torch.ones(4, dtype=torch.bfloat16))
     exact = 1 + 1000 * 2.0**-10
     assert (compensated.float() + compensation.float() - exact).abs().max() < 2.0**-8
+
+
+def test_a_bf16_compensation_loses_a_little_and_a_float32_one_almost_nothing():
+    """The chapter's "little, not nothing": the compensation is rounded to its own dtype."""
+    from trainfast.precision import kahan_add_
+
+    generator = torch.Generator().manual_seed(0)
+    start = torch.randn(512, generator=generator).bfloat16()
+    updates = torch.randn(300, 512, generator=generator) * 1e-4
+    exact = updates.double().sum(0)
+    missing = {}
+    for dtype in (torch.bfloat16, torch.float32):
+        weight, compensation = start.clone(), torch.zeros(512, dtype=dtype)
+        for update in updates:
+            kahan_add_(weight, update, compensation)
+        kept = weight.double() - start.double() + compensation.double()
+        missing[dtype] = ((kept - exact).norm() / exact.norm()).item()
+    assert 1e-3 < missing[torch.bfloat16] < 0.1  # a little is lost ...
+    assert missing[torch.float32] < 1e-5  # ... because the compensation itself rounds
 
 
 def test_kahan_adamw_rescues_pure_bf16_training():

@@ -17,8 +17,18 @@
 * :mod:`~trainfast.precision.tf32`: TF32 on and off through the installed torch's API.
 """
 
-from trainfast.precision.accumulation import accumulation_error, limited_precision_sum
-from trainfast.precision.block_scaling import BLOCK_FORMATS, BlockFormat, fake_quantize
+from trainfast.precision.accumulation import (
+    accumulation_error,
+    fp8_dot_products,
+    limited_precision_sum,
+)
+from trainfast.precision.block_scaling import (
+    BLOCK_FORMATS,
+    BlockFormat,
+    ErrorByPosition,
+    error_by_position,
+    fake_quantize,
+)
 from trainfast.precision.compensated import KahanAdamW, kahan_adamw_step_, kahan_add_
 from trainfast.precision.formats import (
     FORMAT_NAMES,
@@ -57,6 +67,7 @@ __all__ = [
     "BLOCK_FORMATS",
     "BlockFormat",
     "DelayedScaling",
+    "ErrorByPosition",
     "FORMAT_NAMES",
     "FP8_RECIPES",
     "FP8_STATED_BYTES",
@@ -68,8 +79,10 @@ __all__ = [
     "autocast_policy",
     "check_runnable",
     "decompose",
+    "error_by_position",
     "float_format",
     "fake_quantize",
+    "fp8_dot_products",
     "fp8_linear",
     "format_from_bits",
     "fp8_matmul",

@@ -15,7 +15,9 @@ precision, ``allow_fp16_accumulation`` lets it accumulate fp16 GEMMs in fp16, an
 into a running sum rounded to ``mantissa_bits`` after every addition, optionally added into a
 float32 total every ``promote_every`` terms. It is a model with two assumptions the hardware
 does not document: the rounding mode (nearest-even or toward zero) and that every addition
-rounds. :func:`accumulation_error` measures it on FP8 dot products against float64.
+rounds. :func:`accumulation_error` measures it on FP8 dot products against float64: the
+products of raw FP8 values are exact, and the per-tensor scales are applied after the sum, as
+the hardware applies them (:func:`fp8_dot_products`).
 """
 
 from __future__ import annotations
@@ -25,7 +27,13 @@ from torch import Tensor
 
 from trainfast.precision.formats import round_mantissa
 
-__all__ = ["ROUNDING_MODES", "accumulation_error", "limited_precision_sum", "round_toward_zero"]
+__all__ = [
+    "ROUNDING_MODES",
+    "accumulation_error",
+    "fp8_dot_products",
+    "limited_precision_sum",
+    "round_toward_zero",
+]
 
 #: How :func:`limited_precision_sum` rounds the running sum after each addition.
 ROUNDING_MODES = ("nearest", "toward_zero")
@@ -72,6 +80,27 @@ def limited_precision_sum(
     return total + partial
 
 
+def fp8_dot_products(k: int, *, rows: int = 64, seed: int = 0) -> tuple[Tensor, Tensor]:
+    """The terms of ``rows`` FP8 dot products of length ``k``, as a tensor core forms them.
+
+    Standard normal vectors are cast to e4m3 with per-tensor scales (:func:`~trainfast.precision.
+    fp8.to_fp8`). The terms are products of the *raw* FP8 values: two 4-bit significands make at
+    most 8 bits, so each product is exact in float32. The scales (``448 / amax``, not powers of
+    two) are not applied to the terms, since a product of dequantised values would round; like
+    the hardware, multiply the sum by the returned ``decode`` scale afterwards.
+    Returns ``(products, decode)``: float32 ``(rows, k)`` and a float32 scalar.
+    """
+    from trainfast.precision.fp8 import to_fp8
+
+    if k < 1 or rows < 1:
+        raise ValueError(f"Invalid sizes: k={k}, rows={rows}")
+    generator = torch.Generator().manual_seed(seed)
+    a8, scale_a = to_fp8(torch.randn(rows, k, generator=generator))
+    b8, scale_b = to_fp8(torch.randn(rows, k, generator=generator))
+    products = a8.float() * b8.float()  # (rows, k), exact
+    return products, 1.0 / (scale_a * scale_b)
+
+
 def accumulation_error(
     k: int,
     mantissa_bits: int,
@@ -83,21 +112,16 @@ def accumulation_error(
 ) -> float:
     """Relative error ``||s - s_64|| / ||s_64||`` of ``rows`` FP8 dot products of length ``k``.
 
-    Inputs are standard normal vectors cast to e4m3 (per-tensor scaled by
-    :func:`~trainfast.precision.fp8.to_fp8`), so each product of two FP8 values is exact in
-    float32 and all the error comes from the accumulator; ``s_64`` sums the same products in
-    float64.
+    The exact products of :func:`fp8_dot_products` are summed by :func:`limited_precision_sum`
+    and the sum is then scaled, so all the error comes from the accumulator (and one rounding
+    of the scaled sum); ``s_64`` sums the same products in float64 and scales them there.
     """
-    from trainfast.precision.fp8 import from_fp8, to_fp8
-
-    if k < 1 or rows < 1:
-        raise ValueError(f"Invalid sizes: k={k}, rows={rows}")
-    generator = torch.Generator().manual_seed(seed)
-    a = from_fp8(*to_fp8(torch.randn(rows, k, generator=generator)))
-    b = from_fp8(*to_fp8(torch.randn(rows, k, generator=generator)))
-    products = a * b  # (rows, k), exact: two 4-bit significands
-    exact = products.double().sum(-1)
-    approx = limited_precision_sum(
-        products, mantissa_bits, promote_every=promote_every, rounding=rounding
-    )
+    products, decode = fp8_dot_products(k, rows=rows, seed=seed)
+    exact = products.double().sum(-1) * decode.double()
+    approx = (
+        limited_precision_sum(
+            products, mantissa_bits, promote_every=promote_every, rounding=rounding
+        )
+        * decode
+    )  # the scales applied after the sum
     return float(torch.linalg.norm(approx.double() - exact) / torch.linalg.norm(exact))

@@ -242,7 +242,10 @@ def _step_row(
         "tokens_per_s": shape.tokens / timing.median,
     }
     spec = gpu_spec(describe_environment(device).device_name) if device.type == "cuda" else None
-    peak = spec.peak_flops[recipe.compute_format] if spec else None  # the recipe's datasheet peak
+    # MFU as PaLM defines it (Chowdhery et al. 2023, appendix B) and the whole book uses it: the
+    # model's FLOPs per second over the GPU's theoretical peak, its dense bf16 rate, the same for
+    # every recipe. Nothing is recomputed here, so hardware FLOPs utilisation would be the same.
+    peak = spec.peak_flops["bf16"] if spec else None
     row["mfu"] = training_flops(shape) / timing.median / peak if peak else None
     predicted = training_memory(shape, recipe=recipe, optimizer="adamw", attention="sdpa")
     row["predicted_gb"] = predicted.total / 1e9
@@ -309,8 +312,8 @@ def step_time_record(device: torch.device, quick: bool) -> Record:
     return make_record(
         "precision-step-time",
         f"One training step (AdamW, SDPA attention) of the book's transformer ({fields}) per "
-        "precision recipe: median time, tokens/s, model FLOPs utilisation against the recipe's "
-        "datasheet peak, the memory trainfast.accounting predicts and, on a GPU, the peak the "
+        "precision recipe: median time, tokens/s, model FLOPs utilisation (MFU, against the GPU's "
+        "dense bf16 peak), the memory trainfast.accounting predicts and, on a GPU, the peak the "
         "caching allocator measured.",
         rows,
         units={"step_ms": "ms", "iqr_ms": "ms", "predicted_gb": "GB", "peak_memory_gb": "GB"},

@@ -5,9 +5,12 @@ other value toward the format's floor. Block formats give each run of ``block_si
 consecutive values (along the last axis) its own scale:
 
 * **MXFP8** (Open Compute Project, "OCP Microscaling Formats (MX) Specification" v1.0, 2023;
-  Rouhani et al. 2023): blocks of 32 e4m3 values sharing an E8M0 scale, a bare power of two
-  ``2^(floor(log2 amax) - 8)`` (8 is e4m3's largest exponent), values above 448 after scaling
-  saturate;
+  Rouhani et al. 2023): blocks of 32 FP8 values (the specification allows e4m3 or e5m2; this
+  module emulates e4m3, Transformer Engine's default) sharing an E8M0 scale, a bare power of two.
+  The specification's rule ``2^(floor(log2 amax) - 8)`` (8 is e4m3's largest exponent) puts the
+  block's amax in [256, 512), so values above 448 saturate: it overshoots rather than leaving a
+  binade unused. Transformer Engine rounds ``amax / 448`` *up* to a power of two instead, which
+  never saturates but can leave up to one binade unused (its MXFP8 documentation);
 * **NVFP4** (NVIDIA, Transformer Engine documentation, ``NVFP4BlockScaling``): blocks of 16
   E2M1 values (4 bits: 0, 0.5, 1, 1.5, 2, 3, 4, 6) sharing an e4m3 scale ``amax / 6``, with a
   second, per-tensor float32 scale that brings the block scales into e4m3's range.
@@ -25,7 +28,14 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["BLOCK_FORMATS", "BlockFormat", "fake_quantize", "round_to_minifloat"]
+__all__ = [
+    "BLOCK_FORMATS",
+    "BlockFormat",
+    "ErrorByPosition",
+    "error_by_position",
+    "fake_quantize",
+    "round_to_minifloat",
+]
 
 
 @dataclass(frozen=True)
@@ -104,3 +114,47 @@ def fake_quantize(x: Tensor, fmt: BlockFormat | str) -> Tensor:
         raise ValueError(f"Unknown scale format: {fmt.scale!r}")
     decode = torch.where(decode > 0, decode, torch.ones_like(decode))  # all-zero blocks
     return (round_to_minifloat(blocks / decode, fmt.element) * decode).flatten(-2)
+
+
+@dataclass(frozen=True)
+class ErrorByPosition:
+    """Relative errors of a quantised tensor with one outlier column, split by position.
+
+    ``block_mates``: the other values of the outlier's blocks (for per-tensor scaling, every
+    other value); ``other_blocks``: the values of the remaining blocks; ``mates_zero``: the share
+    of the block-mates quantised to exactly zero.
+    """
+
+    block_mates: float
+    other_blocks: float
+    mates_zero: float
+
+
+def error_by_position(x: Tensor, fmt: BlockFormat | str, column: int) -> ErrorByPosition:
+    """Error of :func:`fake_quantize` on ``x`` ``(..., n)``, split around an outlier ``column``.
+
+    The block-mates are the columns that share ``column``'s block (``fmt.block_size`` wide);
+    per-tensor scaling has one block, so its block-mates are all other columns and its other
+    blocks are the same values.
+    """
+    fmt = BLOCK_FORMATS[fmt] if isinstance(fmt, str) else fmt
+    n = x.shape[-1]
+    if not 0 <= column < n:
+        raise ValueError(f"Invalid column: {column} (x has {n} columns)")
+    q = fake_quantize(x, fmt)
+    size = fmt.block_size or n
+    start = column - column % size
+    mates = torch.zeros(n, dtype=torch.bool)
+    mates[start : start + size] = True
+    mates[column] = False
+    others = ~mates if fmt.block_size else mates
+    others[column] = False
+
+    def error(columns: Tensor) -> float:
+        return float((q - x)[..., columns].norm() / x[..., columns].norm())
+
+    return ErrorByPosition(
+        block_mates=error(mates),
+        other_blocks=error(others),
+        mates_zero=float((q[..., mates] == 0).float().mean()),
+    )

@@ -18,11 +18,14 @@ inf/NaN check; :class:`GradScaler` keeps the state and has the constructor and m
 skipped steps and final parameters against torch's). bfloat16 has float32's 8 exponent bits,
 so bfloat16 training needs no scaler.
 
-Differences from torch's: the state lives in Python numbers rather than device tensors (so
-:meth:`GradScaler.scale` and :meth:`~GradScaler.update` read the found-inf flag on the host;
-torch avoids that synchronisation until ``step``); fused optimizers that unscale inside their
-kernel (``_step_supports_amp_scaling``) are unscaled by us first, like any other optimizer;
-sparse gradients are not supported.
+Differences from torch's: the scale and the found-inf flags live in Python numbers rather than
+device tensors. :meth:`GradScaler.scale` reads nothing from the device (it multiplies by a
+Python float) and :meth:`~GradScaler.update` reads only those Python flags;
+:meth:`~GradScaler.unscale_` (which :meth:`~GradScaler.step` calls if you did not) reads the
+found-inf flag back to the host, one synchronisation per optimizer, where torch's leaves it on
+the device until ``step`` reads it. Fused optimizers that unscale inside their kernel
+(``_step_supports_amp_scaling``) are unscaled by us first, like any other optimizer; sparse
+gradients are not supported.
 """
 
 from __future__ import annotations

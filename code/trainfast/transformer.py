@@ -281,8 +281,8 @@ def rope_angles(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(cos, sin)`` of RoPE's angles ``m theta^(-2i/d)``, each ``(seq_len, head_dim / 2)``.
 
-    Computed in float64 and returned in ``dtype`` (default: the default dtype): at position
-    8,191 a float32 angle would be off by up to about 5e-4 radians before any rotation."""
+    Computed in float64 and returned in ``dtype`` (default: the default dtype): a float32 angle
+    near 8,000 radians is rounded by up to 2.4e-4 radians (half of float32's spacing there)."""
     exponents = torch.arange(0, head_dim, 2, device=device, dtype=torch.float64) / head_dim
     frequencies = theta**-exponents  # (head_dim / 2,)
     positions = torch.arange(seq_len, device=device, dtype=torch.float64)  # (seq,)

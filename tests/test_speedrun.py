@@ -153,3 +153,11 @@ def test_compare_counts_only_gains_beyond_the_noise():
     assert not mixed.beats_noise
     never = compare(runs([10.0, 11.0, 12.0, 10.5, 11.5]), runs([1.0] * 5, reached=False))
     assert not never.beats_noise  # runs that never reach the target are not faster
+
+
+def test_an_interrupted_preparation_is_not_taken_for_a_finished_one(data, tmp_path):
+    folder = tmp_path / "prepared"
+    first = prepare(folder, max_bytes=SMALL_CORPUS, vocab_size=512)
+    (folder / "train.bin").unlink()  # as if killed while writing the splits
+    again = prepare(folder, max_bytes=SMALL_CORPUS, vocab_size=512)
+    assert again.path("train").exists() and again.tokens == first.tokens

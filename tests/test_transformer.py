@@ -320,3 +320,28 @@ def test_llama3_uses_grouped_query_attention_and_untied_embeddings():
     assert (shape.n_heads, shape.kv_heads, shape.head_dim) == (128, 8, 128)
     assert (shape.norm, shape.positions, shape.mlp) == ("rmsnorm", "rope", "swiglu")
     assert not shape.tied_head and not shape.bias and shape.rope_theta == 500_000
+
+
+def test_rotary_angles_stay_float32_when_the_model_is_cast():
+    model = Transformer(MODERN).to(torch.bfloat16)
+    attention = model.blocks[0].attn
+    assert attention.cos.dtype == torch.float32 and attention.sin.dtype == torch.float32
+    cos, _ = rope_angles(MODERN.seq_len, MODERN.head_dim, MODERN.rope_theta)
+    torch.testing.assert_close(attention.cos, cos)
+    assert model.blocks[0].attn.qkv.weight.dtype == torch.bfloat16
+    tokens, targets = random_batch(MODERN)
+    assert torch.isfinite(model.loss(tokens, targets))
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda: rope_angles(4, 3), "head_dim: 3"),
+        (lambda: rope_angles(4, 8, theta=-1.0), "theta: -1.0"),
+        (lambda: rope_angles(0, 8), "seq_len: 0"),
+        (lambda: RMSNorm(8, eps=0.0), "eps: 0.0"),
+    ],
+)
+def test_bad_rope_and_norm_arguments_name_the_value(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()

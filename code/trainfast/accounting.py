@@ -250,7 +250,8 @@ def activation_bytes(
     ``4f`` values instead of ``2f``; rotation, QK-norm and grouped-query attention make new
     tensors of Q and K (and repeat K and V to every query head): see ``_attention_keeps``.
     Grouped-query attention shrinks the projection and the K/V cache; written with
-    ``repeat_interleave``, as here, it does not shrink what attention keeps for backward.
+    ``repeat_interleave``, as here, it does not shrink what manual attention keeps for
+    backward, and with SDPA it can keep less (the repeated K and V replace the projection).
 
     Tensor parallelism over ``t`` ranks splits the heads and the MLP, so everything but the
     LayerNorm regions is divided by ``t``; sequence parallelism divides those too.

@@ -19,8 +19,9 @@ model is and what it costs:
 * ``n_kv_heads``: keys and values for fewer heads than the queries (grouped-query attention,
   Ainslie et al. 2023; ``1`` is multi-query attention, Shazeer 2019); query head ``i`` reads
   key/value head ``i // (n_heads // n_kv_heads)``, as SDPA's ``enable_gqa`` does;
-* ``qk_norm``: an RMSNorm over each head's queries and keys before the scores (Dehghani et al.
-  2023; OLMo 2, Qwen 3 and modded-nanogpt use it);
+* ``qk_norm``: an RMSNorm over each head's queries and keys before the scores (QK-norm,
+  Dehghani et al. 2023, who used LayerNorm; per head as in Qwen 3 and modded-nanogpt, whose
+  norm has no gain; OLMo 2 normalises the whole query and key vectors);
 * ``bias``: biases in the linear layers and norms (GPT-2 has them, Llama has none);
 * ``tied_head``: the LM head shares the token embedding's matrix (GPT-2) or has its own (Llama).
 
@@ -240,8 +241,9 @@ PRESET_SHAPES: dict[str, TransformerShape] = {
     # from the released configuration. 6,738,415,616 parameters ("6.7B"/"7B").
     "llama2-7b": _llama(32_000, 4_096, 32, 32, 32, 11_008, 4_096, 10_000.0),
     # Llama Team 2024, "The Llama 3 Herd of Models", Table 3: 8B and 405B, grouped-query
-    # attention with 8 key/value heads, RoPE base 500,000, vocabulary 128,256 ("128K"), the
-    # pre-training context of 8,192. 8,030,261,248 and 405,853,388,800 parameters.
+    # attention with 8 key/value heads, RoPE base 500,000; vocabulary 128,256 in the released
+    # configuration (the paper's "128K": 128,000 plus 256 reserved special tokens); pre-trained
+    # on 8,192-token sequences. 8,030,261,248 and 405,853,388,800 parameters.
     "llama3-8b": _llama(128_256, 4_096, 32, 32, 8, 14_336, 8_192, 500_000.0),
     "llama3-405b": _llama(128_256, 16_384, 126, 128, 8, 53_248, 8_192, 500_000.0),
 }
@@ -258,6 +260,8 @@ class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float = 1e-5) -> None:
         super().__init__()
         check_positive("dim", dim)
+        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps < 1:
+            raise ValueError(f"Invalid eps: {eps!r} (expected 0 < eps < 1)")
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
 
@@ -283,6 +287,12 @@ def rope_angles(
 
     Computed in float64 and returned in ``dtype`` (default: the default dtype): a float32 angle
     near 8,000 radians is rounded by up to 2.4e-4 radians (half of float32's spacing there)."""
+    check_positive("seq_len", seq_len)
+    check_positive("head_dim", head_dim)
+    if head_dim % 2:
+        raise ValueError(f"Invalid head_dim: {head_dim} (RoPE rotates pairs: it must be even)")
+    if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not theta > 1:
+        raise ValueError(f"Invalid theta: {theta!r} (expected a number > 1)")
     exponents = torch.arange(0, head_dim, 2, device=device, dtype=torch.float64) / head_dim
     frequencies = theta**-exponents  # (head_dim / 2,)
     positions = torch.arange(seq_len, device=device, dtype=torch.float64)  # (seq,)
@@ -322,11 +332,26 @@ class CausalSelfAttention(nn.Module):
         # True above the diagonal: key j > query i is in the future. A buffer, not an activation.
         future = torch.ones(shape.seq_len, shape.seq_len, dtype=torch.bool).triu(1)
         self.register_buffer("future", future, persistent=False)
-        self.rotary = shape.positions == "rope"
+        self.rotary, self.seq_len, self.rope_theta = (
+            shape.positions == "rope",
+            shape.seq_len,
+            shape.rope_theta,
+        )
         if self.rotary:
             cos, sin = rope_angles(shape.seq_len, shape.head_dim, shape.rope_theta)
             self.register_buffer("cos", cos, persistent=False)  # (seq, head_dim / 2)
             self.register_buffer("sin", sin, persistent=False)
+
+    def _apply(self, fn, recurse=True):  # noqa: ANN001, ANN202 (nn.Module's signature)
+        """As ``nn.Module._apply`` (``.to()``, ``.half()``...), but the rotary angles stay
+        float32: cast to bf16 they would be off by about 4e-3, far more than their rounding."""
+        super()._apply(fn, recurse)
+        if self.rotary:
+            device = self.cos.device
+            self.cos, self.sin = rope_angles(
+                self.seq_len, self.head_dim, self.rope_theta, device=device, dtype=torch.float32
+            )
+        return self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, seq, d_model = x.shape

@@ -2,7 +2,9 @@
 tokenizer trained on it, and token streams that never repeat a token.
 
 **The text.** The Python sources of the installed ``torch`` package (``torch/**/*.py``, about
-49 MB and 2,350 files for torch 2.14.1; BSD-3-Clause, like PyTorch itself). Every machine
+49 MB and 2,350 files for torch 2.14.1; mostly BSD-3-Clause, PyTorch's licence, with a few
+vendored files under their own permissive licences: ``torch/_vendor`` Apache-2.0,
+``torch/_appdirs.py`` MIT). Every machine
 that installs the book's pinned torch has the same bytes, and their SHA-256 goes into every
 record, so two records can be compared only when their corpora are the same. Another source
 folder can be given (``root``), e.g. the standard library.
@@ -163,11 +165,13 @@ def prepare(
             texts[split].append(data.decode("utf-8", errors="replace"))
     sha = digest.hexdigest()
     meta_path = folder / "meta.json"
-    if meta_path.exists():
+    outputs = [folder / "tokenizer.json", *(folder / f"{split}.bin" for split in SPLITS)]
+    if meta_path.exists() and all(path.exists() for path in outputs):
         meta = json.loads(meta_path.read_text())
         if meta.get("corpus_sha256") == sha and meta.get("vocab_size") == vocab_size:
             return PreparedData(folder, sha, vocab_size, meta["tokens"])
     folder.mkdir(parents=True, exist_ok=True)
+    meta_path.unlink(missing_ok=True)  # the files below belong to no corpus until it is back
     tokenizer = _train_tokenizer(texts["train"], vocab_size)
     tokenizer.save(str(folder / "tokenizer.json"))
     end = tokenizer.token_to_id(END_OF_TEXT)

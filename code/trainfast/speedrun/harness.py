@@ -6,9 +6,12 @@ precision, attention path and compilation here). :func:`run_to_target` trains it
 training stream, evaluates the loss on a fixed slice of the held-out validation split every
 ``eval_every`` steps, and stops the first time that loss is at or below the target. The clock
 runs during training only: evaluation is timed apart and reported, as the NanoGPT speedrun
-(KellerJordan/modded-nanogpt) does. A configuration that has not reached the target after
-``max_steps`` stops there and says so. :func:`compare` says whether one configuration's times
-beat another's by more than their spread (the book's rank-sum test).
+(KellerJordan/modded-nanogpt) does. Unlike that speedrun, which warms up (and compiles) before
+it starts the clock, compilation here is on the clock: with ``compile=True`` the first steps'
+compile time is part of the time to target, which is what a reader's own run would pay. A
+configuration that has not reached the target after ``max_steps`` stops there and says so.
+:func:`compare` says whether one configuration's times beat another's by more than their
+spread (the book's rank-sum test).
 """
 
 from __future__ import annotations

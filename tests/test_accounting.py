@@ -130,8 +130,9 @@ def test_training_flops_match_the_flop_counter_exactly():
 
 def test_six_n_d_is_the_leading_term():
     for shape in [*SHAPES, *PRESET_SHAPES.values()]:
-        h, f = shape.d_model, shape.d_ff
-        matmul_weights = shape.n_layers * (4 * h * h + 2 * h * f) + shape.vocab_size * h
+        h, f, k = shape.d_model, shape.d_ff, shape.kv_dim
+        mlp = (3 if shape.mlp == "swiglu" else 2) * h * f  # SwiGLU's gate is a third matrix
+        matmul_weights = shape.n_layers * (2 * h * h + 2 * h * k + mlp) + shape.vocab_size * h
         attention = 12 * shape.n_layers * shape.seq_len * h * shape.tokens
         assert training_flops(shape) == 6 * matmul_weights * shape.tokens + attention
         assert attention == 3 * _attention_flops(shape)
@@ -361,7 +362,7 @@ def test_zero_memory_is_the_same_arithmetic():
 
 
 def test_training_memory_by_part():
-    shape = PRESET_SHAPES["llama2-7b-like"]
+    shape = PRESET_SHAPES["llama2-7b"]
     n = parameter_count(shape)
     memory = training_memory(shape, recipe="bf16 + fp32 master", optimizer="adamw")
     assert (memory.parameters, memory.gradients, memory.master_weights) == (2 * n, 2 * n, 4 * n)
@@ -442,7 +443,7 @@ def test_gpu_table_agrees_with_the_device():
 
 def test_mfu_and_run_time():
     assert model_flops_utilization(4e14, 1.0, 1e15) == pytest.approx(0.4)
-    shape = PRESET_SHAPES["llama2-7b-like"]
+    shape = PRESET_SHAPES["llama2-7b"]
     per_token = training_flops(shape) / shape.tokens
     seconds = training_run_seconds(per_token, 2e12, n_gpus=1024, peak_flops=989.4e12, mfu=0.4)
     assert seconds == pytest.approx(per_token * 2e12 / (1024 * 989.4e12 * 0.4))
@@ -516,7 +517,7 @@ def test_memory_calculator_drawing(tmp_path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    shape = PRESET_SHAPES["llama2-7b-like"]
+    shape = PRESET_SHAPES["llama2-7b"]
     bars = {name: training_memory(shape, recipe=name, optimizer="adamw") for name in RECIPES}
     bars["bf16 + fp32 master\n+ checkpointing"] = training_memory(
         shape, recipe="bf16 + fp32 master", optimizer="adamw", checkpointing=True

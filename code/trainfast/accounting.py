@@ -57,31 +57,54 @@ __all__ = [
 # ----------------------------------------------------------------------------- parameters
 
 
+def _norm_parameters(shape: TransformerShape) -> int:
+    """One norm's parameters: LayerNorm's gain and bias, or RMSNorm's gain alone."""
+    with_bias = shape.norm == "layernorm" and shape.bias
+    return shape.d_model * (2 if with_bias else 1)
+
+
+def _mlp_matrices(shape: TransformerShape) -> int:
+    """MLP weights per layer: two ``h x f`` matrices, three for SwiGLU's gate."""
+    return (3 if shape.mlp == "swiglu" else 2) * shape.d_model * shape.d_ff
+
+
 def parameter_count(shape: TransformerShape) -> int:
     """Parameters of :class:`trainfast.transformer.Transformer` for ``shape``, exactly.
 
-    Token embedding ``V h`` (shared with the LM head), positions ``s h``, per layer ``4 h^2 +
-    4 h`` for attention (fused QKV and output projection, with biases), ``2 h f + f + h`` for
-    the MLP and ``4 h`` for two LayerNorms, and ``2 h`` for the final LayerNorm. With ``f = 4 h``
-    a layer is ``12 h^2 + 13 h``: the familiar ``12 L h^2``.
+    GPT-2 (the defaults): token embedding ``V h`` (shared with the LM head), positions ``s h``,
+    per layer ``4 h^2 + 4 h`` for attention (fused QKV and output projection, with biases),
+    ``2 h f + f + h`` for the MLP and ``4 h`` for two LayerNorms, and ``2 h`` for the final
+    LayerNorm. With ``f = 4 h`` a layer is ``12 h^2 + 13 h``: the familiar ``12 L h^2``.
+
+    The modern choices change the terms: grouped-query attention projects to ``h + 2 k``
+    (``k = kv_heads * head_dim``) instead of ``3 h``; SwiGLU has three ``h x f`` matrices;
+    RMSNorm has a gain and no bias; QK-norm adds two gains of ``head_dim`` per layer; rotary
+    positions have no parameters; an untied head adds its own ``V h``; ``bias=False`` drops
+    every bias. Llama 3 8B comes to 8,030,261,248 (the test checks every preset).
     """
-    h, f = shape.d_model, shape.d_ff
-    attention = 4 * h * h + 4 * h
-    mlp = 2 * h * f + f + h
-    layer_norms = 2 * 2 * h
-    embeddings = shape.vocab_size * h + shape.seq_len * h
-    return embeddings + shape.n_layers * (attention + mlp + layer_norms) + 2 * h
+    h, f, k, bias = shape.d_model, shape.d_ff, shape.kv_dim, shape.bias
+    gated_f = (2 if shape.mlp == "swiglu" else 1) * f
+    attention = h * (h + 2 * k) + h * h + ((h + 2 * k) + h if bias else 0)
+    attention += 2 * shape.head_dim if shape.qk_norm else 0
+    mlp = _mlp_matrices(shape) + (gated_f + h if bias else 0)
+    layer = attention + mlp + 2 * _norm_parameters(shape)
+    embeddings = shape.vocab_size * h * (1 if shape.tied_head else 2)
+    embeddings += shape.seq_len * h if shape.positions == "learned" else 0
+    return embeddings + shape.n_layers * layer + _norm_parameters(shape)
 
 
 def matmul_parameter_count(shape: TransformerShape) -> int:
-    """The parameters that take part in matrix products: ``L (4 h^2 + 2 h f) + V h``.
+    """The parameters that take part in matrix products: ``L (2 h^2 + 2 h k + mlp) + V h``.
 
-    The ``N`` of the 6·N·D rule (:func:`training_flops`): the QKV, output and MLP weights of
-    every layer and the (tied) embedding, which the LM head multiplies. Biases, LayerNorm gains
-    and the position embedding are parameters too, but no matmul uses them.
+    The ``N`` of the 6·N·D rule (:func:`training_flops`): the QKV (``h x (h + 2k)``, ``k = h``
+    without grouped-query attention), output and MLP weights of every layer (``2 h f``, or
+    ``3 h f`` for SwiGLU) and the LM head's ``V h``. Biases, norm gains and the embeddings are
+    parameters too, but no matmul uses them (a lookup is an index, not a product); a tied
+    embedding counts once, as the head.
     """
-    h, f = shape.d_model, shape.d_ff
-    return shape.n_layers * (4 * h * h + 2 * h * f) + shape.vocab_size * h
+    h = shape.d_model
+    layer = h * (h + 2 * shape.kv_dim) + h * h + _mlp_matrices(shape)
+    return shape.n_layers * layer + shape.vocab_size * h
 
 
 # ----------------------------------------------------------------------------- FLOPs
@@ -108,14 +131,16 @@ def linear_training_flops(
 def training_flops(shape: TransformerShape) -> int:
     """Matmul FLOPs of one training step (forward and backward) of :mod:`~trainfast.transformer`.
 
-    Per layer: the four linear maps (QKV ``h -> 3h``, output ``h -> h``, MLP ``h -> f -> h``)
-    and, per sequence and head, ``QK^T`` and ``PV`` (``2 s^2 d_head`` each, forward); then the
-    tied LM head ``h -> V``. Every linear here needs its input gradient (even the first QKV,
+    Per layer: the four linear maps (QKV ``h -> h + 2k``, which is ``3h`` without grouped-query
+    attention, output ``h -> h``, MLP ``h -> f -> h``, with SwiGLU's gate ``h -> 2f -> h``)
+    and, per sequence and query head, ``QK^T`` and ``PV`` (``2 s^2 d_head`` each, forward); then
+    the LM head ``h -> V``. Every linear here needs its input gradient (even the first QKV,
     whose input depends on the embeddings), so each costs 3x its forward.
 
     **The 6 N D rule.** A weight in a matmul does one multiply-add per token forward (2 FLOPs)
     and two backward (one for ``dX``, one for ``dW``: 4 FLOPs), so a step over ``D`` tokens costs
-    ``6 N D`` for the ``N`` matmul weights (Kaplan et al. 2020). Here ``N = L(4h^2 + 2hf) + Vh``;
+    ``6 N D`` for the ``N`` matmul weights (Kaplan et al. 2020). Here ``N = L(4h^2 + 2hf) + Vh``
+    for GPT-2 (:func:`matmul_parameter_count` in general);
     the result is ``6 N D + 12 L s h D``, the second term attention (PaLM's ``12 L H Q T``),
     relatively ``s / (2h + f)`` of the first, ``s / (6h)`` for ``f = 4h``. Biases, LayerNorms and
     the position embedding are parameters but no matmul: the lookup is an index, not a product.
@@ -128,11 +153,13 @@ def training_flops(shape: TransformerShape) -> int:
     """
     s, b, h, f = shape.seq_len, shape.batch_size, shape.d_model, shape.d_ff
     tokens = shape.tokens
+    gated_f = (2 if shape.mlp == "swiglu" else 1) * f  # SwiGLU's gate and up-projection
+    # per query head; grouped-query attention shares K and V, not these products
     attention_forward = b * shape.n_heads * 2 * matmul_flops(s, shape.head_dim, s)  # QK^T, PV
     layer = (
-        linear_training_flops(tokens, h, 3 * h)  # fused QKV
+        linear_training_flops(tokens, h, h + 2 * shape.kv_dim)  # fused QKV
         + linear_training_flops(tokens, h, h)  # attention output projection
-        + linear_training_flops(tokens, h, f)  # MLP up
+        + linear_training_flops(tokens, h, gated_f)  # MLP up (and gate)
         + linear_training_flops(tokens, f, h)  # MLP down
         + 3 * attention_forward  # backward: two matmuls per forward matmul
     )
@@ -154,6 +181,41 @@ def counted_flops(fn: Callable[[], object]) -> int:
 
 
 # ----------------------------------------------------------------------------- activations
+
+
+def _norm_keeps(shape: TransformerShape) -> int:
+    """Values per token a norm keeps of its own: its input, and for our RMSNorm also the
+    normalised input that the gain multiplies (LayerNorm's fused kernel keeps only statistics)."""
+    return (2 if shape.norm == "rmsnorm" else 1) * shape.d_model
+
+
+def _attention_keeps(shape: TransformerShape, attention: Attention) -> int:
+    """Values per token attention keeps for backward, besides the probabilities (``a s``).
+
+    The output (``h``), and the operands of the scores and the weighted sum. Written out
+    (``"manual"``), ``matmul`` keeps contiguous copies of Q (``h``), K and V (``k`` each, or
+    ``h`` each once grouped-query attention repeats them to every query head). SDPA keeps its
+    operands as given: views of the QKV projection's output keep all of it (``h + 2k``), a
+    rotated or normalised Q (``h``) or K (``k``) is a new tensor, and so are the repeated K and
+    V (``h`` each). QK-norm keeps its inputs, views of the projection's output (``h + 2k``),
+    and the normalised Q and K (``h + k``).
+    """
+    h, k = shape.d_model, shape.kv_dim
+    grouped = shape.kv_heads != shape.n_heads
+    qk_norm = h + 2 * k + h + k if shape.qk_norm else 0
+    if attention == "manual":
+        return h + 2 * (h if grouped else k) + qk_norm + h
+    new_q = shape.positions == "rope" or shape.qk_norm  # Q (and K) no longer views
+    projection = h + 2 * k if (not new_q or not grouped) and not shape.qk_norm else 0
+    operands = (h if new_q else 0) + (2 * h if grouped else (k if new_q else 0))
+    return projection + operands + qk_norm + h
+
+
+def _mlp_keeps(shape: TransformerShape) -> int:
+    """Values per token the MLP keeps: GELU its input and output (``2f``); ReLU² the ReLU's
+    output and its square (``2f``); SwiGLU the stacked gate and up-projection, the gate's SiLU
+    and the product (``4f``)."""
+    return (4 if shape.mlp == "swiglu" else 2) * shape.d_ff
 
 
 def _check_attention(attention: str) -> None:
@@ -183,19 +245,29 @@ def activation_bytes(
     ``(batch, seq, heads, head_dim)``, is the projection's input itself, counted once.
     For 2-byte values, ``f = 4h`` and dropout this is the paper's ``s b h (34 + 5 a s / h)``.
 
+    The modern choices of :class:`~trainfast.transformer.TransformerShape` change what is kept,
+    as our implementation keeps it: RMSNorm also keeps its normalised input; SwiGLU keeps
+    ``4f`` values instead of ``2f``; rotation, QK-norm and grouped-query attention make new
+    tensors of Q and K (and repeat K and V to every query head): see ``_attention_keeps``.
+    Grouped-query attention shrinks the projection and the K/V cache; written with
+    ``repeat_interleave``, as here, it does not shrink what manual attention keeps for
+    backward, and with SDPA it can keep less (the repeated K and V replace the projection).
+
     Tensor parallelism over ``t`` ranks splits the heads and the MLP, so everything but the
     LayerNorm regions is divided by ``t``; sequence parallelism divides those too.
 
-    Not counted: LayerNorm's per-token mean and 1/std (``4 s b`` values per layer, about
-    ``1 / (4h)`` of the rest), and what PyTorch's CPU kernels keep differently: on CPU, dropout
-    saves a full-size scaled mask instead of a 1-byte one, and ``sdpa`` with dropout falls back
-    to the manual path.
+    Not counted: the norms' per-token statistics (LayerNorm's mean and 1/std, ``4 s b`` values
+    per layer, about ``1 / (4h)`` of the rest; RMSNorm's 1/rms; QK-norm's per head), and what
+    PyTorch's CPU kernels keep differently: on CPU, dropout saves a full-size scaled mask
+    instead of a 1-byte one, and ``sdpa`` with dropout falls back to the manual path.
     """
     check_positive("tensor", tensor)
     _check_attention(attention)
-    s, b, h, f, a = shape.seq_len, shape.batch_size, shape.d_model, shape.d_ff, shape.n_heads
-    token_wise = 4 * h * value_bytes + (2 * h if dropout else 0)  # LayerNorm ins/outs, masks
-    split = (4 * h + 2 * f) * value_bytes  # Q, K, V, attention output, MLP hidden x 2
+    s, b, h, a = shape.seq_len, shape.batch_size, shape.d_model, shape.n_heads
+    # two norms, each keeping its input (RMSNorm also its normalised input, before the gain)
+    # and its output (kept by the layer that reads it), plus the dropout masks
+    token_wise = 2 * (_norm_keeps(shape) + h) * value_bytes + (2 * h if dropout else 0)
+    split = (_attention_keeps(shape, attention) + _mlp_keeps(shape)) * value_bytes
     if attention == "manual":
         split += a * s * (value_bytes + ((1 + value_bytes) if dropout else 0))  # probabilities
     else:
@@ -242,7 +314,7 @@ def model_activation_bytes(
         layers = shape.n_layers * checkpointed_layer_bytes(shape, value_bytes=value_bytes) + layer
     else:
         layers = shape.n_layers * layer
-    per_token = (2 * shape.d_model + shape.vocab_size) * value_bytes
+    per_token = (_norm_keeps(shape) + shape.d_model + shape.vocab_size) * value_bytes
     per_token += shape.d_model if dropout else 0
     return layers + shape.tokens * per_token
 

@@ -28,16 +28,37 @@ from trainfast.distributed.step_time import (
     estimate,
 )
 from trainfast.recipes import RECIPES
-from trainfast.transformer import PRESET_SHAPES
+from trainfast.transformer import PRESET_SHAPES, TransformerShape
 
-__all__ = ["estimate_dict", "export", "grid", "setup_from_dict", "write_script"]
+__all__ = ["WIDGET_SHAPES", "estimate_dict", "export", "grid", "setup_from_dict", "write_script"]
+
+
+def _gpt2_style(shape: TransformerShape) -> bool:
+    """Whether ``shape`` makes the choices of GPT-2, the only ones the widget counts."""
+    gpt2 = TransformerShape(1, 1, 1, 1, 1, 1, 1)
+    choices = ("norm", "positions", "mlp", "qk_norm", "bias", "tied_head")
+    same = all(getattr(shape, name) == getattr(gpt2, name) for name in choices)
+    return same and shape.kv_heads == shape.n_heads
+
+
+#: The shapes the widget offers. Its JavaScript counts GPT-2-style layers (LayerNorm, learned
+#: positions, a GELU MLP, multi-head attention, a tied head), so it offers the presets of that
+#: family and a GPT-2-style model of Llama 2 7B's sizes (width 4,096, 32 layers and heads,
+#: context 4,096, vocabulary 32,000; a GELU MLP of width 4 x 4,096: 6.6B parameters). The modern
+#: presets (``llama3-8b`` and so on) are Python's alone until the widget counts their choices.
+WIDGET_SHAPES: dict[str, TransformerShape] = {
+    **{name: shape for name, shape in PRESET_SHAPES.items() if _gpt2_style(shape)},
+    "gpt-7b": TransformerShape.gpt_like(
+        d_model=4_096, n_layers=32, n_heads=32, seq_len=4_096, vocab_size=32_000
+    ),
+}
 
 
 def grid() -> list[TrainingSetup]:
     """The cases the browser test compares: every recipe, optimizer, ZeRO stage, GPU and
     recomputation choice, and layouts with tensor, pipeline (plain and interleaved), context and
     expert parallelism, dropout, accumulation and both ends of the overlap assumption."""
-    small, large = PRESET_SHAPES["gpt2-small"], PRESET_SHAPES["llama2-7b-like"]
+    small, large = WIDGET_SHAPES["gpt2-small"], WIDGET_SHAPES["gpt-7b"]
     cases = [
         TrainingSetup(
             replace(small, batch_size=8), recipe, optimizer, stage, data=4, global_batch=64, gpu=gpu
@@ -81,9 +102,16 @@ def grid() -> list[TrainingSetup]:
     return cases
 
 
+def _widget_fields(shape: TransformerShape) -> dict[str, Any]:
+    """The sizes the widget reads (its shapes are all GPT-2-style: :data:`WIDGET_SHAPES`)."""
+    sizes = ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "seq_len", "batch_size")
+    return {name: getattr(shape, name) for name in sizes}
+
+
 def _setup_dict(setup: TrainingSetup) -> dict[str, Any]:
     out = {f.name: getattr(setup, f.name) for f in fields(setup)}
-    return {**out, "shape": asdict(setup.shape), "assumptions": asdict(setup.assumptions)}
+    shape = _widget_fields(setup.shape)
+    return {**out, "shape": shape, "assumptions": asdict(setup.assumptions)}
 
 
 def setup_from_dict(values: dict[str, Any]) -> TrainingSetup:
@@ -117,7 +145,7 @@ def export() -> dict[str, Any]:
     """Everything the widget needs, as JSON-ready data: the presets (shapes, recipes, optimizer
     moments, GPUs, default assumptions) and the grid of cases with the model's results."""
     return {
-        "shapes": {name: asdict(shape) for name, shape in PRESET_SHAPES.items()},
+        "shapes": {name: _widget_fields(shape) for name, shape in WIDGET_SHAPES.items()},
         "recipes": {
             name: {**recipe.bytes, "compute_format": recipe.compute_format}
             for name, recipe in RECIPES.items()

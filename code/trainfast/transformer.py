@@ -1,11 +1,33 @@
-"""A small GPT-2-style decoder: the book's one "real transformer".
+"""The book's one decoder: GPT-2 (2019) by default, a modern Llama-style decoder by choice.
 
-Every chapter that needs a language model uses this one (profiling, memory, accounting), so the
-arithmetic of :mod:`trainfast.accounting` can be checked against it exactly. It follows
-Karpathy's nanoGPT ``model.py`` (itself GPT-2, Radford et al. 2019): learned token and position
-embeddings, ``n_layers`` pre-LayerNorm blocks of causal self-attention (one fused QKV
-projection) and a GELU MLP of width ``d_ff``, a final LayerNorm, and an LM head that shares its
-weight with the token embedding. All linear layers have biases, as in GPT-2.
+Every chapter that needs a language model uses this one (profiling, memory, accounting, the
+parallelism models), so the arithmetic of :mod:`trainfast.accounting` can be checked against it
+exactly. With the defaults it is Karpathy's nanoGPT ``model.py`` (itself GPT-2, Radford et al.
+2019): learned token and position embeddings, ``n_layers`` pre-LayerNorm blocks of causal
+self-attention (one fused QKV projection) and a GELU MLP of width ``d_ff``, a final LayerNorm,
+and an LM head that shares its weight with the token embedding; every linear layer has a bias.
+
+The choices in which today's decoders (Llama 2 and 3, Mistral, Qwen, OLMo, modded-nanogpt)
+differ from it are named fields of :class:`TransformerShape`, so one configuration says what the
+model is and what it costs:
+
+* ``norm``: ``"layernorm"`` or ``"rmsnorm"`` (Zhang & Sennrich 2019: no mean, no bias);
+* ``positions``: ``"learned"`` or ``"rope"``, rotary embeddings with base ``rope_theta`` (Su et
+  al. 2021), applied to queries and keys in every layer instead of an embedding added once;
+* ``mlp``: ``"gelu"``, ``"swiglu"`` (Shazeer 2020: ``W2 (silu(W1 x) * W3 x)``, three matrices)
+  or ``"relu2"`` (So et al. 2021, "Primer": ``relu(x)^2``);
+* ``n_kv_heads``: keys and values for fewer heads than the queries (grouped-query attention,
+  Ainslie et al. 2023; ``1`` is multi-query attention, Shazeer 2019); query head ``i`` reads
+  key/value head ``i // (n_heads // n_kv_heads)``, as SDPA's ``enable_gqa`` does;
+* ``qk_norm``: an RMSNorm over each head's queries and keys before the scores (QK-norm,
+  Dehghani et al. 2023, who used LayerNorm; per head as in Qwen 3 and modded-nanogpt, whose
+  norm has no gain; OLMo 2 normalises the whole query and key vectors);
+* ``bias``: biases in the linear layers and norms (GPT-2 has them, Llama has none);
+* ``tied_head``: the LM head shares the token embedding's matrix (GPT-2) or has its own (Llama).
+
+The initialisation is GPT-2's (normal(0, 0.02), the projections that write into the residual
+stream scaled by ``1/sqrt(2 n_layers)``), or, with ``zero_init_projections=True``, those
+projections start at zero so every block starts as the identity (modded-nanogpt).
 
 ``attention="manual"`` writes softmax attention out (scores, causal mask, softmax, weighted sum;
 it stores the ``seq x seq`` probabilities for backward); ``attention="sdpa"`` calls
@@ -14,18 +36,21 @@ or memory-efficient attention on a GPU) that stores no ``seq x seq`` matrix. Sam
 rounding; a test proves it. ``checkpointing=True`` recomputes each block in backward
 (``torch.utils.checkpoint``) instead of storing its activations.
 
-The model's configuration lives here, beside it, as nanoGPT's ``GPTConfig`` does:
-:class:`TransformerShape` (its sizes, which :mod:`trainfast.accounting` turns into parameters,
-FLOPs and bytes), :data:`Attention` and the named :data:`PRESET_SHAPES`.
+**RoPE's pairing.** This model rotates *adjacent* pairs ``(x[2i], x[2i+1])`` of each head's
+vector by the angle ``m theta^(-2i/d)`` at position ``m``, as RoFormer and Meta's Llama code do
+(``torch.view_as_complex`` on pairs). Many libraries (GPT-NeoX, Hugging Face's Llama) rotate
+``(x[i], x[i + d/2])`` instead, the two halves of the vector. The two are the same rotation
+after a fixed permutation of each head's dimensions; folding that permutation into the rows of
+``W_q`` and ``W_k`` gives the same scores, which is how checkpoints are converted between them.
 
-When not to use it: it is a teaching model. No KV cache, no rotary embeddings, no grouped-query
-attention, no weight-decay groups; use a library model for real work.
+When not to use it: it is a teaching model. No KV cache, no sliding windows, no mixture of
+experts; use a library model for real work.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -36,14 +61,20 @@ from torch.utils.checkpoint import checkpoint
 from trainfast.validation import check_positive
 
 __all__ = [
+    "MLP_KINDS",
+    "NORMS",
+    "POSITIONS",
     "PRESET_SHAPES",
     "Attention",
     "CausalSelfAttention",
+    "RMSNorm",
     "Transformer",
     "TransformerBlock",
     "TransformerMLP",
     "TransformerShape",
+    "apply_rope",
     "random_batch",
+    "rope_angles",
 ]
 
 
@@ -51,12 +82,25 @@ __all__ = [
 #: ``"sdpa"``: ``scaled_dot_product_attention`` running a fused kernel (FlashAttention,
 #: memory-efficient, or the CPU flash kernel), which saves a log-sum-exp per query instead.
 Attention = Literal["manual", "sdpa"]
+Norm = Literal["layernorm", "rmsnorm"]
+Positions = Literal["learned", "rope"]
+MLPKind = Literal["gelu", "swiglu", "relu2"]
+NORMS: tuple[str, ...] = ("layernorm", "rmsnorm")
+POSITIONS: tuple[str, ...] = ("learned", "rope")
+MLP_KINDS: tuple[str, ...] = ("gelu", "swiglu", "relu2")
+
+_SIZES = ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "seq_len", "batch_size")
 
 
 @dataclass(frozen=True)
 class TransformerShape:
-    """The sizes that decide a decoder's cost: vocabulary, width, depth, heads, MLP width,
-    sequence length (also the context the position embedding covers) and (micro-)batch size."""
+    """What decides a decoder's cost: its sizes and its architectural choices.
+
+    The sizes: vocabulary, width, depth, query heads, MLP width, sequence length (also the
+    context the position embedding or the rotary table covers) and (micro-)batch size. The
+    choices (module docstring) default to GPT-2's, so ``TransformerShape(V, h, L, a, f, s, b)``
+    is a GPT-2. ``n_kv_heads=None`` means one key/value head per query head.
+    """
 
     vocab_size: int
     d_model: int
@@ -65,13 +109,48 @@ class TransformerShape:
     d_ff: int
     seq_len: int
     batch_size: int
+    n_kv_heads: int | None = None
+    norm: Norm = "layernorm"
+    positions: Positions = "learned"
+    mlp: MLPKind = "gelu"
+    qk_norm: bool = False
+    bias: bool = True
+    tied_head: bool = True
+    rope_theta: float = 10_000.0
+    norm_eps: float = 1e-5
 
     def __post_init__(self) -> None:
-        for size in fields(self):
-            check_positive(size.name, getattr(self, size.name))
+        for name in _SIZES:
+            check_positive(name, getattr(self, name))
         if self.d_model % self.n_heads:
             raise ValueError(
                 f"Invalid n_heads: {self.n_heads} (must divide d_model = {self.d_model})"
+            )
+        if self.n_kv_heads is not None:
+            check_positive("n_kv_heads", self.n_kv_heads)
+            if self.n_heads % self.n_kv_heads:
+                raise ValueError(
+                    f"Invalid n_kv_heads: {self.n_kv_heads} (must divide n_heads = "
+                    f"{self.n_heads}: each key/value head serves a whole group of query heads)"
+                )
+        for name, allowed in (("norm", NORMS), ("positions", POSITIONS), ("mlp", MLP_KINDS)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(
+                    f"Invalid {name}: {getattr(self, name)!r} (expected one of {allowed})"
+                )
+        for name in ("qk_norm", "bias", "tied_head"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"Invalid {name}: {getattr(self, name)!r} (expected a bool)")
+        for name in ("rope_theta", "norm_eps"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ValueError(f"Invalid {name}: {value!r} (expected a positive number)")
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"Invalid {name}: {value!r} (expected a positive number)")
+        if self.positions == "rope" and self.head_dim % 2:
+            raise ValueError(
+                f"Invalid head dimension for rotary positions: {self.head_dim} (d_model "
+                f"{self.d_model} / n_heads {self.n_heads}; RoPE rotates pairs, so it must be even)"
             )
 
     @classmethod
@@ -94,53 +173,205 @@ class TransformerShape:
         return self.d_model // self.n_heads
 
     @property
+    def kv_heads(self) -> int:
+        """Key/value heads: ``n_kv_heads``, or ``n_heads`` when that is None."""
+        return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
+
+    @property
+    def kv_dim(self) -> int:
+        """Width of the keys (and of the values): ``kv_heads * head_dim``."""
+        return self.kv_heads * self.head_dim
+
+    @property
     def tokens(self) -> int:
         """Tokens per step: ``seq_len * batch_size``."""
         return self.seq_len * self.batch_size
+
+
+def _llama(
+    vocab: int, width: int, layers: int, heads: int, kv_heads: int, ffn: int, context: int, theta
+) -> TransformerShape:
+    return TransformerShape(
+        vocab,
+        width,
+        layers,
+        heads,
+        ffn,
+        context,
+        1,
+        n_kv_heads=kv_heads,
+        norm="rmsnorm",
+        positions="rope",
+        mlp="swiglu",
+        bias=False,
+        tied_head=False,
+        rope_theta=theta,
+    )
 
 
 #: Named shapes, one sequence per batch (change it with ``dataclasses.replace``).
 PRESET_SHAPES: dict[str, TransformerShape] = {
     # small enough for a unit test on one CPU thread
     "tiny": TransformerShape(128, 32, 2, 4, 128, 16, 2),
+    # the same sizes with every modern choice: RMSNorm, RoPE, SwiGLU, 2 key/value heads for 4
+    # query heads, QK-norm, no biases, an untied head
+    "tiny-modern": TransformerShape(
+        128,
+        32,
+        2,
+        4,
+        128,
+        16,
+        2,
+        n_kv_heads=2,
+        norm="rmsnorm",
+        positions="rope",
+        mlp="swiglu",
+        qk_norm=True,
+        bias=False,
+        tied_head=False,
+    ),
     # Radford et al. 2019, "Language Models are Unsupervised Multitask Learners", Table 2 (the
     # 117M row, 124M counted exactly), vocabulary 50,257, context 1,024
     "gpt2-small": TransformerShape(50_257, 768, 12, 12, 3_072, 1_024, 1),
     # ibid., the 1542M row: 48 layers, width 1,600; 25 heads of 64 in the released model
     "gpt2-xl": TransformerShape(50_257, 1_600, 48, 25, 6_400, 1_024, 1),
-    # Touvron et al. 2023, "Llama 2", 7B: width 4,096, 32 layers and heads, context 4,096,
-    # vocabulary 32,000. Its SwiGLU MLP (3 matrices of 4,096 x 11,008) becomes our GELU MLP of
-    # the same parameter count (2 matrices of 4,096 x 16,512); with tied embeddings and learned
-    # positions it has 6.62B parameters instead of 6.74B.
-    "llama2-7b-like": TransformerShape(32_000, 4_096, 32, 32, 16_512, 4_096, 1),
+    # Touvron et al. 2023, "Llama 2", Table 1 and Section 2.2: 7B, context 4,096, vocabulary
+    # 32,000, multi-head attention; width 4,096, 32 layers and heads and SwiGLU width 11,008
+    # from the released configuration. 6,738,415,616 parameters ("6.7B"/"7B").
+    "llama2-7b": _llama(32_000, 4_096, 32, 32, 32, 11_008, 4_096, 10_000.0),
+    # Llama Team 2024, "The Llama 3 Herd of Models", Table 3: 8B and 405B, grouped-query
+    # attention with 8 key/value heads, RoPE base 500,000; vocabulary 128,256 in the released
+    # configuration (the paper's "128K": 128,000 plus 256 reserved special tokens); pre-trained
+    # on 8,192-token sequences. 8,030,261,248 and 405,853,388,800 parameters.
+    "llama3-8b": _llama(128_256, 4_096, 32, 32, 8, 14_336, 8_192, 500_000.0),
+    "llama3-405b": _llama(128_256, 16_384, 126, 128, 8, 53_248, 8_192, 500_000.0),
 }
 
 
+class RMSNorm(nn.Module):
+    """Root-mean-square normalisation (Zhang & Sennrich 2019): ``x / sqrt(mean(x^2) + eps) * g``.
+
+    No mean is subtracted and there is no bias: one gain per feature. Written out so the
+    chapter can show it; ``torch.nn.RMSNorm`` computes the same (a test checks), and on a GPU
+    ``torch.compile`` fuses these element-wise steps into one kernel.
+    """
+
+    def __init__(self, dim: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        check_positive("dim", dim)
+        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps < 1:
+            raise ValueError(f"Invalid eps: {eps!r} (expected 0 < eps < 1)")
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        inverse_rms = torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + self.eps)  # (..., 1)
+        return x * inverse_rms * self.weight
+
+
+def _norm(shape: TransformerShape, dim: int) -> nn.Module:
+    if shape.norm == "rmsnorm":
+        return RMSNorm(dim, shape.norm_eps)
+    return nn.LayerNorm(dim, eps=shape.norm_eps, bias=shape.bias)
+
+
+def rope_angles(
+    seq_len: int,
+    head_dim: int,
+    theta: float = 10_000.0,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(cos, sin)`` of RoPE's angles ``m theta^(-2i/d)``, each ``(seq_len, head_dim / 2)``.
+
+    Computed in float64 and returned in ``dtype`` (default: the default dtype): a float32 angle
+    near 8,000 radians is rounded by up to 2.4e-4 radians (half of float32's spacing there)."""
+    check_positive("seq_len", seq_len)
+    check_positive("head_dim", head_dim)
+    if head_dim % 2:
+        raise ValueError(f"Invalid head_dim: {head_dim} (RoPE rotates pairs: it must be even)")
+    if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not theta > 1:
+        raise ValueError(f"Invalid theta: {theta!r} (expected a number > 1)")
+    exponents = torch.arange(0, head_dim, 2, device=device, dtype=torch.float64) / head_dim
+    frequencies = theta**-exponents  # (head_dim / 2,)
+    positions = torch.arange(seq_len, device=device, dtype=torch.float64)  # (seq,)
+    angles = torch.outer(positions, frequencies)  # (seq, head_dim / 2)
+    dtype = dtype or torch.get_default_dtype()
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate each adjacent pair ``(x[2i], x[2i+1])`` of ``x`` (..., head_dim) by the angles
+    whose ``cos`` and ``sin`` broadcast against (..., head_dim / 2): RoFormer's and Meta
+    Llama's pairing. The rotation keeps no activation: its backward needs only the angles."""
+    pairs = x.unflatten(-1, (-1, 2))  # (..., head_dim / 2, 2)
+    even, odd = pairs[..., 0], pairs[..., 1]  # (..., head_dim / 2) each
+    rotated = torch.stack((even * cos - odd * sin, even * sin + odd * cos), dim=-1)
+    return rotated.flatten(-2).type_as(x)  # (..., head_dim)
+
+
 class CausalSelfAttention(nn.Module):
-    """Multi-head causal self-attention with one fused ``d_model -> 3 d_model`` projection."""
+    """Causal self-attention with one fused projection to queries, keys and values.
+
+    ``n_heads`` query heads and ``kv_heads`` key/value heads (grouped-query attention when
+    fewer); optional QK-norm and rotary positions on queries and keys.
+    """
 
     def __init__(self, shape: TransformerShape, attention: Attention, dropout: float) -> None:
         super().__init__()
         if attention not in ("manual", "sdpa"):
             raise ValueError(f"Invalid attention: {attention!r} (expected 'manual' or 'sdpa')")
-        self.n_heads, self.attention, self.dropout = shape.n_heads, attention, dropout
-        self.qkv = nn.Linear(shape.d_model, 3 * shape.d_model)
-        self.proj = nn.Linear(shape.d_model, shape.d_model)
+        self.n_heads, self.kv_heads, self.head_dim = shape.n_heads, shape.kv_heads, shape.head_dim
+        self.attention, self.dropout = attention, dropout
+        self.qkv = nn.Linear(shape.d_model, shape.d_model + 2 * shape.kv_dim, bias=shape.bias)
+        self.proj = nn.Linear(shape.d_model, shape.d_model, bias=shape.bias)
+        self.q_norm = RMSNorm(shape.head_dim, shape.norm_eps) if shape.qk_norm else None
+        self.k_norm = RMSNorm(shape.head_dim, shape.norm_eps) if shape.qk_norm else None
         self.attn_dropout, self.resid_dropout = nn.Dropout(dropout), nn.Dropout(dropout)
         # True above the diagonal: key j > query i is in the future. A buffer, not an activation.
         future = torch.ones(shape.seq_len, shape.seq_len, dtype=torch.bool).triu(1)
         self.register_buffer("future", future, persistent=False)
+        self.rotary, self.seq_len, self.rope_theta = (
+            shape.positions == "rope",
+            shape.seq_len,
+            shape.rope_theta,
+        )
+        if self.rotary:
+            cos, sin = rope_angles(shape.seq_len, shape.head_dim, shape.rope_theta)
+            self.register_buffer("cos", cos, persistent=False)  # (seq, head_dim / 2)
+            self.register_buffer("sin", sin, persistent=False)
+
+    def _apply(self, fn, recurse=True):  # noqa: ANN001, ANN202 (nn.Module's signature)
+        """As ``nn.Module._apply`` (``.to()``, ``.half()``...), but the rotary angles stay
+        float32: cast to bf16 they would be off by about 4e-3, far more than their rounding."""
+        super()._apply(fn, recurse)
+        if self.rotary:
+            device = self.cos.device
+            self.cos, self.sin = rope_angles(
+                self.seq_len, self.head_dim, self.rope_theta, device=device, dtype=torch.float32
+            )
+        return self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, seq, d_model = x.shape
-        head_dim = d_model // self.n_heads
-        split_heads = (batch, seq, self.n_heads, head_dim)
-        q, k, v = self.qkv(x).split(d_model, dim=2)  # 3 x (batch, seq, d_model)
-        q = q.view(split_heads).transpose(1, 2)  # (batch, heads, seq, head_dim)
-        k = k.view(split_heads).transpose(1, 2)  # (batch, heads, seq, head_dim)
-        v = v.view(split_heads).transpose(1, 2)  # (batch, heads, seq, head_dim)
+        kv_dim = self.kv_heads * self.head_dim
+        q, k, v = self.qkv(x).split((d_model, kv_dim, kv_dim), dim=2)
+        q = q.view(batch, seq, self.n_heads, self.head_dim)  # (batch, seq, heads, head_dim)
+        k = k.view(batch, seq, self.kv_heads, self.head_dim)  # (batch, seq, kv_heads, head_dim)
+        v = v.view(batch, seq, self.kv_heads, self.head_dim)  # (batch, seq, kv_heads, head_dim)
+        if self.q_norm is not None:  # over each head's vector
+            q, k = self.q_norm(q), self.k_norm(k)
+        if self.rotary:  # the angles depend on the position: (seq, 1, head_dim / 2)
+            cos, sin = self.cos[:seq].unsqueeze(1), self.sin[:seq].unsqueeze(1)
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (b, heads, s, d)
+        if self.kv_heads != self.n_heads:  # each key/value head serves a group of query heads
+            group = self.n_heads // self.kv_heads
+            k = k.repeat_interleave(group, dim=1)  # (batch, heads, seq, head_dim)
+            v = v.repeat_interleave(group, dim=1)  # (batch, heads, seq, head_dim)
         if self.attention == "manual":
-            scores = q @ k.transpose(-2, -1) / math.sqrt(head_dim)  # (batch, heads, seq, seq)
+            scores = q @ k.transpose(-2, -1) / math.sqrt(self.head_dim)  # (b, a, s, s)
             scores = scores.masked_fill(self.future[:seq, :seq], float("-inf"))
             probs = self.attn_dropout(F.softmax(scores, dim=-1))  # (batch, heads, seq, seq)
             y = probs @ v  # (batch, heads, seq, head_dim)
@@ -152,26 +383,37 @@ class CausalSelfAttention(nn.Module):
 
 
 class TransformerMLP(nn.Module):
-    """``d_model -> d_ff -> d_model`` with GELU between."""
+    """``d_model -> d_ff -> d_model``: GELU, ReLU² or SwiGLU (a gate ``silu(W1 x)`` times an
+    up-projection ``W3 x``, then ``W2``; ``fc`` holds ``W1`` and ``W3`` stacked)."""
 
     def __init__(self, shape: TransformerShape, dropout: float) -> None:
         super().__init__()
-        self.fc = nn.Linear(shape.d_model, shape.d_ff)
-        self.proj = nn.Linear(shape.d_ff, shape.d_model)
+        self.kind = shape.mlp
+        gated = 2 if shape.mlp == "swiglu" else 1
+        self.fc = nn.Linear(shape.d_model, gated * shape.d_ff, bias=shape.bias)
+        self.proj = nn.Linear(shape.d_ff, shape.d_model, bias=shape.bias)
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.dropout(self.proj(F.gelu(self.fc(x))))
+        hidden = self.fc(x)  # (batch, seq, d_ff), two of them stacked for SwiGLU
+        if self.kind == "swiglu":
+            gate, up = hidden.chunk(2, dim=-1)  # (batch, seq, d_ff) each
+            hidden = F.silu(gate) * up
+        elif self.kind == "relu2":
+            hidden = F.relu(hidden).square()
+        else:
+            hidden = F.gelu(hidden)
+        return self.dropout(self.proj(hidden))
 
 
 class TransformerBlock(nn.Module):
-    """Pre-LayerNorm residual block: ``x + attn(ln(x))``, then ``x + mlp(ln(x))``."""
+    """Pre-norm residual block: ``x + attn(norm(x))``, then ``x + mlp(norm(x))``."""
 
     def __init__(self, shape: TransformerShape, attention: Attention, dropout: float) -> None:
         super().__init__()
-        self.ln1 = nn.LayerNorm(shape.d_model)
+        self.ln1 = _norm(shape, shape.d_model)
         self.attn = CausalSelfAttention(shape, attention, dropout)
-        self.ln2 = nn.LayerNorm(shape.d_model)
+        self.ln2 = _norm(shape, shape.d_model)
         self.mlp = TransformerMLP(shape, dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -180,12 +422,13 @@ class TransformerBlock(nn.Module):
 
 
 class Transformer(nn.Module):
-    """GPT-2-style decoder built from a :class:`TransformerShape`.
+    """The decoder built from a :class:`TransformerShape` (GPT-2 by default; module docstring).
 
     ``forward(tokens)`` maps ``(batch, seq)`` token ids, ``seq <= shape.seq_len``, to
     ``(batch, seq, vocab_size)`` logits; :meth:`loss` adds the next-token cross-entropy.
-    Its parameter count is :func:`trainfast.accounting.parameter_count` exactly. Initialisation
-    is GPT-2's: normal(0, 0.02), residual projections scaled by ``1 / sqrt(2 n_layers)``.
+    Its parameter count is :func:`trainfast.accounting.parameter_count` exactly.
+    Initialisation is GPT-2's: normal(0, 0.02), residual projections scaled by
+    ``1 / sqrt(2 n_layers)``, or zero with ``zero_init_projections``; norms' gains are 1.
     """
 
     def __init__(
@@ -195,24 +438,33 @@ class Transformer(nn.Module):
         attention: Attention = "manual",
         dropout: float = 0.0,
         checkpointing: bool = False,
+        zero_init_projections: bool = False,
     ) -> None:
         super().__init__()
+        if not isinstance(shape, TransformerShape):
+            raise TypeError(f"Invalid shape: {shape!r} (expected a TransformerShape)")
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"Invalid dropout: {dropout!r} (expected 0 <= dropout < 1)")
         self.shape, self.checkpointing = shape, checkpointing
         self.token_embedding = nn.Embedding(shape.vocab_size, shape.d_model)
-        self.position_embedding = nn.Embedding(shape.seq_len, shape.d_model)
+        self.position_embedding = (
+            nn.Embedding(shape.seq_len, shape.d_model) if shape.positions == "learned" else None
+        )
         self.dropout = nn.Dropout(dropout)
         self.blocks = nn.ModuleList(
             TransformerBlock(shape, attention, dropout) for _ in range(shape.n_layers)
         )
-        self.ln_f = nn.LayerNorm(shape.d_model)
+        self.ln_f = _norm(shape, shape.d_model)
         self.lm_head = nn.Linear(shape.d_model, shape.vocab_size, bias=False)
-        self.lm_head.weight = self.token_embedding.weight  # tied: one (vocab, d_model) matrix
+        if shape.tied_head:
+            self.lm_head.weight = self.token_embedding.weight  # one (vocab, d_model) matrix
         self.apply(self._init_weights)
         for name, p in self.named_parameters():
             if name.endswith("proj.weight"):  # the projections that write into the residual
-                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * shape.n_layers))
+                if zero_init_projections:
+                    nn.init.zeros_(p)
+                else:
+                    nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * shape.n_layers))
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:
@@ -227,9 +479,9 @@ class Transformer(nn.Module):
             raise ValueError(
                 f"Invalid sequence length: {seq} (the model's is {self.shape.seq_len})"
             )
-        positions = torch.arange(seq, device=tokens.device)  # (seq,)
-        # (batch, seq, d_model): token embeddings plus position embeddings, broadcast over batch
-        x = self.token_embedding(tokens) + self.position_embedding(positions)
+        x = self.token_embedding(tokens)  # (batch, seq, d_model)
+        if self.position_embedding is not None:  # learned positions, broadcast over the batch
+            x = x + self.position_embedding(torch.arange(seq, device=tokens.device))
         x = self.dropout(x)
         for block in self.blocks:
             if self.checkpointing and torch.is_grad_enabled():

@@ -1,0 +1,227 @@
+"""The speedrun's data: an offline corpus that ships with the pinned environment, a BPE
+tokenizer trained on it, and token streams that never repeat a token.
+
+**The text.** The Python sources of the installed ``torch`` package (``torch/**/*.py``, about
+49 MB and 2,350 files for torch 2.14.1; mostly BSD-3-Clause, PyTorch's licence, with a few
+vendored files under their own permissive licences: ``torch/_vendor`` Apache-2.0,
+``torch/_appdirs.py`` MIT). Every machine
+that installs the book's pinned torch has the same bytes, and their SHA-256 goes into every
+record, so two records can be compared only when their corpora are the same. Another source
+folder can be given (``root``), e.g. the standard library.
+
+**The splits.** Each file goes to one split by a hash of its path, so the splits never share
+a file: about 2 % *validation* (held out: the target loss is measured on it and nothing is
+tuned on it), 2 % *tune* (for choosing hyperparameters) and the rest *train*.
+
+**The tokens.** A byte-level BPE tokenizer (Hugging Face ``tokenizers``, as GPT-2's) is trained
+on the training split only; each split is then encoded once into a flat ``uint16`` memmap
+(``train.bin`` ...), as nanoGPT's ``prepare.py`` does, with an end-of-text token between files.
+:class:`TokenStream` hands out consecutive, non-overlapping windows, so a run sees no token twice
+before it has used the whole split (and says so when it has).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from trainfast.validation import check_positive
+
+__all__ = [
+    "END_OF_TEXT",
+    "SPLITS",
+    "PreparedData",
+    "TokenStream",
+    "corpus_files",
+    "prepare",
+    "split_of",
+    "torch_sources",
+]
+
+END_OF_TEXT = "<|endoftext|>"
+SPLITS = ("train", "tune", "validation")
+_VALIDATION_PERCENT, _TUNE_PERCENT = 2, 2
+
+
+def torch_sources() -> Path:
+    """The folder of the installed ``torch`` package: the default corpus."""
+    return Path(torch.__file__).parent
+
+
+def split_of(relative_path: str) -> str:
+    """``"validation"``, ``"tune"`` or ``"train"`` for a file, from a hash of its path (stable
+    across machines and Python runs, unlike ``hash``)."""
+    bucket = int(hashlib.sha256(relative_path.encode()).hexdigest(), 16) % 100
+    if bucket < _VALIDATION_PERCENT:
+        return "validation"
+    return "tune" if bucket < _VALIDATION_PERCENT + _TUNE_PERCENT else "train"
+
+
+def corpus_files(root: Path, max_bytes: int | None = None) -> dict[str, list[Path]]:
+    """The corpus's ``*.py`` files under ``root`` by split, each list sorted by path.
+
+    With ``max_bytes`` (a small corpus for tests and the chapter's live run), each split keeps
+    its first files up to a share of it: 80 % for training, 10 % each for tuning and
+    validation (at least one file each), so that even a small corpus has all three.
+    """
+    root = Path(root)
+    if not root.is_dir():
+        raise ValueError(f"Invalid corpus root: {str(root)!r} is not a folder")
+    files = sorted(root.rglob("*.py"), key=lambda p: p.relative_to(root).as_posix())
+    by_split: dict[str, list[Path]] = {split: [] for split in SPLITS}
+    for path in files:
+        by_split[split_of(path.relative_to(root).as_posix())].append(path)
+    if max_bytes is not None:
+        check_positive("max_bytes", max_bytes)
+        shares = {"train": 0.8, "tune": 0.1, "validation": 0.1}
+        for split, paths in by_split.items():
+            kept, total = [], 0
+            for path in paths:
+                total += path.stat().st_size
+                if total > shares[split] * max_bytes and kept:
+                    break
+                kept.append(path)
+            by_split[split] = kept
+    for split, paths in by_split.items():
+        if not paths:
+            raise ValueError(
+                f"Invalid corpus root: {str(root)!r} has no *.py file in the {split} split "
+                f"({len(files)} files in all)"
+            )
+    return by_split
+
+
+@dataclass(frozen=True)
+class PreparedData:
+    """Where :func:`prepare` put the tokens, and what they are."""
+
+    folder: Path
+    corpus_sha256: str
+    vocab_size: int
+    tokens: dict[str, int]  # split -> number of tokens
+
+    def path(self, split: str) -> Path:
+        if split not in SPLITS:
+            raise ValueError(f"Unknown split: {split!r} (expected one of {SPLITS})")
+        return self.folder / f"{split}.bin"
+
+    def tokens_of(self, split: str) -> np.memmap:
+        """The split's tokens, ``uint16``, mapped from disk (nothing is read until used)."""
+        return np.memmap(self.path(split), dtype=np.uint16, mode="r")
+
+    def tokenizer(self):  # -> tokenizers.Tokenizer
+        from tokenizers import Tokenizer
+
+        return Tokenizer.from_file(str(self.folder / "tokenizer.json"))
+
+
+def _train_tokenizer(texts: list[str], vocab_size: int):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[END_OF_TEXT],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),  # every byte encodable
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(texts, trainer=trainer)
+    return tokenizer
+
+
+def prepare(
+    folder: str | Path,
+    *,
+    root: str | Path | None = None,
+    vocab_size: int = 4_096,
+    max_bytes: int | None = None,
+) -> PreparedData:
+    """Tokenize the corpus under ``root`` (default :func:`torch_sources`) into ``folder``, once.
+
+    Writes ``tokenizer.json``, ``train.bin``, ``tune.bin``, ``validation.bin`` and
+    ``meta.json``. If ``meta.json`` already describes the same corpus (its SHA-256) and
+    vocabulary, nothing is done again. The memmaps are written to temporary names and renamed
+    when complete, so an interrupted run leaves no half-written split behind.
+    """
+    check_positive("vocab_size", vocab_size)
+    if vocab_size > 2**16:
+        raise ValueError(f"Invalid vocab_size: {vocab_size} (uint16 tokens hold at most 65,536)")
+    root = Path(root) if root is not None else torch_sources()
+    folder = Path(folder)
+    by_split = corpus_files(root, max_bytes)
+    digest = hashlib.sha256()
+    texts: dict[str, list[str]] = {split: [] for split in SPLITS}
+    for split, paths in by_split.items():
+        for path in paths:
+            data = path.read_bytes()
+            digest.update(path.relative_to(root).as_posix().encode() + b"\0" + data + b"\0")
+            texts[split].append(data.decode("utf-8", errors="replace"))
+    sha = digest.hexdigest()
+    meta_path = folder / "meta.json"
+    outputs = [folder / "tokenizer.json", *(folder / f"{split}.bin" for split in SPLITS)]
+    if meta_path.exists() and all(path.exists() for path in outputs):
+        meta = json.loads(meta_path.read_text())
+        if meta.get("corpus_sha256") == sha and meta.get("vocab_size") == vocab_size:
+            return PreparedData(folder, sha, vocab_size, meta["tokens"])
+    folder.mkdir(parents=True, exist_ok=True)
+    meta_path.unlink(missing_ok=True)  # the files below belong to no corpus until it is back
+    tokenizer = _train_tokenizer(texts["train"], vocab_size)
+    tokenizer.save(str(folder / "tokenizer.json"))
+    end = tokenizer.token_to_id(END_OF_TEXT)
+    counts = {}
+    for split in SPLITS:
+        ids: list[int] = []
+        for encoding in tokenizer.encode_batch(texts[split]):
+            ids.extend(encoding.ids)
+            ids.append(end)
+        array = np.asarray(ids, dtype=np.uint16)
+        partial = folder / f"{split}.bin.partial"
+        array.tofile(partial)
+        partial.replace(folder / f"{split}.bin")
+        counts[split] = len(ids)
+    files = {split: len(paths) for split, paths in by_split.items()}
+    meta = {"corpus_sha256": sha, "vocab_size": vocab_size, "tokens": counts, "files": files}
+    partial = folder / "meta.json.partial"
+    partial.write_text(json.dumps(meta, indent=1))
+    partial.replace(meta_path)
+    return PreparedData(folder, sha, vocab_size, counts)
+
+
+class TokenStream:
+    """Consecutive, non-overlapping ``(inputs, targets)`` windows of a token array.
+
+    Each call of :meth:`next_batch` takes ``batch * seq_len`` new tokens (plus one, for the last
+    target) from where the previous call stopped: no token is trained on twice. When the array
+    runs out it raises, naming how many tokens were used, instead of silently wrapping around.
+    ``offset`` starts the stream elsewhere (a different seed sees different text).
+    """
+
+    def __init__(self, tokens: np.ndarray, batch: int, seq_len: int, offset: int = 0) -> None:
+        check_positive("batch", batch)
+        check_positive("seq_len", seq_len)
+        if not 0 <= offset < len(tokens):
+            raise ValueError(f"Invalid offset: {offset} (the stream has {len(tokens)} tokens)")
+        self.tokens, self.batch, self.seq_len, self.position = tokens, batch, seq_len, offset
+        self.used = 0
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        size = self.batch * self.seq_len
+        if self.position + size + 1 > len(self.tokens):
+            raise RuntimeError(
+                f"The token stream is used up: {self.used:,} tokens trained on of "
+                f"{len(self.tokens):,}; a longer run needs a bigger corpus"
+            )
+        window = np.asarray(self.tokens[self.position : self.position + size + 1], np.int64)
+        self.position += size
+        self.used += size
+        window = torch.from_numpy(window)
+        inputs = window[:-1].view(self.batch, self.seq_len)  # (batch, seq)
+        targets = window[1:].view(self.batch, self.seq_len)  # (batch, seq), shifted by one
+        return inputs, targets

@@ -1,0 +1,163 @@
+"""The speedrun's harness and data pipeline (issue: the capstone chapter).
+
+The data: the tokenizer round-trips the corpus, the memmaps hold the text's tokens in order,
+the splits share no file, and a token stream never repeats a token. The harness: a run stops
+at the target (and not before), stops at the step budget with a message when the target is
+out of reach, and refuses bad configurations naming the value.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+from trainfast.speedrun import (
+    RunResult,
+    SpeedrunConfig,
+    Target,
+    TokenStream,
+    compare,
+    prepare,
+    run_to_target,
+)
+from trainfast.speedrun.data import SPLITS, corpus_files, split_of, torch_sources
+from trainfast.transformer import PRESET_SHAPES
+
+SMALL_CORPUS = 600_000  # bytes of torch's sources: enough for every split, fast to tokenize
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return prepare(tmp_path_factory.mktemp("speedrun"), max_bytes=SMALL_CORPUS, vocab_size=512)
+
+
+def _config(**changes) -> SpeedrunConfig:
+    shape = replace(PRESET_SHAPES["tiny-modern"], vocab_size=512, seq_len=32, batch_size=8)
+    return SpeedrunConfig(**{"name": "test", "shape": shape, "lr": 3e-3, **changes})
+
+
+def test_the_tokenizer_round_trips_the_text_and_the_memmaps_hold_it_in_order(data):
+    tokenizer = data.tokenizer()
+    root = torch_sources()
+    validation = corpus_files(root, SMALL_CORPUS)["validation"]
+    assert all(split_of(p.relative_to(root).as_posix()) == "validation" for p in validation)
+    text = validation[0].read_text()
+    ids = tokenizer.encode(text).ids
+    assert tokenizer.decode(ids) == text
+    stored = data.tokens_of("validation")
+    assert list(stored[: len(ids)]) == ids  # the first validation file, first in its memmap
+    assert stored.dtype == np.uint16 and int(stored.max()) < data.vocab_size
+    assert sum(data.tokens.values()) == sum(len(data.tokens_of(s)) for s in SPLITS)
+
+
+def test_the_splits_share_no_file_and_are_stable():
+    paths = [f"torch/{i}.py" for i in range(2_000)]
+    splits = [split_of(p) for p in paths]
+    assert splits == [split_of(p) for p in paths]  # no per-process hash seed
+    shares = {s: splits.count(s) / len(paths) for s in SPLITS}
+    assert 0.01 < shares["validation"] < 0.03 and 0.01 < shares["tune"] < 0.03
+
+
+def test_prepare_is_done_once_per_corpus(data):
+    before = data.path("train").stat().st_mtime_ns
+    again = prepare(data.folder, max_bytes=SMALL_CORPUS, vocab_size=512)
+    assert again.corpus_sha256 == data.corpus_sha256
+    assert data.path("train").stat().st_mtime_ns == before
+
+
+def test_a_token_stream_never_repeats_a_token_and_says_when_it_is_used_up():
+    tokens = np.arange(101, dtype=np.uint16)
+    stream = TokenStream(tokens, batch=2, seq_len=10)
+    seen = []
+    for _ in range(5):
+        inputs, targets = stream.next_batch()
+        assert torch.equal(targets[:, :-1], inputs[:, 1:])
+        seen.extend(inputs.flatten().tolist())
+    assert seen == list(range(100))
+    with pytest.raises(RuntimeError, match="used up: 100 tokens"):
+        stream.next_batch()
+
+
+def test_a_run_stops_at_the_first_evaluation_at_or_below_the_target(data):
+    lines = []
+    target = Target(loss=5.5, eval_every=5, eval_tokens=2_048, max_steps=200)
+    result = run_to_target(_config(), data, target, progress=lines.append)
+    assert result.reached and result.final_loss <= 5.5
+    assert [loss <= 5.5 for _, loss in result.history] == [False] * (len(result.history) - 1) + [
+        True
+    ]
+    assert result.steps == result.history[-1][0] and result.steps % 5 == 0
+    assert result.tokens == result.steps * 8 * 32
+    assert result.train_seconds > 0 and result.eval_seconds > 0
+    assert "validation loss" in lines[-1] and "(target 5.5)" in lines[-1]
+
+
+def test_a_run_that_cannot_reach_the_target_stops_at_the_budget(data):
+    lines = []
+    target = Target(loss=0.01, eval_every=2, eval_tokens=1_024, max_steps=4)
+    result = run_to_target(_config(), data, target, progress=lines.append)
+    assert not result.reached and result.steps == 4
+    assert "did not reach the target 0.01 in 4 steps" in result.message == lines[-1]
+
+
+def test_muon_bf16_and_a_schedule_run(data):
+    config = _config(optimizer="muon", precision="bf16", schedule="wsd", warmup_steps=2)
+    result = run_to_target(config, data, Target(loss=0.01, eval_every=3, max_steps=3))
+    assert math.isfinite(result.final_loss)
+    assert [config.lr_factor(s) for s in (0, 1)] == [0.5, 1.0]
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"optimizer": "lion"}, "optimizer: 'lion'"),
+        ({"lr": float("inf")}, "lr: inf"),
+        ({"lr": 0}, "lr: 0"),
+        ({"precision": "fp8"}, "precision: 'fp8'"),
+        ({"warmup_steps": 1.5}, "warmup_steps: 1.5"),
+        ({"schedule": "cosine", "warmup_steps": 10, "schedule_steps": 5}, "warmup_steps: 10"),
+        ({"betas": (0.9, 1.0)}, "betas: 1.0"),
+        ({"compile": "yes"}, "compile: 'yes'"),
+    ],
+)
+def test_bad_configurations_name_the_value(changes, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+        _config(**changes)
+
+
+def test_bad_targets_name_the_value():
+    with pytest.raises(ValueError, match="loss: nan"):
+        Target(loss=float("nan"))
+    with pytest.raises(ValueError, match="max_steps: 0"):
+        Target(loss=1.0, max_steps=0)
+
+
+def test_compare_counts_only_gains_beyond_the_noise():
+    def runs(times, reached=True):
+        return [RunResult("x", i, reached, t, 0.0, 1, 1, 1.0) for i, t in enumerate(times)]
+
+    clear = compare(runs([10.0, 11.0, 12.0, 10.5, 11.5]), runs([5.0, 5.5, 6.0, 5.2, 5.8]))
+    assert clear.beats_noise and clear.speedup == pytest.approx(11.0 / 5.5)
+    mixed = compare(runs([10.0, 11.0, 12.0]), runs([10.5, 11.5, 9.5]))
+    assert not mixed.beats_noise
+    never = compare(runs([10.0, 11.0, 12.0, 10.5, 11.5]), runs([1.0] * 5, reached=False))
+    assert not never.beats_noise  # runs that never reach the target are not faster
+
+
+def test_an_interrupted_preparation_is_not_taken_for_a_finished_one(data, tmp_path):
+    folder = tmp_path / "prepared"
+    first = prepare(folder, max_bytes=SMALL_CORPUS, vocab_size=512)
+    (folder / "train.bin").unlink()  # as if killed while writing the splits
+    again = prepare(folder, max_bytes=SMALL_CORPUS, vocab_size=512)
+    assert again.path("train").exists() and again.tokens == first.tokens

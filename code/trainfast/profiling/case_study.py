@@ -82,7 +82,7 @@ ALTERNATIVES = ("foreach_optimizer",)
 CUDA_ONLY = ("pinned_memory", "cuda_graphs")
 
 #: Largest allowed ``|loss - baseline loss| / baseline loss`` at any of the first
-#: :data:`LOSS_HORIZON` steps, per fix; the reasons are in :func:`loss_tolerance`.
+#: ``LOSS_HORIZON`` steps, per fix; the reasons are in :func:`loss_tolerance`.
 LOSS_TOLERANCE: dict[str, float] = {
     "data_workers": 0.0,
     "pinned_memory": 0.0,
@@ -104,7 +104,7 @@ LOSS_HORIZON = 20
 
 def loss_tolerance(fixes: Fixes) -> float:
     """How far a run with ``fixes`` may stray from the baseline's loss over the first
-    :data:`LOSS_HORIZON` steps: the loosest tolerance of its fixes.
+    ``LOSS_HORIZON`` steps: the loosest tolerance of its fixes.
 
     - **Exact (0)** for ``data_workers``, ``pinned_memory``, ``no_item``: they move work between
       processes or change when the host reads the loss; the same kernels run on the same
@@ -350,7 +350,7 @@ def compare_fixes(
     A row has the variant's name, its fixes, ``step_ms`` (median), ``iqr_ms``, ``samples`` and
     ``samples_ms`` (every sample, per step, pass after pass),
     ``speedup`` (the first variant's step time over this one's), ``first_step_s`` (first pass),
-    and ``loss_deviation`` from the first variant's curve over the first :data:`LOSS_HORIZON`
+    and ``loss_deviation`` from the first variant's curve over the first ``LOSS_HORIZON``
     steps, with its :func:`loss_tolerance`. The curves returned are whole.
     """
     if not variants:

@@ -148,10 +148,10 @@ def cache_counters() -> dict[str, int]:
 
 
 class CountingBackend:
-    """A ``torch.compile`` backend that runs every captured graph as is and keeps them.
+    """A torch.compile backend that runs every captured graph as is and keeps them.
 
-    ``torch.compile(fn, backend=counter)``: each graph Dynamo hands over (one per graph-break
-    fragment, and one more per recompile) is appended to ``graphs``; ``len(counter.graphs)`` is
+    torch.compile(fn, backend=counter): each graph Dynamo hands over (one per graph-break
+    fragment, and one more per recompile) is appended to graphs; len(counter.graphs) is
     how many times Dynamo compiled. No Inductor, so it costs milliseconds, not seconds.
     """
 

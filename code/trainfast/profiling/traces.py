@@ -303,11 +303,11 @@ def _intersection(a: list[tuple[float, float]], b: list[tuple[float, float]]) ->
 
 
 def trace_times(trace: StepProfile | str | Path) -> TraceTimes:
-    """Busy, idle and overlapping time in a Chrome trace from ``profile_steps()``.
+    """Busy, idle and overlapping time in a Chrome trace from profile_steps().
 
-    The span runs from the start of the first ``ProfilerStep#`` to the end of the last; events
-    are clipped to it. Host time counts ``cpu_op`` events (ATen operators), device time the
-    ``DEVICE_CATEGORIES``. Raises ``ValueError`` naming the file if it has no step.
+    The span runs from the start of the first ProfilerStep# to the end of the last; events
+    are clipped to it. Host time counts cpu_op events (ATen operators), device time the
+    DEVICE_CATEGORIES. Raises ValueError naming the file if it has no step.
     """
     path = trace.trace if isinstance(trace, StepProfile) else Path(trace)
     opener = gzip.open if path.suffix == ".gz" else open
@@ -340,11 +340,11 @@ def trace_times(trace: StepProfile | str | Path) -> TraceTimes:
 def allocated_bytes_timeline(snapshot: dict[str, Any], device_index: int = 0) -> list[int]:
     """Net bytes allocated since recording began, after each event of an allocator snapshot.
 
-    ``snapshot`` is what ``torch.cuda.memory._snapshot()`` returns after
-    ``torch.cuda.memory._record_memory_history()``: its ``device_traces[device_index]`` lists
-    events with an ``action`` and a ``size`` in bytes. An ``alloc`` adds its size, a
-    ``free_completed`` (the block really back in the pool, after the streams that used it are
-    done) subtracts it; other actions (``free_requested``, ``segment_alloc``, ...) change
+    snapshot is what torch.cuda.memory._snapshot() returns after
+    torch.cuda.memory._record_memory_history(): its device_traces[device_index] lists
+    events with an action and a size in bytes. An alloc adds its size, a
+    free_completed (the block really back in the pool, after the streams that used it are
+    done) subtracts it; other actions (free_requested, segment_alloc, ...) change
     nothing that tensors hold. Memory allocated before recording began is not in the trace, so
     the curve starts at zero and may go below it.
     """

@@ -355,6 +355,24 @@ def test_the_chapter_profiles_on_its_device():
         assert "device=device" in arguments, arguments
 
 
+def test_operator_table_is_markdown_per_step_with_shares_of_self_time(tmp_path):
+    from trainfast.profiling.traces import OperatorTime, StepProfile, operator_table
+
+    def row(name: str, self_cpu: float, device: float = 0.0) -> OperatorTime:
+        return OperatorTime(name, 4, self_cpu, 2 * self_cpu, device, device, 0)
+
+    cpu = StepProfile("", [row("aten::mm", 0.006), row("a|b", 0.002)], tmp_path / "t", 2)
+    lines = operator_table(cpu).splitlines()
+    assert lines[0].startswith("| operator or range | calls per step | self CPU (ms)")
+    assert "device" not in lines[0] and len(lines) == 4
+    assert lines[2] == "| `aten::mm` | 2 | 3 | 6 | 75.0% |"
+    assert "a\\|b" in lines[3]  # a | in a name cannot split the row
+    gpu = StepProfile("", [row("aten::mm", 0.001, 0.003), row("x", 0.004, 0.001)], tmp_path, 1)
+    assert "self device (ms)" in operator_table(gpu) and "75.0%" in operator_table(gpu, rows=1)
+    with pytest.raises(ValueError, match="rows: 0"):
+        operator_table(cpu, rows=0)
+
+
 def test_trace_times_measures_busy_idle_and_overlap_in_a_synthetic_trace(tmp_path):
     from trainfast.profiling import trace_times
 
@@ -711,10 +729,58 @@ def test_cudagraph_skip_reasons_reports_what_torch_compile_skips_silently():
     before = counters["inductor"]["cudagraph_skips"]
     x = torch.randn(8)
     reasons = cudagraph_skip_reasons(lambda: torch.compile(scale_in_place, backend="cudagraphs")(x))
-    assert len(reasons) == 1 and reasons[0].startswith("cpu device"), reasons
+    assert len(reasons) == 1 and reasons[0].reason.startswith("cpu device"), reasons
+    # the reason without torch's dangling "Found from :", and the line it points at, no path
+    assert "Found from" not in str(reasons[0]) and reasons[0].code == "x.mul_(2.0)", reasons
+    assert "/" not in str(reasons[0]), reasons
     assert counters["inductor"]["cudagraph_skips"] == before + 1
     torch._dynamo.reset()
     assert cudagraph_skip_reasons(lambda: torch.compile(scale_in_place, backend="eager")(x)) == []
+    torch._dynamo.reset()
+
+
+def test_skip_message_parsing_keeps_the_reason_and_the_code_line():
+    from trainfast.profiling.compilation import CudagraphSkip, _skip_from_message
+
+    message = (
+        "skipping cudagraphs due to skipping cudagraphs due to mutated inputs (1 instances). "
+        'Found from : \n   File "/__w/pytorch/pytorch/x.py", line 4, in f\n    x.mul_(2.0)\n'
+    )
+    assert _skip_from_message(message) == CudagraphSkip(
+        "mutated inputs (1 instances)", "x.mul_(2.0)"
+    )
+    assert str(_skip_from_message("cpu device (arg0_1)")) == "cpu device (arg0_1)"
+
+
+def test_a_new_shape_is_not_a_default_reason_to_skip_cuda_graphs():
+    """The chapter says reduce-overhead records one graph per shape and skips dynamic-shape
+    graphs only when asked (torch/_inductor/config.py, triton.cudagraph_skip_dynamic_graphs)."""
+    from torch._inductor import config
+
+    assert config.triton.cudagraph_skip_dynamic_graphs is False
+    assert config.triton.cudagraph_dynamic_shape_warn_limit == 8
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_reduce_overhead_records_a_graph_per_shape_without_skipping():
+    from trainfast.profiling.compilation import cudagraph_skip_reasons
+
+    def pooled(x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(x).sum()
+
+    torch._dynamo.reset()
+    compiled = torch.compile(pooled, mode="reduce-overhead", dynamic=True)
+
+    def calls() -> None:
+        for n in (64, 96, 128):
+            for _ in range(3):  # warm-up, record, replay
+                torch.testing.assert_close(
+                    compiled(torch.ones(n, device="cuda")),
+                    torch.tanh(torch.ones(n, device="cuda")).sum(),
+                )
+
+    assert cudagraph_skip_reasons(calls) == []
     torch._dynamo.reset()
 
 
@@ -852,7 +918,8 @@ def test_listings_come_from_the_package():
 #: also cover "inference with batch 1"; the 256 MB buffer that Triton's ``do_bench`` writes to
 #: flush the L2 cache (triton.testing); and exercise 4's problem size, 64 tensors (the default
 #: of ``check_fewer_dispatches``, a statement of the exercise, not a measurement).
-PROFILING_CONSTANTS = {"1", "2", "3", "4", "5", "6", "7", "8", "64", "256"}
+#: Also "3.14", the Python version that changed the multiprocessing default the chapter names.
+PROFILING_CONSTANTS = {"1", "2", "3", "4", "5", "6", "7", "8", "64", "256", "3.14"}
 
 
 def test_chapter_prose_types_no_number_that_code_produced() -> None:

@@ -14,6 +14,7 @@ from trainfast.profiling.traces import (
     StepProfile,
     TraceTimes,
     annotate,
+    operator_table,
     profile_steps,
     trace_times,
 )
@@ -23,6 +24,7 @@ __all__ = [
     "StepProfile",
     "TraceTimes",
     "annotate",
+    "operator_table",
     "profile_steps",
     "trace_times",
 ]

@@ -42,8 +42,8 @@ def case_study_record(device: torch.device, quick: bool = False) -> Record:
 
     At the CPU model's width (``d_model`` 32) autocast's casts cost more than bfloat16
     arithmetic saves, even on a CPU with ``avx512_bf16``, so bf16 makes the step slower
-    (:func:`~trainfast.profiling.overhead.autocast_matmul_ratio` shows the crossover by width,
-    and the profiling chapter measures both), which would blur every later fix; so on a CPU the
+    (:func:`~trainfast.profiling.overhead.autocast_matmul_ratio` shows the crossover by width),
+    which would blur every later fix; so on a CPU the
     chain leaves it out and one extra run measures it alone against the baseline. The foreach
     AdamW, which ``AdamW(params)`` picks on CUDA, is measured alone everywhere. ``quick`` leaves
     out the fixes that compile and trains a few steps.

@@ -82,7 +82,7 @@ ALTERNATIVES = ("foreach_optimizer",)
 CUDA_ONLY = ("pinned_memory", "cuda_graphs")
 
 #: Largest allowed ``|loss - baseline loss| / baseline loss`` at any of the first
-#: :data:`LOSS_HORIZON` steps, per fix; the reasons are in :func:`loss_tolerance`.
+#: ``LOSS_HORIZON`` steps, per fix; the reasons are in :func:`loss_tolerance`.
 LOSS_TOLERANCE: dict[str, float] = {
     "data_workers": 0.0,
     "pinned_memory": 0.0,
@@ -103,19 +103,19 @@ LOSS_HORIZON = 20
 
 
 def loss_tolerance(fixes: Fixes) -> float:
-    """How far a run with ``fixes`` may stray from the baseline's loss over the first
-    :data:`LOSS_HORIZON` steps: the loosest tolerance of its fixes.
+    """How far a run with fixes may stray from the baseline's loss over the first
+    LOSS_HORIZON steps: the loosest tolerance of its fixes.
 
-    - **Exact (0)** for ``data_workers``, ``pinned_memory``, ``no_item``: they move work between
+    - Exact (0) for data_workers, pinned_memory, no_item: they move work between
       processes or change when the host reads the loss; the same kernels run on the same
       numbers, so the losses are the same bit for bit.
-    - **1e-4** for ``fused_optimizer``, ``foreach_optimizer``, ``sdpa``, ``compile``,
-      ``cuda_graphs``: they change the order of float32 additions (one fused kernel, another
+    - 1e-4 for fused_optimizer, foreach_optimizer, sdpa, compile,
+      cuda_graphs: they change the order of float32 additions (one fused kernel, another
       attention algorithm, Inductor's fused loops). One step differs by float32 rounding, about
       1e-7 relative, and over the horizon training carries that forward without much growth. A
       real bug (a missing mask, a wrong scale) is off by far more, and even a 1 % change of
       the learning rate exceeds 1e-4 within the horizon (a test checks that).
-    - **5e-3** for ``bf16``: bfloat16 keeps 8 significant bits, a rounding error of up to
+    - 5e-3 for bf16: bfloat16 keeps 8 significant bits, a rounding error of up to
       2**-9 = 0.2 % per value. Autocast rounds the inputs of the matmuls (their sums stay
       float32) and keeps softmax, normalisation and the loss in float32, so the errors average
       out over each dot product and over the tokens of the loss: the loss moves far less than
@@ -269,7 +269,7 @@ class CaseStudy:
         self.logged: list[float | torch.Tensor] = []  # one loss per step
 
     def run(self, steps: int) -> None:
-        """Train for ``steps`` optimizer steps, logging each step's loss."""
+        """Train for the given number of optimizer steps, logging each step's loss."""
         fixes = self.fixes
         for _ in range(steps):
             with annotate("data"):
@@ -350,7 +350,7 @@ def compare_fixes(
     A row has the variant's name, its fixes, ``step_ms`` (median), ``iqr_ms``, ``samples`` and
     ``samples_ms`` (every sample, per step, pass after pass),
     ``speedup`` (the first variant's step time over this one's), ``first_step_s`` (first pass),
-    and ``loss_deviation`` from the first variant's curve over the first :data:`LOSS_HORIZON`
+    and ``loss_deviation`` from the first variant's curve over the first ``LOSS_HORIZON``
     steps, with its :func:`loss_tolerance`. The curves returned are whole.
     """
     if not variants:

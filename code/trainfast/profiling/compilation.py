@@ -27,13 +27,16 @@ backend) ran a graph *without* CUDA graphs: it skips them silently, apart from a
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import logging
 import os
 import subprocess
 import sys
 import tempfile
+import tokenize
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +44,7 @@ import torch
 
 __all__ = [
     "CountingBackend",
+    "CudagraphSkip",
     "cache_counters",
     "compile_time_in_fresh_process",
     "cudagraph_skip_reasons",
@@ -48,29 +52,65 @@ __all__ = [
 ]
 
 
-def cudagraph_skip_reasons(call: Callable[[], object]) -> list[str]:
+@dataclass(frozen=True)
+class CudagraphSkip:
+    """Why ``torch.compile`` ran one graph without CUDA graphs, and the line of code that did it.
+
+    ``reason`` is torch's message without its stack trace (``"mutated inputs (1 instances)"``);
+    ``code`` is the source line torch points at (``"x.mul_(2.0)"``), empty when it names none.
+    """
+
+    reason: str
+    code: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.reason}, at `{self.code}`" if self.code else self.reason
+
+
+def _skip_from_message(message: str) -> CudagraphSkip:
+    """A :class:`CudagraphSkip` from torch's log message: the reason, then an optional
+    ``Found from :`` and a stack trace whose last line is the offending code."""
+    while message.startswith("skipping cudagraphs due to "):  # torch repeats it
+        message = message.removeprefix("skipping cudagraphs due to ")
+    reason, _, trace = message.partition("Found from")
+    reason = reason.strip().removesuffix(".").strip()
+    lines = [line.strip() for line in trace.splitlines()]
+    code = [line for line in lines if line and line != ":" and not line.startswith("File ")]
+    return CudagraphSkip(reason, _without_comment(code[-1]) if code else "")
+
+
+def _without_comment(line: str) -> str:
+    """``line`` without a trailing ``# comment`` (a ``#`` inside a string stays)."""
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(line).readline))
+    except (tokenize.TokenError, SyntaxError):
+        return line
+    comment = next((t for t in tokens if t.type == tokenize.COMMENT), None)
+    return line[: comment.start[1]].rstrip() if comment else line
+
+
+def cudagraph_skip_reasons(call: Callable[[], object]) -> list[CudagraphSkip]:
     """Run ``call`` (the first, compiling call of a function compiled with CUDA graphs) and
-    return the reasons ``torch.compile`` gave for running graphs without them, [] if none.
+    return why ``torch.compile`` ran graphs without them, [] if it did not.
 
     CUDA graphs replay fixed kernels on fixed memory, so ``torch.compile`` checks each graph
-    first and, where a rule is broken (a CPU tensor in the graph, an input the graph mutates, a
-    dynamic shape, an operator that cannot be captured), runs it without a CUDA graph. It does
-    not raise: it writes a warning, ``skipping cudagraphs due to ...``, to its ``cudagraphs``
-    log (stderr, easy to miss in a job's output; ``TORCH_LOGS="cudagraphs"`` adds the rest of
-    that log) and adds one to ``torch._dynamo.utils.counters["inductor"]["cudagraph_skips"]``.
-    This collects those reasons while ``call`` runs.
+    first and, where a rule is broken (a CPU tensor in the graph, an input the graph mutates,
+    an operator that cannot be captured), runs it without a CUDA graph. A new input shape is not
+    such a rule by default: it records one more graph for that shape (and warns past
+    ``torch._inductor.config.triton.cudagraph_dynamic_shape_warn_limit``, 8), unless
+    ``cudagraph_skip_dynamic_graphs`` is set. A skip does not raise: it writes a warning,
+    ``skipping cudagraphs due to ...``, to the ``cudagraphs`` log (stderr, easy to miss in a
+    job's output) and adds one to ``torch._dynamo.utils.counters["inductor"]["cudagraph_skips"]``.
+    This collects those warnings while ``call`` runs.
     ``torch._inductor.config.triton.cudagraph_or_error = True`` turns them into errors.
     """
     from torch._inductor import cudagraph_utils
 
-    reasons: list[str] = []
+    skips: list[CudagraphSkip] = []
 
     class Collect(logging.Handler):
         def emit(self, record: logging.LogRecord) -> None:
-            message = record.getMessage()
-            while message.startswith("skipping cudagraphs due to "):  # torch repeats it
-                message = message.removeprefix("skipping cudagraphs due to ")
-            reasons.append(message)
+            skips.append(_skip_from_message(record.getMessage()))
 
     handler = Collect()
     cudagraph_utils.cudagraphs_log.addHandler(handler)
@@ -78,7 +118,7 @@ def cudagraph_skip_reasons(call: Callable[[], object]) -> list[str]:
         call()
     finally:
         cudagraph_utils.cudagraphs_log.removeHandler(handler)
-    return reasons
+    return skips
 
 
 def use_compile_cache(directory: str | Path) -> Path:
@@ -108,10 +148,10 @@ def cache_counters() -> dict[str, int]:
 
 
 class CountingBackend:
-    """A ``torch.compile`` backend that runs every captured graph as is and keeps them.
+    """A torch.compile backend that runs every captured graph as is and keeps them.
 
-    ``torch.compile(fn, backend=counter)``: each graph Dynamo hands over (one per graph-break
-    fragment, and one more per recompile) is appended to ``graphs``; ``len(counter.graphs)`` is
+    torch.compile(fn, backend=counter): each graph Dynamo hands over (one per graph-break
+    fragment, and one more per recompile) is appended to graphs; len(counter.graphs) is
     how many times Dynamo compiled. No Inductor, so it costs milliseconds, not seconds.
     """
 

@@ -125,10 +125,10 @@ def autocast_matmul_ratio(
 
 
 def mlp_block(x: torch.Tensor, w_in: torch.Tensor, w_out: torch.Tensor) -> torch.Tensor:
-    """A transformer's feed-forward block: ``x + gelu(layer_norm(x) @ w_in.T) @ w_out.T``.
+    """A transformer's feed-forward block: x + gelu(layer_norm(x) @ w_in.T) @ w_out.T.
 
     Two matmuls and four cheap operations around them (the norm, GELU, the residual add), the
-    operations that ``torch.compile`` fuses into the matmuls' neighbours.
+    operations that torch.compile fuses into the matmuls' neighbours.
     """
     h = torch.nn.functional.layer_norm(x, x.shape[-1:])  # (tokens, width)
     h = torch.nn.functional.gelu(torch.nn.functional.linear(h, w_in))  # (tokens, 4 * width)
@@ -199,7 +199,7 @@ def compile_speedup_by_width(
 def cuda_graph(
     fn: Callable[[torch.Tensor], torch.Tensor], example: torch.Tensor
 ) -> Callable[[torch.Tensor], torch.Tensor]:
-    """Capture ``fn(example)`` into a CUDA graph; return a function that replays it.
+    """Capture fn(example) into a CUDA graph; return a function that replays it.
 
     The recipe of PyTorch's CUDA-graph documentation: warm up on a side stream (so that lazy
     initialisation is not captured), capture into static input and output tensors, then replay.

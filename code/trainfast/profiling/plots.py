@@ -92,6 +92,6 @@ def plot_waterfall(rows: Sequence[dict[str, Any]], *, ax: Any = None, title: str
         plt.Line2D([], [], color="black", label="± half the IQR of the samples"),
     ]
     # beside the axes, so that it covers no bar and no label
-    ax.legend(handles=handles, fontsize=9, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.set_ylim(0, top * 1.15)
     return ax

@@ -54,7 +54,7 @@ def host_to_device_seconds(nbytes: int, gpu: GPUSpec) -> float:
 class CudaPrefetcher:
     """Iterate over device copies of ``batches``, each copied on a side stream one step ahead.
 
-    ``batches`` yields pinned host tensors (:meth:`torch.Tensor.pin_memory`, or a DataLoader
+    ``batches`` yields pinned host tensors (``torch.Tensor.pin_memory``, or a DataLoader
     with ``pin_memory=True``). While the caller computes on batch ``i``, batch ``i + 1`` is
     already on its way. The pattern of NVIDIA's Apex ``data_prefetcher`` and of PyTorch's CUDA
     semantics notes on streams.

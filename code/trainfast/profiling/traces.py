@@ -2,7 +2,7 @@
 
 A timer says *how long* a step took; a trace says *where the time went*: every operator the
 step ran on the CPU, every kernel on the GPU, on one timeline, grouped under the names you gave
-the parts of your step. :func:`profile_steps` wraps ``torch.profiler.profile`` the way its
+the parts of your step. ``profile_steps()`` wraps ``torch.profiler.profile`` the way its
 documentation recommends for training loops (Kineto's schedule):
 
 * ``wait`` steps are not recorded at all (the first steps of a run are unrepresentative:
@@ -12,7 +12,7 @@ documentation recommends for training loops (Kineto's schedule):
 * ``active`` steps are kept, exported as a Chrome/Perfetto trace (``trace.json.gz``: open it at
   https://ui.perfetto.dev or ``chrome://tracing``) and summarised as an operator table.
 
-:func:`annotate` names a part of a step twice: a ``record_function`` range, which the PyTorch
+``annotate()`` names a part of a step twice: a ``record_function`` range, which the PyTorch
 profiler shows, and on a CUDA machine an NVTX range, which Nsight Systems shows (NVTX costs
 nanoseconds when no tool listens, so it can stay in the code).
 
@@ -48,6 +48,7 @@ __all__ = [
     "TraceTimes",
     "allocated_bytes_timeline",
     "annotate",
+    "operator_table",
     "profile_steps",
     "profiler_activities",
     "trace_times",
@@ -92,7 +93,7 @@ class OperatorTime:
 
 @dataclass(frozen=True)
 class StepProfile:
-    """What :func:`profile_steps` recorded: the table as printed, its rows, and the trace file."""
+    """What ``profile_steps()`` recorded: the table as printed, its rows, and the trace file."""
 
     table: str
     operators: list[OperatorTime]
@@ -150,7 +151,7 @@ def profile_steps(
     """Call ``step_fn`` ``wait + warmup + active`` times under ``torch.profiler``; keep ``active``.
 
     Each call is one training step (the profiler's schedule advances after it). Name its parts
-    with :func:`annotate`. Writes ``out_dir/trace.json.gz`` and returns the operator table,
+    with ``annotate()``. Writes ``out_dir/trace.json.gz`` and returns the operator table,
     sorted by time on the device if ``device`` is CUDA, else by CPU time (``self``: the time
     spent in the operator itself, not in what it calls). ``record_shapes``, ``profile_memory``
     and ``with_stack`` are the profiler's own options; each makes the trace larger and slower
@@ -210,6 +211,34 @@ def profile_steps(
         trace=trace,
         active_steps=active,
     )
+
+
+def operator_table(profile: StepProfile, rows: int = 12) -> str:
+    """The first ``rows`` rows of ``profile``'s operator table as Markdown, per recorded step.
+
+    The same rows as ``profile.table`` (torch's text table, sorted by self time), in a table a
+    page can lay out: milliseconds per step, each row's share of the step's self time, and the
+    device columns only when the profile has device time.
+    """
+    if rows < 1:
+        raise ValueError(f"Invalid rows: {rows} (need at least 1)")
+    steps = profile.active_steps
+    on_device = any(row.self_device_s > 0 for row in profile.operators)
+    kind = "self_device_s" if on_device else "self_cpu_s"
+    total = sum(getattr(row, kind) for row in profile.operators) or 1.0
+    header = ["operator or range", "calls per step", "self CPU (ms)", "total CPU (ms)"]
+    header += ["self device (ms)", "total device (ms)"] if on_device else []
+    header += ["share of self time"]
+    lines = ["| " + " | ".join(header) + " |", "|---" + "|---:" * (len(header) - 1) + "|"]
+    for row in profile.operators[:rows]:
+        cells = [f"`{row.name}`".replace("|", "\\|"), f"{row.calls / steps:.3g}"]
+        cells += [f"{1e3 * row.self_cpu_s / steps:.3g}", f"{1e3 * row.total_cpu_s / steps:.3g}"]
+        if on_device:
+            cells += [f"{1e3 * row.self_device_s / steps:.3g}"]
+            cells += [f"{1e3 * row.total_device_s / steps:.3g}"]
+        cells += [f"{100 * getattr(row, kind) / total:.1f}%"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 #: Chrome-trace categories of work on the GPU itself (Kineto's names).
@@ -274,11 +303,11 @@ def _intersection(a: list[tuple[float, float]], b: list[tuple[float, float]]) ->
 
 
 def trace_times(trace: StepProfile | str | Path) -> TraceTimes:
-    """Busy, idle and overlapping time in a Chrome trace from :func:`profile_steps`.
+    """Busy, idle and overlapping time in a Chrome trace from profile_steps().
 
-    The span runs from the start of the first ``ProfilerStep#`` to the end of the last; events
-    are clipped to it. Host time counts ``cpu_op`` events (ATen operators), device time the
-    :data:`DEVICE_CATEGORIES`. Raises ``ValueError`` naming the file if it has no step.
+    The span runs from the start of the first ProfilerStep# to the end of the last; events
+    are clipped to it. Host time counts cpu_op events (ATen operators), device time the
+    DEVICE_CATEGORIES. Raises ValueError naming the file if it has no step.
     """
     path = trace.trace if isinstance(trace, StepProfile) else Path(trace)
     opener = gzip.open if path.suffix == ".gz" else open
@@ -311,11 +340,11 @@ def trace_times(trace: StepProfile | str | Path) -> TraceTimes:
 def allocated_bytes_timeline(snapshot: dict[str, Any], device_index: int = 0) -> list[int]:
     """Net bytes allocated since recording began, after each event of an allocator snapshot.
 
-    ``snapshot`` is what ``torch.cuda.memory._snapshot()`` returns after
-    ``torch.cuda.memory._record_memory_history()``: its ``device_traces[device_index]`` lists
-    events with an ``action`` and a ``size`` in bytes. An ``alloc`` adds its size, a
-    ``free_completed`` (the block really back in the pool, after the streams that used it are
-    done) subtracts it; other actions (``free_requested``, ``segment_alloc``, ...) change
+    snapshot is what torch.cuda.memory._snapshot() returns after
+    torch.cuda.memory._record_memory_history(): its device_traces[device_index] lists
+    events with an action and a size in bytes. An alloc adds its size, a
+    free_completed (the block really back in the pool, after the streams that used it are
+    done) subtracts it; other actions (free_requested, segment_alloc, ...) change
     nothing that tensors hold. Memory allocated before recording began is not in the trace, so
     the curve starts at zero and may go below it.
     """

@@ -29,9 +29,17 @@ __all__ = ["CheckedOptimizer", "check_hyperparameters"]
 
 #: key -> (label in messages, exclusive upper bound or None, why a value torch accepts is refused)
 _LIMITS: dict[str, tuple[str, float | None, str]] = {
-    "lr": ("learning rate", None, "an infinite learning rate makes the weights inf in one step"),
-    "momentum": ("momentum value", 1.0, "a momentum >= 1 never forgets a gradient and diverges"),
-    "weight_decay": ("weight_decay value", None, "an infinite decay makes the weights inf"),
+    "lr": ("learning rate", None, "an infinite learning rate turns the weights into inf or NaN"),
+    "momentum": (
+        "momentum value",
+        1.0,
+        "with momentum >= 1 old gradients never fade and the steps grow without bound",
+    ),
+    "weight_decay": (
+        "weight_decay value",
+        None,
+        "an infinite decay turns the weights into inf or NaN",
+    ),
     "eps": ("epsilon value", None, "an infinite epsilon makes every update 0"),
     "alpha": (
         "alpha value",

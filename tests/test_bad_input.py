@@ -766,6 +766,8 @@ _WRITER = textwrap.dedent(
     i = 0
     while True:
         write_json_atomically(sys.argv[1], {"i": i, "rows": ["x" * 1000] * 2000})
+        if i == 0:
+            print("wrote", flush=True)
         i += 1
     """
 )
@@ -775,13 +777,32 @@ def test_a_writer_killed_mid_write_leaves_a_whole_file(tmp_path: Path) -> None:
     path = tmp_path / "state.json"
     write_json_atomically(path, {"i": -1, "rows": []})
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    for delay in (0.3, 0.45, 0.6):
-        writer = subprocess.Popen([sys.executable, "-c", _WRITER, str(path)], env=env)
+    for delay in (0.0, 0.003, 0.01, 0.05):  # a 2 MB write takes milliseconds: kill inside one
+        writer = subprocess.Popen(
+            [sys.executable, "-c", _WRITER, str(path)], env=env, stdout=subprocess.PIPE, text=True
+        )
+        assert writer.stdout is not None and writer.stdout.readline() == "wrote\n"
         time.sleep(delay)
         writer.send_signal(signal.SIGKILL)
         writer.wait()
-        data = read_json(path)  # the old state or a new one, never half of one
-        assert data["i"] == -1 or len(data["rows"]) == 2000
+        data = read_json(path)  # a whole state, never half of one
+        assert data["i"] >= 0 and len(data["rows"]) == 2000
+
+
+def test_a_write_that_fails_half_way_keeps_the_old_file(tmp_path: Path, monkeypatch) -> None:
+    """The disk fills after the new text is written but before it is in place: the old file
+    stays whole and no temporary file is left behind."""
+    path = tmp_path / "summary.json"
+    write_json_atomically(path, {"steps": ["finished"]})
+
+    def disk_full(descriptor: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        write_json_atomically(path, {"steps": ["finished", "half"]})
+    assert read_json(path) == {"steps": ["finished"]}
+    assert [p.name for p in tmp_path.iterdir()] == ["summary.json"]
 
 
 def test_write_atomically_keeps_the_mode_of_the_file_it_replaces(tmp_path: Path) -> None:

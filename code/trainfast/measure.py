@@ -53,7 +53,15 @@ from trainfast.profiling.benchmarks import (
 from trainfast.records import Record, write_record
 from trainfast.training.benchmarks import scaling_study_record
 
-__all__ = ["BENCHMARKS", "CUDA_ONLY", "Benchmark", "benchmark_function", "main", "run_benchmark"]
+__all__ = [
+    "BENCHMARKS",
+    "CUDA_ONLY",
+    "Benchmark",
+    "benchmark_function",
+    "main",
+    "output_folder_problem",
+    "run_benchmark",
+]
 
 #: What a benchmark is: it takes the device and ``quick`` (small sizes, for a smoke test).
 Benchmark = Callable[[torch.device, bool], Record]

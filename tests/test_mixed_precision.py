@@ -358,7 +358,7 @@ def test_pure_bf16_rounds_away_updates_that_master_weights_keep():
     pure = train_recipe("pure bf16", x, y, sgd, steps=10)
     assert max(master.lost_updates) < 0.01  # float32 rounds away only the tiniest updates
     assert min(pure.lost_updates) > 0.3
-    with pytest.raises(ValueError, match="steps=0"):
+    with pytest.raises(ValueError, match="Invalid steps: 0"):
         train_recipe("fp32", x, y, sgd, steps=0)
 
 

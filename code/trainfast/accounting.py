@@ -25,6 +25,7 @@ Conventions:
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields
 
@@ -32,7 +33,14 @@ import torch
 
 from trainfast.recipes import RECIPES, Recipe
 from trainfast.transformer import Attention, TransformerShape
-from trainfast.validation import check_positive, check_positive_number
+from trainfast.validation import (
+    check_flag,
+    check_int,
+    check_non_negative,
+    check_number,
+    check_positive,
+    check_positive_number,
+)
 
 __all__ = [
     "OPTIMIZER_MOMENTS",
@@ -112,6 +120,8 @@ def matmul_parameter_count(shape: TransformerShape) -> int:
 
 def matmul_flops(m: int, k: int, n: int) -> int:
     """FLOPs of an ``(m, k) @ (k, n)`` product: ``m n`` outputs of ``k`` multiply-adds, 2 each."""
+    for name, value in (("m", m), ("k", k), ("n", n)):
+        check_int(name, value, minimum=0)
     return 2 * m * k * n
 
 
@@ -124,6 +134,7 @@ def linear_training_flops(
     ``dX = dY W``. ``dX`` is skipped when the input needs no gradient, as for a first layer
     fed with data: then the layer costs 4, not 6, FLOPs per weight and token.
     """
+    check_flag("input_grad", input_grad)
     forward = matmul_flops(tokens, in_features, out_features)
     return forward + forward + (forward if input_grad else 0)
 
@@ -263,6 +274,9 @@ def activation_bytes(
     """
     check_positive("tensor", tensor)
     _check_attention(attention)
+    check_positive_number("value_bytes", value_bytes)
+    check_flag("sequence_parallel", sequence_parallel)
+    check_flag("dropout", dropout)
     s, b, h, a = shape.seq_len, shape.batch_size, shape.d_model, shape.n_heads
     # two norms, each keeping its input (RMSNorm also its normalised input, before the gain)
     # and its output (kept by the layer that reads it), plus the dropout masks
@@ -287,6 +301,8 @@ def checkpointed_layer_bytes(
     """Bytes a layer keeps under full activation checkpointing: its input, ``s b h`` values
     (divided by ``t`` only with sequence parallelism: tensor parallelism replicates it)."""
     check_positive("tensor", tensor)
+    check_positive_number("value_bytes", value_bytes)
+    check_flag("sequence_parallel", sequence_parallel)
     kept = shape.seq_len * shape.batch_size * shape.d_model * value_bytes
     return kept / tensor if sequence_parallel else kept
 
@@ -309,6 +325,7 @@ def model_activation_bytes(
     before the first recomputation. Not counted (see the tests): LayerNorm statistics, the
     token ids and targets, and the caching allocator's rounding.
     """
+    check_flag("checkpointing", checkpointing)
     layer = activation_bytes(shape, value_bytes=value_bytes, dropout=dropout, attention=attention)
     if checkpointing:
         layers = shape.n_layers * checkpointed_layer_bytes(shape, value_bytes=value_bytes) + layer
@@ -411,8 +428,7 @@ def bytes_per_parameter(recipe: str | Recipe, optimizer: str) -> MemoryBreakdown
 
 def _zero_shards(stage: int, world_size: int) -> tuple[float, float, float]:
     """Fractions of (weights, gradients, optimizer state and master weights) a rank keeps."""
-    if stage not in (0, 1, 2, 3):
-        raise ValueError(f"Invalid stage: {stage!r} (expected 0, 1, 2 or 3)")
+    check_int("stage", stage, minimum=0, maximum=3)  # True is not stage 1
     check_positive("world_size", world_size)
     shard = 1.0 / world_size
     return (
@@ -436,6 +452,13 @@ def zero_memory(
     and ``K = 12`` bytes of fp32 master weights, momentum and variance per parameter, all in
     ``optimizer_state``. Activations, buffers and fragmentation are not model state: 0 here.
     """
+    check_non_negative("n_params", n_params)
+    for name, value in (
+        ("param_bytes", param_bytes),
+        ("grad_bytes", grad_bytes),
+        ("optimizer_bytes", optimizer_bytes),
+    ):
+        check_non_negative(name, value)
     weights, grads, state = _zero_shards(stage, world_size)
     return MemoryBreakdown(
         parameters=n_params * param_bytes * weights,
@@ -490,11 +513,20 @@ def model_flops_utilization(
 ) -> float:
     """Model FLOPs utilisation (Chowdhery et al. 2022, "PaLM", Appendix B): the model's FLOPs
     per second (:func:`training_flops`, no recomputation) over the hardware's peak. For a step
-    on several devices, pass the peak of all of them together."""
+    on several devices, pass the peak of all of them together. A result above 1 is impossible
+    and warns, naming the three figures (one of them is wrong)."""
     check_positive_number("flops_per_step", flops_per_step)
     check_positive_number("seconds_per_step", seconds_per_step)
     check_positive_number("peak_flops", peak_flops)
-    return flops_per_step / seconds_per_step / peak_flops
+    mfu = flops_per_step / seconds_per_step / peak_flops
+    if mfu > 1:  # more than the hardware can do: one of the figures is wrong
+        warnings.warn(
+            f"MFU of {mfu:.0%} is above 100%: flops_per_step={flops_per_step:g}, "
+            f"seconds_per_step={seconds_per_step:g}, peak_flops={peak_flops:g} (is the peak "
+            "that of every device, and the FLOP count without recomputation?)",
+            stacklevel=2,
+        )
+    return mfu
 
 
 def training_run_seconds(
@@ -507,6 +539,5 @@ def training_run_seconds(
     check_positive_number("tokens", tokens)
     check_positive("n_gpus", n_gpus)
     check_positive_number("peak_flops", peak_flops)
-    if isinstance(mfu, bool) or not isinstance(mfu, (int, float)) or not 0 < mfu <= 1:
-        raise ValueError(f"Invalid mfu: {mfu!r} (expected 0 < mfu <= 1)")
+    check_number("mfu", mfu, above=0.0, maximum=1.0)
     return flops_per_token * tokens / (n_gpus * peak_flops * mfu)

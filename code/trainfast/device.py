@@ -22,23 +22,49 @@ __all__ = [
     "environment_line",
     "nvidia_smi_id",
     "nvidia_smi_query",
+    "parse_device",
     "pick_device",
 ]
 
 
-def pick_device(prefer: str | None = None) -> torch.device:
+_KINDS = ("cpu", "cuda", "mps")
+
+
+def parse_device(name: str | torch.device) -> torch.device:
+    """``name`` ("cuda", "cuda:1", "cpu", a ``torch.device``) as a device of a kind the book
+    knows, whether or not this machine has one; anything else raises ``ValueError`` naming it.
+    A config may name a device it will run on elsewhere: :func:`pick_device` checks that too.
+    """
+    if not isinstance(name, (str, torch.device)):
+        raise ValueError(f"Invalid device: {name!r} (expected a string such as 'cuda')")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        device = None
+    if device is None or device.type not in _KINDS:
+        raise ValueError(f"Unknown device kind: {name!r} (expected one of {list(_KINDS)})")
+    return device
+
+
+def pick_device(prefer: str | torch.device | None = None) -> torch.device:
     """The best available device: CUDA, then Apple's MPS, then the CPU.
 
-    ``prefer`` forces a kind ("cuda", "mps" or "cpu"); asking for one that is not available
-    raises ``ValueError`` naming it, rather than silently falling back.
+    ``prefer`` forces a kind ("cuda", "mps" or "cpu") or one device ("cuda:1", a
+    ``torch.device``); asking for one that is unknown or not available raises ``ValueError``
+    naming it, rather than silently falling back or failing at the first tensor.
     """
     if prefer is not None:
-        kinds = {"cuda": torch.cuda.is_available, "mps": _mps_available, "cpu": lambda: True}
-        if prefer not in kinds:
-            raise ValueError(f"Unknown device kind: {prefer!r} (expected one of {sorted(kinds)})")
-        if not kinds[prefer]():
-            raise ValueError(f"Device kind {prefer!r} is not available on this machine")
-        return torch.device(prefer)
+        device = parse_device(prefer)
+        available = {"cuda": torch.cuda.is_available, "mps": _mps_available, "cpu": lambda: True}
+        if not available[device.type]():
+            raise ValueError(f"Device kind {device.type!r} is not available on this machine")
+        if device.type == "cuda" and device.index is not None:
+            if device.index >= torch.cuda.device_count():
+                raise ValueError(
+                    f"Invalid device: {prefer!r} (this machine has "
+                    f"{torch.cuda.device_count()} CUDA devices)"
+                )
+        return device
     if torch.cuda.is_available():
         return torch.device("cuda")
     if _mps_available():

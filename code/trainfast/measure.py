@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -52,7 +53,15 @@ from trainfast.profiling.benchmarks import (
 from trainfast.records import Record, write_record
 from trainfast.training.benchmarks import scaling_study_record
 
-__all__ = ["BENCHMARKS", "CUDA_ONLY", "Benchmark", "benchmark_function", "main", "run_benchmark"]
+__all__ = [
+    "BENCHMARKS",
+    "CUDA_ONLY",
+    "Benchmark",
+    "benchmark_function",
+    "main",
+    "output_folder_problem",
+    "run_benchmark",
+]
 
 #: What a benchmark is: it takes the device and ``quick`` (small sizes, for a smoke test).
 Benchmark = Callable[[torch.device, bool], Record]
@@ -107,9 +116,28 @@ def run_benchmark(name: str, device: torch.device | None = None, quick: bool = F
 CUDA_ONLY = frozenset({"copy-compute-overlap"})
 
 
+def output_folder_problem(out: str) -> str | None:
+    """Why records cannot be written into folder ``out`` (created if missing), or None.
+
+    Checked before any benchmark runs, since a result that cannot be written is lost.
+    """
+    if not out.strip():
+        return f"--out {out!r}: an empty path (give a folder, e.g. --out book/records)"
+    folder = Path(out)
+    if folder.exists() and not folder.is_dir():
+        return f"--out {out!r}: is a file, not a folder"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as error:
+        return f"--out {out!r}: cannot write there ({error.strerror or error})"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m trainfast.measure", description=__doc__)
-    parser.add_argument("--out", type=Path, help="folder for the JSON records (required to run)")
+    parser.add_argument("--out", help="folder for the JSON records (required to run)")
     parser.add_argument("--only", nargs="+", metavar="NAME", help="run only these benchmarks")
     parser.add_argument("--device", help="cuda, mps or cpu (default: the best available)")
     parser.add_argument("--quick", action="store_true", help="small sizes, for a smoke test")
@@ -121,11 +149,17 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.out is None:
         parser.error("--out is required (except with --list)")
+    problem = output_folder_problem(args.out)
+    if problem:  # before running anything: a run that cannot be written is device time lost
+        parser.error(problem)
     names = args.only or list(BENCHMARKS)
     unknown = [name for name in names if name not in BENCHMARKS]
     if unknown:  # fail before running anything
         raise ValueError(f"Unknown benchmarks: {unknown} (known: {sorted(BENCHMARKS)})")
-    device = pick_device(args.device)
+    try:
+        device = pick_device(args.device)
+    except ValueError as error:
+        parser.error(f"--device: {error}")
     cuda_only = [name for name in names if name in CUDA_ONLY]
     if device.type != "cuda" and cuda_only:
         if args.only:  # asked for by name: say why it cannot run here

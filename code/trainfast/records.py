@@ -9,7 +9,6 @@ are produced by the script, never typed in by hand.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import shlex
@@ -22,7 +21,8 @@ from typing import Any
 
 import torch
 
-from trainfast.device import Environment, describe_environment
+from trainfast.device import Environment, describe_environment, pick_device
+from trainfast.files import read_json, write_json_atomically
 
 __all__ = [
     "GPUFigure",
@@ -41,6 +41,18 @@ __all__ = [
 
 SCHEMA_VERSION = 1
 _REQUIRED = ("name", "description", "columns", "rows", "environment", "created", "command")
+_TYPES: dict[str, tuple[type, ...]] = {
+    "name": (str,),
+    "description": (str,),
+    "columns": (list,),
+    "rows": (list,),
+    "environment": (dict,),
+    "created": (str,),
+    "command": (str,),
+    "units": (dict,),
+    "trainfast_version": (str,),
+    "schema_version": (int,),
+}
 
 
 @dataclass
@@ -70,9 +82,23 @@ class Record:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = "<dict>") -> Record:
+        """A record from its JSON form; a missing key or a value of the wrong type raises
+        ``ValueError`` naming ``source`` (the file) and the key."""
+        if not isinstance(data, dict):
+            raise ValueError(f"{source}: not a measurement record (a {type(data).__name__})")
         missing = [key for key in _REQUIRED if key not in data]
         if missing:
             raise ValueError(f"{source}: not a measurement record, missing keys {missing}")
+        for key, expected in _TYPES.items():
+            if key in data and not isinstance(data[key], expected):
+                raise ValueError(
+                    f"{source}: invalid {key!r}: {data[key]!r:.80} (expected "
+                    f"{' or '.join(t.__name__ for t in expected)})"
+                )
+        for kind, key in (("column", "columns"), ("row", "rows")):
+            wrong = [x for x in data[key] if not isinstance(x, str if kind == "column" else dict)]
+            if wrong:
+                raise ValueError(f"{source}: invalid {kind} in {key!r}: {wrong[0]!r:.80}")
         known = {f for f in cls.__dataclass_fields__}
         return cls(**{k: v for k, v in data.items() if k in known})
 
@@ -115,7 +141,7 @@ def make_record(
         raise ValueError(f"Record {name!r} has no rows")
     if device is not None and environment is not None:
         raise ValueError(f"Record {name!r}: give device ({device!r}) or environment, not both")
-    env = environment or describe_environment(None if device is None else torch.device(device))
+    env = environment or describe_environment(None if device is None else pick_device(device))
     return Record(
         name=name,
         description=description,
@@ -144,8 +170,7 @@ def write_record(record: Record, directory: str | Path) -> Path:
     env = record.environment
     stem = "--".join(_slug(s) for s in (record.name, env["device"] or "", env["device_name"] or ""))
     path = directory / f"{stem}.json"
-    path.write_text(json.dumps(asdict(record), indent=2) + "\n")
-    return path
+    return write_json_atomically(path, asdict(record), indent=2)
 
 
 def load_records(directory: str | Path, name: str | None = None) -> list[Record]:
@@ -159,10 +184,7 @@ def load_records(directory: str | Path, name: str | None = None) -> list[Record]
         return []
     records = []
     for path in sorted(directory.glob("*.json")):
-        try:
-            data = json.loads(path.read_text())
-        except json.JSONDecodeError as error:
-            raise ValueError(f"{path}: not valid JSON ({error})") from error
+        data = read_json(path)
         record = Record.from_dict(data, source=str(path))
         if name is None or record.name == name:
             records.append(record)

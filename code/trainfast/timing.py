@@ -39,6 +39,7 @@ from typing import Any
 import torch
 
 from trainfast.device import device_name, nvidia_smi_query, pick_device
+from trainfast.validation import check_flag, check_int
 
 __all__ = [
     "Timing",
@@ -192,14 +193,17 @@ def benchmark_side_by_side(
     numbers = dict(number) if isinstance(number, Mapping) else dict.fromkeys(fns, number)
     if set(numbers) != set(fns):
         raise ValueError(f"Invalid number: keys {sorted(numbers)} differ from fns {sorted(fns)}")
-    if repeats < 1:
-        raise ValueError(f"Invalid repeats: {repeats} (need at least 1 sample)")
-    if warmup < 0:
-        raise ValueError(f"Invalid warmup: {warmup} (need 0 or more)")
-    for n in numbers.values():
-        if n < 1:
-            raise ValueError(f"Invalid number: {n} (need at least 1 call per sample)")
-    device = torch.device(device) if device is not None else pick_device()
+    check_int("repeats", repeats, minimum=1)
+    check_int("warmup", warmup, minimum=0)
+    for name, n in numbers.items():
+        check_int("number" if len(numbers) == 1 else f"number[{name!r}]", n, minimum=1)
+    for name, fn in fns.items():
+        if not callable(fn):
+            raise ValueError(f"Invalid function {name!r}: {fn!r:.80} is not callable")
+    if before_sample is not None and not callable(before_sample):
+        raise ValueError(f"Invalid before_sample: {before_sample!r:.80} is not callable")
+    check_flag("synchronize", synchronize)
+    device = pick_device(device)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
 

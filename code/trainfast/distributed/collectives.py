@@ -12,8 +12,9 @@ sit side by side so the chapter can race them:
 
 ``op`` is ``"sum"``, ``"mean"``, ``"max"`` or ``"min"``. ``"mean"`` of an integer tensor is the
 sum divided by the world size rounding toward zero, as C division and NCCL's ``AVG`` do. With
-``check=True`` (the default) the ranks first compare shapes and dtypes, so a mismatch is a
-``ValueError`` naming both instead of a hang or garbage; it costs two small messages per rank.
+``check=True`` (the default) the ranks first compare shapes, dtypes and the arguments that must
+agree (the collective, ``src``/``dst``, ``op``), so a mismatch is a ``ValueError`` naming the
+rank and both values instead of a hang or garbage; it costs two small messages per rank.
 
 These are teaching implementations: they use the default process group, one chunk in flight
 per step and no pipelining, where NCCL and gloo split messages and overlap them.
@@ -59,6 +60,16 @@ _DTYPES = [
     torch.bool,
 ]
 _MAX_DIMS = 8
+#: The collectives :func:`check_same_tensor_meta` can tell apart.
+_COLLECTIVES = (
+    "",
+    "broadcast",
+    "reduce",
+    "all_reduce",
+    "ring_all_reduce",
+    "all_gather",
+    "reduce_scatter",
+)
 
 
 # ----------------------------------------------------------------------------- small pieces
@@ -125,30 +136,67 @@ def _exchange(send: torch.Tensor, recv: torch.Tensor, to: int, source: int) -> N
         request.wait()
 
 
-def _signature(tensor: torch.Tensor) -> torch.Tensor:
-    """(dtype index, ndim, shape padded with -1) as int64, the same length for every tensor."""
+_UNSET, _INVALID = -1, -2  # an argument slot not used by this call; a value that is not valid
+
+
+def _argument_code(value: object, choices: tuple[str, ...] | None = None) -> int:
+    """An int for a root rank or an op, the same on every rank that passed the same value."""
+    if value is None:
+        return _UNSET
+    if choices is not None:
+        return choices.index(value) if value in choices else _INVALID
+    return value if isinstance(value, int) and not isinstance(value, bool) else _INVALID
+
+
+def _signature(
+    tensor: torch.Tensor, collective: str = "", root: object = None, op: object = None
+) -> torch.Tensor:
+    """(dtype index, ndim, shape padded with -1, collective, root, op) as int64, the same length
+    for every call, so ranks that called different collectives still exchange one message."""
     if tensor.dtype not in _DTYPES:
         raise ValueError(f"Unsupported dtype: {tensor.dtype} (expected one of {_DTYPES})")
     if tensor.dim() > _MAX_DIMS:
         raise ValueError(f"Unsupported ndim: {tensor.dim()} (at most {_MAX_DIMS} dimensions)")
     shape = list(tensor.shape) + [-1] * (_MAX_DIMS - tensor.dim())
     values = [_DTYPES.index(tensor.dtype), tensor.dim(), *shape]
+    values += [_COLLECTIVES.index(collective), _argument_code(root), _argument_code(op, OPS)]
     return torch.tensor(values, dtype=torch.int64, device=tensor.device)
 
 
-def _describe(signature: list[int]) -> str:
+def _describe(signature: list[int], root_name: str) -> tuple[str, str, str, str]:
+    """How one rank's call differs, read from its signature (the first difference decides)."""
+    collective, root, op = signature[-3:]
     dtype, shape = _DTYPES[signature[0]], signature[2 : 2 + signature[1]]
-    return f"shape {tuple(shape)} and dtype {dtype}"
+    root_text = "an invalid rank" if root == _INVALID else str(root)
+    op_text = "an unknown op" if op == _INVALID else repr(OPS[op]) if op >= 0 else "no op"
+    return (
+        f"has shape {tuple(shape)} and dtype {dtype}",
+        f"called {_COLLECTIVES[collective] or 'a collective'}",
+        f"has {root_name}={root_text}",
+        f"has op={op_text}",
+    )
 
 
-def check_same_tensor_meta(tensor: torch.Tensor, what: str = "tensor") -> None:
-    """Raise ``ValueError`` on every rank unless all ranks' ``tensor`` share shape and dtype.
+def check_same_tensor_meta(
+    tensor: torch.Tensor,
+    what: str = "tensor",
+    *,
+    collective: str = "",
+    root: tuple[str, object] | None = None,
+    op: str | None = None,
+) -> None:
+    """Raise ``ValueError`` on every rank unless all ranks agree on the call.
 
-    Rank 0 gathers every rank's signature with ``recv``, compares, and sends the verdict back,
-    so all ranks raise the same error together instead of hanging in the collective.
+    All ranks' ``tensor`` must share shape and dtype and, where given, every rank must call the
+    same ``collective`` with the same ``root`` (``("src", 0)``) and ``op``. Ranks that disagree
+    on a root would hang until gloo's timeout, and on ``op`` would all get the same wrong
+    answer, silently. Rank 0 gathers every rank's signature with ``recv``, compares, and sends
+    the verdict back, so all ranks raise the same error together, naming the first rank that
+    differs from rank 0 and both values.
     """
     rank, world_size = rank_and_world_size()
-    signature = _signature(tensor)
+    root_name, root_value = root if root is not None else ("root", None)
+    signature = _signature(tensor, collective, root_value, op)
     if world_size == 1:
         return
     verdict = torch.full((1 + 2 * signature.numel(),), -1, dtype=torch.int64, device=tensor.device)
@@ -168,9 +216,16 @@ def check_same_tensor_meta(tensor: torch.Tensor, what: str = "tensor") -> None:
         dist.recv(verdict, src=0)
     if verdict[0] >= 0:
         values, half = verdict.tolist(), signature.numel()
+        ours, theirs = values[1 : 1 + half], values[1 + half :]
+        mine, other = _describe(ours, root_name), _describe(theirs, root_name)
+        parts = [ours[: half - 3] != theirs[: half - 3]] + [
+            ours[i] != theirs[i] for i in range(half - 3, half)
+        ]
+        first = parts.index(True)
+        kind = [what, "collectives", f"arguments of {collective}", f"arguments of {collective}"]
         raise ValueError(
-            f"Mismatched {what} across ranks: rank {values[0]} has "
-            f"{_describe(values[1 + half :])}, but rank 0 has {_describe(values[1 : 1 + half])}"
+            f"Mismatched {kind[first]} across ranks: rank {values[0]} {other[first]}, "
+            f"but rank 0 {mine[first]}"
         )
 
 
@@ -178,9 +233,9 @@ def check_same_tensor_meta(tensor: torch.Tensor, what: str = "tensor") -> None:
 def broadcast(tensor: torch.Tensor, src: int = 0, *, check: bool = True) -> None:
     """Copy ``src``'s ``tensor`` into every rank's ``tensor``: ``src`` sends to each rank."""
     rank, world_size = rank_and_world_size()
+    if check:  # before the local checks, so a rank with a bad src cannot leave others waiting
+        check_same_tensor_meta(tensor, collective="broadcast", root=("src", src))
     _check_rank(src, "src", world_size)
-    if check:
-        check_same_tensor_meta(tensor)
     buffer = tensor if tensor.is_contiguous() else tensor.contiguous()
     if rank == src:
         requests = [dist.isend(buffer, dst=other) for other in range(world_size) if other != src]
@@ -197,11 +252,15 @@ def reduce(tensor: torch.Tensor, dst: int = 0, op: str = "sum", *, check: bool =
 
     ``dst`` receives from all ranks at once, then combines in rank order.
     """
-    _check_op(op)
+    _reduce(tensor, dst, op, check, "reduce")
+
+
+def _reduce(tensor: torch.Tensor, dst: int, op: str, check: bool, collective: str) -> None:
     rank, world_size = rank_and_world_size()
-    _check_rank(dst, "dst", world_size)
     if check:
-        check_same_tensor_meta(tensor)
+        check_same_tensor_meta(tensor, collective=collective, root=("dst", dst), op=op)
+    _check_op(op)
+    _check_rank(dst, "dst", world_size)
     if rank != dst:
         dist.send(tensor.contiguous(), dst=dst)
         return
@@ -222,7 +281,7 @@ def reduce(tensor: torch.Tensor, dst: int = 0, op: str = "sum", *, check: bool =
 
 def all_reduce(tensor: torch.Tensor, op: str = "sum", *, check: bool = True) -> None:
     """Naive all-reduce: :func:`reduce` to rank 0, then :func:`broadcast` from it."""
-    reduce(tensor, dst=0, op=op, check=check)
+    _reduce(tensor, 0, op, check, "all_reduce")
     broadcast(tensor, src=0, check=False)
 
 
@@ -266,10 +325,10 @@ def ring_all_reduce(tensor: torch.Tensor, op: str = "sum", *, check: bool = True
     Lengths that ``N`` does not divide give chunks one element apart (``tensor_split``); a
     tensor shorter than ``N`` has empty chunks, which are simply not sent.
     """
-    _check_op(op)
     rank, world_size = rank_and_world_size()
     if check:
-        check_same_tensor_meta(tensor)
+        check_same_tensor_meta(tensor, collective="ring_all_reduce", op=op)
+    _check_op(op)
     flat = tensor.contiguous().view(-1)  # a view when tensor is contiguous, else a copy
     chunks = list(flat.tensor_split(world_size))  # N views of ~numel/N elements
     _ring_reduce_scatter(chunks, op)
@@ -299,9 +358,9 @@ def all_gather(
 ) -> None:
     """Fill ``tensor_list[r]`` with rank ``r``'s ``tensor`` on every rank (a ring of blocks)."""
     rank, _ = rank_and_world_size()
-    _check_list(tensor_list, tensor, "tensor_list")
     if check:
-        check_same_tensor_meta(tensor)
+        check_same_tensor_meta(tensor, collective="all_gather")
+    _check_list(tensor_list, tensor, "tensor_list")
     blocks = [item.contiguous().view(-1) for item in tensor_list]  # views unless non-contiguous
     blocks[rank].copy_(tensor.reshape(-1))
     _ring_all_gather(blocks)
@@ -317,11 +376,11 @@ def reduce_scatter(
 
     The inputs are left as they were (the ring works on copies).
     """
-    _check_op(op)
     rank, world_size = rank_and_world_size()
-    _check_list(input_list, output, "input_list")
     if check:
-        check_same_tensor_meta(output)
+        check_same_tensor_meta(output, collective="reduce_scatter", op=op)
+    _check_op(op)
+    _check_list(input_list, output, "input_list")
     blocks = [item.reshape(-1).clone() for item in input_list]
     _ring_reduce_scatter(blocks, op)
     _finish(blocks[rank], op, world_size)

@@ -49,6 +49,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as torch_mp
 
+from trainfast.validation import check_int, check_number
+
 __all__ = [
     "DEFAULT_PRELOAD",
     "FailureKind",
@@ -124,6 +126,7 @@ def init_from_env(backend: str | None = None, timeout_s: float = 300.0) -> tuple
     Does nothing but report if a group is already initialised, so a worker can call it whether it
     was started by :func:`spawn` or by ``torchrun``.
     """
+    check_number("timeout_s", timeout_s, above=0.0)
     if not dist.is_initialized():
         world_size = int(os.environ.get("WORLD_SIZE", "1"))
         backend = backend or default_backend(int(os.environ.get("LOCAL_WORLD_SIZE", world_size)))
@@ -242,10 +245,11 @@ def spawn(
     peer whose connection dropped), so the others get a moment (``_GRACE_S``) to report and
     the root cause is raised (see :class:`FailureKind`).
     """
-    if not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"Invalid world_size: {world_size!r} (expected an int >= 1)")
-    if timeout is not None and timeout <= 0:
-        raise ValueError(f"Invalid timeout: {timeout!r} (expected seconds > 0 or None)")
+    check_int("world_size", world_size, minimum=1)
+    if timeout is not None:  # inf passes "> 0" and NaN passes "<= 0": both checked here
+        check_number("timeout", timeout, above=0.0)
+    check_number("collective_timeout", collective_timeout, above=0.0)
+    check_int("threads_per_rank", threads_per_rank, minimum=1)
     backend = backend or default_backend(world_size)
     if backend not in ("gloo", "nccl", "mpi"):
         raise ValueError(f"Unknown backend: {backend!r} (expected 'gloo', 'nccl' or 'mpi')")

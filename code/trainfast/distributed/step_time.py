@@ -63,7 +63,7 @@ from trainfast.distributed.cost_model import (
 from trainfast.gpus import GPUS
 from trainfast.recipes import RECIPES
 from trainfast.transformer import TransformerShape
-from trainfast.validation import check_positive
+from trainfast.validation import check_flag, check_int, check_number, check_positive
 
 __all__ = [
     "NVLINK_GPUS",
@@ -109,20 +109,13 @@ class StepAssumptions:
     reserve: float = 0.1
 
     def __post_init__(self) -> None:
-        if isinstance(self.mfu, bool) or not 0 < self.mfu <= 1:
-            raise ValueError(f"Invalid mfu: {self.mfu!r} (expected 0 < mfu <= 1)")
-        if isinstance(self.overlap, bool) or not 0 <= self.overlap <= 1:
-            raise ValueError(f"Invalid overlap: {self.overlap!r} (expected 0 <= overlap <= 1)")
-        if not 0 <= self.reserve < 1:
-            raise ValueError(f"Invalid reserve: {self.reserve!r} (expected 0 <= reserve < 1)")
+        check_number("mfu", self.mfu, above=0.0, maximum=1.0)
+        check_number("overlap", self.overlap, minimum=0.0, maximum=1.0)
+        check_number("reserve", self.reserve, minimum=0.0, below=1.0)
         check_positive("gpus_per_node", self.gpus_per_node)
-        for name in ("nvlink_latency_s", "network_latency_s"):
-            if not getattr(self, name) >= 0:
-                raise ValueError(f"Invalid {name}: {getattr(self, name)!r} (expected >= 0)")
-        if not self.network_bytes_per_s > 0:
-            raise ValueError(
-                f"Invalid network_bytes_per_s: {self.network_bytes_per_s!r} (expected > 0)"
-            )
+        check_number("nvlink_latency_s", self.nvlink_latency_s, minimum=0.0)
+        check_number("network_latency_s", self.network_latency_s, minimum=0.0)
+        check_number("network_bytes_per_s", self.network_bytes_per_s, above=0.0)
 
 
 @dataclass(frozen=True)
@@ -165,6 +158,8 @@ class TrainingSetup:
             "global_batch",
         ):
             check_positive(name, getattr(self, name))
+        check_int("zero_stage", self.zero_stage, minimum=0, maximum=3)  # True is not stage 1
+        check_flag("dropout", self.dropout)
         bytes_per_parameter(self.recipe, self.optimizer)  # checks both names
         s, b = self.shape, self.shape.batch_size
         problems = [

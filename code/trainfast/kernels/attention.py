@@ -40,6 +40,8 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
+from trainfast.validation import check_flag
+
 __all__ = [
     "FlashAttention",
     "attention_reference",
@@ -109,6 +111,7 @@ def attention_reference(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False
     Autograd saves those probabilities for the backward pass: this is the unfused version whose
     memory flash attention avoids. Use ``scaled_dot_product_attention`` for real work.
     """
+    check_flag("is_causal", is_causal)
     scores = q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5  # (..., n_queries, n_keys)
     if is_causal:
         n_queries, n_keys = scores.shape[-2:]
@@ -293,6 +296,8 @@ def flash_attention(
     is the Function's output itself, so ``out.grad_fn`` shows what the forward saved.
     ``enable_gqa`` allows grouped-query attention (k and v with fewer heads), in both.
     """
+    check_flag("is_causal", is_causal)  # 'no' would be truthy: a causal mask nobody asked for
+    check_flag("enable_gqa", enable_gqa)
     if implementation == "tiled":
         return FlashAttention.apply(q, k, v, is_causal, enable_gqa)
     if implementation == "triton":

@@ -3,7 +3,8 @@
 A negative learning rate or a ``beta`` of 1 does not crash an optimizer: it silently trains
 badly. So, as ``torch.optim`` does, we refuse such values at construction, with a message that
 names the value (``ValueError: Invalid learning rate: -1.0``). Unlike ``torch.optim``, we also
-check every parameter group as it is added, since a group's settings override the constructor's.
+check every parameter group as it is added, since a group's settings override the constructor's,
+and refuse values torch accepts but cannot train with (``lr=inf``, ``momentum=1.5``), saying so.
 
 :meth:`CheckedOptimizer.gather_group` is the other shared piece, torch's ``_init_group``
 pattern: collect a group's parameters that have a gradient, refuse sparse gradients with one
@@ -21,12 +22,45 @@ from torch import Tensor
 from torch.optim import Optimizer
 from torch.optim.optimizer import required
 
+from trainfast.validation import check_flag, check_int, check_number
+
 __all__ = ["CheckedOptimizer", "check_hyperparameters"]
 
 
-def _check_non_negative(label: str, value: float) -> None:
-    if not value >= 0.0:  # written this way round so that NaN fails too
-        raise ValueError(f"Invalid {label}: {value}")
+#: key -> (label in messages, exclusive upper bound or None, why a value torch accepts is refused)
+_LIMITS: dict[str, tuple[str, float | None, str]] = {
+    "lr": ("learning rate", None, "an infinite learning rate turns the weights into inf or NaN"),
+    "momentum": (
+        "momentum value",
+        1.0,
+        "with momentum >= 1 old gradients never fade and the steps grow without bound",
+    ),
+    "weight_decay": (
+        "weight_decay value",
+        None,
+        "an infinite decay turns the weights into inf or NaN",
+    ),
+    "eps": ("epsilon value", None, "an infinite epsilon makes every update 0"),
+    "alpha": (
+        "alpha value",
+        1.0,
+        "with alpha >= 1 the average stops tracking the squared gradients",
+    ),
+}
+_FLAGS = ("nesterov", "maximize", "amsgrad", "centered", "decoupled_weight_decay", "use_muon")
+
+
+def _torch_note(value: Any, why: str) -> str:
+    """Where torch.optim's own check (``0 <= value``) would pass, say so and why we refuse."""
+    accepted = _as_number(value) is not None and value >= 0
+    return f"torch.optim would accept it, but {why}" if accepted else ""
+
+
+def _as_number(value: Any) -> float | None:
+    try:
+        return check_number("value", value, allow_inf=True)
+    except ValueError:
+        return None
 
 
 def check_hyperparameters(settings: Mapping[str, Any]) -> None:
@@ -34,27 +68,31 @@ def check_hyperparameters(settings: Mapping[str, Any]) -> None:
 
     ``settings`` is an optimizer's defaults or one parameter group; keys it lacks are skipped, so
     one function serves every optimizer. A learning rate still ``required`` is skipped here (the
-    group check reports it). Nesterov's rule (momentum > 0, no dampening) applies where the
-    settings have a ``dampening`` key, i.e. to SGD.
+    group check reports it). Every number must be finite (``lr=inf`` passes torch's own check and
+    makes the weights inf), momentum and RMSprop's ``alpha`` below 1, and every switch a
+    ``bool``. Nesterov's rule (momentum > 0, no dampening) applies where the settings have a
+    ``dampening`` key, i.e. to SGD.
     """
-    lr = settings.get("lr", 0.0)
-    if lr is not required:
-        _check_non_negative("learning rate", lr)
-    for key, label in [
-        ("momentum", "momentum value"),
-        ("weight_decay", "weight_decay value"),
-        ("eps", "epsilon value"),
-        ("alpha", "alpha value"),
-    ]:
+    for key, (label, below, why) in _LIMITS.items():
+        if key not in settings or settings[key] is required:
+            continue
+        value = settings[key]
+        check_number(label, value, minimum=0.0, below=below, note=_torch_note(value, why))
+    if "dampening" in settings:
+        check_number("dampening value", settings["dampening"], minimum=0.0, maximum=1.0)
+    if "ns_steps" in settings:
+        check_int("ns_steps", settings["ns_steps"], minimum=0)
+    for key in _FLAGS:
         if key in settings:
-            _check_non_negative(label, settings[key])
+            check_flag(key, settings[key])
+    if settings.get("foreach") is not None:
+        check_flag("foreach", settings["foreach"])
     if "betas" in settings:
         betas = settings["betas"]
-        if len(betas) != 2:
-            raise ValueError(f"Invalid betas: {betas} (expected two values)")
+        if not isinstance(betas, (tuple, list)) or len(betas) != 2:
+            raise ValueError(f"Invalid betas: {betas!r} (expected two values)")
         for index, beta in enumerate(betas):
-            if not 0.0 <= beta < 1.0:
-                raise ValueError(f"Invalid beta parameter at index {index}: {beta}")
+            check_number(f"beta parameter at index {index}", beta, minimum=0.0, below=1.0)
     if settings.get("nesterov") and "dampening" in settings:
         momentum, dampening = settings["momentum"], settings["dampening"]
         if momentum <= 0 or dampening != 0:

@@ -24,6 +24,7 @@ from torch.optim.optimizer import ParamsT
 from trainfast.optim._foreach import group_by_device_and_dtype
 from trainfast.optim._validate import CheckedOptimizer, check_hyperparameters
 from trainfast.optim.adam import adam, init_adam_state
+from trainfast.validation import check_int
 
 __all__ = [
     "init_muon_state",
@@ -245,8 +246,7 @@ class Muon(CheckedOptimizer):
         adamw_weight_decay: float = 0.0,
         foreach: bool = False,
     ) -> None:
-        if ns_steps < 0:
-            raise ValueError(f"Invalid ns_steps: {ns_steps}")
+        check_int("ns_steps", ns_steps, minimum=0)
         self.muon_defaults = {
             "lr": lr,
             "momentum": momentum,

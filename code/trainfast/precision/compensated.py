@@ -25,6 +25,8 @@ import torch
 from torch import Tensor
 from torch.optim import Optimizer
 
+from trainfast.optim._validate import check_hyperparameters
+
 __all__ = ["KahanAdamW", "kahan_add_", "kahan_adamw_step_"]
 
 
@@ -90,16 +92,8 @@ class KahanAdamW(Optimizer):
         eps: float = 1e-8,
         weight_decay: float = 1e-2,
     ) -> None:
-        if not lr >= 0:
-            raise ValueError(f"Invalid learning rate: {lr}")
-        if not eps >= 0:
-            raise ValueError(f"Invalid epsilon value: {eps}")
-        for i, beta in enumerate(betas):
-            if not 0 <= beta < 1:
-                raise ValueError(f"Invalid beta parameter at index {i}: {beta}")
-        if not weight_decay >= 0:
-            raise ValueError(f"Invalid weight_decay value: {weight_decay}")
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+        check_hyperparameters(defaults)  # the book's optimizers' one check
         super().__init__(params, defaults)
 
     @torch.no_grad()

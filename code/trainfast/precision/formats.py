@@ -26,6 +26,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from trainfast.validation import check_int, check_number
+
 __all__ = [
     "FORMAT_NAMES",
     "FloatFormat",
@@ -137,18 +139,33 @@ def float_format(dtype_or_name: torch.dtype | str) -> FloatFormat:
 
 
 def representable_values(
-    fmt: FloatFormat | torch.dtype | str, low: float, high: float
+    fmt: FloatFormat | torch.dtype | str, low: float, high: float, *, max_count: int = 1_000_000
 ) -> list[float]:
     """Every positive number of ``fmt`` in ``[low, high)``, subnormals included, ascending.
 
     Enumerated from the bit fields, not by casting: ``E = 0`` gives ``M / 2^m · 2^(1 - bias)``,
     ``E >= 1`` gives ``(1 + M / 2^m) · 2^(E - bias)``, stopping at ``fmt.max``. Between two
     powers of two there are always ``2^m`` of them: 8 for e4m3, 4 for e5m2, 1024 for float16.
+    A range holding more than ``max_count`` values (float32 has 2^31 positive ones) raises
+    ``ValueError`` saying how many, before anything is allocated.
     """
     fmt = fmt if isinstance(fmt, FloatFormat) else float_format(fmt)
-    if not 0 < low < high:
+    check_number("low", low, above=0.0)
+    check_number("high", high, above=0.0, allow_inf=True)
+    check_int("max_count", max_count, minimum=1)
+    if not low < high:
         raise ValueError(f"Invalid range: low={low}, high={high} (need 0 < low < high)")
     m, bias = fmt.mantissa_bits, fmt.bias
+    count = 0  # an upper bound: whole binades from the one holding low to the one holding high
+    for exponent_field in range(2**fmt.exponent_bits):
+        scale = 2.0 ** (max(exponent_field, 1) - bias)
+        if scale * 2 > low and not (scale >= high or scale > fmt.max):
+            count += 2**m
+    if count > max_count:
+        raise ValueError(
+            f"Invalid range: {fmt.name} has up to {count:,} values in [{low:g}, {high:g}), "
+            f"more than max_count={max_count:,} (narrow the range or raise max_count)"
+        )
     values = []
     for exponent_field in range(2**fmt.exponent_bits):
         scale = 2.0 ** (max(exponent_field, 1) - bias)

@@ -39,6 +39,18 @@ import torch
 from torch import Tensor
 from torch.optim import Optimizer
 
+from trainfast.validation import check_flag, check_int, check_number
+
+_FLOAT32_MAX = float(torch.finfo(torch.float32).max)
+
+
+def _skips(scale: Any) -> str:
+    """Why a scale torch's GradScaler would take (one that is inf in float32) is refused."""
+    if isinstance(scale, float) and scale > _FLOAT32_MAX:
+        return "torch.amp.GradScaler would accept it, but an inf scale skips every step, silently"
+    return ""
+
+
 __all__ = ["GradScaler", "unscale_grads_", "updated_scale"]
 
 
@@ -118,14 +130,13 @@ class GradScaler:
         growth_interval: int = 2000,
         enabled: bool = True,
     ) -> None:
-        if not init_scale > 0:
-            raise ValueError(f"Invalid init_scale: {init_scale} (must be > 0)")
-        if not growth_factor > 1.0:
-            raise ValueError(f"Invalid growth_factor: {growth_factor} (must be > 1)")
-        if not 0.0 < backoff_factor < 1.0:
-            raise ValueError(f"Invalid backoff_factor: {backoff_factor} (must be in (0, 1))")
-        if growth_interval < 1:
-            raise ValueError(f"Invalid growth_interval: {growth_interval} (must be >= 1)")
+        check_number(
+            "init_scale", init_scale, above=0.0, maximum=_FLOAT32_MAX, note=_skips(init_scale)
+        )
+        check_number("growth_factor", growth_factor, above=1.0)
+        check_number("backoff_factor", backoff_factor, above=0.0, below=1.0)
+        check_int("growth_interval", growth_interval, minimum=1)
+        check_flag("enabled", enabled)
         self._device = device
         self._enabled = enabled
         if enabled and device == "cuda" and not torch.cuda.is_available():
@@ -217,8 +228,9 @@ class GradScaler:
                 if new_scale.numel() != 1 or new_scale.requires_grad:
                     raise ValueError("new_scale must be a float or a 1-element tensor without grad")
                 new_scale = float(new_scale.item())
-            if not new_scale > 0:
-                raise ValueError(f"Invalid new_scale: {new_scale} (must be > 0)")
+            check_number(
+                "new_scale", new_scale, above=0.0, maximum=_FLOAT32_MAX, note=_skips(new_scale)
+            )
             self._scale = _float32(new_scale)
         else:
             if not self._found_inf:

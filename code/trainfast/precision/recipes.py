@@ -26,6 +26,7 @@ from torch.optim import Optimizer
 from trainfast.precision.loss_scaling import GradScaler
 from trainfast.precision.tf32 import tf32_matmuls
 from trainfast.recipes import RECIPES, Recipe
+from trainfast.validation import check_int, check_number
 
 __all__ = [
     "RecipeRun",
@@ -138,9 +139,14 @@ def train_recipe(
     fp16 run is not. Models and batches live on ``inputs.device``.
     """
     recipe = RECIPES[recipe] if isinstance(recipe, str) else recipe
-    if steps < 1 or batch_size < 1 or not loss_divisor > 0:
+    check_int("steps", steps, minimum=1)
+    check_int("batch_size", batch_size, minimum=1)
+    check_number("loss_divisor", loss_divisor, above=0.0)
+    check_int("seed", seed)
+    if len(inputs) != len(targets):  # else random batches index only the shorter one's range
         raise ValueError(
-            f"Invalid settings: steps={steps}, batch_size={batch_size}, loss_divisor={loss_divisor}"
+            f"Invalid inputs and targets: {len(inputs)} inputs but {len(targets)} targets "
+            "(expected one target per input)"
         )
     model = digits_classifier(seed).to(device=inputs.device, dtype=recipe.param_dtype)
     params = list(model.parameters())

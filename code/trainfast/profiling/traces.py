@@ -307,12 +307,18 @@ def trace_times(trace: StepProfile | str | Path) -> TraceTimes:
 
     The span runs from the start of the first ProfilerStep# to the end of the last; events
     are clipped to it. Host time counts cpu_op events (ATen operators), device time the
-    DEVICE_CATEGORIES. Raises ValueError naming the file if it has no step.
+    DEVICE_CATEGORIES. Raises ValueError naming the file if it is not a complete JSON trace
+    or has no step.
     """
     path = trace.trace if isinstance(trace, StepProfile) else Path(trace)
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt") as file:
-        events = json.load(file)["traceEvents"]
+    try:
+        with opener(path, "rt") as file:
+            events = json.load(file)["traceEvents"]
+    except (json.JSONDecodeError, EOFError, gzip.BadGzipFile) as error:  # a cut-off trace
+        raise ValueError(f"Invalid trace: {path} is not a complete JSON trace ({error})") from error
+    except (KeyError, TypeError) as error:
+        raise ValueError(f"Invalid trace: {path} has no traceEvents list") from error
     complete = [e for e in events if e.get("ph") == "X" and "dur" in e]
     steps = [e for e in complete if str(e.get("name", "")).startswith("ProfilerStep#")]
     if not steps:

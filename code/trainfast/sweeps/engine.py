@@ -25,7 +25,9 @@ from typing import Any
 
 import numpy as np
 
+from trainfast.files import read_json, write_json_atomically
 from trainfast.sweeps.config import SweepConfigError, load_engine, validate
+from trainfast.validation import check_int
 
 __all__ = [
     "Metrics",
@@ -107,6 +109,20 @@ def _call(
     return dict(metrics)
 
 
+def _json_metrics(metrics: Metrics, run: str) -> Metrics:
+    """``metrics`` as a dict of JSON values; a value that is not (a tensor, say) raises
+    ``ValueError`` naming the metric and the run, so the shared file stays readable."""
+    for key, value in dict(metrics).items():
+        try:
+            json.dumps(value)
+        except (TypeError, ValueError):
+            raise ValueError(
+                f"Invalid metric {key!r} of {run}: {value!r:.80} is a {type(value).__name__}, "
+                "not a JSON value (return a float, e.g. loss.item())"
+            ) from None
+    return dict(metrics)
+
+
 def run(
     sweep_config: Mapping[str, Any],
     function: Callable[..., Metrics],
@@ -126,8 +142,7 @@ def run(
     proposes configs and stops runs itself, and ``seed`` has no effect.
     """
     config = validate(sweep_config)
-    if count < 1:
-        raise ValueError(f"Invalid count: {count} (expected >= 1)")
+    check_int("count", count, minimum=1)
     if online is None:
         online = bool(os.environ.get("WANDB_API_KEY")) and os.environ.get("WANDB_MODE") not in (
             "offline",
@@ -167,6 +182,9 @@ class _PrivateHistory:
         run = next(r for r in self.runs if r.name == name)
         run.summary_metrics, run.state = metrics, self.engine.RunState.finished
 
+    def fail(self, name: str, error: str) -> None:
+        next(r for r in self.runs if r.name == name).state = self.engine.RunState.failed
+
 
 class SharedSweep:
     """A sweep's runs in a JSON file that several agents (processes, threads, machines with a
@@ -191,9 +209,9 @@ class SharedSweep:
         with open(self.path.with_suffix(".lock"), "a+") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
-                records = json.loads(self.path.read_text()) if self.path.exists() else []
+                records = read_json(self.path) if self.path.exists() else []
                 yield records
-                self.path.write_text(json.dumps(records))
+                write_json_atomically(self.path, records)  # a killed agent leaves the old file
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
@@ -203,7 +221,7 @@ class SharedSweep:
             self.engine.SweepRun(
                 name=r["name"],
                 config=r["config"],
-                state=state.finished if r["state"] == "finished" else state.running,
+                state=state(r["state"]),
                 history=r["history"],
                 summary_metrics=r["summary"],
             )
@@ -248,6 +266,12 @@ class SharedSweep:
             record = next(r for r in records if r["name"] == name)
             record["state"], record["summary"] = "finished", dict(metrics)
 
+    def fail(self, name: str, error: str) -> None:
+        """Mark run ``name`` failed (with ``error``), so no one waits for it as "running"."""
+        with self._locked() as records:
+            record = next(r for r in records if r["name"] == name)
+            record["state"], record["error"] = "failed", error
+
 
 def run_locally(
     config: Mapping[str, Any],
@@ -265,6 +289,7 @@ def run_locally(
     :class:`SharedSweep`); it returns only its own runs, and ``agent`` labels them.
     """
     config = validate(config)
+    check_int("count", count, minimum=1)
     history = shared if shared is not None else _PrivateHistory(load_engine(), seed)
     results: list[SweepResult] = []
     for _ in range(count):
@@ -275,11 +300,18 @@ def run_locally(
         result = SweepResult(config=_values(proposal))
 
         def report(metrics: Metrics, name: str = name, result: SweepResult = result) -> bool:
-            result.history.append(dict(metrics))
+            metrics = _json_metrics(metrics, name) if shared is not None else dict(metrics)
+            result.history.append(metrics)
             result.stopped = history.report(config, name, metrics) or result.stopped
             return result.stopped
 
-        result.metrics = _call(function, dict(result.config), report)
+        try:
+            result.metrics = _call(function, dict(result.config), report)
+            if shared is not None:  # the shared file holds JSON: name a metric that is not
+                result.metrics = _json_metrics(result.metrics, name)
+        except BaseException as error:  # a failed run is marked so, never left "running"
+            history.fail(name, f"{type(error).__name__}: {error}")
+            raise
         history.finish(name, result.metrics)
         results.append(result)
     return results

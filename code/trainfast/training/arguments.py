@@ -15,6 +15,9 @@ from typing import Any, Literal
 
 import torch
 
+from trainfast.device import parse_device
+from trainfast.validation import check_flag, check_int, check_number, number_from_config
+
 __all__ = ["LR_SCHEDULES", "OPTIMIZERS", "TrainingArguments", "build_optimizer"]
 
 #: The optimizers a run may name; :func:`build_optimizer` turns a name into one.
@@ -51,6 +54,18 @@ def build_optimizer(
     raise ValueError(f"Unknown optimizer: {name!r} (expected one of {OPTIMIZERS})")
 
 
+_INT_FIELDS = ("batch_size", "epochs", "log_every", "eval_every", "seed")
+_FLOAT_FIELDS = ("lr", "momentum", "weight_decay", "warmup_fraction")
+
+
+def _from_text(name: str, value: Any) -> Any:
+    if name in _INT_FIELDS:
+        return number_from_config(name, value, int)
+    if name in _FLOAT_FIELDS:
+        return number_from_config(name, value, float)
+    return value
+
+
 @dataclass(frozen=True)
 class TrainingArguments:
     """What a :class:`~trainfast.training.trainer.Trainer` needs to know about one run.
@@ -79,32 +94,27 @@ class TrainingArguments:
     progress_bar: bool = True
 
     def __post_init__(self) -> None:
-        if not self.lr > 0.0:
-            raise ValueError(f"Invalid learning rate: {self.lr}")
-        if self.batch_size < 1:
-            raise ValueError(f"Invalid batch_size: {self.batch_size} (expected >= 1)")
-        if self.epochs < 1:
-            raise ValueError(f"Invalid epochs: {self.epochs} (expected >= 1)")
+        check_number("learning rate", self.lr, above=0.0)
+        check_int("batch_size", self.batch_size, minimum=1)
+        check_int("epochs", self.epochs, minimum=1)
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(
                 f"Unknown optimizer: {self.optimizer!r} (expected one of {OPTIMIZERS})"
             )
-        if not 0.0 <= self.momentum < 1.0:
-            raise ValueError(f"Invalid momentum: {self.momentum} (expected 0 <= momentum < 1)")
-        if self.weight_decay < 0.0:
-            raise ValueError(f"Invalid weight_decay: {self.weight_decay} (expected >= 0)")
-        if not 0.0 <= self.warmup_fraction < 1.0:
-            raise ValueError(
-                f"Invalid warmup_fraction: {self.warmup_fraction} (expected 0 <= fraction < 1)"
-            )
+        check_number("momentum", self.momentum, minimum=0.0, below=1.0)
+        check_number("weight_decay", self.weight_decay, minimum=0.0)
+        check_number("warmup_fraction", self.warmup_fraction, minimum=0.0, below=1.0)
         if self.schedule not in LR_SCHEDULES:
             raise ValueError(
                 f"Unknown schedule: {self.schedule!r} (expected one of {LR_SCHEDULES})"
             )
-        if self.log_every < 1:
-            raise ValueError(f"Invalid log_every: {self.log_every} (expected >= 1 example)")
-        if self.eval_every is not None and self.eval_every < 1:
-            raise ValueError(f"Invalid eval_every: {self.eval_every} (expected >= 1 or None)")
+        check_int("log_every", self.log_every, minimum=1)
+        if self.eval_every is not None:
+            check_int("eval_every", self.eval_every, minimum=1)
+        check_int("seed", self.seed)
+        if self.device is not None:
+            parse_device(self.device)  # names an unknown kind; the Trainer checks availability
+        check_flag("progress_bar", self.progress_bar)
 
     @classmethod
     def from_config(
@@ -114,7 +124,10 @@ class TrainingArguments:
 
         A key that is neither a field nor listed in ``ignore`` (parameters the caller uses
         itself, such as a model width) raises ``ValueError`` naming it, so a typo in a sweep
-        config cannot silently leave a hyperparameter at its default.
+        config cannot silently leave a hyperparameter at its default. A number written as text
+        (YAML reads ``lr: 1e-3`` as the string ``'1e-3'``) is converted by the one rule of
+        :func:`trainfast.validation.number_from_config`; other text in a numeric field raises
+        ``ValueError`` naming the field and the value.
         """
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(config) - known - set(ignore))
@@ -122,7 +135,8 @@ class TrainingArguments:
             raise ValueError(
                 f"Unknown training arguments in config: {unknown} (known: {sorted(known)})"
             )
-        return cls(**{**defaults, **{k: v for k, v in config.items() if k in known}})
+        values = {**defaults, **{k: v for k, v in config.items() if k in known}}
+        return cls(**{k: _from_text(k, v) for k, v in values.items()})
 
     def as_dict(self) -> dict[str, Any]:
         """The arguments as a plain dict, e.g. for ``wandb.init(config=...)``."""

@@ -17,6 +17,7 @@ from torch.nn import functional as F
 from torch.utils.data import Dataset, TensorDataset
 
 from trainfast.datasets import digits
+from trainfast.validation import check_flag, check_int, check_number
 
 __all__ = ["ClassSubset", "ImageData", "labels_of", "load_images", "take_fraction"]
 
@@ -54,6 +55,12 @@ def load_images(
     test, by :func:`trainfast.datasets.digits`, the one digits loader; CIFAR-10: of its
     training split) becomes ``ImageData.validation``.
     """
+    if channels is not None:
+        check_int("channels", channels, minimum=1)
+    if size is not None:
+        check_int("size", size, minimum=1)
+    check_number("validation_fraction", validation_fraction, minimum=0.0, below=1.0)
+    check_flag("download", download)
     if name == "digits":
         splits = {}
         for split in ("train", "validation", "test"):
@@ -122,6 +129,13 @@ class ClassSubset(Dataset):
         per_class: int | None = None,
         seed: int = 0,
     ) -> None:
+        if per_class is not None:  # 0 would give an empty set, -1 drop one example per class
+            check_int("per_class", per_class, minimum=1)
+        check_int("seed", seed)
+        if len(classes) == 0:
+            raise ValueError("Invalid classes: [] (expected at least one class)")
+        for c in classes:
+            check_int("class", c, minimum=0)
         if len(set(classes)) != len(classes):
             raise ValueError(f"Repeated classes: {list(classes)}")
         self.dataset = dataset

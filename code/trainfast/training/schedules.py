@@ -19,6 +19,8 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from trainfast.validation import check_int
+
 __all__ = ["as_lambda", "batch_size_ramp", "cosine_with_warmup", "lr_multiplier", "wsd"]
 
 
@@ -33,8 +35,9 @@ def lr_multiplier(
     ``"cosine"`` (``0.5 * (1 + cos(pi * progress))``). Use it with
     ``torch.optim.lr_scheduler.LambdaLR``, which multiplies each parameter group's own rate.
     """
-    if total_steps < 1:
-        raise ValueError(f"Invalid total_steps: {total_steps} (expected >= 1)")
+    check_int("step", step, minimum=0)
+    check_int("total_steps", total_steps, minimum=1)  # inf and NaN are not step counts
+    check_int("warmup_steps", warmup_steps, minimum=0)
     if not 0 <= warmup_steps < total_steps:
         raise ValueError(
             f"Invalid warmup_steps: {warmup_steps} (expected 0 <= warmup < {total_steps})"

@@ -317,6 +317,22 @@ def test_state_dict_round_trips_and_loads_torchs_and_disabled_scaler_passes_thro
             )
 
 
+def test_scale_multiplies_by_the_python_scale_as_torch_does_and_never_synchronises():
+    """The docstring's "scale() reads nothing from the device": no tensor is copied to it."""
+    loss = torch.tensor(3.0, requires_grad=True)
+    ours, theirs = GradScaler("cpu", init_scale=1024.0), torch.amp.GradScaler("cpu", 1024.0)
+    assert torch.equal(ours.scale(loss), theirs.scale(loss))
+    assert [t.item() for t in ours.scale([loss, loss])] == [3072.0, 3072.0]
+    if torch.cuda.is_available():  # a host-to-device copy of the scale would synchronise
+        loss = torch.ones((), device="cuda", requires_grad=True)
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            scaled = GradScaler("cuda", init_scale=1024.0).scale(loss)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        assert scaled.item() == 1024.0
+
+
 def test_fp16_gradients_are_refused_as_in_torch():
     weight = nn.Parameter(torch.ones(3, dtype=torch.float16))
     optimizer = torch.optim.SGD([weight], lr=0.1)

@@ -13,11 +13,13 @@ precision, ``allow_fp16_accumulation`` lets it accumulate fp16 GEMMs in fp16, an
 
 :func:`limited_precision_sum` emulates such an accumulator on a CPU: products added one by one
 into a running sum rounded to ``mantissa_bits`` after every addition, optionally added into a
-float32 total every ``promote_every`` terms. It is a model with two assumptions the hardware
-does not document: the rounding mode (nearest-even or toward zero) and that every addition
-rounds. :func:`accumulation_error` measures it on FP8 dot products against float64: the
-products of raw FP8 values are exact, and the per-tensor scales are applied after the sum, as
-the hardware applies them (:func:`fp8_dot_products`).
+float32 total every ``promote_every`` terms. It is a model with two assumptions NVIDIA does
+not document: the rounding mode (nearest-even or toward zero) and that every addition rounds.
+DeepSeek-V3 (2024, section 3.5.2) reports that Hopper aligns 32 products to their largest
+exponent and truncates them to 14 bits before adding them, which this model only approximates.
+:func:`accumulation_error` measures it on FP8 dot products against float64: the products of raw
+FP8 values are exact, and the per-tensor scales are applied after the sum, as the hardware
+applies them (:func:`fp8_dot_products`).
 """
 
 from __future__ import annotations

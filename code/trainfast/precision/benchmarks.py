@@ -242,9 +242,10 @@ def _step_row(
         "tokens_per_s": shape.tokens / timing.median,
     }
     spec = gpu_spec(describe_environment(device).device_name) if device.type == "cuda" else None
-    # MFU as PaLM defines it (Chowdhery et al. 2023, appendix B) and the whole book uses it: the
-    # model's FLOPs per second over the GPU's theoretical peak, its dense bf16 rate, the same for
-    # every recipe. Nothing is recomputed here, so hardware FLOPs utilisation would be the same.
+    # MFU as PaLM defines it (Chowdhery et al. 2023, appendix B): the model's FLOPs per second over
+    # one theoretical peak per system, here the GPU's dense bf16 rate, the same for every recipe
+    # (so an fp32 step cannot reach 100 % and an FP8 step could exceed it). Nothing is recomputed
+    # here, so hardware FLOPs utilisation would be the same.
     peak = spec.peak_flops["bf16"] if spec else None
     row["mfu"] = training_flops(shape) / timing.median / peak if peak else None
     predicted = training_memory(shape, recipe=recipe, optimizer="adamw", attention="sdpa")

@@ -157,7 +157,7 @@ class GradScaler:
         if not self._enabled:
             return outputs
         if isinstance(outputs, Tensor):
-            return outputs * torch.tensor(self._scale, dtype=torch.float32, device=outputs.device)
+            return outputs * self._scale  # a Python float: no host-to-device copy
         if isinstance(outputs, (list, tuple)):
             return type(outputs)(self.scale(value) for value in outputs)
         if isinstance(outputs, Iterable):

@@ -245,6 +245,54 @@ def test_a_package_change_re_executes_an_unchanged_chapter(tmp_path):
     shutil.rmtree(book / "_build")
 
 
+def _timed_chapter(name: str, last_cell: str) -> str:
+    """A chapter that appends when it starts and ends to ``runs.txt``, then runs ``last_cell``."""
+    log = (
+        "import time, pathlib\n"
+        "start = time.time()\n"
+        "time.sleep(3)\n"
+        "with open('runs.txt', 'a') as f:\n"
+        f"    f.write(f'{name} {{start}} {{time.time()}}\\n')"
+    )
+    return TINY_CHAPTER.split("# Tiny")[0] + (
+        f"# {name}\n\n```{{code-cell}} ipython3\n{log}\n```\n\n"
+        f"Text.\n\n```{{code-cell}} ipython3\n{last_cell}\n```\n"
+    )
+
+
+def test_chapters_execute_in_parallel_once_and_a_cell_error_names_chapter_and_cell(tmp_path):
+    """Two chapters execute at the same time, before Sphinx reads them; the one whose second
+    cell raises fails the build, named with its cell; the other is cached and not run again."""
+    book = tmp_path / "book"
+    (book / "pkg").mkdir(parents=True)
+    (book / "_config.yml").write_text(
+        TINY_CONFIG.format(ext=ROOT / "book" / "_ext") + "    build_support_jobs: 2\n"
+    )
+    (book / "_toc.yml").write_text("format: jb-book\nroot: chapter\nchapters:\n  - file: broken\n")
+    (book / "chapter.md").write_text(_timed_chapter("chapter", "print('fine')"))
+    (book / "broken.md").write_text(_timed_chapter("broken", "x = 1\n1 / 0"))
+    command = [_tool("jupyter-book"), "build", str(book), "-W", "-n", "--keep-going"]
+    failed = subprocess.run(command, capture_output=True, text=True, cwd=book, timeout=600)
+    output = failed.stdout + failed.stderr
+    assert failed.returncode != 0
+    assert "broken.md: code cell 2 (broken.md, line 23: `x = 1`) raised ZeroDivisionError" in (
+        output
+    ), output[-3000:]
+    runs = {
+        line.split()[0]: line.split()[1:]
+        for line in (book / "runs.txt").read_text().split("\n")
+        if line
+    }
+    (a_start, a_end), (b_start, b_end) = [map(float, runs[n]) for n in ("chapter", "broken")]
+    assert max(a_start, b_start) < min(a_end, b_end), "the two chapters did not run at once"
+
+    (book / "broken.md").write_text(_timed_chapter("broken", "print('fixed')"))
+    assert "fine" in _build_tiny(book)
+    names = [line.split()[0] for line in (book / "runs.txt").read_text().splitlines()]
+    assert sorted(names) == ["broken", "broken", "chapter"]  # the good chapter ran once
+    shutil.rmtree(book / "_build")
+
+
 def test_unknown_watch_path_fails_the_build_loudly(tmp_path):
     class App:
         srcdir = str(tmp_path)

@@ -70,7 +70,7 @@ class Strategy(ABC):
     :meth:`wrap` may start different on each rank: the strategy makes rank 0's the start.
     """
 
-    #: The strategy's name in :data:`STRATEGIES`.
+    #: The strategy's name in :data:`~trainfast.distributed.strategy.STRATEGIES`.
     name: ClassVar[str]
 
     @abstractmethod

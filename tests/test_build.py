@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -117,6 +118,46 @@ def test_ci_script_runs_readme_commands():
 
 
 # --- packaging -------------------------------------------------------------------------------
+
+
+def test_the_supported_versions_are_stated_and_run_in_ci():
+    from trainfast.versions import TORCH_FLOOR
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert "torch>={}.{}".format(*TORCH_FLOOR) in project["dependencies"]
+    job = _load("ci.yml")["jobs"]["package-tests"]
+    torches = [entry["torch"] for entry in job["strategy"]["matrix"]["include"]]
+    assert [t.rsplit(".", 1)[0] for t in torches] == ["2.4", "2.11"]
+    assert "self-hosted" not in str(job["runs-on"])
+    assert ".ci/package-tests" in "\n".join(step.get("run", "") for step in job["steps"])
+    readme = (ROOT / "README.md").read_text().split("### Supported versions", 1)[1]
+    table = readme.split("\n\n", 2)[1]
+    for torch_version in torches + ["2.14.1"]:
+        assert f"| {torch_version} " in table, f"README's matrix lacks torch {torch_version}"
+    pins = (ROOT / "requirements.txt").read_text()
+    assert "torch==2.14.1" in pins and "numpy==1.26.4" in pins
+
+
+@pytest.mark.parametrize(
+    ("triton", "numpy", "fails"),
+    [
+        ("3.6.0", "2.4.1", True),
+        ("3.0.0", "2.0.0", True),
+        ("3.6.0", "1.26.4", False),
+        ("3.8.0", "1.26.4", False),
+        ("3.8.0", "2.4.1", False),  # not known to fail: no error
+    ],
+)
+def test_a_known_bad_interpreter_combination_is_named(triton, numpy, fails):
+    from trainfast.versions import interpreter_problem
+
+    problem = interpreter_problem(triton, numpy)
+    assert (problem is not None) == fails
+    if fails:
+        assert f"Triton {triton}" in problem and f"NumPy {numpy}" in problem
+        assert "numpy<2" in problem
+    with pytest.raises(ValueError, match="'three'"):
+        interpreter_problem("three", numpy)
 
 
 def test_package_declares_a_torch_range_and_ships_py_typed():
@@ -357,3 +398,22 @@ def test_the_site_counts_as_stale_when_a_source_is_newer(tmp_path, monkeypatch):
     monkeypatch.setattr(book_site, "HTML", html)
     with pytest.raises(pytest.fail.Exception, match="TRAINFAST_BUILT_FIRST=1"):
         book_site.built_site()
+
+
+def test_importing_the_kernels_on_a_known_bad_combination_names_the_versions():
+    script = (
+        "import os; os.environ['TRITON_INTERPRET'] = '1'\n"
+        "import numpy, triton\n"
+        "numpy.__version__, triton.__version__ = '2.4.1', '3.6.0'\n"
+        "import trainfast.kernels.triton_runtime\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "code")},
+    )
+    assert run.returncode != 0
+    assert "ImportError: Triton 3.6.0's CPU interpreter" in run.stderr, run.stderr[-2000:]
+    assert "NumPy 2.4.1" in run.stderr

@@ -13,12 +13,37 @@ os.environ.setdefault("WANDB_SILENT", "true")
 sys.path.insert(0, str(Path(__file__).parent))  # `import chapters` from any test module
 
 
+#: (chapter, seconds) that xdist workers reported (their EXECUTION_TIMES live in their process)
+_WORKER_TIMES: list[tuple[str, float]] = []
+_REPORTED = 0
+
+
+def pytest_runtest_makereport(item, call):  # noqa: ARG001
+    """On an xdist worker: send the chapters executed since the last report to the controller."""
+    global _REPORTED
+    from chapters import EXECUTION_TIMES
+
+    if os.environ.get("PYTEST_XDIST_WORKER") and len(EXECUTION_TIMES) > _REPORTED:
+        for name, seconds in EXECUTION_TIMES[_REPORTED:]:
+            item.user_properties.append(("chapter_execution", (name, seconds)))
+        _REPORTED = len(EXECUTION_TIMES)
+
+
+def pytest_runtest_logreport(report):
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    for key, value in getattr(report, "user_properties", []):
+        if key == "chapter_execution" and tuple(value) not in _WORKER_TIMES:
+            _WORKER_TIMES.append(tuple(value))
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config):  # noqa: ARG001
     from chapters import EXECUTION_TIMES
 
-    if EXECUTION_TIMES:
+    times = EXECUTION_TIMES + _WORKER_TIMES
+    if times:
         terminalreporter.section("chapters executed as notebooks on this machine")
-        for name, seconds in EXECUTION_TIMES:
+        for name, seconds in times:
             terminalreporter.write_line(f"{name}: {seconds:.1f} s")
 
 

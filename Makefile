@@ -18,11 +18,18 @@ $(STAMP): requirements.txt pyproject.toml
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $(STAMP)
 
+# Both use every core: the build executes the outdated chapters BOOK_JOBS at a time before
+# Sphinx reads them (book/_ext/build_support/execution_cache.py; empty = the CPU count), and the
+# tests run on TEST_JOBS pytest-xdist workers, tests that need something exclusive grouped
+# (tests/conftest.py). BOOK_JOBS=1 TEST_JOBS=0 is the serial build and test run.
+BOOK_JOBS ?=
+TEST_JOBS ?= auto
+
 book: $(STAMP)
-	$(BIN)/jupyter-book build . -W -n --keep-going
+	TRAINFAST_BUILD_JOBS=$(BOOK_JOBS) $(BIN)/jupyter-book build . -W -n --keep-going
 
 test: $(STAMP)
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_JOBS) --dist loadgroup $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -13,13 +13,13 @@ Three rules from the book's conventions (README, "Writing a chapter"):
 Each chapter is executed once per ``.ci/run``: ``make book`` executes every chapter into
 jupyter-cache, and :func:`execute_chapter` takes that executed notebook instead of running the
 chapter again, but only when it is provably current: the cache's stamp of the watched sources
-(``code/trainfast``, ``book/records``; see ``book/_ext/build_support.py``) equals their hash now,
-and the cache holds a notebook whose code cells and cell metadata equal the chapter's now
-(jupyter-cache's own match). Otherwise, as on a fresh clone running ``make test`` alone, it
-executes the chapter itself. Either way a cell that raised fails the test. Within one pytest
-session a chapter is executed (or taken from the build) once, however many tests look at it
-(:func:`executed_notebook`). ``.ci/run`` sets ``TRAINFAST_BUILT_FIRST=1`` after ``make book``:
-then a chapter that the build's cache cannot supply is an error, not a second execution.
+(``code/trainfast``, ``book/records``; see ``book/_ext/build_support/execution_cache.py``) equals
+their hash now, and the cache holds a notebook whose code cells and cell metadata equal the
+chapter's now (jupyter-cache's own match). Otherwise, as on a fresh clone running ``make test``
+alone, it executes the chapter itself. Either way a cell that raised fails the test. Within one
+pytest session a chapter is executed (or taken from the build) once, however many tests look at it
+(:func:`executed_notebook`). ``.ci/run`` sets ``TRAINFAST_BUILT_FIRST=1`` after ``make book``: then
+a chapter that the build's cache cannot supply is an error, not a second execution.
 """
 
 from __future__ import annotations

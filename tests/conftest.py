@@ -13,10 +13,79 @@ os.environ.setdefault("WANDB_SILENT", "true")
 sys.path.insert(0, str(Path(__file__).parent))  # `import chapters` from any test module
 
 
+#: (chapter, seconds) that xdist workers reported (their EXECUTION_TIMES live in their process)
+_WORKER_TIMES: list[tuple[str, float]] = []
+_REPORTED = 0
+
+
+def pytest_runtest_makereport(item, call):  # noqa: ARG001
+    """On an xdist worker: send the chapters executed since the last report to the controller."""
+    global _REPORTED
+    from chapters import EXECUTION_TIMES
+
+    if os.environ.get("PYTEST_XDIST_WORKER") and len(EXECUTION_TIMES) > _REPORTED:
+        for name, seconds in EXECUTION_TIMES[_REPORTED:]:
+            item.user_properties.append(("chapter_execution", (name, seconds)))
+        _REPORTED = len(EXECUTION_TIMES)
+
+
+def pytest_runtest_logreport(report):
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    for key, value in getattr(report, "user_properties", []):
+        if key == "chapter_execution" and tuple(value) not in _WORKER_TIMES:
+            _WORKER_TIMES.append(tuple(value))
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config):  # noqa: ARG001
     from chapters import EXECUTION_TIMES
 
-    if EXECUTION_TIMES:
+    times = EXECUTION_TIMES + _WORKER_TIMES
+    if times:
         terminalreporter.section("chapters executed as notebooks on this machine")
-        for name, seconds in EXECUTION_TIMES:
+        for name, seconds in times:
             terminalreporter.write_line(f"{name}: {seconds:.1f} s")
+
+
+# --- running in parallel (pytest-xdist; `make test` runs `-n auto --dist loadgroup`) -------------
+#
+# Tests that need something only one of them may hold at a time share an `xdist_group`, and
+# `--dist loadgroup` runs a group's tests on one worker, one after another:
+# - "chromium": the browser tests (one headless chromium, one port for the site's server);
+# - "chapter-<name>": every test that executes chapter <name> (or takes the build's execution),
+#   so that a chapter executes at most once per run, on one worker (tests/chapters.py caches it
+#   per process);
+# - "ports": tests that start torchrun or its launcher benchmarks, which listen on TCP ports.
+# Gloo tests through trainfast.distributed.spawn need no group: its ranks meet through a file://
+# store in a fresh temporary folder, and gloo's own sockets take ports the OS assigns.
+_CHROMIUM_MODULES = {"test_site", "test_site_layout", "test_calculator_widget"}
+_PORT_WORDS = ("torchrun", "launcher", "restart", "tcp://", "MASTER_PORT")
+
+
+def exclusive_group(item) -> str | None:
+    """The xdist group ``item`` must run in (see above), or None."""
+    import inspect
+
+    module = item.module.__name__.rpartition(".")[2] if getattr(item, "module", None) else ""
+    if module in _CHROMIUM_MODULES:
+        return "chromium"
+    if item.get_closest_marker("chapter") is not None:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        name = params.get("name") if isinstance(params.get("name"), str) else None
+        return f"chapter-{name or module.removeprefix('test_')}"
+    try:
+        source = inspect.getsource(item.function)
+    except (OSError, TypeError, AttributeError):
+        source = ""
+    if any(word in item.nodeid or word in source for word in _PORT_WORDS):
+        return "ports"
+    return None
+
+
+def pytest_collection_modifyitems(config, items):  # noqa: ARG001
+    import pytest
+
+    for item in items:
+        group = exclusive_group(item)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))

@@ -55,6 +55,47 @@ def test_listings_of_package_files_get_their_module():
     assert "training_memory" in build_support.public_names("trainfast.accounting")
 
 
+def test_the_teaching_chapter_comes_from_listings_and_imports_not_mentions():
+    from build_support.api_reference import chapter_modules, reading_order
+
+    code = ROOT / "code"
+    names = [p.stem for p in (ROOT / "book").glob("*.md") if "kernelspec:" in p.read_text()]
+    chapters = {
+        name: chapter_modules(
+            (ROOT / "book" / f"{name}.md").read_text(), ROOT / "book" / name, code
+        )
+        for name in reading_order(ROOT, names)
+    }
+    modules = ["trainfast", "trainfast.device", "trainfast.optim", "trainfast.optim.adam"]
+    taught = build_support.teaching_chapters(modules, chapters)
+    # every chapter's first cell imports the device helper: machinery, taught by none
+    assert all("trainfast.device" in imported for _, imported in chapters.values())
+    assert taught["trainfast.device"] is None
+    assert taught["trainfast.optim.adam"] == "optimizers"  # its listings are there
+    # a synthetic book: a listing wins over an earlier import, an import over a mention
+    text = (
+        "Mentions trainfast.accounting three times: trainfast.accounting trainfast.accounting\n"
+        "```{code-cell} ipython3\nfrom trainfast.optim import AdamW\n%time x = 1\n```\n"
+    )
+    first = chapter_modules(text, ROOT / "book" / "first.md", code)
+    second = chapter_modules(
+        "```{literalinclude} ../code/trainfast/optim/adam.py\n:pyobject: AdamW\n```\n",
+        ROOT / "book" / "second.md",
+        code,
+    )
+    assert first == (set(), {"trainfast.optim", "trainfast.optim.adam"})
+    found = build_support.teaching_chapters(
+        ["trainfast", "trainfast.optim", "trainfast.optim.adam", "trainfast.accounting"],
+        {"first": first, "second": second},
+    )
+    assert found == {
+        "trainfast": None,
+        "trainfast.optim": "first",
+        "trainfast.optim.adam": "second",
+        "trainfast.accounting": None,
+    }
+
+
 def _reference_pages() -> list[str]:
     """Every public top-level module and subpackage of trainfast: each must have a page."""
     return sorted(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -117,6 +118,46 @@ def test_ci_script_runs_readme_commands():
 
 
 # --- packaging -------------------------------------------------------------------------------
+
+
+def test_the_supported_versions_are_stated_and_run_in_ci():
+    from trainfast.versions import TORCH_FLOOR
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert "torch>={}.{}".format(*TORCH_FLOOR) in project["dependencies"]
+    job = _load("ci.yml")["jobs"]["package-tests"]
+    torches = [entry["torch"] for entry in job["strategy"]["matrix"]["include"]]
+    assert [t.rsplit(".", 1)[0] for t in torches] == ["2.4", "2.11"]
+    assert "self-hosted" not in str(job["runs-on"])
+    assert ".ci/package-tests" in "\n".join(step.get("run", "") for step in job["steps"])
+    readme = (ROOT / "README.md").read_text().split("### Supported versions", 1)[1]
+    table = readme.split("\n\n", 2)[1]
+    for torch_version in torches + ["2.14.1"]:
+        assert f"| {torch_version} " in table, f"README's matrix lacks torch {torch_version}"
+    pins = (ROOT / "requirements.txt").read_text()
+    assert "torch==2.14.1" in pins and "numpy==1.26.4" in pins
+
+
+@pytest.mark.parametrize(
+    ("triton", "numpy", "fails"),
+    [
+        ("3.6.0", "2.4.1", True),
+        ("3.0.0", "2.0.0", True),
+        ("3.6.0", "1.26.4", False),
+        ("3.8.0", "1.26.4", False),
+        ("3.8.0", "2.4.1", False),  # not known to fail: no error
+    ],
+)
+def test_a_known_bad_interpreter_combination_is_named(triton, numpy, fails):
+    from trainfast.versions import interpreter_problem
+
+    problem = interpreter_problem(triton, numpy)
+    assert (problem is not None) == fails
+    if fails:
+        assert f"Triton {triton}" in problem and f"NumPy {numpy}" in problem
+        assert "numpy<2" in problem
+    with pytest.raises(ValueError, match="'three'"):
+        interpreter_problem("three", numpy)
 
 
 def test_package_declares_a_torch_range_and_ships_py_typed():
@@ -245,6 +286,54 @@ def test_a_package_change_re_executes_an_unchanged_chapter(tmp_path):
     shutil.rmtree(book / "_build")
 
 
+def _timed_chapter(name: str, last_cell: str) -> str:
+    """A chapter that appends when it starts and ends to ``runs.txt``, then runs ``last_cell``."""
+    log = (
+        "import time, pathlib\n"
+        "start = time.time()\n"
+        "time.sleep(3)\n"
+        "with open('runs.txt', 'a') as f:\n"
+        f"    f.write(f'{name} {{start}} {{time.time()}}\\n')"
+    )
+    return TINY_CHAPTER.split("# Tiny")[0] + (
+        f"# {name}\n\n```{{code-cell}} ipython3\n{log}\n```\n\n"
+        f"Text.\n\n```{{code-cell}} ipython3\n{last_cell}\n```\n"
+    )
+
+
+def test_chapters_execute_in_parallel_once_and_a_cell_error_names_chapter_and_cell(tmp_path):
+    """Two chapters execute at the same time, before Sphinx reads them; the one whose second
+    cell raises fails the build, named with its cell; the other is cached and not run again."""
+    book = tmp_path / "book"
+    (book / "pkg").mkdir(parents=True)
+    (book / "_config.yml").write_text(
+        TINY_CONFIG.format(ext=ROOT / "book" / "_ext") + "    build_support_jobs: 2\n"
+    )
+    (book / "_toc.yml").write_text("format: jb-book\nroot: chapter\nchapters:\n  - file: broken\n")
+    (book / "chapter.md").write_text(_timed_chapter("chapter", "print('fine')"))
+    (book / "broken.md").write_text(_timed_chapter("broken", "x = 1\n1 / 0"))
+    command = [_tool("jupyter-book"), "build", str(book), "-W", "-n", "--keep-going"]
+    failed = subprocess.run(command, capture_output=True, text=True, cwd=book, timeout=600)
+    output = failed.stdout + failed.stderr
+    assert failed.returncode != 0
+    assert "broken.md: code cell 2 (broken.md, line 23: `x = 1`) raised ZeroDivisionError" in (
+        output
+    ), output[-3000:]
+    runs = {
+        line.split()[0]: line.split()[1:]
+        for line in (book / "runs.txt").read_text().split("\n")
+        if line
+    }
+    (a_start, a_end), (b_start, b_end) = [map(float, runs[n]) for n in ("chapter", "broken")]
+    assert max(a_start, b_start) < min(a_end, b_end), "the two chapters did not run at once"
+
+    (book / "broken.md").write_text(_timed_chapter("broken", "print('fixed')"))
+    assert "fine" in _build_tiny(book)
+    names = [line.split()[0] for line in (book / "runs.txt").read_text().splitlines()]
+    assert sorted(names) == ["broken", "broken", "chapter"]  # the good chapter ran once
+    shutil.rmtree(book / "_build")
+
+
 def test_unknown_watch_path_fails_the_build_loudly(tmp_path):
     class App:
         srcdir = str(tmp_path)
@@ -309,3 +398,22 @@ def test_the_site_counts_as_stale_when_a_source_is_newer(tmp_path, monkeypatch):
     monkeypatch.setattr(book_site, "HTML", html)
     with pytest.raises(pytest.fail.Exception, match="TRAINFAST_BUILT_FIRST=1"):
         book_site.built_site()
+
+
+def test_importing_the_kernels_on_a_known_bad_combination_names_the_versions():
+    script = (
+        "import os; os.environ['TRITON_INTERPRET'] = '1'\n"
+        "import numpy, triton\n"
+        "numpy.__version__, triton.__version__ = '2.4.1', '3.6.0'\n"
+        "import trainfast.kernels.triton_runtime\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "code")},
+    )
+    assert run.returncode != 0
+    assert "ImportError: Triton 3.6.0's CPU interpreter" in run.stderr, run.stderr[-2000:]
+    assert "NumPy 2.4.1" in run.stderr

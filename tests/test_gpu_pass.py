@@ -19,6 +19,7 @@ import torch
 from trainfast.gpu_pass import (
     Status,
     Step,
+    SummaryError,
     apply_timeouts,
     compile_report_rows,
     default_steps,
@@ -118,6 +119,113 @@ def test_a_budget_leaves_steps_that_do_not_fit_for_a_later_call(tmp_path):
         budget=2,
     )
     assert first[0].status is Status.TIMED_OUT and first[0].timeout <= 2
+
+
+def _two_passed_steps(out: Path) -> list[dict]:
+    run_pass([Step(n, [PYTHON, "-c", "pass"], 30) for n in "ab"], out, echo=None)
+    return json.loads((out / "summary.json").read_text())["steps"]
+
+
+KILL_BEFORE_RENAME = """
+import os, signal, sys
+from pathlib import Path
+import trainfast.gpu_pass.summary as summary
+from trainfast.gpu_pass import Step, run_pass
+
+def killed(source, target):  # the temporary file is written in full; the rename never happens
+    os.kill(os.getpid(), signal.SIGKILL)
+
+summary.os.replace = killed
+run_pass([Step("c", [sys.executable, "-c", "pass"], 30)], Path(sys.argv[1]), echo=None)
+"""
+
+
+def test_a_pass_killed_while_writing_its_summary_loses_nothing_finished(tmp_path):
+    before = _two_passed_steps(tmp_path)
+    run = subprocess.run(
+        [PYTHON, "-c", KILL_BEFORE_RENAME, str(tmp_path)], env=ENV, timeout=120, check=False
+    )
+    assert run.returncode == -9  # killed mid-write, after step "c" finished
+    assert json.loads((tmp_path / "summary.json").read_text())["steps"] == before
+    # the next pass writes over what the killed one left and keeps every finished step
+    run_pass([Step("c", [PYTHON, "-c", "pass"], 30)], tmp_path, echo=None)
+    steps = json.loads((tmp_path / "summary.json").read_text())["steps"]
+    assert [(s["name"], s["status"]) for s in steps] == [(n, "passed") for n in "abc"]
+
+
+def test_a_failed_write_leaves_the_old_summary_and_no_temporary_file(tmp_path, monkeypatch):
+    import trainfast.gpu_pass.summary as summary
+
+    before = (tmp_path / "summary.json", _two_passed_steps(tmp_path))
+
+    def full_disk(source, target):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(summary.os, "replace", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        run_pass([Step("c", [PYTHON, "-c", "pass"], 30)], tmp_path, echo=None)
+    assert json.loads(before[0].read_text())["steps"] == before[1]
+    assert not list(tmp_path.glob(".summary*.tmp"))
+
+
+@pytest.mark.parametrize(
+    "text", ['{"steps": [{"name": "a", "stat', "[]", '{"steps": [{"name": "a"}]}', "\xff"]
+)
+def test_a_summary_that_cannot_be_read_is_named_and_never_replaced(tmp_path, text):
+    broken = tmp_path / "summary.json"
+    broken.write_bytes(text.encode("latin-1"))
+    with pytest.raises(SummaryError, match=str(broken)):
+        run_pass([Step("c", [PYTHON, "-c", "pass"], 30)], tmp_path, echo=None)
+    with pytest.raises(SummaryError, match=str(broken)):
+        write_summary(tmp_path, [], {})
+    assert broken.read_bytes() == text.encode("latin-1")
+    assert not (tmp_path / "logs").exists()  # no step ran
+
+
+def test_resume_on_a_truncated_summary_stops_with_an_error_naming_the_file(tmp_path):
+    _two_passed_steps(tmp_path)
+    broken = tmp_path / "summary.json"
+    broken.write_text(broken.read_text()[:40])  # what a killed, non-atomic write left
+    kept = broken.read_text()
+    command = [PYTHON, "-m", "trainfast.gpu_pass", "--device", "cpu", "--out", str(tmp_path)]
+    run = subprocess.run(
+        [*command, "--resume", "--only", "compile-report"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=ENV,
+    )
+    assert run.returncode == 2, run.stderr
+    assert str(broken) in run.stderr and "Traceback" not in run.stderr
+    assert broken.read_text() == kept
+
+
+@pytest.mark.parametrize(
+    ("arguments", "named"),
+    [
+        (["--budget", "-5"], "'-5'"),
+        (["--budget", "nan"], "'nan'"),
+        (["--budget", "soon"], "'soon'"),
+        (["--timeout", "soon"], "'soon'"),
+        (["--timeout", "chapter=-1"], "'chapter=-1'"),
+        (["--timeout", "inf"], "'inf'"),
+        (["--timeout", "nothing=5"], "'nothing=5'"),
+        (["--only", "chapter:nope"], "chapter:nope"),
+    ],
+)
+def test_bad_budgets_timeouts_and_steps_are_usage_errors_naming_the_value(
+    tmp_path, arguments, named
+):
+    run = subprocess.run(
+        [PYTHON, "-m", "trainfast.gpu_pass", "--out", str(tmp_path), "--list", *arguments],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=ENV,
+    )
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert "usage:" in run.stderr and named in run.stderr and "Traceback" not in run.stderr
+    assert not (tmp_path / "summary.json").exists()
 
 
 def test_compile_report_is_not_available_without_a_gpu_or_the_function():

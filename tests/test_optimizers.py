@@ -653,8 +653,23 @@ def test_muon_close_to_torch_muon() -> None:
         torch.testing.assert_close(ours_buffer, torch_buffer, rtol=0, atol=0)
     # (on the first step Nesterov's look-ahead is parallel to the buffer: compare from the second)
     assert min(relative_step_errors(adjust_lr_fn="original", nesterov=False)[0][2:]) > 0.25
-    # "spectral_unclamped" scales the wide (16, 32) matrix by sqrt(1/2) instead of 1
+    # "spectral_unclamped" scales the wide (16, 32) matrix by sqrt(1/2) instead of 1; torch 2.9 to
+    # 2.11's Muon has only "original" and "match_rms_adamw" (the GPU machine's torch is 2.11)
+    if not _torch_muon_accepts("spectral_unclamped"):
+        pytest.skip(
+            f"torch {torch.__version__}'s Muon has no adjust_lr_fn='spectral_unclamped'; "
+            "every other case of this test ran and passed"
+        )
     assert max(relative_step_errors(adjust_lr_fn="spectral_unclamped")[0]) > 0.25
+
+
+def _torch_muon_accepts(adjust_lr_fn: str) -> bool:
+    """Whether this torch's ``torch.optim.Muon`` knows ``adjust_lr_fn``."""
+    try:
+        torch.optim.Muon([nn.Parameter(torch.zeros(2, 2))], lr=0.02, adjust_lr_fn=adjust_lr_fn)
+    except ValueError:
+        return False
+    return True
 
 
 def test_muon_state_dict_round_trip_and_scheduler() -> None:

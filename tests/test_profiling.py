@@ -227,9 +227,11 @@ ALLOWED_CLOCKS = {
     ("distributed/launch.py", "time.time"): "a rank's failure date, to tell which failed first",
     ("distributed/measurements/launchers.py", "time.time"): "a failure's date, across processes",
     ("records.py", "datetime.now"): "the date a record was created, not a duration",
-    ("gpu_pass.py", "perf_counter"): "how long a step's subprocess ran, for the pass's summary",
-    ("gpu_pass.py", "datetime.now"): "the date the pass's summary was written",
-    ("gpu_pass.py", "time.time"): "file modification dates, to find the records a step wrote",
+    ("gpu_pass/steps.py", "perf_counter"): "how long a step's subprocess ran, for the summary",
+    ("gpu_pass/run.py", "perf_counter"): "how much of the pass's --budget is left",
+    ("gpu_pass/run.py", "datetime.now"): "the date the pass's summary was written",
+    ("gpu_pass/step_commands.py", "perf_counter"): "how long a chapter took, for the summary",
+    ("gpu_pass/step_commands.py", "time.time"): "file dates, to find the records a step wrote",
 }
 
 

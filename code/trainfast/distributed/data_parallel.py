@@ -10,9 +10,12 @@ Every rank holds the whole model and a different slice of each global batch. Thr
    (:func:`average_gradients`), is the gradient of the mean loss over the global batch.
 
 :func:`train_data_parallel` is a :func:`~trainfast.distributed.spawn` worker with a ``wrapper``
-flag: ``"manual"`` does the three steps above with our ring all-reduce, one tensor at a time;
-``"ddp"`` lets ``torch.nn.parallel.DistributedDataParallel`` do them, with gradient buckets
-all-reduced while backward is still running. :func:`train_single_process` is the reference.
+flag: ``"manual"`` (:class:`ManualDataParallel`) does the three steps above with our ring
+all-reduce, one tensor at a time; ``"ddp"`` (:class:`TorchDDP`) lets
+``torch.nn.parallel.DistributedDataParallel`` do them, with gradient buckets all-reduced while
+backward is still running. :func:`train_single_process` (:class:`SingleProcess`) is the
+reference. All three are strategies of the one loop,
+:func:`~trainfast.distributed.training_loop.train_with_strategy`.
 Run it under torchrun with ``torchrun --standalone --nproc-per-node 4 -m
 trainfast.distributed.data_parallel``.
 """
@@ -20,8 +23,9 @@ trainfast.distributed.data_parallel``.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 import torch.distributed as dist
@@ -30,17 +34,20 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from trainfast.distributed.collectives import all_reduce, broadcast, ring_all_reduce
 from trainfast.distributed.launch import rank_device
+from trainfast.distributed.training_loop import OptimizerConfig, Strategy, train_with_strategy
 
 __all__ = [
     "DataParallelConfig",
     "EvalCounts",
+    "ManualDataParallel",
+    "SingleProcess",
+    "TorchDDP",
     "TrainResult",
     "average_gradients",
     "broadcast_parameters",
     "evaluate_distributed",
     "main",
     "make_model",
-    "make_optimizer",
     "shard_batches",
     "train_data_parallel",
     "train_single_process",
@@ -92,15 +99,6 @@ def make_model(config: DataParallelConfig, seed: int) -> nn.Module:
     """The MLP every strategy trains; ``seed`` fixes its initial parameters."""
     torch.manual_seed(seed)
     return nn.Sequential(nn.Linear(64, config.hidden), nn.ReLU(), nn.Linear(config.hidden, 10))
-
-
-def make_optimizer(
-    parameters: Iterable[nn.Parameter], config: DataParallelConfig
-) -> torch.optim.Optimizer:
-    """SGD or AdamW, as ``config.optimizer`` says."""
-    from trainfast.training.arguments import build_optimizer  # the package's one factory
-
-    return build_optimizer(config.optimizer, parameters, lr=config.lr)
 
 
 def shard_batches(
@@ -170,43 +168,62 @@ def average_gradients(model: nn.Module) -> None:
             ring_all_reduce(parameter.grad, op="mean")
 
 
-def _train(
-    model: nn.Module,
-    batches: Iterator[tuple[torch.Tensor, torch.Tensor]],
-    config: DataParallelConfig,
-    synchronize: bool,
-) -> list[float]:
-    """The loop all strategies share; ``synchronize`` averages gradients by hand."""
-    optimizer = make_optimizer(model.parameters(), config)
-    device = next(model.parameters()).device
-    losses = []
-    for inputs, labels in batches:
-        inputs, labels = inputs.to(device), labels.to(device)
-        loss = nn.functional.cross_entropy(model(inputs), labels)  # mean over this rank's slice
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if synchronize:
-            average_gradients(model)
-        optimizer.step()
-        reported = loss.detach().reshape(1)
-        if dist.is_initialized() and dist.get_world_size() > 1:
-            all_reduce(reported, op="mean")  # the mean loss over the global batch
-        losses.append(float(reported))
-    return losses
+@dataclass(frozen=True)
+class SingleProcess(Strategy):
+    """One process, no communication: the reference the others must match."""
+
+    name: ClassVar[str] = "single-process"
+
+    def wrap(
+        self, model: nn.Module, optimizer: OptimizerConfig
+    ) -> tuple[nn.Module, torch.optim.Optimizer]:
+        return model, optimizer.build(model.parameters())
 
 
-def _parameters(model: nn.Module) -> dict[str, torch.Tensor]:
-    return {name: p.detach().cpu().clone() for name, p in model.named_parameters()}
+@dataclass(frozen=True)
+class ManualDataParallel(Strategy):
+    """Data parallelism by hand: broadcast rank 0's parameters, then after every backward
+    average each gradient with our ring all-reduce (:func:`average_gradients`)."""
+
+    name: ClassVar[str] = "manual"
+
+    def wrap(
+        self, model: nn.Module, optimizer: OptimizerConfig
+    ) -> tuple[nn.Module, torch.optim.Optimizer]:
+        broadcast_parameters(model, src=0)
+        return model, optimizer.build(model.parameters())
+
+    def finish_gradient_synchronization(self, model: nn.Module) -> None:
+        average_gradients(model)
 
 
-def train_single_process(config: DataParallelConfig) -> TrainResult:
-    """The reference: one process, whole global batches, no communication."""
-    from trainfast.datasets import digits
+@dataclass(frozen=True)
+class TorchDDP(Strategy):
+    """``torch.nn.parallel.DistributedDataParallel``: its constructor broadcasts, its hooks
+    all-reduce gradient buckets during backward; ``buckets`` records each (index, numel)."""
 
-    model = make_model(config, config.seed)
-    losses = _train(model, shard_batches(digits("train"), config, 0, 1), config, synchronize=False)
-    evaluation = evaluate_distributed(model, digits("test"), 0, 1)
-    return TrainResult(losses, _parameters(model), evaluation=evaluation)
+    name: ClassVar[str] = "torch-ddp"
+    bucket_cap_mb: float = 25.0
+    buckets: list[tuple[int, int]] = field(default_factory=list, compare=False)
+
+    def wrap(
+        self, model: nn.Module, optimizer: OptimizerConfig
+    ) -> tuple[nn.Module, torch.optim.Optimizer]:
+        device = next(model.parameters()).device
+        device_ids = [device.index] if device.type == "cuda" else None
+        ddp = nn.parallel.DistributedDataParallel(
+            model, device_ids, bucket_cap_mb=self.bucket_cap_mb
+        )
+        ddp.register_comm_hook(self.buckets, _recording_hook)
+        return ddp, optimizer.build(ddp.parameters())
+
+    def full_parameters(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        return super().full_parameters(model.module)
+
+    def last_step_buckets(self) -> list[tuple[int, int]]:
+        """The buckets of the last step (a step begins at bucket 0)."""
+        starts = [i for i, (index, _) in enumerate(self.buckets) if index == 0]
+        return self.buckets[starts[-1] :] if starts else []
 
 
 def _recording_hook(buckets, bucket):  # no annotations: DDP compares them with real classes
@@ -215,6 +232,19 @@ def _recording_hook(buckets, bucket):  # no annotations: DDP compares them with 
 
     buckets.append((bucket.index(), bucket.buffer().numel()))
     return allreduce_hook(None, bucket)
+
+
+def train_single_process(config: DataParallelConfig) -> TrainResult:
+    """The reference: one process, whole global batches, no communication."""
+    from trainfast.datasets import digits
+
+    model = make_model(config, config.seed)
+    batches = shard_batches(digits("train"), config, 0, 1)
+    trained = train_with_strategy(
+        model, SingleProcess(), _optimizer(config), batches, nn.functional.cross_entropy
+    )
+    evaluation = evaluate_distributed(model, digits("test"), 0, 1)
+    return TrainResult(trained.losses, trained.parameters, evaluation=evaluation)
 
 
 def train_data_parallel(
@@ -227,25 +257,22 @@ def train_data_parallel(
     """
     from trainfast.datasets import digits
 
-    if wrapper not in ("manual", "ddp"):
+    strategies = {"manual": ManualDataParallel(), "ddp": TorchDDP(config.bucket_cap_mb)}
+    if wrapper not in strategies:
         raise ValueError(f"Unknown wrapper: {wrapper!r} (expected 'manual' or 'ddp')")
-    device = rank_device()  # its own GPU under NCCL, else the CPU
-    model = make_model(config, config.seed + rank).to(device)
+    strategy = strategies[wrapper]
+    model = make_model(config, config.seed + rank).to(rank_device())  # its own GPU under NCCL
     batches = shard_batches(digits("train"), config, rank, world_size)
-    if wrapper == "manual":
-        broadcast_parameters(model, src=0)
-        losses = _train(model, batches, config, synchronize=True)
-        evaluation = evaluate_distributed(model, digits("test"), rank, world_size)
-        return TrainResult(losses, _parameters(model), evaluation=evaluation)
-    device_ids = [device.index] if device.type == "cuda" else None
-    ddp = nn.parallel.DistributedDataParallel(model, device_ids, bucket_cap_mb=config.bucket_cap_mb)
-    buckets: list[tuple[int, int]] = []
-    ddp.register_comm_hook(buckets, _recording_hook)
-    losses = _train(ddp, batches, config, synchronize=False)
-    starts = [i for i, (index, _) in enumerate(buckets) if index == 0]  # a step begins at bucket 0
-    last_step = buckets[starts[-1] :] if starts else []
-    evaluation = evaluate_distributed(ddp.module, digits("test"), rank, world_size)
-    return TrainResult(losses, _parameters(ddp.module), last_step, evaluation)
+    trained = train_with_strategy(
+        model, strategy, _optimizer(config), batches, nn.functional.cross_entropy
+    )
+    evaluation = evaluate_distributed(model, digits("test"), rank, world_size)  # trained in place
+    buckets = strategy.last_step_buckets() if isinstance(strategy, TorchDDP) else []
+    return TrainResult(trained.losses, trained.parameters, buckets, evaluation)
+
+
+def _optimizer(config: DataParallelConfig) -> OptimizerConfig:
+    return OptimizerConfig(config.optimizer, config.lr)
 
 
 def main(argv: list[str] | None = None) -> None:

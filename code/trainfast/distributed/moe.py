@@ -39,6 +39,7 @@ from torch import Tensor, nn
 
 from trainfast.distributed.collectives import all_to_all, rank_and_world_size, ring_all_reduce
 from trainfast.distributed.launch import rank_device
+from trainfast.training.arguments import build_optimizer
 
 __all__ = [
     "ExpertParallelMoE",
@@ -333,7 +334,7 @@ def expert_load_run(
     moe = MoE(config)
     teacher = _expert(config)
     centres = 3 * torch.randn(8, config.d_model, generator=generator)
-    optimizer = torch.optim.Adam(moe.parameters(), lr=3e-3)
+    optimizer = build_optimizer("adam", moe.parameters(), lr=3e-3)
     loads = []
     for _ in range(steps):
         which = torch.randint(0, len(centres), (tokens,), generator=generator)

@@ -12,25 +12,23 @@ data-parallel modules do, each strategy here answers the same three questions:
 3. :meth:`Strategy.full_parameters`: the whole parameters, under the original names, on every
    rank (gathered where they are sharded).
 
-:func:`train_with_strategy` is the loop; :func:`train_sharded` (the digits MLP of the
-data-parallel section) and :func:`~trainfast.distributed.parity.strategies.strategy_worker`
-(a model with tied, frozen and unused parameters) only choose a model and batches.
-:func:`held_bytes` counts what a rank holds, from the live tensors.
+:func:`~trainfast.distributed.training_loop.train_with_strategy` is the one loop (the
+:class:`Strategy` interface lives beside it, below every strategy); :func:`train_sharded` (the
+digits MLP of the data-parallel section) and
+:func:`~trainfast.distributed.parity.strategies.strategy_worker` (a model with tied, frozen and
+unused parameters) only choose a model and batches. :func:`held_bytes` counts what a rank
+holds, from the live tensors.
 """
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
-from functools import partial
 from typing import Any, ClassVar
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
-from trainfast.accounting import MemoryBreakdown
 from trainfast.distributed.data_parallel import (
     DataParallelConfig,
     average_gradients,
@@ -41,9 +39,14 @@ from trainfast.distributed.data_parallel import (
 from trainfast.distributed.ddp import DDP
 from trainfast.distributed.fsdp import FSDP
 from trainfast.distributed.launch import rank_device
+from trainfast.distributed.training_loop import (
+    OptimizerConfig,
+    Strategy,
+    StrategyResult,
+    held_bytes,
+    train_with_strategy,
+)
 from trainfast.distributed.zero import Zero2Optimizer, ZeroOptimizer
-from trainfast.optim.state import state_bytes
-from trainfast.training.arguments import build_optimizer
 
 __all__ = [
     "DDPStrategy",
@@ -65,59 +68,6 @@ __all__ = [
 #: FSDP on CPU (gloo) trains correctly from torch 2.9: 2.4-2.5 need CUDA streams, 2.6 lacks CPU
 #: stream events, and before 2.9 gloo's reduce-scatter ignores AVG and sums the gradients.
 FSDP_ON_CPU = torch.torch_version.TorchVersion(torch.__version__) >= (2, 9)
-
-
-@dataclass(frozen=True)
-class OptimizerConfig:
-    """Which optimizer, for :func:`~trainfast.training.arguments.build_optimizer`.
-
-    ``weight_decay=None`` keeps torch's default for that optimizer (0.01 for AdamW, 0 for SGD).
-    """
-
-    name: str = "adamw"
-    lr: float = 1e-3
-    weight_decay: float | None = None
-
-    def hyperparameters(self) -> dict[str, float]:
-        """The defaults of every parameter group: ``lr``, and ``weight_decay`` if it is set."""
-        extra = {} if self.weight_decay is None else {"weight_decay": self.weight_decay}
-        return {"lr": self.lr, **extra}
-
-    def factory(self) -> Callable[..., torch.optim.Optimizer]:
-        """``(params, **hyperparameters) -> optimizer``: what a ZeRO optimizer runs locally."""
-        return partial(build_optimizer, self.name)
-
-    def build(self, parameters: Iterable[Any]) -> torch.optim.Optimizer:
-        """The optimizer over ``parameters`` (tensors or parameter groups)."""
-        return self.factory()(parameters, **self.hyperparameters())
-
-
-class Strategy(ABC):
-    """A way to train one model on several ranks; see the module docstring for the contract.
-
-    Every rank must call the methods in the same order (they communicate). The model handed to
-    :meth:`wrap` may start different on each rank: the strategy makes rank 0's the start.
-    """
-
-    #: The strategy's name in :data:`STRATEGIES`.
-    name: ClassVar[str]
-
-    @abstractmethod
-    def wrap(
-        self, model: nn.Module, optimizer: OptimizerConfig
-    ) -> tuple[nn.Module, torch.optim.Optimizer]:
-        """The model the loop runs and the optimizer that steps it."""
-
-    def finish_gradient_synchronization(self, model: nn.Module) -> None:  # noqa: B027
-        """After ``loss.backward()``: make the gradients the optimizer sees the mean over ranks.
-        Nothing by default (strategies that reduce-scatter during backward are done)."""
-
-    def full_parameters(self, model: nn.Module) -> dict[str, torch.Tensor]:
-        """Every parameter in full, detached, on the CPU, under the unwrapped model's names."""
-        return {
-            name: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().cpu().clone()
-            for name, p in model.named_parameters()
-        }  # a DTensor (PyTorch's FSDP) gathers itself with full_tensor()
 
 
 @dataclass(frozen=True)
@@ -229,76 +179,6 @@ def make_strategy(strategy: Strategy | str) -> Strategy:
     if strategy not in STRATEGIES:
         raise ValueError(f"Unknown strategy: {strategy!r} (expected one of {tuple(STRATEGIES)})")
     return STRATEGIES[strategy]()
-
-
-def held_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> MemoryBreakdown:
-    """Bytes of model state this rank holds now, by part, counted from the live tensors.
-
-    Parameters count only their local storage (a DTensor's local shard; our FSDP's flat shard);
-    gradients include a ZeRO-2 shard's; ``master_weights`` are a ZeRO-2 optimizer's fp32 slices;
-    ``optimizer_state`` is :func:`~trainfast.optim.state.state_bytes` of the optimizer (a ZeRO
-    optimizer's local one), without step counts, as the ZeRO paper counts it.
-    """
-
-    def size(t: torch.Tensor | None) -> int:
-        if t is None:
-            return 0
-        local = t.to_local() if hasattr(t, "to_local") else t
-        return local.numel() * local.element_size()
-
-    parameters = list(model.parameters())
-    masters = list(optimizer.shard.values()) if isinstance(optimizer, Zero2Optimizer) else []
-    inner = getattr(optimizer, "local_optimizer", optimizer)
-    return MemoryBreakdown(
-        parameters=sum(size(p) for p in parameters),
-        gradients=sum(size(p.grad) for p in parameters + masters),
-        master_weights=sum(size(m) for m in masters),
-        optimizer_state=state_bytes(inner, scalars=False),
-    )
-
-
-@dataclass
-class StrategyResult:
-    """What one rank reports: the loss over the whole batch per step, the full parameters at the
-    end, the parameter elements it stored, and the bytes it held after the last backward."""
-
-    losses: list[float]
-    parameters: dict[str, torch.Tensor]
-    parameter_numel: int = 0  # elements of parameters this rank stores between steps
-    held: MemoryBreakdown | None = None
-
-
-def train_with_strategy(
-    model: nn.Module,
-    strategy: Strategy | str,
-    optimizer_config: OptimizerConfig,
-    batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
-    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-) -> StrategyResult:
-    """Train ``model`` on this rank's ``(inputs, targets)`` batches with ``strategy``.
-
-    The one loop of the sharded strategies: wrap, then per step forward, backward, finish the
-    gradient synchronisation, step; the loss reported is the mean over ranks.
-    """
-    strategy = make_strategy(strategy)
-    device = next(model.parameters()).device
-    model, optimizer = strategy.wrap(model, optimizer_config)
-    world_size = dist.get_world_size()
-    losses, held = [], None
-    for inputs, targets in batches:
-        loss = loss_fn(model(inputs.to(device)), targets.to(device))
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        strategy.finish_gradient_synchronization(model)
-        held = held_bytes(model, optimizer)
-        optimizer.step()
-        reported = loss.detach().reshape(1)
-        dist.all_reduce(reported)
-        losses.append(float(reported) / world_size)
-    local_numel = sum(
-        (p.to_local() if hasattr(p, "to_local") else p).numel() for p in model.parameters()
-    )
-    return StrategyResult(losses, strategy.full_parameters(model), local_numel, held)
 
 
 def train_sharded(

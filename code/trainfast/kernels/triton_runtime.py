@@ -115,6 +115,16 @@ except ImportError as error:  # pragma: no cover - triton ships with torch's Lin
     ) from error
 
 
+if interpreting():  # a combination known to fail gets an error naming it, not 28 odd ones
+    import numpy
+
+    from trainfast.versions import interpreter_problem
+
+    _problem = interpreter_problem(triton.__version__, numpy.__version__)
+    if _problem:
+        raise ImportError(_problem)
+
+
 def interpreter_repaired() -> bool:
     """True if this process imported Triton afresh for the interpreter (see the module's notes)."""
     return _REPAIRED

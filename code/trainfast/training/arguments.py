@@ -21,7 +21,7 @@ from trainfast.validation import check_flag, check_int, check_number, number_fro
 __all__ = ["LR_SCHEDULES", "OPTIMIZERS", "TrainingArguments", "build_optimizer"]
 
 #: The optimizers a run may name; :func:`build_optimizer` turns a name into one.
-OPTIMIZERS = ("adamw", "sgd")
+OPTIMIZERS = ("adamw", "adam", "sgd")
 #: The learning-rate decays after warmup (:func:`~trainfast.training.schedules.lr_multiplier`).
 LR_SCHEDULES = ("constant", "linear", "cosine")
 
@@ -34,19 +34,21 @@ def build_optimizer(
     momentum: float = 0.0,
     weight_decay: float | None = None,
 ) -> torch.optim.Optimizer:
-    """``torch.optim.AdamW`` or ``torch.optim.SGD`` from its name: the package's one place that
-    turns "sgd or adamw" into an optimizer (the trainer and the data-parallel runs call it).
+    """``torch.optim.AdamW``, ``torch.optim.Adam`` or ``torch.optim.SGD`` from its name: the
+    package's one place that turns a name into an optimizer (the trainer, the data-parallel
+    strategies and the mixture-of-experts demonstration call it).
 
     ``parameters`` is an iterable of tensors or of parameter groups; a group's own ``"lr"``
     wins over ``lr``. ``momentum`` is SGD's. ``weight_decay=None`` keeps torch's default for
-    that optimizer (0 for SGD, 0.01 for AdamW); note that torch multiplies the decay by the
+    that optimizer (0 for SGD and Adam, 0.01 for AdamW); note that torch multiplies the decay by the
     learning rate in both, so it must be retuned when ``lr`` changes.
     """
-    if name == "adamw":
+    if name in ("adamw", "adam"):
         if momentum:
-            raise ValueError(f"Invalid momentum: {momentum} (AdamW has betas, not momentum)")
+            raise ValueError(f"Invalid momentum: {momentum} ({name} has betas, not momentum)")
         extra = {} if weight_decay is None else {"weight_decay": weight_decay}
-        return torch.optim.AdamW(parameters, lr=lr, **extra)
+        adam = torch.optim.AdamW if name == "adamw" else torch.optim.Adam
+        return adam(parameters, lr=lr, **extra)
     if name == "sgd":
         return torch.optim.SGD(
             parameters, lr=lr, momentum=momentum, weight_decay=weight_decay or 0.0
@@ -82,7 +84,7 @@ class TrainingArguments:
     lr: float = 1e-3
     batch_size: int = 32
     epochs: int = 1
-    optimizer: Literal["adamw", "sgd"] = "adamw"
+    optimizer: Literal["adamw", "adam", "sgd"] = "adamw"
     momentum: float = 0.9  # SGD only
     weight_decay: float = 0.0
     warmup_fraction: float = 0.0

@@ -1,0 +1,298 @@
+"""The execution cache: chapters re-execute when the package changes, and execute in parallel.
+
+1. **Re-execute chapters when the package changes.** myst-nb's execution cache (jupyter-cache)
+   keys a notebook on its own code cells, and Sphinx re-reads only pages whose source changed.
+   A change to ``code/trainfast`` would therefore publish stale outputs.
+   :func:`invalidate_if_changed` hashes the files named in ``build_support_watch``; when the
+   hash differs from the one stored beside the cache, it empties the cache and every page is
+   marked outdated, so every chapter runs again. Every chapter imports the package, so "every
+   chapter" is the right granularity.
+
+2. **Execute the outdated chapters in parallel, before Sphinx reads them.** myst-nb executes a
+   chapter while Sphinx reads it, one after another (Jupyter Book never passes ``-j``), so one
+   of two cores sat idle for most of a build. Just before Sphinx reads the pages
+   (``env-before-read-docs``), :func:`execute_outdated` executes every notebook page that the
+   cache does not match, ``build_support_jobs`` at a time (default: the CPU count), each in its
+   own process exactly as myst-nb would (jupyter-cache's ``single_nb_execution``, in the
+   chapter's folder), and stores each result in the same cache. myst-nb then finds every
+   chapter there and executes none, and the tests take the same executed notebooks
+   (``tests/chapters.py``), so each chapter still executes once per CI run. A cell that raises
+   fails the build with :class:`ChapterExecutionError`, which names the chapter, the cell and
+   its line; the chapters that succeeded are cached first.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from multiprocessing import get_context
+from pathlib import Path
+
+from sphinx.application import Sphinx
+from sphinx.environment import BuildEnvironment
+from sphinx.errors import SphinxError
+from sphinx.util import logging
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "STAMP_NAME",
+    "ChapterExecutionError",
+    "ExecutedChapter",
+    "cache_dir",
+    "execute_chapters",
+    "execute_one",
+    "invalidate_if_changed",
+    "source_hash",
+]
+
+STAMP_NAME = "watched-sources.sha256"
+
+
+def source_hash(paths: Iterable[Path]) -> str:
+    """SHA-256 over the relative names and bytes of every file under ``paths``.
+
+    ``__pycache__`` folders and ``*.pyc`` files are skipped, so importing the package does not
+    change the hash; renaming, adding or deleting a file does.
+    """
+    digest = hashlib.sha256()
+    for root in paths:
+        files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())
+        for path in files:
+            if "__pycache__" in path.parts or path.suffix == ".pyc":
+                continue
+            digest.update(str(path.relative_to(root.parent)).encode())
+            digest.update(b"\0")
+            digest.update(path.read_bytes())
+            digest.update(b"\0")
+    return digest.hexdigest()
+
+
+def invalidate_if_changed(cache_dir: Path, watched: list[Path]) -> bool:
+    """Empty ``cache_dir`` if the watched sources changed since the last call; True if so.
+
+    The first call on a cache that has no stamp also counts as a change: a cache built before
+    this extension existed cannot be trusted.
+    """
+    new = source_hash(watched)
+    stamp = cache_dir / STAMP_NAME
+    old = stamp.read_text().strip() if stamp.exists() else None
+    changed = old != new
+    if changed and cache_dir.exists():
+        shutil.rmtree(cache_dir)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    stamp.write_text(new + "\n")
+    return changed
+
+
+def cache_dir(app: Sphinx) -> Path:
+    """myst-nb's execution cache folder (jupyter-cache), as an absolute path."""
+    root = Path(app.srcdir)
+    folder = Path(app.config.nb_execution_cache_path or root / "_build" / ".jupyter_cache")
+    return folder if folder.is_absolute() else root / folder
+
+
+def _on_builder_inited(app: Sphinx) -> None:
+    root = Path(app.srcdir)
+    watched = [root / p for p in app.config.build_support_watch]
+    missing = [str(p) for p in watched if not p.exists()]
+    if missing:
+        raise FileNotFoundError(f"build_support_watch names paths that do not exist: {missing}")
+    if not watched:
+        app.env.build_support_changed = False  # type: ignore[attr-defined]
+        return
+    changed = invalidate_if_changed(cache_dir(app), watched)
+    app.env.build_support_changed = changed  # type: ignore[attr-defined]
+    if changed:
+        logger.info(
+            "[build_support] watched sources changed: execution cache emptied, "
+            "every page will be re-executed"
+        )
+
+
+def _on_env_get_outdated(
+    app: Sphinx, env: BuildEnvironment, added: set, changed: set, removed: set
+) -> list[str]:
+    if getattr(env, "build_support_changed", False):
+        return sorted(env.found_docs)
+    return []
+
+
+class ChapterExecutionError(SphinxError):
+    """A chapter's cell raised while the build executed it (the message names chapter and cell)."""
+
+    category = "Chapter execution error"
+
+
+@dataclass
+class ExecutedChapter:
+    """What a worker sends back: the executed notebook (as JSON) and seconds, or the error."""
+
+    path: str
+    notebook: str
+    seconds: float
+    error: str | None = None
+
+
+def read_notebook(path: Path):  # noqa: ANN201 - nbformat.NotebookNode
+    """Chapter ``path`` as a notebook, read as myst-nb reads it (with each cell's line)."""
+    from myst_nb.core.read import read_myst_markdown_notebook
+
+    return read_myst_markdown_notebook(path.read_text(), path=path, add_source_map=True)
+
+
+def _failed_cell(notebook, path: Path) -> str:  # noqa: ANN001
+    """ "code cell N (line L)" of the first cell with an error output, and its error."""
+    lines = notebook.metadata.get("source_map", [])
+    number = 0
+    for index, cell in enumerate(notebook.cells):
+        if cell.cell_type != "code":
+            continue
+        number += 1
+        for output in cell.get("outputs", []):
+            if output.get("output_type") == "error":
+                line = f", line {lines[index] + 1}" if index < len(lines) else ""
+                first = (cell.source.strip().splitlines() or [""])[0][:80]
+                return (
+                    f"{path}: code cell {number} ({path.name}{line}: `{first}`) raised "
+                    f"{output.get('ename')}: {output.get('evalue')}"
+                )
+    return f"{path}: execution failed before any cell raised"
+
+
+def execute_one(path: str, timeout: int | None, allow_errors: bool) -> ExecutedChapter:
+    """Execute chapter ``path`` in its folder as myst-nb's cache mode does; runs in a worker."""
+    import nbformat
+    from jupyter_cache.executors.utils import single_nb_execution
+
+    chapter = Path(path)
+    notebook = read_notebook(chapter)
+    result = single_nb_execution(
+        notebook,
+        cwd=str(chapter.parent),
+        allow_errors=allow_errors,
+        timeout=timeout,
+        meta_override=True,
+    )
+    error = None
+    if result.err is not None:
+        error = _failed_cell(notebook, chapter)
+        if error.endswith("before any cell raised"):
+            error += f" ({type(result.err).__name__}: {result.err})"
+    return ExecutedChapter(path, nbformat.writes(notebook), result.time, error)
+
+
+def execute_chapters(
+    paths: Sequence[Path],
+    cache: Path,
+    jobs: int,
+    timeout: int | None = None,
+    allow_errors: bool = False,
+) -> list[ExecutedChapter]:
+    """Execute ``paths`` ``jobs`` at a time and store each success in jupyter-cache ``cache``.
+
+    Workers only execute; this process writes the cache, one notebook after another. Returns
+    every chapter's outcome, in the order of ``paths``; raises nothing for a failed chapter.
+    """
+    import nbformat
+    from jupyter_cache import get_cache
+    from jupyter_cache.base import CacheBundleIn
+
+    if not paths:
+        return []
+    jcache = get_cache(cache)
+    workers = max(1, min(jobs, len(paths)))
+    with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
+        futures = [pool.submit(execute_one, str(p), timeout, allow_errors) for p in paths]
+        outcomes = [future.result() for future in futures]
+    for outcome in outcomes:
+        if outcome.error is None:
+            record = jcache.add_nb_to_project(outcome.path)
+            jcache.cache_notebook_bundle(
+                CacheBundleIn(
+                    nbformat.reads(outcome.notebook, as_version=4),
+                    record.uri,
+                    data={"execution_seconds": outcome.seconds},
+                ),
+                check_validity=False,
+                overwrite=True,
+            )
+    return outcomes
+
+
+def outdated_notebooks(paths: Iterable[Path], cache: Path) -> list[Path]:
+    """The notebook pages among ``paths`` that the cache ``cache`` holds no current result for."""
+    from jupyter_cache import get_cache
+
+    jcache = get_cache(cache)
+    outdated = []
+    for path in paths:
+        try:
+            jcache.match_cache_notebook(read_notebook(path))
+        except KeyError:
+            outdated.append(path)
+    return outdated
+
+
+def is_notebook_page(path: Path) -> bool:
+    """A MyST Markdown page that myst-nb reads as a notebook (front matter with a kernelspec)."""
+    if path.suffix != ".md":
+        return False
+    text = path.read_text()
+    return text.startswith("---") and "kernelspec:" in text.split("\n---", 1)[0]
+
+
+def jobs_for(app: Sphinx) -> int:
+    """``build_support_jobs``, else ``TRAINFAST_BUILD_JOBS``, else the CPU count (at least 1)."""
+    setting = app.config.build_support_jobs or os.environ.get("TRAINFAST_BUILD_JOBS") or 0
+    try:
+        jobs = int(setting)
+    except ValueError:
+        raise ValueError(f"build_support_jobs must be a whole number, got {setting!r}") from None
+    return max(1, jobs or os.cpu_count() or 1)
+
+
+def _on_env_before_read_docs(app: Sphinx, env: BuildEnvironment, docnames: list[str]) -> None:
+    if app.config.nb_execution_mode != "cache":
+        return  # "off", "force", "auto", "inline": myst-nb does what was asked, as before
+    import fnmatch
+
+    excluded = app.config.nb_execution_excludepatterns or []
+    pages = [Path(env.doc2path(name)) for name in sorted(docnames)]
+    pages = [
+        p
+        for p in pages
+        if is_notebook_page(p) and not any(fnmatch.fnmatch(str(p), x) for x in excluded)
+    ]
+    cache = cache_dir(app)
+    outdated = outdated_notebooks(pages, cache)
+    if not outdated:
+        return
+    jobs = jobs_for(app)
+    names = ", ".join(p.stem for p in outdated)
+    logger.info(f"[build_support] executing {len(outdated)} chapters, {jobs} at a time: {names}")
+    timeout = app.config.nb_execution_timeout
+    outcomes = execute_chapters(
+        outdated, cache, jobs, timeout, bool(app.config.nb_execution_allow_errors)
+    )
+    for outcome in outcomes:
+        state = "failed" if outcome.error else "executed"
+        logger.info(
+            f"[build_support] {Path(outcome.path).stem}: {state} in {outcome.seconds:.1f} s"
+        )
+    errors = [o.error for o in outcomes if o.error]
+    if errors:
+        raise ChapterExecutionError("\n".join(errors))
+
+
+def setup(app: Sphinx) -> None:
+    """Connect the cache's events (called by the extension's ``setup``)."""
+    app.add_config_value("build_support_watch", [], "env", [list])
+    app.add_config_value("build_support_jobs", 0, "", [int])
+    app.connect("builder-inited", _on_builder_inited)
+    app.connect("env-get-outdated", _on_env_get_outdated)
+    app.connect("env-before-read-docs", _on_env_before_read_docs)

@@ -1,0 +1,146 @@
+"""The steps of a pass: which there are, which run (``--only``), their limits (``--timeout``).
+
+:func:`default_steps` lists every step in order (benchmarks, chapters, GPU tests, compile
+report), each a ``python -m trainfast.gpu_pass`` call of its own (see
+:mod:`trainfast.gpu_pass.step_commands`) except the tests, which are pytest's.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from trainfast.gpu_pass.steps import ROOT, Step
+
+__all__ = [
+    "DEFAULT_TIMEOUTS",
+    "apply_timeouts",
+    "chapters",
+    "default_steps",
+    "gpu_test_files",
+    "parse_timeout",
+    "select_steps",
+]
+
+#: seconds each kind of step may run by default; each below the device tool's 10-minute cap
+DEFAULT_TIMEOUTS: dict[str, float] = {
+    "measure": 420,
+    "chapter": 540,
+    "pytest-gpu": 540,
+    "compile-report": 300,
+}
+
+
+def chapters(root: Path = ROOT) -> list[str]:
+    """The chapters: every ``book/*.md`` that is a notebook (has a kernelspec), by name."""
+    return sorted(
+        path.stem
+        for path in (root / "book").glob("*.md")
+        if "kernelspec:" in path.read_text().split("\n---", 1)[0]
+    )
+
+
+def gpu_test_files(root: Path = ROOT) -> list[str]:
+    """Test modules with ``@pytest.mark.gpu`` tests (collecting only them keeps it cheap)."""
+    return sorted(
+        str(path.relative_to(root))
+        for path in (root / "tests").glob("test_*.py")
+        if "pytest.mark.gpu" in path.read_text()
+    )
+
+
+def default_steps(
+    out: Path,
+    device: str,
+    quick: bool = False,
+    records: Path | None = None,
+    root: Path = ROOT,
+) -> list[Step]:
+    """Every step of the pass, in order: benchmarks, chapters, GPU tests, compile report.
+
+    Benchmarks come first so that the chapters executed after them render the new records.
+    """
+    from trainfast.measure import BENCHMARKS
+
+    python = sys.executable
+    records = records if records is not None else root / "book" / "records"
+    # CUDA_VISIBLE_DEVICES="" makes pick_device() in a chapter choose the CPU when asked to.
+    env = {"PYTHONPATH": os.pathsep.join([str(root / "code"), os.environ.get("PYTHONPATH", "")])}
+    env["WANDB_MODE"] = os.environ.get("WANDB_MODE", "offline")
+    env["WANDB_SILENT"] = "true"
+    if device == "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = ""
+
+    def own(name: str, kind: str, arguments: list[str], cwd: Path = root) -> Step:
+        """A step that runs this module in its own process (see :func:`main`)."""
+        result = out / "results" / f"{name.replace(':', '--')}.json"
+        command = [python, "-m", "trainfast.gpu_pass", *arguments, "--device", device]
+        command += ["--result", str(result)]
+        timeout = DEFAULT_TIMEOUTS[kind]
+        return Step(name, command, timeout, env=env, cwd=cwd, result_file=result)
+
+    steps: list[Step] = []
+    for name in BENCHMARKS:
+        arguments = ["--run-benchmark", name, "--records", str(records)]
+        arguments += ["--copy-to", str(out / "records"), *(["--quick"] if quick else [])]
+        steps.append(own(f"measure:{name}", "measure", arguments))
+    for name in chapters(root):
+        arguments = ["--execute-chapter", str(root / "book" / f"{name}.md")]
+        arguments += ["--notebook", str(out / "notebooks" / f"{name}.ipynb")]
+        steps.append(own(f"chapter:{name}", "chapter", arguments, cwd=root / "book"))
+    pytest = [python, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider"]
+    pytest += [f"--junitxml={out / 'pytest-gpu.xml'}", *gpu_test_files(root)]
+    steps.append(Step("pytest-gpu", pytest, DEFAULT_TIMEOUTS["pytest-gpu"], env=env, cwd=root))
+    steps.append(own("compile-report", "compile-report", ["--compile-report"]))
+    return steps
+
+
+def _matches(step: Step, pattern: str) -> bool:
+    return pattern in (step.name, step.kind)
+
+
+def select_steps(steps: Sequence[Step], only: Sequence[str] | None) -> list[Step]:
+    """The steps named by ``only`` (a step's full name or its kind), in pass order.
+
+    A pattern that names no step raises ``ValueError`` naming it, before anything runs.
+    """
+    if not only:
+        return list(steps)
+    unknown = [p for p in only if not any(_matches(s, p) for s in steps)]
+    if unknown:
+        known = sorted({s.kind for s in steps} | {s.name for s in steps})
+        raise ValueError(f"No step named {unknown} (steps: {known})")
+    return [s for s in steps if any(_matches(s, p) for p in only)]
+
+
+def parse_timeout(setting: str) -> tuple[str, float]:
+    """``--timeout``'s value as ``(step name or kind, or "" for every step, seconds)``.
+
+    A value that is not ``SECONDS`` or ``NAME=SECONDS`` with a positive, finite number of seconds
+    raises ``ValueError`` naming it.
+    """
+    pattern, _, value = setting.rpartition("=")
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise ValueError(f"Bad --timeout {setting!r}: expected SECONDS or NAME=SECONDS") from None
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise ValueError(f"Bad --timeout {setting!r}: seconds must be positive and finite")
+    return pattern, seconds
+
+
+def apply_timeouts(steps: Sequence[Step], settings: Sequence[str]) -> None:
+    """Set time limits from ``--timeout`` values: ``SECONDS`` for all, ``NAME=SECONDS`` for some.
+
+    Later settings win; a bad value raises ``ValueError`` naming it.
+    """
+    for setting in settings:
+        pattern, seconds = parse_timeout(setting)
+        chosen = [s for s in steps if not pattern or _matches(s, pattern)]
+        if pattern and not chosen:
+            raise ValueError(f"Bad --timeout {setting!r}: no step named {pattern!r}")
+        for step in chosen:
+            step.timeout = seconds

@@ -1,0 +1,46 @@
+"""The versions the package supports, and a clear error for a combination known not to work.
+
+The package needs torch 2.4 or newer (``pyproject.toml``); CI runs its tests on CPU with torch
+2.4 (the floor) and 2.11 (the GPU machine's), and the book is built with the pins in
+``requirements.txt`` (torch 2.14.1). README's "Supported versions" table is the matrix.
+
+One combination fails in a way a user cannot read: Triton's CPU interpreter
+(``TRITON_INTERPRET=1``, which :mod:`trainfast.kernels` turns on where there is no GPU) with
+NumPy 2. With Triton 3.6 (torch 2.11's) and NumPy 2.4, 28 kernel tests fail inside the
+interpreter with "only 0-dimensional arrays can be converted to Python scalars"; with NumPy 1.26
+they pass, as they do with Triton 3.8 (torch 2.14's). :func:`interpreter_problem` names that
+combination before a kernel runs; Triton on a GPU is not affected.
+"""
+
+from __future__ import annotations
+
+__all__ = ["TORCH_FLOOR", "interpreter_problem", "parse_version"]
+
+#: The oldest torch the package supports (``pyproject.toml``'s ``torch>=2.4``).
+TORCH_FLOOR = (2, 4)
+#: The newest Triton whose interpreter is known to fail with NumPy 2 (3.6, shipped with torch
+#: 2.11). Older Triton versions are treated alike: none was shown to work with NumPy 2.
+LAST_TRITON_FAILING_WITH_NUMPY_2 = (3, 6)
+
+
+def parse_version(version: str) -> tuple[int, int]:
+    """``(major, minor)`` of a version string such as ``"3.6.0"`` or ``"2.11.0+cu126"``."""
+    parts = version.split("+")[0].split(".")
+    try:
+        return int(parts[0]), int("".join(c for c in parts[1] if c.isdigit()) or 0)
+    except (IndexError, ValueError):
+        raise ValueError(f"Unreadable version: {version!r} (expected MAJOR.MINOR...)") from None
+
+
+def interpreter_problem(triton_version: str, numpy_version: str) -> str | None:
+    """Why Triton ``triton_version``'s CPU interpreter will not run with NumPy ``numpy_version``,
+    naming both and the fix; None for a combination not known to fail."""
+    triton, numpy = parse_version(triton_version), parse_version(numpy_version)
+    if numpy >= (2, 0) and triton <= LAST_TRITON_FAILING_WITH_NUMPY_2:
+        return (
+            f"Triton {triton_version}'s CPU interpreter (TRITON_INTERPRET=1) does not work with "
+            f"NumPy {numpy_version}: its kernels fail with 'only 0-dimensional arrays can be "
+            "converted to Python scalars'. Install NumPy < 2 (pip install 'numpy<2'; the book "
+            "pins 1.26.4), or run the kernels on a GPU. Supported versions: README.md."
+        )
+    return None

@@ -10,10 +10,12 @@ import torch
 from trainfast.device import describe_environment, environment_line, pick_device
 from trainfast.measure import BENCHMARKS, CUDA_ONLY, main
 from trainfast.records import (
+    GPUFigure,
     Prediction,
     Published,
     Record,
     figure_markdown,
+    gpu_figures_table,
     load_records,
     make_record,
     provenance,
@@ -308,3 +310,38 @@ def test_to_markdown_uses_one_number_format_per_column_and_the_given_labels():
     assert "| a | 19,585 | 1.00 |" in table and "| b | 8,830 | 0.45 |" in table
     with pytest.raises(ValueError, match="nope"):
         to_markdown(record, labels={"nope": "x"})
+
+
+def test_gpu_figures_table_keeps_measured_predicted_and_published_apart():
+    record = _record()
+    figures = [
+        GPUFigure(
+            "with a record",
+            "ms",
+            [record],
+            measured=lambda r: 3.0,
+            prediction=_PREDICTION,
+            benchmark="demo",
+        ),
+        GPUFigure("without one", "ms", (), published=_PUBLISHED, benchmark="other"),
+        GPUFigure("predicted only", "ms", prediction=_PREDICTION, benchmark="other"),
+    ]
+    text = gpu_figures_table(figures)
+    rows = [line for line in text.splitlines() if line.startswith("| ")]
+    assert (
+        rows[1] == "| with a record | 3 ms [1] | 2 ms (two bytes over the bandwidth) | – | 1.50 |"
+    )
+    assert rows[2] == ("| without one | – | – | 1.5 ms (a datasheet {cite}`nvidia2022h100`) | – |")
+    assert "[1] " + provenance(record) in text
+    # each missing benchmark is named once, in one copyable command
+    assert "`python -m trainfast.measure --only other` on a CUDA machine" in text
+    assert text.count("other") == 1
+
+
+def test_gpu_figures_table_refuses_mismatched_units_and_missing_extractors():
+    with pytest.raises(ValueError, match="'s'"):
+        GPUFigure("x", "s", prediction=_PREDICTION)
+    with pytest.raises(ValueError, match="measured"):
+        GPUFigure("x", "ms", [_record()])
+    with pytest.raises(ValueError, match="at least one"):
+        gpu_figures_table([])

@@ -25,10 +25,12 @@ import torch
 from trainfast.device import Environment, describe_environment
 
 __all__ = [
+    "GPUFigure",
     "Prediction",
     "Published",
     "Record",
     "figure_markdown",
+    "gpu_figures_table",
     "load_records",
     "make_record",
     "provenance",
@@ -357,3 +359,82 @@ def figure_markdown(
     if published is not None:
         lines.append(f"- *{_published(published)}*")
     return "\n".join(lines) + "\n"
+
+
+@dataclass(frozen=True)
+class GPUFigure:
+    """One row of a section's GPU table: a figure, its records, and what the book expects of it.
+
+    ``records`` come from :func:`records_for` (newest first; empty where this kind of device has
+    not measured it); ``measured(record)`` extracts the figure in ``unit``. ``prediction`` is the
+    book's own model, ``published`` a primary source; either may be absent. ``benchmark`` names
+    the ``python -m trainfast.measure`` benchmark that measures it.
+    """
+
+    what: str
+    unit: str
+    records: Sequence[Record] = ()
+    measured: Callable[[Record], float] | None = None
+    prediction: Prediction | None = None
+    published: Published | None = None
+    benchmark: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.what:
+            raise ValueError(f"GPUFigure needs a description of the figure, got {self.what!r}")
+        if self.records and self.measured is None:
+            raise ValueError(f"GPUFigure {self.what!r} has records but no `measured` extractor")
+        for label, given in (("prediction", self.prediction), ("published", self.published)):
+            if given is not None and given.unit != self.unit:
+                raise ValueError(
+                    f"GPUFigure {self.what!r}: the {label} is in {given.unit!r}, "
+                    f"the figure in {self.unit!r}"
+                )
+
+
+def gpu_figures_table(figures: Sequence[GPUFigure]) -> str:
+    """One Markdown table for a section's GPU figures: measured, predicted and published apart.
+
+    Each row is one :class:`GPUFigure`. "Measured" comes from its newest record (a footnote-like
+    line under the table gives each record's provenance once); "predicted" is labelled with the
+    book's model; "published" names and cites its source; "measured / predicted" appears where
+    both exist. One closing line says which benchmarks a GPU run would add for the rows that have
+    no measurement. The three kinds never share a cell, so none reads as another.
+    """
+    if not figures:
+        raise ValueError("gpu_figures_table needs at least one GPUFigure")
+    header = ["Figure", "Measured", "Predicted (book's model)", "Published", "Measured / predicted"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    sources: list[Record] = []
+    missing: list[str] = []
+    for figure in figures:
+        measured, ratio = "–", "–"
+        if figure.records:
+            record = figure.records[0]
+            value = float(figure.measured(record))  # type: ignore[misc]
+            if record not in sources:
+                sources.append(record)
+            measured = f"{_number(value, figure.unit)} [{sources.index(record) + 1}]"
+            if figure.prediction is not None and figure.prediction.value:
+                ratio = f"{value / figure.prediction.value:.2f}"
+        elif figure.benchmark and figure.benchmark not in missing:
+            missing.append(figure.benchmark)
+        predicted = (
+            f"{_number(figure.prediction.value, figure.unit)} ({figure.prediction.model})"
+            if figure.prediction is not None
+            else "–"
+        )
+        published = "–"
+        if figure.published is not None:
+            cite = f" {{cite}}`{figure.published.citation}`" if figure.published.citation else ""
+            published = (
+                f"{_number(figure.published.value, figure.unit)} ({figure.published.source}{cite})"
+            )
+        lines.append(f"| {figure.what} | {measured} | {predicted} | {published} | {ratio} |")
+    text = "\n".join(lines) + "\n"
+    for number, record in enumerate(sources, start=1):
+        text += f"\n[{number}] {provenance(record)}\n"
+    if missing:
+        command = "python -m trainfast.measure --only " + " ".join(missing)
+        text += f"\nRows without a measurement: `{command}` on a CUDA machine measures them.\n"
+    return text

@@ -40,7 +40,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from trainfast.kernels.attention_inputs import validate_attention_inputs
+from trainfast.kernels.attention_inputs import check_tile_sizes, validate_attention_inputs
 
 __all__ = [
     "FlashAttention",
@@ -103,6 +103,7 @@ def flash_attention_forward(
 
     ``L`` has shape (..., n_queries), in float32 (float64 for float64 inputs).
     """
+    check_tile_sizes(tile_queries, tile_keys)
     n_queries, n_keys, scale = q.shape[-2], k.shape[-2], q.shape[-1] ** -0.5
     dtype = _compute_dtype(q.dtype)
     out = torch.empty_like(q)
@@ -145,6 +146,7 @@ def flash_attention_backward(
     tile_keys: int = TILE_KEYS,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """The tiled backward pass: ``(dq, dk, dv)``, recomputing probabilities tile by tile."""
+    check_tile_sizes(tile_queries, tile_keys)
     n_queries, n_keys, scale = q.shape[-2], k.shape[-2], q.shape[-1] ** -0.5
     dtype = lse.dtype
     delta = (grad_out.to(dtype) * out.to(dtype)).sum(dim=-1)  # D = rowsum(dO ∘ O), (..., n_queries)

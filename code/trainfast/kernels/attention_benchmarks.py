@@ -31,6 +31,7 @@ __all__ = [
     "attention_record",
     "attention_sweep_prediction",
     "attention_sweep_record",
+    "streamed_elements",
 ]
 
 
@@ -315,65 +316,122 @@ def _sweep_contenders(seq: int, cuda: bool, quick: bool) -> list[tuple[str, Any,
     return contenders
 
 
-def _checked_element_bytes(gpu: GPUSpec, seq: int, head_dim: int, dtype: str, block: int) -> int:
-    """Bytes per element of ``dtype``, after checking the shape and that ``gpu`` has a peak."""
-    if seq < 1 or head_dim < 1 or block < 1:
-        raise ValueError(
-            f"Invalid attention shape: seq={seq!r}, head_dim={head_dim!r}, block={block!r}"
-        )
+#: the torch dtype of each datasheet dtype name, for the launchers' tile functions
+_TORCH_DTYPES = {
+    "fp32": torch.float32,
+    "tf32": torch.float32,
+    "bf16": torch.bfloat16,
+    "fp16": torch.float16,
+}
+#: how the predictions treat repeated reads of K and V (forward, dQ) or Q and dO (dK, dV)
+CACHE_MODELS = ("none", "l2")
+
+
+def _checked_element_bytes(gpu: GPUSpec, seq: int, head_dim: int, dtype: str, cache: str) -> int:
+    """Bytes per element of ``dtype``, after checking the shape, the cache model and that
+    ``gpu`` has a peak for ``dtype``."""
+    if seq < 1 or head_dim < 1:
+        raise ValueError(f"Invalid attention shape: seq={seq!r}, head_dim={head_dim!r}")
+    if cache not in CACHE_MODELS:
+        raise ValueError(f"Unknown cache model: {cache!r} (expected one of {CACHE_MODELS})")
     check_dtype(gpu, dtype)
+    if dtype not in _TORCH_DTYPES:
+        raise ValueError(f"No attention kernel for dtype {dtype!r} (has {sorted(_TORCH_DTYPES)})")
     return ELEMENT_BYTES[dtype]
 
 
+def streamed_elements(
+    gpu: GPUSpec, seq: int, head_dim: int, block: int, element: int, cache: str
+) -> int:
+    """Elements one attention kernel reads from HBM of the other side's two ``seq × head_dim``
+    tensors, per (batch, head), when each program owns ``block`` rows.
+
+    ``cache="none"``: every program reads them whole, ``ceil(seq / block)`` times: a pessimistic
+    bound. ``cache="l2"``: the programs in flight (about one per SM, as the compile report shows
+    for these kernels) cover ``ceil(SMs / tiles per head) + 1`` heads, which run next to each
+    other in the grid order; if those heads' two tensors fit in L2, each is read from HBM once
+    and L2 serves the rest, otherwise the bound stands.
+    """
+    tiles = -(-seq // block)
+    if cache == "l2":
+        heads_in_flight = -(-gpu.sm_count // tiles) + 1
+        if heads_in_flight * 2 * seq * head_dim * element <= gpu.l2_bytes:
+            return 2 * seq * head_dim
+    return tiles * 2 * seq * head_dim
+
+
+def _cache_text(cache: str) -> str:
+    if cache == "none":
+        return "no cache (a pessimistic bound)"
+    return "L2 reuse (each head's tensors read from HBM once)"
+
+
 def attention_sweep_prediction(
-    gpu: GPUSpec, seq: int, head_dim: int, dtype: str = "bf16", block: int = 64
+    gpu: GPUSpec, seq: int, head_dim: int, dtype: str = "bf16", *, cache: str = "none"
 ) -> Prediction:
     """The forward + backward FLOP/s of causal flash attention on ``gpu``, from the roofline.
 
     Executed FLOPs per (batch, head), before halving for causal: the forward's two products
     (``4 · seq² · head_dim``) and the backward's seven (S and dP recomputed in both backward
-    kernels, dV, dK, dQ: ``14 · seq² · head_dim``). Bytes, with tiles of ``block`` rows and no
-    cache: each of the three kernels streams the other side's two n × d tensors once per tile,
-    ``3 · (seq / block) · 2 · seq · head_dim`` elements, plus about ``9 · seq · head_dim`` read
-    or written once (q, k, v, O, dO, dQ, dK, dV). The time is the larger of FLOPs / peak and
-    bytes / bandwidth; the rate is reported in :func:`attention_sweep_record`'s convention
-    (``3.5 · 4 · seq² · head_dim`` per time), so it is comparable with the record. L2 serves
-    most repeated tile reads on a real GPU, so read it as a no-cache estimate.
+    kernels, dV, dK, dQ: ``14 · seq² · head_dim``). Bytes: each of the three kernels streams the
+    other side's two n × d tensors (:func:`streamed_elements`) with the tiles its launcher picks
+    on ``gpu`` (:func:`~trainfast.kernels.attention_triton_forward.attention_forward_tiles`,
+    ``attention_dkdv_tiles``, ``attention_dq_tiles``), plus about ``9 · seq · head_dim`` read or
+    written once (q, k, v, O, dO, dQ, dK, dV). The time is the larger of FLOPs / peak and bytes
+    / bandwidth; the rate is reported in :func:`attention_sweep_record`'s convention
+    (``3.5 · 4 · seq² · head_dim`` per time), so it is comparable with the record.
     ``attention-fwd-bwd`` measures it.
     """
-    element = _checked_element_bytes(gpu, seq, head_dim, dtype, block)
+    from trainfast.kernels.attention_triton_backward import attention_dkdv_tiles, attention_dq_tiles
+    from trainfast.kernels.attention_triton_forward import attention_forward_tiles
+
+    element = _checked_element_bytes(gpu, seq, head_dim, dtype, cache)
+    torch_dtype = _TORCH_DTYPES[dtype]
+    forward = attention_forward_tiles(gpu, torch_dtype, head_dim)
+    dkdv = attention_dkdv_tiles(gpu, torch_dtype, head_dim)
+    dq = attention_dq_tiles(gpu, torch_dtype, head_dim)
     executed = (4 + 14) * seq * seq * head_dim
-    moved = (3 * -(-seq // block) * 2 * seq * head_dim + 9 * seq * head_dim) * element
+    streamed = sum(
+        streamed_elements(gpu, seq, head_dim, block, element, cache)
+        for block in (forward.block_q, dkdv.block_k, dq.block_q)
+    )
+    moved = (streamed + 9 * seq * head_dim) * element
     seconds = max(executed / gpu.peak_flops[dtype], moved / gpu.hbm_bytes_per_s)
     return Prediction(
         3.5 * 4 * seq * seq * head_dim / seconds / 1e12,
         "TFLOP/s",
         f"roofline of the {gpu.name} datasheet, {dtype} forward + backward, seq {seq}, "
-        f"head dim {head_dim}, {block}-row tiles, no cache",
+        f"head dim {head_dim}, the launchers' tiles ({forward.block_q}×{forward.block_k} "
+        f"forward, {dkdv.block_q}×{dkdv.block_k} backward), {_cache_text(cache)}",
     )
 
 
 def attention_forward_prediction(
-    gpu: GPUSpec, seq: int, head_dim: int, dtype: str = "bf16", block: int = 128
+    gpu: GPUSpec, seq: int, head_dim: int, dtype: str = "bf16", *, cache: str = "none"
 ) -> Prediction:
     """The FLOP/s a flash-attention forward should reach on ``gpu``, from the roofline.
 
     Per (batch, head): ``4 · seq² · head_dim`` FLOPs (two products; causal masking halves both
-    FLOPs and traffic, so the rate is the same), and with query tiles of ``block`` rows each
-    program reads all of K and V once: ``(seq / block) · 2 · seq · head_dim`` elements, plus Q
-    and O once. The intensity is then about ``2 · block`` FLOPs per element, whatever the head
-    dimension: 128 FLOPs per byte for bf16 tiles of 128 rows, below an H100's ridge (about 295),
-    so this no-cache count calls the forward memory-bound. On the device the programs of one
-    head read the same K and V at about the same time and L2 serves most of those reads, so the
-    real ceiling is higher, up to the tensor-core peak: read the prediction as what the kernel
-    reaches if L2 did not help. ``attention-forward`` measures it.
+    FLOPs and traffic, so the rate is the same). Bytes: Q and O once, and K and V as
+    :func:`streamed_elements` counts them for the launcher's query tiles
+    (:func:`~trainfast.kernels.attention_triton_forward.attention_forward_tiles` on ``gpu``:
+    128 × 64 in 16-bit on an H100). With no cache the intensity is about ``2 · block_q`` FLOPs
+    per element, 128 per byte in bf16, below an H100's ridge (about 295): a pessimistic bound
+    that calls the forward memory-bound. With L2 reuse K and V come from HBM once per head, the
+    intensity is about ``seq / 2`` per byte, and the ceiling is the tensor-core peak.
+    ``attention-forward`` measures it.
     """
-    element = _checked_element_bytes(gpu, seq, head_dim, dtype, block)
+    from trainfast.kernels.attention_triton_forward import attention_forward_tiles
+
+    element = _checked_element_bytes(gpu, seq, head_dim, dtype, cache)
+    tiles = attention_forward_tiles(gpu, _TORCH_DTYPES[dtype], head_dim)
     flops = 4 * seq * seq * head_dim
-    moved = (-(-seq // block) * 2 * seq * head_dim + 2 * seq * head_dim) * element
+    streamed = streamed_elements(gpu, seq, head_dim, tiles.block_q, element, cache)
+    moved = (streamed + 2 * seq * head_dim) * element
     roofline = Roofline(gpu.peak_flops[dtype], gpu.hbm_bytes_per_s)
     return Prediction(
         roofline.attainable(flops / moved) / 1e12,
         "TFLOP/s",
-        f"roofline of the {gpu.name} datasheet, {dtype} forward, seq {seq}, head dim {head_dim}",
+        f"roofline of the {gpu.name} datasheet, {dtype} forward, seq {seq}, head dim {head_dim}, "
+        f"the launcher's {tiles.block_q}×{tiles.block_k} tiles, {_cache_text(cache)}",
     )

@@ -9,7 +9,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["ATTENTION_DTYPES", "validate_attention_inputs"]
+from trainfast.validation import check_positive
+
+__all__ = ["ATTENTION_DTYPES", "check_tile_sizes", "validate_attention_inputs"]
 
 #: the dtypes the attention implementations accept
 ATTENTION_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -63,3 +65,13 @@ def validate_attention_inputs(q: Tensor, k: Tensor, v: Tensor, enable_gqa: bool 
         raise ValueError(
             f"Need at least one query and one key, got {q.shape[-2]} and {k.shape[-2]}"
         )
+
+
+def check_tile_sizes(tile_queries: object, tile_keys: object) -> None:
+    """Raise ``ValueError`` naming the value unless both tile sizes are positive ints.
+
+    A size of 0 or less would leave the output uninitialised (no query tile is visited) or
+    all NaN (no key tile is), and a float would fail deep inside ``range``.
+    """
+    check_positive("tile_queries", tile_queries)
+    check_positive("tile_keys", tile_keys)

@@ -287,9 +287,10 @@ def register_flash_attention_op() -> Any:
     kernels it generates. Returns the operator (``(q, k, v, is_causal) -> (out, lse)``), once
     per process; ``None`` where it cannot work: a PyTorch without ``triton_op``, or our kernels
     decorated for Triton's CPU interpreter, whose kernels ``wrap_triton`` cannot trace (it would
-    call them on fake tensors, which have no data). Backward stays with
-    :class:`FlashAttentionTriton`: a kernel launch has no derivative, so autograd needs the
-    formula either way.
+    call them on fake tensors, which have no data). The operator is forward-only, for inference
+    and for code that calls attention by operator name; :class:`FlashAttentionTriton` does not
+    use it. Training needs the backward registered as well (``torch.library.register_autograd``
+    with :func:`flash_attention_triton_backward`), which this operator does not do.
     """
     if "forward" in _OPS:
         return _OPS["forward"]

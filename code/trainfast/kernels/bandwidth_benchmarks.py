@@ -128,11 +128,21 @@ def roofline_record(device: torch.device, quick: bool) -> Record:
 
 def strided_record(device: torch.device, quick: bool) -> Record:
     """Useful bandwidth of one gather reading a whole buffer in stride order, strides 1 to 64
-    (1 to 16 quick): the same code and the same buffer at every stride, larger than the last
-    cache (1 GiB of float32 on a GPU, 64 MiB on a CPU), so only the order of the reads changes."""
-    n = 1 << (16 if quick else (28 if device.type == "cuda" else 24))
+    (1 to 16 quick): the same code and the same buffer at every stride, a buffer sized by
+    :func:`~trainfast.kernels.bandwidth.strided_buffer_elements` so that even the largest
+    stride's pass exceeds twice the last cache; then the shuffled control at stride 1 and at one
+    read per memory unit, which keeps the waste and defeats the prefetchers."""
+    from trainfast.gpus import gpu_for_device
+    from trainfast.kernels.bandwidth import cache_line_bytes, cache_sizes, strided_buffer_elements
+
     strides = [1, 2, 4, 8, 16] + ([] if quick else [32, 64])
-    rows = strided_bandwidth(device, strides, n=n, repeats=3 if quick else 7)
+    gpu = gpu_for_device(device)
+    unit = 32 if device.type == "cuda" else (cache_line_bytes() or 64)
+    last_cache = gpu.l2_bytes if gpu else max(cache_sizes().values(), default=32 << 20)
+    n = 1 << 16 if quick else strided_buffer_elements(strides[-1], last_cache, unit_bytes=unit)
+    repeats = 3 if quick else 7
+    rows = strided_bandwidth(device, strides, n=n, repeats=repeats)
+    rows += strided_bandwidth(device, [1, max(1, unit // 4)], n=n, repeats=repeats, shuffled=True)
     return kernel_record(
         "strided-access",
         f"torch.index_select of all {n:,} float32 elements of one buffer in stride order (stride "
@@ -148,6 +158,8 @@ def strided_record(device: torch.device, quick: bool) -> Record:
             "buffer_bytes": "bytes",
             "pass_bytes": "bytes",
             "unit_bytes": "bytes",
+            "traffic_bytes": "bytes",
+            "predicted_gb_per_s": "GB/s",
         },
     )
 

@@ -14,8 +14,9 @@ dtype, shape and strides), and reads off what the GPU would have to provide:
 * the occupancy those resources allow (:func:`trainfast.kernels.occupancy.occupancy`), and
   whether the kernel fits at all.
 
-Triton's interpreter runs a kernel's Python body on the CPU, one program at a time. It proves
-the arithmetic (for float32 and float16) and checks none of this. This report is the other half
+Triton's interpreter runs a kernel's Python body on the CPU, one program at a time, in NumPy:
+no races between programs, no bfloat16, NumPy's rounding. It checks indexing, masks and float32
+or float16 arithmetic, and none of this. This report is the other half
 of testing a kernel without a GPU.
 
 The compiling itself (in a child process on a CPU, cached on disk) is

@@ -374,8 +374,10 @@ def attention_sweep_prediction(
     Executed FLOPs per (batch, head), before halving for causal: the forward's two products
     (``4 · seq² · head_dim``) and the backward's seven (S and dP recomputed in both backward
     kernels, dV, dK, dQ: ``14 · seq² · head_dim``). Bytes: each of the three kernels streams the
-    other side's two n × d tensors (:func:`streamed_elements`) with the tiles its launcher picks
-    on ``gpu`` (:func:`~trainfast.kernels.attention_triton_forward.attention_forward_tiles`,
+    other side's two n × d tensors
+    (:func:`~trainfast.kernels.attention_benchmarks.streamed_elements`) with the tiles its
+    launcher picks on ``gpu``
+    (:func:`~trainfast.kernels.attention_triton_forward.attention_forward_tiles`,
     ``attention_dkdv_tiles``, ``attention_dq_tiles``), plus about ``9 · seq · head_dim`` read or
     written once (q, k, v, O, dO, dQ, dK, dV). The time is the larger of FLOPs / peak and bytes
     / bandwidth; the rate is reported in :func:`attention_sweep_record`'s convention
@@ -413,7 +415,8 @@ def attention_forward_prediction(
 
     Per (batch, head): ``4 · seq² · head_dim`` FLOPs (two products; causal masking halves both
     FLOPs and traffic, so the rate is the same). Bytes: Q and O once, and K and V as
-    :func:`streamed_elements` counts them for the launcher's query tiles
+    :func:`~trainfast.kernels.attention_benchmarks.streamed_elements` counts them for the
+    launcher's query tiles
     (:func:`~trainfast.kernels.attention_triton_forward.attention_forward_tiles` on ``gpu``:
     128 × 64 in 16-bit on an H100). With no cache the intensity is about ``2 · block_q`` FLOPs
     per element, 128 per byte in bf16, below an H100's ridge (about 295): a pessimistic bound

@@ -1,4 +1,4 @@
-"""Compiling one Triton kernel for a GPU that is not there, for :mod:`.compile_report`.
+"""Compiling one Triton kernel for a GPU that is not there (for the compile report).
 
 A job names a kernel, its tiles, a dtype, a head dimension and a compute capability;
 :func:`run_compile_jobs` returns what the compiled kernel needs (shared memory, registers,

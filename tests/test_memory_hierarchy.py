@@ -9,6 +9,7 @@ operator is compiled once per machine (cached under ``TORCH_EXTENSIONS_DIR``).
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -862,10 +863,83 @@ def test_cpu_peak_reads_clock_and_vector_width():
     assert peak.peak_flops == 2 * 2e9 * 32
     assert cpu_peak_flops(1, cpuinfo=info.replace("avx2 fma", "avx2 fma avx512f")).lanes == 16
     assert cpu_peak_flops(1, cpuinfo="cpu MHz : 1000\nflags : sse2\n").flops_per_cycle == 8
+
+
+@pytest.mark.parametrize(
+    ("vendor", "family", "model", "flags", "microarchitecture", "flops_per_cycle"),
+    [
+        # Zen 4 runs AVX-512 on two 256-bit FMA pipes: 2 x 8 lanes x 2 = 32, not 64
+        ("AuthenticAMD", 25, 17, "avx2 fma avx512f", "Zen 4", 32),
+        ("AuthenticAMD", 25, 1, "avx2 fma", "Zen 3", 32),
+        ("AuthenticAMD", 26, 2, "avx2 fma avx512f", "Zen 5", 64),
+        # Sapphire Rapids: two 512-bit FMA units, 2 x 16 lanes x 2 = 64
+        ("GenuineIntel", 6, 143, "avx2 fma avx512f", "Sapphire Rapids", 64),
+    ],
+)
+def test_cpu_peak_follows_the_microarchitecture(
+    vendor, family, model, flags, microarchitecture, flops_per_cycle
+):
+    from trainfast.kernels.roofline import cpu_peak_flops
+
+    info = (
+        f"vendor_id\t: {vendor}\ncpu family\t: {family}\nmodel\t\t: {model}\n"
+        f"cpu MHz\t\t: 2000.000\nflags\t\t: fpu sse2 avx {flags}\n"
+    )
+    peak = cpu_peak_flops(1, cpuinfo=info)
+    assert (peak.microarchitecture, peak.flops_per_cycle) == (microarchitecture, flops_per_cycle)
+
+
+def test_a_turbo_clock_can_beat_the_nominal_clock_peak():
+    """A measurement above the nominal-clock peak implies a clock above the nominal one."""
+    from trainfast.kernels.roofline import cpu_peak_flops
+
+    info = (
+        "vendor_id : AuthenticAMD\ncpu family : 25\nmodel : 17\ncpu MHz : 2450.0\n"
+        "flags : avx2 fma avx512f\n"
+    )
+    peak = cpu_peak_flops(1, cpuinfo=info)
+    measured = 1.16 * peak.peak_flops  # the build's matmul: 116 % of the nominal-clock peak
+    assert peak.implied_clock_hz(measured) == pytest.approx(1.16 * 2.45e9)
+    assert peak.implied_clock_hz(peak.peak_flops) == pytest.approx(peak.clock_hz)
     with pytest.raises(ValueError, match="threads"):
         cpu_peak_flops(0, cpuinfo=info)
     with pytest.raises(ValueError, match="cpuinfo"):
         cpu_peak_flops(1, cpuinfo="model name : none\n")
+
+
+@pytest.mark.parametrize(
+    ("gpu", "threads", "registers", "shared", "blocks", "limit"),
+    [
+        # cc 7.5: shared memory in 256-byte units, 10,800 -> 11,008 B; 65,536 // 11,008 = 5
+        # (128-byte units would give 10,880 B and 6 blocks)
+        ("T4 16GB", 128, 32, 10_800, 5, "shared memory"),
+        # 200 registers x 32 = 6,400 per warp; each of 4 sub-partitions holds 16,384 // 6,400 = 2
+        # warps: 8 warps, 8 one-warp blocks (65,536 // 6,400 = 10 without the sub-partitions)
+        ("H100 SXM 80GB", 32, 200, 0, 8, "registers"),
+        # 4 x (16,384 // 2,048) = 32 warps by registers; shared 49,152 + 1,024 reserved = 50,176
+        # (a multiple of 128): 167,936 // 50,176 = 3 blocks
+        ("A100 SXM 80GB", 128, 64, 48 * 1024, 3, "shared memory"),
+        # 32 warps x 2,304 registers = 73,728 > 65,536 per block: the hardware check fails
+        ("H100 SXM 80GB", 1024, 72, 0, 0, "registers"),
+        # 32 warps x 2,048 = 65,536 fits; 4 x (16,384 // 2,048) = 32 warps: one block (threads: 2)
+        ("H100 SXM 80GB", 1024, 64, 0, 1, "registers"),
+    ],
+)
+def test_occupancy_matches_cases_worked_from_cuda_occupancy_h(
+    gpu, threads, registers, shared, blocks, limit
+):
+    """Cases worked by hand from cuda_occupancy.h's cudaOccMaxActiveBlocksPerMultiprocessor
+    (register sub-partitions, per-warp allocation units, 256-byte shared units on cc 7.x)."""
+    from trainfast.gpus import GPUS
+    from trainfast.kernels.occupancy import occupancy
+
+    result = occupancy(
+        GPUS[gpu],
+        threads_per_block=threads,
+        registers_per_thread=registers,
+        shared_memory_per_block=shared,
+    )
+    assert (result.blocks_per_sm, result.limit) == (blocks, limit)
 
 
 def test_occupancy_names_the_limiting_resource():
@@ -880,7 +954,7 @@ def test_occupancy_names_the_limiting_resource():
     h100, t4 = GPUS["H100 SXM 80GB"], GPUS["T4 16GB"]
     full = occupancy(h100, threads_per_block=256, registers_per_thread=32)
     assert (full.blocks_per_sm, full.warps_per_sm, full.fraction) == (8, 64, 1.0)
-    assert full.limit == "threads"
+    assert full.limit == "threads and registers"  # both allow 8 blocks: both are named
     heavy = occupancy(h100, threads_per_block=128, registers_per_thread=255)  # 8,192 per warp
     assert (heavy.blocks_per_sm, heavy.warps_per_sm, heavy.limit) == (2, 8, "registers")
     big = {
@@ -1235,3 +1309,69 @@ def test_gpu_snapshot_and_benchmarks_run_quick():
     ]
     for run in runs:
         assert run(torch.device("cuda"), True).rows
+
+
+@pytest.mark.parametrize("name", ["tile_queries", "tile_keys"])
+@pytest.mark.parametrize("value", [0, -64, 1.5, True, "64"])
+def test_flash_attention_rejects_bad_tile_sizes(monkeypatch, name, value):
+    """A tile size that is not a positive int is named, never turned into garbage or NaN."""
+    monkeypatch.setattr(FlashAttention, name, value)
+    q, k, v = (torch.randn(1, 2, 8, 4) for _ in range(3))
+    with pytest.raises(ValueError, match=rf"Invalid {name}: {re.escape(repr(value))}"):
+        flash_attention(q, k, v, is_causal=True)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("block_size", 0), ("num_warps", 0), ("block_size", -8)]
+)
+def test_copy_tensor_rejects_zero_launch_settings(field, value):
+    from trainfast.kernels import copy_tensor
+
+    with pytest.raises(ValueError, match=rf"Invalid {field}: {value}"):
+        copy_tensor(torch.randn(10), **{field: value})
+
+
+def test_strided_traffic_counts_index_and_output():
+    """16 bytes per element at stride 1 (source 4, index 4, output written 4 after a
+    write-allocate read 4); 76 from one read per 64-byte line on: 4.75 times, not 16."""
+    from trainfast.kernels.bandwidth import strided_traffic_bytes
+
+    traffic = {s: strided_traffic_bytes(1, s, unit_bytes=64) for s in (1, 2, 16, 64)}
+    assert traffic == {1: 16, 2: 20, 16: 76, 64: 76}
+    assert strided_traffic_bytes(1, 8, unit_bytes=32) == 4 * 8 + 4 + 8  # a GPU's 32-byte sector
+
+
+def test_strided_buffer_stays_above_the_last_cache_at_every_stride():
+    from trainfast.kernels.bandwidth import strided_buffer_elements
+
+    cache, line = 32 << 20, 64
+    for largest in (16, 32, 64):
+        n = strided_buffer_elements(largest, cache, unit_bytes=line)
+        assert n & (n - 1) == 0 and n * 4 >= 2 * cache
+        pass_bytes = line * n // max(largest, line // 4)  # the lines one pass touches
+        assert pass_bytes >= 2 * cache
+
+
+def test_shuffled_order_keeps_passes_pages_and_lines():
+    """The control reads what stride order reads, pass by pass and page by page, in another
+    order; at stride 1 whole lines stay together."""
+    from trainfast.kernels.bandwidth import shuffled_order, strided_order
+
+    n, unit, page = 1 << 12, 16, 1024
+    for stride in (1, 4, 16, 32):
+        ordered = strided_order(n, stride).long()
+        shuffled = shuffled_order(n, stride, unit_elements=unit, page_elements=page).long()
+        assert not torch.equal(shuffled, ordered)
+        per_pass = n // stride
+        for passes in (ordered, shuffled):
+            assert passes.view(stride, per_pass).shape == (stride, per_pass)
+        assert torch.equal(
+            shuffled.view(stride, per_pass).sort(dim=1).values,
+            ordered.view(stride, per_pass).sort(dim=1).values,
+        )
+        # page by page: the pages of consecutive reads appear in the same order
+        assert torch.equal(
+            (shuffled // page).unique_consecutive(), (ordered // page).unique_consecutive()
+        )
+    lines = shuffled_order(n, 1, unit_elements=unit, page_elements=page).view(-1, unit)
+    assert torch.equal(lines - lines[:, :1], torch.arange(unit).expand_as(lines))

@@ -52,13 +52,32 @@ def test_matmul_prediction_with_tiles_counts_the_tiles_traffic():
     assert larger.value > matmul_prediction(H100, n, tiles=tiles).value
 
 
-def test_attention_forward_prediction_counts_kv_reads_per_query_tile():
-    seq, head_dim, block = 4096, 64, 128
+def test_attention_forward_prediction_uses_the_launchers_tiles():
+    """The no-cache bound streams K and V once per query tile of the launcher's size (128 rows
+    for bf16 on an H100), not once per 64 rows."""
+    import torch
+    from trainfast.kernels.attention_triton_forward import attention_forward_tiles
+
+    seq, head_dim = 4096, 64
+    block = attention_forward_tiles(H100, torch.bfloat16, head_dim).block_q
+    assert block == 128
     moved = (seq // block * 2 * seq * head_dim + 2 * seq * head_dim) * 2
     expected = min(989.4e12, 4 * seq * seq * head_dim / moved * 3.35e12) / 1e12
-    assert attention_forward_prediction(H100, seq, head_dim).value == pytest.approx(expected)
+    prediction = attention_forward_prediction(H100, seq, head_dim)
+    assert prediction.value == pytest.approx(expected)
+    assert "128×64" in prediction.model and "pessimistic" in prediction.model
     with pytest.raises(ValueError, match="seq=0"):
         attention_forward_prediction(H100, 0, 64)
+    with pytest.raises(ValueError, match="'disk'"):
+        attention_forward_prediction(H100, 4096, 64, cache="disk")
+
+
+def test_attention_forward_prediction_with_l2_reuse_reaches_the_peak():
+    """With L2 reuse one head's K and V (2 MiB at seq 4096, d 128) come from HBM once: the
+    intensity is about seq / 2 FLOPs per byte, far above the ridge, so the ceiling is the peak."""
+    l2 = attention_forward_prediction(H100, 4096, 128, cache="l2")
+    assert l2.value == pytest.approx(989.4)
+    assert l2.value > attention_forward_prediction(H100, 4096, 128).value
 
 
 def test_adamw_step_prediction_is_28_bytes_per_parameter_over_hbm():
@@ -116,11 +135,21 @@ def test_published_cuda_autocast_policy_follows_the_documentations_lists():
 
 
 def test_attention_sweep_prediction_counts_three_kernels_and_recomputation():
+    import torch
+    from trainfast.kernels.attention_triton_backward import attention_dkdv_tiles, attention_dq_tiles
+    from trainfast.kernels.attention_triton_forward import attention_forward_tiles
     from trainfast.kernels.benchmarks import attention_sweep_prediction
 
-    seq, head_dim, block = 4096, 128, 64
+    seq, head_dim = 4096, 128
+    blocks = (
+        attention_forward_tiles(H100, torch.bfloat16, head_dim).block_q,
+        attention_dkdv_tiles(H100, torch.bfloat16, head_dim).block_k,
+        attention_dq_tiles(H100, torch.bfloat16, head_dim).block_q,
+    )
+    assert blocks == (128, 64, 64)  # the launchers' tiles, not 64 rows for the forward too
     executed = 18 * seq * seq * head_dim  # forward 2 products, backward 7 (S and dP twice)
-    moved = (3 * (seq // block) * 2 * seq * head_dim + 9 * seq * head_dim) * 2
+    streamed = sum(seq // block * 2 * seq * head_dim for block in blocks)
+    moved = (streamed + 9 * seq * head_dim) * 2
     seconds = max(executed / 989.4e12, moved / 3.35e12)
     expected = 14 * seq * seq * head_dim / seconds / 1e12  # reported as 3.5 forwards
     assert attention_sweep_prediction(H100, seq, head_dim).value == pytest.approx(expected)

@@ -14,9 +14,17 @@ Pure PyTorch, imported eagerly:
 Triton, imported on first use of one of its names (so ``import trainfast.kernels`` works
 without Triton, and decides nothing about ``TRITON_INTERPRET``, see
 :mod:`~trainfast.kernels.triton_runtime`): :func:`copy_tensor` (:mod:`.elementwise`),
-:func:`matmul` (:mod:`.tiled_matmul`), :class:`FlashAttentionTriton` (:mod:`.attention_triton`).
-Their tiles depend on the GPU (:mod:`.targets`); :mod:`.compile_report` compiles them for any GPU
-of :data:`trainfast.gpus.GPUS` on a CPU and reports the resources they need.
+:func:`matmul` (:mod:`.tiled_matmul`), :class:`FlashAttentionTriton` (:mod:`.attention_triton`,
+the launchers; the kernels in :mod:`.attention_triton_forward` and
+:mod:`.attention_triton_backward`; :mod:`.attention_inputs` checks the inputs for both
+attention implementations). Their tiles depend on the GPU (:mod:`.targets`);
+:mod:`.compile_report` compiles them for any GPU of :data:`trainfast.gpus.GPUS` on a CPU
+(through :mod:`.compile_jobs`) and reports the resources they need.
+
+Benchmarks (``python -m trainfast.measure``) and the predictions beside them sit next to the
+kernels they time: :mod:`.bandwidth_benchmarks`, :mod:`.matmul_benchmarks`,
+:mod:`.attention_benchmarks`; :mod:`.benchmark_targets` holds the targets, and
+:mod:`.benchmarks` is the index that imports them all.
 """
 
 from __future__ import annotations

@@ -40,6 +40,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
+from trainfast.kernels.attention_inputs import check_tile_sizes, validate_attention_inputs
 from trainfast.validation import check_flag
 
 __all__ = [
@@ -54,55 +55,6 @@ __all__ = [
 
 TILE_QUERIES = 64
 TILE_KEYS = 64
-_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-
-
-def validate_attention_inputs(q: Tensor, k: Tensor, v: Tensor, enable_gqa: bool = False) -> None:
-    """Raise ``ValueError`` naming the problem if ``q``, ``k``, ``v`` cannot be attended.
-
-    Same device and dtype (float16, bfloat16, float32 or float64), at least 2-D, one head
-    dimension for all three, the same leading (batch, head) dimensions (no broadcasting), as
-    many values as keys, and at least one query and one key. With ``enable_gqa``, k and v may
-    have fewer heads (dimension -3) than q, a number that divides q's.
-    """
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.ndim < 2:
-            raise ValueError(
-                f"{name} must be (..., sequence, head_dim), got shape {tuple(t.shape)}"
-            )
-        if t.dtype not in _DTYPES:
-            raise ValueError(f"Unsupported dtype for {name}: {t.dtype} (expected one of {_DTYPES})")
-    if not (q.dtype == k.dtype == v.dtype):
-        raise ValueError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    if not (q.device == k.device == v.device):
-        raise ValueError(f"q, k, v must share a device, got {q.device}, {k.device}, {v.device}")
-    if not (q.shape[-1] == k.shape[-1] == v.shape[-1]):
-        raise ValueError(
-            f"Mismatched head dimensions: q {q.shape[-1]}, k {k.shape[-1]}, v {v.shape[-1]} "
-            "(all three must be equal)"
-        )
-    if k.shape[:-2] != v.shape[:-2]:
-        raise ValueError(
-            f"k and v must have the same leading dimensions, got {tuple(k.shape[:-2])}, "
-            f"{tuple(v.shape[:-2])}"
-        )
-    grouped = (
-        enable_gqa
-        and q.ndim == k.ndim >= 3
-        and q.shape[:-3] == k.shape[:-3]
-        and q.shape[-3] % k.shape[-3] == 0
-    )
-    if q.shape[:-2] != k.shape[:-2] and not grouped:
-        raise ValueError(
-            f"q, k, v must have the same leading dimensions, got {tuple(q.shape[:-2])}, "
-            f"{tuple(k.shape[:-2])}, {tuple(v.shape[:-2])}"
-        )
-    if k.shape[-2] != v.shape[-2]:
-        raise ValueError(f"k has {k.shape[-2]} keys but v has {v.shape[-2]} values")
-    if q.shape[-2] == 0 or k.shape[-2] == 0:
-        raise ValueError(
-            f"Need at least one query and one key, got {q.shape[-2]} and {k.shape[-2]}"
-        )
 
 
 def attention_reference(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False) -> Tensor:
@@ -153,6 +105,7 @@ def flash_attention_forward(
 
     ``L`` has shape (..., n_queries), in float32 (float64 for float64 inputs).
     """
+    check_tile_sizes(tile_queries, tile_keys)
     n_queries, n_keys, scale = q.shape[-2], k.shape[-2], q.shape[-1] ** -0.5
     dtype = _compute_dtype(q.dtype)
     out = torch.empty_like(q)
@@ -195,6 +148,7 @@ def flash_attention_backward(
     tile_keys: int = TILE_KEYS,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """The tiled backward pass: ``(dq, dk, dv)``, recomputing probabilities tile by tile."""
+    check_tile_sizes(tile_queries, tile_keys)
     n_queries, n_keys, scale = q.shape[-2], k.shape[-2], q.shape[-1] ** -0.5
     dtype = lse.dtype
     delta = (grad_out.to(dtype) * out.to(dtype)).sum(dim=-1)  # D = rowsum(dO ∘ O), (..., n_queries)

@@ -11,6 +11,10 @@
   than the last cache, each pass fetches every unit again and uses ``1/stride`` of it, until the
   stride reaches the unit. On a GPU this is *coalescing*: the 32 threads of a warp reading 32
   neighbouring floats need 4 sectors, reading 32 floats 32 apart need 32.
+  :func:`strided_traffic_bytes` predicts the bytes moved, index and output included;
+  :func:`strided_buffer_elements` sizes the buffer so that even the largest stride's pass
+  exceeds the last cache; ``shuffled=True`` reads each pass's units in a random order within
+  each page, a control that keeps the waste and the pages and defeats the prefetchers.
 * :func:`host_transfer_costs`: what crossing to the host costs (CUDA only): ``.item()``, which
   waits for the GPU to finish everything queued, and copies over PCIe from pageable and from
   pinned (page-locked) memory.
@@ -34,9 +38,14 @@ __all__ = [
     "cache_sizes",
     "copy_bandwidth",
     "host_transfer_costs",
+    "shuffled_order",
     "strided_bandwidth",
+    "strided_buffer_elements",
     "strided_order",
+    "strided_traffic_bytes",
 ]
+
+PAGE_BYTES = 4096  # a base page on x86-64 Linux
 
 
 def cache_sizes() -> dict[str, int]:
@@ -121,6 +130,58 @@ def strided_order(n: int, stride: int, *, device: torch.device | str = "cpu") ->
     return order.view(n // stride, stride).t().reshape(-1)  # (stride passes of n / stride)
 
 
+def shuffled_order(
+    n: int, stride: int, *, unit_elements: int, page_elements: int, seed: int = 0
+) -> torch.Tensor:
+    """:func:`strided_order` with each pass's reads shuffled within each page, in groups that
+    share one memory unit (``unit_elements`` elements: a cache line or a sector).
+
+    The same elements, units and pages are read in the same passes, with the same waste per
+    unit; only the order inside a page changes (one random permutation, the same in every
+    page), so a prefetcher that follows a sequence of addresses has nothing to follow. At
+    stride 1 a group is a whole unit read in order (no waste); from ``stride >= unit_elements``
+    on, a group is one read.
+    """
+    order = strided_order(n, stride).long()
+    group = max(1, unit_elements // stride)  # consecutive reads of a pass that share a unit
+    per_page = max(group, page_elements // stride)  # reads of one pass that fall in one page
+    if per_page % group or (n // stride) % per_page:
+        raise ValueError(f"Invalid stride: {stride} (a pass must hold whole units and pages)")
+    # a pass's reads of one page are consecutive: permute the groups of each page's run, by one
+    # random permutation (no constant stride left for a prefetcher to detect)
+    segments = order.view(-1, per_page // group, group)
+    generator = torch.Generator().manual_seed(seed)
+    permutation = torch.randperm(segments.shape[1], generator=generator)
+    return segments[:, permutation].reshape(-1).to(torch.int32)
+
+
+def strided_traffic_bytes(
+    n: int, stride: int, *, unit_bytes: int, element_bytes: int = 4, index_bytes: int = 4
+) -> int:
+    """The bytes one gather of :func:`strided_bandwidth` moves when no unit survives between
+    passes: the source, ``n · element · min(stride, units / element)`` (each pass fetches every
+    unit it touches again); the index, ``n · index_bytes``, read once; and the output,
+    ``2 · n · element``, written once after a write-allocate cache has read each line in.
+    The useful bandwidth at ``stride`` is then the stride-1 one times ``traffic(1) /
+    traffic(stride)``: the line's waste, diluted by the index and output traffic that do not
+    change with the stride."""
+    waste = min(stride, max(1, unit_bytes // element_bytes))
+    return n * element_bytes * waste + n * index_bytes + 2 * n * element_bytes
+
+
+def strided_buffer_elements(
+    largest_stride: int, last_cache_bytes: int, *, unit_bytes: int, element_bytes: int = 4
+) -> int:
+    """The smallest power-of-two element count whose buffer exceeds twice ``last_cache_bytes``
+    and whose pass at ``largest_stride`` (the units it touches) does too, so that no pass of
+    :func:`strided_bandwidth` can be served from the previous one's cached units."""
+    # a pass at stride s touches n / s units when s spans a unit, else every unit of the buffer
+    need = max(
+        2 * last_cache_bytes // element_bytes, 2 * last_cache_bytes * largest_stride // unit_bytes
+    )
+    return 1 << max(need - 1, 1).bit_length()
+
+
 def strided_bandwidth(
     device: torch.device,
     strides: Sequence[int],
@@ -128,6 +189,7 @@ def strided_bandwidth(
     n: int = 1 << 24,
     dtype: torch.dtype = torch.float32,
     repeats: int = 5,
+    shuffled: bool = False,
 ) -> list[dict[str, Any]]:
     """Gather all ``n`` elements of one buffer in stride order (:func:`strided_order`), per stride.
 
@@ -139,6 +201,10 @@ def strided_bandwidth(
     ``pass_bytes`` the distinct memory units one pass touches (``unit_bytes``: the cache line on
     a CPU, the 32-byte sector on a GPU; what must stay cached for the next pass to hit), and
     ``seconds``, ``seconds_min`` and ``seconds_max`` the median and range of ``repeats`` samples.
+    :func:`strided_buffer_elements` finds an ``n`` large enough for the largest stride.
+    ``shuffled`` reads in :func:`shuffled_order` instead, the control that defeats prefetching.
+    ``predicted_gb_per_s`` is the stride-1 bandwidth scaled by :func:`strided_traffic_bytes`
+    (the first stride must be 1 for it; otherwise None).
     """
     element = torch.tensor([], dtype=dtype).element_size()
     source = torch.randn(n, device=device).to(dtype)
@@ -148,14 +214,18 @@ def strided_bandwidth(
     for stride in strides:
         if n % stride:
             raise ValueError(f"Invalid stride: {stride} (must divide n = {n})")
-        index = strided_order(n, stride, device=device)
+        if shuffled:
+            units, page = max(1, unit // element), PAGE_BYTES // element
+            index = shuffled_order(n, stride, unit_elements=units, page_elements=page)
+            index = index.to(device)
+        else:
+            index = strided_order(n, stride, device=device)
 
         def gather(index: torch.Tensor = index) -> torch.Tensor:
             return torch.index_select(source, 0, index, out=out)
 
         timing = benchmark(gather, warmup=1, repeats=repeats, device=device)
-        gathered = out[: n // stride]
-        if not torch.equal(gathered, source[::stride]):  # pragma: no cover - the first pass
+        if not shuffled and not torch.equal(out[: n // stride], source[::stride]):
             raise RuntimeError(f"index_select gathered the wrong elements at stride {stride}")
         row = {
             "stride": stride,
@@ -168,9 +238,20 @@ def strided_bandwidth(
             "seconds_max": max(timing.samples),
             "repeats": repeats,
             "useful_gb_per_s": n * element / timing.median / 1e9,
+            "traffic_bytes": strided_traffic_bytes(
+                n, stride, unit_bytes=unit, element_bytes=element
+            ),
+            "shuffled": shuffled,
         }
         rows.append(row)
         del index
+    first = rows[0] if rows and rows[0]["stride"] == 1 else None
+    for row in rows:
+        row["predicted_gb_per_s"] = (
+            first["useful_gb_per_s"] * first["traffic_bytes"] / row["traffic_bytes"]
+            if first
+            else None
+        )
     return rows
 
 

@@ -14,36 +14,27 @@ dtype, shape and strides), and reads off what the GPU would have to provide:
 * the occupancy those resources allow (:func:`trainfast.kernels.occupancy.occupancy`), and
   whether the kernel fits at all.
 
-Triton's interpreter runs a kernel's Python body on the CPU, one program at a time. It proves
-the arithmetic (for float32 and float16) and checks none of this. This report is the other half
+Triton's interpreter runs a kernel's Python body on the CPU, one program at a time, in NumPy:
+no races between programs, no bfloat16, NumPy's rounding. It checks indexing, masks and float32
+or float16 arithmetic, and none of this. This report is the other half
 of testing a kernel without a GPU.
 
-Our kernels are decorated for the interpreter on a CPU (see
-:mod:`~trainfast.kernels.triton_runtime`), and an interpreted kernel cannot be compiled. So on a
-CPU the compilation runs in a child process started with ``TRITON_INTERPRET=0``; where the
-kernels are compiled already (a GPU machine), in this process. Results are cached per process
-and on disk beside Triton's own cache (keyed by the job, the kernels' source and the Triton
-version), so only the first report on a machine pays for compiling: about two minutes for
-H100, A100 and T4 in three dtypes on a 2-core CPU.
+The compiling itself (in a child process on a CPU, cached on disk) is
+:mod:`trainfast.kernels.compile_jobs`; only the first report on a machine pays for it: about two
+minutes for H100, A100 and T4 in three dtypes on a 2-core CPU.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
 import re
-import subprocess
-import sys
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from trainfast.gpus import GPUSpec
+from trainfast.kernels.compile_jobs import run_compile_jobs, tensor_core_class
 from trainfast.kernels.occupancy import occupancy
-from trainfast.timing import timestamp
 
 __all__ = [
     "KERNELS",
@@ -64,8 +55,6 @@ KERNELS = ("copy", "matmul", "attention_forward", "attention_dkdv", "attention_d
 #: variants :func:`compile_kernel` also compiles on request (not in the default report): the
 #: matmul with its bias + GELU epilogue (``HAS_BIAS``, ``ACTIVATION="gelu_tanh"``)
 VARIANTS = ("matmul_bias_gelu",)
-
-_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 @dataclass(frozen=True)
@@ -102,16 +91,6 @@ class KernelReport:
             return f"{self.kernel} does not fit: {shared} > {limit}"
         blocks = f"{self.blocks_per_sm} block(s) per SM ({self.limited_by})"
         return f"{self.kernel} fits: {shared} <= {limit}; {blocks}"
-
-
-def tensor_core_class(ptx: str) -> str:
-    """``"wgmma"`` if the PTX issues Hopper warpgroup MMAs, ``"mma"`` for ``mma.sync``, or else
-    ``"none"``."""
-    if re.search(r"\bwgmma\.mma_async", ptx):
-        return "wgmma"
-    if re.search(r"\bmma\.sync", ptx):
-        return "mma"
-    return "none"
 
 
 def kernel_tiles(
@@ -335,200 +314,6 @@ def _results(
             )
             for kernel, tiles, target, dtype in missing.values()
         ]
-        for key, result in zip(missing, _run_jobs(jobs), strict=True):
+        for key, result in zip(missing, run_compile_jobs(jobs), strict=True):
             _CACHE[key] = {**_CACHE.get(key, {}), **result}
     return [_CACHE[key] for key in keys]
-
-
-_SOURCES = ("elementwise.py", "tiled_matmul.py", "attention_triton.py")  # kernels and launchers
-
-
-def _disk_cache() -> Path:
-    """Where results persist between processes: beside Triton's own cache."""
-    root = os.environ.get("TRITON_CACHE_DIR") or Path.home() / ".triton" / "cache"
-    return Path(root) / "trainfast_compile_report"
-
-
-def _digest(job: dict[str, Any]) -> str:
-    """A key that changes with the job, the kernels' source and the Triton version."""
-    from trainfast.kernels.triton_runtime import triton
-
-    here = Path(__file__).parent
-    text = json.dumps(job, sort_keys=True) + triton.__version__
-    text += "".join((here / name).read_text() for name in _SOURCES)
-    return hashlib.sha256(text.encode()).hexdigest()[:32]
-
-
-def _run_jobs(jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Results from the disk cache where present; the rest compiled (and stored)."""
-    files = [_disk_cache() / f"{_digest(job)}.json" for job in jobs]
-    results = [json.loads(f.read_text()) if f.exists() else None for f in files]
-    todo = [n for n, result in enumerate(results) if result is None]
-    if todo:
-        for n, result in zip(todo, _compile_jobs([jobs[n] for n in todo]), strict=True):
-            results[n] = result
-            files[n].parent.mkdir(parents=True, exist_ok=True)
-            temporary = files[n].with_suffix(f".{os.getpid()}.tmp")
-            temporary.write_text(json.dumps(result))
-            temporary.replace(files[n])  # atomic: a concurrent reader sees all or nothing
-    return results
-
-
-def _compile_jobs(jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    from trainfast.kernels.triton_runtime import interpreting
-
-    if not interpreting():
-        return [_compile_job(job) for job in jobs]
-    package_root = str(Path(__file__).resolve().parents[2])
-    env = {**os.environ, "TRITON_INTERPRET": "0"}
-    env["PYTHONPATH"] = os.pathsep.join([package_root, *filter(None, [env.get("PYTHONPATH")])])
-    process = subprocess.run(
-        [sys.executable, "-m", "trainfast.kernels.compile_report"],
-        input=json.dumps(jobs),
-        capture_output=True,
-        text=True,
-        env=env,
-        check=False,
-    )
-    if process.returncode:
-        raise RuntimeError(f"Compiling the Triton kernels failed:\n{process.stderr[-4000:]}")
-    return json.loads(process.stdout.strip().splitlines()[-1])
-
-
-def _stand_in(dtype: torch.dtype, shape: tuple[int, ...]) -> Any:
-    """A tensor stand-in (dtype, shape, contiguous strides, a 16-byte-aligned address)."""
-    from triton.runtime.jit import MockTensor
-
-    class StandIn(MockTensor):
-        def numel(self) -> int:
-            return int(torch.Size(self.shape).numel())
-
-        def stride(self, dim: int | None = None) -> Any:
-            strides = super().stride()
-            return strides if dim is None else strides[dim]
-
-    return StandIn(dtype, list(shape))
-
-
-#: representative shapes: only divisibility by 16 of sizes and strides changes the compiled code
-_SEQ, _BATCH_HEADS, _SIDE, _ELEMENTS = 4096, 32, 4096, 1 << 24
-
-
-def _launch(
-    kernel: str, tiles: Any, dtype: torch.dtype, head_dim: int
-) -> tuple[Any, tuple, dict[str, Any]]:
-    """The JIT function, arguments and keywords its launcher would use, with stand-ins."""
-    if kernel == "copy":
-        from trainfast.kernels.elementwise import copy_kernel, copy_launch
-
-        x, y = _stand_in(dtype, (_ELEMENTS,)), _stand_in(dtype, (_ELEMENTS,))
-        return copy_kernel, *copy_launch(x, y, tiles)[1:]
-    if kernel == "matmul":
-        from trainfast.kernels.tiled_matmul import matmul_kernel, matmul_launch
-
-        a, b, c = (_stand_in(dtype, (_SIDE, _SIDE)) for _ in range(3))
-        return matmul_kernel, *matmul_launch(a, b, c, tiles)[1:]
-    if kernel == "matmul_bias_gelu":
-        from trainfast.kernels.tiled_matmul import matmul_kernel, matmul_launch
-
-        a, b, c = (_stand_in(dtype, (_SIDE, _SIDE)) for _ in range(3))
-        launch = matmul_launch(a, b, c, tiles, _stand_in(dtype, (_SIDE,)), "gelu_tanh")
-        return matmul_kernel, *launch[1:]
-    from trainfast.kernels import attention_triton as attention
-
-    q3, k3, v3, o3, do3, dq, dk, dv = (
-        _stand_in(dtype, (_BATCH_HEADS, _SEQ, head_dim)) for _ in range(8)
-    )
-    lse, delta = (_stand_in(torch.float32, (_BATCH_HEADS, _SEQ)) for _ in range(2))
-    if kernel == "attention_forward":
-        launch = attention.attention_forward_launch(q3, k3, v3, o3, lse, False, tiles)
-        return attention.flash_forward_kernel, *launch[1:]
-    if kernel == "attention_dkdv":
-        launch = attention.attention_dkdv_launch(q3, k3, v3, do3, lse, delta, dk, dv, False, tiles)
-        return attention.flash_backward_dkdv_kernel, *launch[1:]
-    launch = attention.attention_dq_launch(q3, k3, v3, do3, lse, delta, dq, False, tiles)
-    return attention.flash_backward_dq_kernel, *launch[1:]
-
-
-def _tiles_from(description: dict[str, Any]) -> Any:
-    from trainfast.kernels.attention_triton import AttentionTiles
-    from trainfast.kernels.elementwise import CopyTiles
-    from trainfast.kernels.tiled_matmul import MatmulTiles
-
-    kinds = {"AttentionTiles": AttentionTiles, "CopyTiles": CopyTiles, "MatmulTiles": MatmulTiles}
-    fields = dict(description)
-    return kinds[fields.pop("type")](**fields)
-
-
-def _compile_job(job: dict[str, Any]) -> dict[str, Any]:
-    """Compile one kernel as its launcher would for the job's target; resources and PTX."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource, make_backend
-    from triton.runtime.jit import create_function_from_signature
-
-    start = timestamp()
-    fn, args, kwargs = _launch(
-        job["kernel"], _tiles_from(job["tiles"]), _DTYPES[job["dtype"]], job["head_dim"]
-    )
-    target = GPUTarget("cuda", 10 * job["capability"][0] + job["capability"][1], 32)
-    backend = make_backend(target)
-    # Triton's own launch path: bind, specialise (sizes divisible by 16, aligned pointers), pack.
-    binder = create_function_from_signature(fn.signature, fn.params, backend)
-    bound, specialization, options = binder(*args, **kwargs)
-    options, signature, constexprs, attrs = fn._pack_args(
-        backend, kwargs, bound, specialization, options
-    )
-    compiled = triton.compile(
-        ASTSource(fn, signature, constexprs, attrs), target=target, options=options.__dict__
-    )
-    ptx = compiled.asm["ptx"]
-    resources = _ptxas_resources(ptx, job["capability"], compiled.metadata.hash)
-    result = dict(
-        shared=int(compiled.metadata.shared),
-        tensor_cores=tensor_core_class(ptx),
-        seconds=timestamp() - start,
-        **resources,
-    )
-    if job["want_asm"]:
-        result.update(ptx=ptx, ttir=compiled.asm["ttir"])
-    return result
-
-
-def _ptxas_resources(ptx: str, capability: list[int], kernel_hash: str) -> dict[str, int]:
-    """Registers per thread and spill-store bytes, from ``ptxas -v`` (cached beside Triton's)."""
-    from triton import knobs
-    from triton.runtime.cache import get_cache_manager
-
-    cache = get_cache_manager(kernel_hash)
-    cached = cache.get_file("trainfast_resources.json")
-    if cached is not None:
-        return json.loads(Path(cached).read_text())
-    arch = f"sm_{capability[0]}{capability[1]}" + ("a" if capability[0] >= 9 else "")
-    ptx_file = Path(cache.cache_dir) / "trainfast_kernel.ptx"
-    ptx_file.parent.mkdir(parents=True, exist_ok=True)
-    ptx_file.write_text(ptx)
-    command = [
-        knobs.nvidia.ptxas.path,
-        "-lineinfo",
-        "-v",
-        "--regAllocOptLevel=2",
-        f"--gpu-name={arch}",
-        str(ptx_file),
-        "-o",
-        os.devnull,
-    ]
-    log = subprocess.run(command, capture_output=True, text=True, check=True).stderr
-    ptx_file.unlink()
-    resources = dict(
-        registers=int(re.search(r"Used (\d+) registers", log).group(1)),
-        spill_bytes=int(re.search(r"(\d+) bytes spill stores", log).group(1)),
-    )
-    cache.put(json.dumps(resources), "trainfast_resources.json", binary=False)
-    return resources
-
-
-if (
-    __name__ == "__main__"
-):  # the child process of _run_jobs: jobs as JSON on stdin, results on stdout
-    print(json.dumps([_compile_job(job) for job in json.loads(sys.stdin.read())]))

@@ -22,6 +22,7 @@ from torch import Tensor
 from trainfast.gpus import GPUSpec
 from trainfast.kernels.targets import launch_target
 from trainfast.kernels.triton_runtime import check_launch, is_interpreted, tl, triton
+from trainfast.validation import check_positive
 
 __all__ = ["CopyTiles", "copy_kernel", "copy_launch", "copy_tensor", "copy_tiles"]
 
@@ -36,10 +37,10 @@ class CopyTiles:
     num_stages: int = 1  # no loop, nothing to pipeline
 
     def __post_init__(self) -> None:
-        if self.block_size < 1 or self.block_size & (self.block_size - 1):
+        for name in ("block_size", "num_warps", "num_stages"):
+            check_positive(name, getattr(self, name))
+        if self.block_size & (self.block_size - 1):
             raise ValueError(f"Invalid block_size: {self.block_size} (need a power of two)")
-        if self.num_warps < 1:
-            raise ValueError(f"Invalid num_warps: {self.num_warps} (need at least 1)")
 
 
 def copy_tiles(target: GPUSpec | None, dtype: torch.dtype) -> CopyTiles:
@@ -93,7 +94,10 @@ def copy_tensor(
     check_launch(copy_kernel, x)
     target = None if is_interpreted(copy_kernel) else launch_target(x.device)
     default = copy_tiles(target, x.dtype)
-    tiles = CopyTiles(block_size or default.block_size, num_warps or default.num_warps)
+    tiles = CopyTiles(
+        default.block_size if block_size is None else block_size,
+        default.num_warps if num_warps is None else num_warps,
+    )
     y = torch.empty_like(x)
     if x.numel():
         grid, args, kwargs = copy_launch(x, y, tiles)

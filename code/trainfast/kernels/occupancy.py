@@ -13,10 +13,12 @@ through a memory whose latency is ``L``, ``W · L`` bytes must be in flight at e
 (:func:`bytes_in_flight`). Resident warps with outstanding loads, or a software pipeline that
 loads the next tiles while it computes on this one (Triton's ``num_stages``), provide them.
 
-Simplifications, so the arithmetic stays readable: registers are allocated per warp in units of
-256 and shared memory per block in units of 128 bytes (the CUDA Occupancy Calculator's
-granularities for compute capabilities 7.0 to 9.0), plus the 1 KiB the CUDA runtime reserves per
-block from compute capability 8.0 on; the Occupancy Calculator and Nsight Compute are exact.
+The rules are those of CUDA's occupancy calculator (``cuda_occupancy.h``,
+``cudaOccMaxActiveBlocksPerMultiprocessor``) with the default shared-memory carveout: registers
+are allocated per warp in units of 256, and each of an SM's four sub-partitions holds its own
+quarter of the register file, so the warps that fit by registers are ``4 · floor(65,536 / 4 /
+registers per warp)``; shared memory is allocated per block in units of 256 bytes on compute
+capability 7.x and 128 bytes from 8.0 on, where the runtime also reserves 1 KiB per block.
 """
 
 from __future__ import annotations
@@ -28,7 +30,9 @@ from trainfast.gpus import GPUSpec
 
 __all__ = [
     "HOPPER_LATENCY_CYCLES",
+    "REGISTERS_PER_BLOCK",
     "REGISTER_ALLOCATION_UNIT",
+    "REGISTER_SUB_PARTITIONS",
     "RESERVED_SHARED_MEMORY_PER_BLOCK",
     "SHARED_ALLOCATION_UNIT",
     "SHARED_MEMORY_BYTES_PER_CLOCK",
@@ -41,8 +45,12 @@ __all__ = [
 
 WARP_SIZE = 32  # threads per warp on every NVIDIA GPU so far (CUDA C++ Programming Guide)
 REGISTER_ALLOCATION_UNIT = 256  # registers are allocated per warp in units of 256 (cc 7.0-9.0)
+REGISTER_SUB_PARTITIONS = 4  # each SM's register file is split among 4 sub-partitions (cc 7.0-9.0)
+REGISTERS_PER_BLOCK = 64 * 1024  # the most registers one block may hold (cc 7.0-9.0)
 RESERVED_SHARED_MEMORY_PER_BLOCK = 1024  # the runtime keeps 1 KiB per block (cc 8.0 and later)
-SHARED_ALLOCATION_UNIT = 128  # shared memory is allocated per block in units of 128 bytes
+#: shared memory is allocated per block in units of these bytes, by compute capability major
+SHARED_ALLOCATION_UNIT = {7: 256, 8: 128, 9: 128}
+UNLIMITED = 2**31 - 1  # the blocks a resource the kernel does not use allows (INT_MAX, as CUDA's)
 #: 32 banks of 4 bytes, each serving one 32-bit word per clock: 128 bytes per clock per SM when
 #: no two threads of a warp hit different words of one bank (CUDA C++ Programming Guide)
 SHARED_MEMORY_BYTES_PER_CLOCK = 32 * 4
@@ -59,7 +67,8 @@ class Occupancy:
 
     ``limits`` maps each resource (``"threads"``, ``"registers"``, ``"blocks"``,
     ``"shared memory"``) to the blocks it alone would allow; ``blocks_per_sm`` is the smallest
-    and ``limit`` names it (the first in that order on a tie).
+    and ``limit`` names every resource that allows no more (``"registers and shared memory"``
+    where two bind at once).
     """
 
     blocks_per_sm: int
@@ -84,10 +93,12 @@ def occupancy(
     """How many blocks of a kernel fit on one SM of ``spec``, and what stops more.
 
     Each limit gives a number of blocks: threads (``max_threads_per_sm`` over the block's warps),
-    registers (the register file over the block's warps times their registers, allocated per
-    warp in units of :data:`REGISTER_ALLOCATION_UNIT`), ``max_blocks_per_sm``, and shared memory
-    (per-SM capacity over the block's use rounded up to :data:`SHARED_ALLOCATION_UNIT`, plus
-    :data:`RESERVED_SHARED_MEMORY_PER_BLOCK` from compute capability 8.0 on); the smallest wins.
+    registers (the warps each of the :data:`REGISTER_SUB_PARTITIONS` quarters of the register
+    file holds, registers allocated per warp in units of :data:`REGISTER_ALLOCATION_UNIT`, times
+    four, over the block's warps), ``max_blocks_per_sm``, and shared memory (per-SM capacity over
+    the block's use plus :data:`RESERVED_SHARED_MEMORY_PER_BLOCK` from compute capability 8.0 on,
+    rounded up to :data:`SHARED_ALLOCATION_UNIT`); the smallest wins. These are the rules of
+    CUDA's ``cuda_occupancy.h`` with the default carveout.
     A block that asks for more shared memory than ``shared_memory_per_block_bytes`` cannot launch
     at all: 0 blocks, limited by shared memory.
     """
@@ -101,22 +112,32 @@ def occupancy(
     registers_per_warp = REGISTER_ALLOCATION_UNIT * -(
         -(registers_per_thread * WARP_SIZE) // REGISTER_ALLOCATION_UNIT
     )
-    reserved = RESERVED_SHARED_MEMORY_PER_BLOCK if spec.compute_capability >= (8, 0) else 0
-    shared = SHARED_ALLOCATION_UNIT * -(-shared_memory_per_block // SHARED_ALLOCATION_UNIT)
+    # each sub-partition holds whole warps in its quarter of the register file
+    per_partition = spec.registers_per_sm // REGISTER_SUB_PARTITIONS // registers_per_warp
+    by_registers = per_partition * REGISTER_SUB_PARTITIONS // warps
+    # the hardware checks a block as if its warps were spread over all four sub-partitions
+    if registers_per_warp * -(-warps // REGISTER_SUB_PARTITIONS) * REGISTER_SUB_PARTITIONS > (
+        REGISTERS_PER_BLOCK
+    ):
+        by_registers = 0
+    major = spec.compute_capability[0]
+    reserved = RESERVED_SHARED_MEMORY_PER_BLOCK if major >= 8 else 0
+    unit = SHARED_ALLOCATION_UNIT.get(major, 128)
+    shared = unit * -(-(shared_memory_per_block + reserved) // unit)
     if shared_memory_per_block > spec.shared_memory_per_block_bytes:
         by_shared = 0
-    elif shared + reserved == 0:
-        by_shared = spec.max_blocks_per_sm
+    elif shared == 0:
+        by_shared = UNLIMITED
     else:
-        by_shared = spec.shared_memory_per_sm_bytes // (shared + reserved)
+        by_shared = spec.shared_memory_per_sm_bytes // shared
     limits = {
         "threads": spec.max_threads_per_sm // (warps * WARP_SIZE),
-        "registers": spec.registers_per_sm // (warps * registers_per_warp),
+        "registers": by_registers,
         "blocks": spec.max_blocks_per_sm,
         "shared memory": by_shared,
     }
-    limit = min(limits, key=lambda name: limits[name])
-    blocks = limits[limit]
+    blocks = min(limits.values())
+    limit = " and ".join(name for name, value in limits.items() if value == blocks)
     return Occupancy(blocks, blocks * warps, spec.max_threads_per_sm // WARP_SIZE, limit, limits)
 
 

@@ -35,28 +35,32 @@ def plot_memory(
     its total; ``device`` draws its memory as a dashed line. Returns ``(figure, axes)``; draws
     into ``ax`` if given. Needs matplotlib (imported here, not with the module).
     """
+    import textwrap
+
     import matplotlib.pyplot as plt
 
     if not breakdowns:
         raise ValueError("Nothing to draw: breakdowns is empty")
     if ax is None:
-        fig, ax = plt.subplots(figsize=(max(5.0, 1.2 * len(breakdowns) + 3.0), 4.0))
+        fig, ax = plt.subplots(figsize=(max(5.0, 1.8 * len(breakdowns) + 3.0), 4.5))
     else:
         fig = ax.figure
     labels = list(breakdowns)
+    # wrapped so that neighbouring bars' labels cannot run into each other
+    names = ["\n".join(textwrap.wrap(label.replace("\n", " "), 16)) for label in labels]
     tops = [0.0] * len(labels)
     for part in fields(MemoryBreakdown):
         values = [getattr(breakdowns[label], part.name) / 1e9 for label in labels]
         if any(values):
-            ax.bar(labels, values, bottom=tops, label=part.name.replace("_", " "))
+            ax.bar(names, values, bottom=tops, label=part.name.replace("_", " "))
             tops = [top + value for top, value in zip(tops, values, strict=True)]
     for x, top in enumerate(tops):
-        ax.annotate(f"{top:.1f}", (x, top), ha="center", va="bottom", fontsize=9)
+        ax.annotate(f"{top:.1f}", (x, top), ha="center", va="bottom")
     if device is not None:
         memory = device.memory_bytes / 1e9
         ax.axhline(memory, color="black", linestyle="--", label=f"{device.name}: {memory:.0f} GB")
     ax.set(title=title, xlabel=xlabel, ylabel="memory (GB)")
     ax.margins(y=0.15)
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
     return fig, ax

@@ -28,6 +28,7 @@ from trainfast.accounting import matmul_flops
 from trainfast.timing import benchmark
 
 __all__ = [
+    "MICROARCHITECTURES",
     "CpuPeak",
     "OpCost",
     "Roofline",
@@ -81,11 +82,13 @@ class OpCost:
 
 @dataclass(frozen=True)
 class CpuPeak:
-    """A CPU's theoretical float32 peak, from its clock and vector width (:func:`cpu_peak_flops`).
+    """A CPU's theoretical float32 peak from its clock and vector datapath (:func:`cpu_peak_flops`).
 
     ``peak_flops = threads · clock_hz · flops_per_cycle``, with ``flops_per_cycle = fma_units ·
     lanes · 2`` (a fused multiply-add is two FLOPs). ``isa`` names the widest vector extension
-    found (``lanes`` float32 values per register).
+    found; ``lanes`` is the float32 values one FMA unit processes per cycle, which is the
+    *datapath's* width, not the register's: Zen 4 runs 512-bit instructions on 256-bit pipes.
+    ``microarchitecture`` names the core the width was read for.
     """
 
     threads: int
@@ -93,6 +96,7 @@ class CpuPeak:
     isa: str
     lanes: int
     fma_units: int
+    microarchitecture: str = "unknown"
 
     @property
     def flops_per_cycle(self) -> int:
@@ -102,17 +106,43 @@ class CpuPeak:
     def peak_flops(self) -> float:
         return self.threads * self.clock_hz * self.flops_per_cycle
 
+    def implied_clock_hz(self, flops_per_s: float) -> float:
+        """The clock at which ``flops_per_s`` would be this peak: above ``clock_hz`` (turbo)
+        where a measurement beats the nominal-clock peak."""
+        return flops_per_s / (self.threads * self.flops_per_cycle)
+
+
+#: (vendor, family, first model, last model) -> (microarchitecture, FMA datapath bits, FMA units),
+#: from AMD's and Intel's optimisation manuals (see :func:`cpu_peak_flops`)
+MICROARCHITECTURES = {
+    ("AuthenticAMD", 23, 0x00, 0x2F): ("Zen / Zen+", 128, 2),
+    ("AuthenticAMD", 23, 0x30, 0xFF): ("Zen 2", 256, 2),
+    ("AuthenticAMD", 25, 0x00, 0x0F): ("Zen 3", 256, 2),
+    ("AuthenticAMD", 25, 0x20, 0x2F): ("Zen 3", 256, 2),
+    ("AuthenticAMD", 25, 0x40, 0x5F): ("Zen 3", 256, 2),
+    ("AuthenticAMD", 25, 0x10, 0x1F): ("Zen 4", 256, 2),
+    ("AuthenticAMD", 25, 0x60, 0xAF): ("Zen 4", 256, 2),
+    ("AuthenticAMD", 26, 0x00, 0xFF): ("Zen 5", 512, 2),
+    ("GenuineIntel", 6, 0x8F, 0x8F): ("Sapphire Rapids", 512, 2),
+    ("GenuineIntel", 6, 0xCF, 0xCF): ("Emerald Rapids", 512, 2),
+}
+
 
 def cpu_peak_flops(threads: int, *, fma_units: int = 2, cpuinfo: str | None = None) -> CpuPeak:
     """The theoretical float32 peak of ``threads`` cores of this CPU: MFU's denominator.
 
     PaLM's MFU (Chowdhery et al. 2022, Appendix B) divides by the hardware's *theoretical* peak,
     not by a measured one. A GPU's comes from its datasheet (:data:`trainfast.gpus.GPUS`); a
-    CPU's is ``clock · fma_units · lanes · 2`` per core, with the clock and vector extensions
-    read from ``/proc/cpuinfo`` (``cpu MHz``, the flags ``avx512f``, ``avx2`` with ``fma``, or
-    ``sse2``: 16, 8 or 4 float32 lanes). ``fma_units`` (two on most server cores since Intel
-    Haswell and AMD Zen 4) and the reported clock (nominal; turbo runs faster) are assumptions:
-    a core that splits 512-bit operations into two halves (Zen 4) peaks at half this.
+    CPU's is ``clock · fma_units · lanes · 2`` per core. The clock (``cpu MHz``) and the vector
+    extensions (``avx512f``, ``avx2`` with ``fma``, or ``sse2``: 512, 256 or 128 bits) are read
+    from ``/proc/cpuinfo``; the width of the FMA datapath and the number of FMA units come from
+    the core's microarchitecture (``vendor_id``, ``cpu family``, ``model``, looked up in
+    :data:`MICROARCHITECTURES`). The lanes are the narrower of the instruction and the datapath:
+    Zen 4 executes a 512-bit FMA on its two 256-bit pipes, so it does 32 float32 FLOPs per cycle
+    like Zen 3, not the 64 of Sapphire Rapids' two 512-bit units. An unknown core is assumed to
+    have ``fma_units`` units as wide as its widest instructions. The clock is the one the
+    operating system reports, usually nominal: a core running at a turbo clock can beat this
+    peak (:meth:`CpuPeak.implied_clock_hz` says at what clock a measurement would be the peak).
     """
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
         raise ValueError(f"Invalid threads: {threads!r} (need a positive int)")
@@ -124,12 +154,40 @@ def cpu_peak_flops(threads: int, *, fma_units: int = 2, cpuinfo: str | None = No
         raise ValueError("Invalid cpuinfo: no 'cpu MHz' or 'flags' line to read the peak from")
     names = set(flags.group(1).split())
     if "avx512f" in names:
-        isa, lanes = "AVX-512", 16
+        isa, bits = "AVX-512", 512
     elif {"avx2", "fma"} <= names:
-        isa, lanes = "AVX2 + FMA", 8
+        isa, bits = "AVX2 + FMA", 256
     else:
-        isa, lanes, fma_units = "SSE2 (no FMA: one add and one multiply per cycle)", 4, 1
-    return CpuPeak(threads, float(clock.group(1)) * 1e6, isa, lanes, fma_units)
+        return CpuPeak(
+            threads,
+            float(clock.group(1)) * 1e6,
+            "SSE2 (no FMA: one add and one multiply per cycle)",
+            4,
+            1,
+            _microarchitecture(cpuinfo)[0],
+        )
+    name, datapath, units = _microarchitecture(cpuinfo)
+    if datapath is None:
+        datapath, units = bits, fma_units
+    lanes = min(bits, datapath) // 32
+    return CpuPeak(threads, float(clock.group(1)) * 1e6, isa, lanes, units, name)
+
+
+def _microarchitecture(cpuinfo: str) -> tuple[str, int | None, int | None]:
+    """(name, FMA datapath bits, FMA units) of the first core in ``cpuinfo``; bits ``None``
+    when the core is not in :data:`MICROARCHITECTURES`."""
+    fields = {}
+    for key in ("vendor_id", "cpu family", "model"):
+        found = re.search(rf"^{key}\s*:\s*(\S+)", cpuinfo, re.MULTILINE)
+        fields[key] = found.group(1) if found else None
+    try:
+        family, model = int(fields["cpu family"]), int(fields["model"])
+    except (TypeError, ValueError):
+        return "unknown", None, None
+    for (vendor, fam, first, last), row in MICROARCHITECTURES.items():
+        if fields["vendor_id"] == vendor and family == fam and first <= model <= last:
+            return row
+    return f"unknown ({fields['vendor_id']} family {family} model {model})", None, None
 
 
 def elementwise_cost(
@@ -271,5 +329,5 @@ def plot_roofline(
         ylabel="achieved FLOP/s",
         title=title,
     )
-    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2)
     return ax

@@ -36,7 +36,8 @@ __all__ = ["estimate_dict", "export", "grid", "setup_from_dict", "write_script"]
 def grid() -> list[TrainingSetup]:
     """The cases the browser test compares: every recipe, optimizer, ZeRO stage, GPU and
     recomputation choice, and layouts with tensor, pipeline (plain and interleaved), context and
-    expert parallelism, dropout, accumulation and both ends of the overlap assumption."""
+    expert parallelism, sequence parallelism, grouped-query attention, dropout, accumulation and
+    both ends of the overlap assumption."""
     small, large = PRESET_SHAPES["gpt2-small"], PRESET_SHAPES["llama2-7b-like"]
     cases = [
         TrainingSetup(
@@ -47,7 +48,8 @@ def grid() -> list[TrainingSetup]:
         for stage in (0, 3)
         for gpu in NVLINK_GPUS
     ]
-    no_overlap = StepAssumptions(overlap=0.0, mfu=0.5)
+    no_overlap = StepAssumptions(overlap=0.0, matmul_efficiency=0.7)
+    grouped = replace(large, batch_size=1, n_kv_heads=8)  # grouped-query attention
     for t, p, d, c, v, stage, recompute, experts in [
         (1, 1, 8, 1, 1, 1, "none", 1),
         (2, 1, 4, 1, 1, 2, "selective", 1),
@@ -62,7 +64,9 @@ def grid() -> list[TrainingSetup]:
         for assumptions in (StepAssumptions(), no_overlap):
             cases.append(
                 TrainingSetup(
-                    replace(large, batch_size=1),
+                    grouped
+                    if c > 1 and assumptions is no_overlap
+                    else replace(large, batch_size=1),
                     zero_stage=stage,
                     data=d,
                     tensor=t,
@@ -75,6 +79,7 @@ def grid() -> list[TrainingSetup]:
                     global_batch=32 * d,
                     recompute=recompute,
                     dropout=stage == 2,
+                    sequence_parallel=t > 1 and (assumptions is no_overlap or recompute == "full"),
                     assumptions=assumptions,
                 )
             )
@@ -95,7 +100,8 @@ def setup_from_dict(values: dict[str, Any]) -> TrainingSetup:
 
 
 def estimate_dict(result: StepEstimate) -> dict[str, Any]:
-    """An estimate as the widget returns it: memory by part and total, fits, time by part."""
+    """An estimate as the widget returns it: memory by part and total, fits, time by part, and
+    whole-step MFU and HFU."""
     memory = asdict(result.memory)
     return {
         "memory": {**memory, "total": result.memory.total},
@@ -110,6 +116,7 @@ def estimate_dict(result: StepEstimate) -> dict[str, Any]:
             "pipeline": result.pipeline_s,
             "step": result.step_s,
         },
+        "utilization": {"mfu": result.mfu, "hfu": result.hfu},
     }
 
 

@@ -56,7 +56,11 @@ Attention = Literal["manual", "sdpa"]
 @dataclass(frozen=True)
 class TransformerShape:
     """The sizes that decide a decoder's cost: vocabulary, width, depth, heads, MLP width,
-    sequence length (also the context the position embedding covers) and (micro-)batch size."""
+    sequence length (also the context the position embedding covers) and (micro-)batch size.
+    ``n_kv_heads``: key/value heads (grouped-query attention when fewer than ``n_heads``;
+    ``None``, the default, means ``n_heads``: :attr:`kv_heads`); the step-time model sizes
+    key/value traffic by it. The book's :class:`Transformer` has as many key/value heads as
+    query heads."""
 
     vocab_size: int
     d_model: int
@@ -65,14 +69,25 @@ class TransformerShape:
     d_ff: int
     seq_len: int
     batch_size: int
+    n_kv_heads: int | None = None
 
     def __post_init__(self) -> None:
         for size in fields(self):
-            check_positive(size.name, getattr(self, size.name))
+            if getattr(self, size.name) is not None:
+                check_positive(size.name, getattr(self, size.name))
         if self.d_model % self.n_heads:
             raise ValueError(
                 f"Invalid n_heads: {self.n_heads} (must divide d_model = {self.d_model})"
             )
+        if self.n_heads % self.kv_heads:
+            raise ValueError(
+                f"Invalid n_kv_heads: {self.n_kv_heads} (must divide n_heads = {self.n_heads})"
+            )
+
+    @property
+    def kv_heads(self) -> int:
+        """Key/value heads: ``n_kv_heads``, or ``n_heads`` when it is ``None``."""
+        return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
 
     @classmethod
     def gpt_like(

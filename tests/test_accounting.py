@@ -310,6 +310,7 @@ def test_bytes_per_parameter_of_the_standard_recipes():
         "fp16 autocast + scaler": 16,
         "fp16 autocast, no scaler": 16,
         "bf16 + fp32 master": 16,
+        "bf16 + fp32 master and gradients": 18,
         "bf16, fp32 moments": 12,
         "pure bf16": 8,
     }

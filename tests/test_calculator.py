@@ -18,14 +18,26 @@ from trainfast.accounting import (
     training_run_seconds,
 )
 from trainfast.calculator import estimate_dict, export, setup_from_dict, write_script
+from trainfast.distributed.context_parallel import ring_attention_work
 from trainfast.distributed.cost_model import Link, all_gather_time, all_reduce_time
+from trainfast.distributed.launch import spawn
 from trainfast.distributed.layout import layout_choices, propose_layout, recommend_layout
+from trainfast.distributed.parity.collectives import zero_traffic_worker
+from trainfast.distributed.pipeline import (
+    interleaved_schedule,
+    one_f_one_b_schedule,
+    peak_activations,
+)
+from trainfast.distributed.sequence_parallel import sequence_parallel_worker
 from trainfast.distributed.step_time import (
     StepAssumptions,
     TrainingSetup,
     all_to_all_time,
+    context_block_scores,
+    data_parallel_bytes,
     estimate,
     layer_activation_bytes,
+    layers_in_flight,
 )
 from trainfast.gpus import GPUS
 from trainfast.transformer import PRESET_SHAPES, TransformerShape
@@ -59,7 +71,7 @@ def test_activation_memory_matches_korthikanti_et_al(name):
     assert ours(t, False, "none") == pytest.approx(
         sbh * (10 + 24 / t + 5 * a * s / (h * t)), rel=1e-12
     )
-    # Eq. 3: tensor and sequence parallelism
+    # tensor and sequence parallelism (the gathered inputs are gathered again in backward)
     assert ours(t, True, "none") == pytest.approx(sbh / t * (34 + 5 * a * s / h), rel=1e-12)
     # Section 5: selective recomputation with sequence parallelism, sbh 34 / t; ours also keeps
     # the fused kernel's fp32 log-sum-exp per head and token, which the paper does not count
@@ -70,13 +82,35 @@ def test_activation_memory_matches_korthikanti_et_al(name):
     assert ours(t, True, "full") == pytest.approx(2 * sbh / t, rel=1e-12)
 
 
-def test_interleaving_keeps_more_activations_as_korthikanti_et_al_say():
-    shape = TransformerShape(51_200, 12_288, 96, 96, 4 * 12_288, 2048, 1)
-    base = TrainingSetup(shape, tensor=8, pipeline=8, global_batch=64, recompute="selective")
-    plain, interleaved = estimate(base), estimate(replace(base, virtual_stages=2))
-    head = plain.memory.activations - 96 * layer_activation_bytes(shape, 8, True, "selective")
-    factor = (interleaved.memory.activations - head) / (plain.memory.activations - head)
-    assert factor == pytest.approx(1 + (8 - 1) / (8 * 2), rel=1e-12)  # Section 4.2.3
+@pytest.mark.parametrize(
+    ("p", "v", "m"),
+    [(4, 1, 2), (4, 1, 8), (4, 2, 4), (4, 2, 8), (4, 3, 12), (8, 2, 8), (16, 2, 16)],
+)
+def test_layers_in_flight_are_the_schedules_peak(p, v, m):
+    L = 2 * p * v  # two layers per chunk
+    schedule = interleaved_schedule(p, m, v) if v > 1 else one_f_one_b_schedule(p, m)
+    peaks = peak_activations(schedule)
+    first, last = layers_in_flight(L, p, m, v)
+    assert (first, last) == (peaks[0] * L // (p * v), peaks[-1] * L // (p * v))
+
+
+def test_interleaving_keeps_korthikanti_et_als_factor_only_with_many_micro_batches():
+    L, p, v = 96, 8, 2
+    assert layers_in_flight(L, p, 64, v)[0] == L * (1 + (p - 1) / (p * v))  # Section 4.2.3
+    assert layers_in_flight(L, p, p, v)[0] == L  # m = p: every chunk of every micro-batch
+    shape = TransformerShape(51_200, 12_288, L, 96, 4 * 12_288, 2048, 1)
+    base = TrainingSetup(shape, tensor=8, pipeline=p, global_batch=p, recompute="selective")
+    one = layer_activation_bytes(shape, 8, False, "selective")
+    interleaved = estimate(replace(base, virtual_stages=v))
+    assert interleaved.memory.activations == pytest.approx(L * one, rel=1e-12)
+
+
+def test_the_head_lives_on_the_last_stage():
+    base = TrainingSetup(SMALL, pipeline=4, global_batch=32)
+    one = layer_activation_bytes(SMALL, recompute="selective")
+    head = SMALL.tokens * (2 * SMALL.d_model + SMALL.vocab_size) * 2
+    first, last = layers_in_flight(SMALL.n_layers, 4, base.micro_batches)
+    assert estimate(base).memory.activations == max(first * one, last * one + head)
 
 
 def test_full_recomputation_flops_are_narayanan_et_al_eq_3():
@@ -85,7 +119,7 @@ def test_full_recomputation_flops_are_narayanan_et_al_eq_3():
     shape = TransformerShape(V, h, L, 96, 4 * h, s, 1)
     setup = TrainingSetup(shape, data=24, tensor=8, pipeline=8, global_batch=B, recompute="full")
     result = estimate(setup)
-    peak = GPUS[setup.gpu].peak_flops["bf16"] * setup.assumptions.mfu
+    peak = GPUS[setup.gpu].peak_flops["bf16"] * setup.assumptions.matmul_efficiency
     eq3 = 96 * B * s * L * h**2 * (1 + s / (6 * h) + V / (16 * L * h))
     assert result.compute_s * setup.n_gpus * peak == pytest.approx(eq3, rel=1e-12)
 
@@ -136,7 +170,7 @@ def test_tensor_context_and_pipeline_parallelism_split_the_model_and_activations
 
 def test_step_time_is_compute_at_mfu_plus_an_all_reduce():
     gpu = GPUS["A100 SXM 80GB"]
-    assumptions = StepAssumptions(mfu=0.5, overlap=0.0)
+    assumptions = StepAssumptions(matmul_efficiency=0.5, overlap=0.0)
     setup = TrainingSetup(SMALL, data=4, global_batch=64, gpu=gpu.name, assumptions=assumptions)
     result = estimate(setup)
     flops = training_flops(replace(SMALL, batch_size=64))
@@ -162,15 +196,92 @@ def test_step_time_is_compute_at_mfu_plus_an_all_reduce():
     assert hidden.data_parallel_s == pytest.approx(max(0, expected - hidden.compute_s / 4 * 2 / 3))
 
 
-def test_zero3_gathers_the_weights_for_every_micro_batch():
+def test_zero3_gathers_the_weights_and_reduce_scatters_for_every_micro_batch():
     base = TrainingSetup(SMALL, zero_stage=3, data=16, global_batch=64, assumptions=NO_OVERLAP)
     result = estimate(base)
     n = parameter_count(SMALL)
     link = Link(NO_OVERLAP.network_latency_s, 1 / NO_OVERLAP.network_bytes_per_s)
     expected = all_reduce_time("ring", 2 * n, 16, link) / 2 + 2 * all_gather_time(2 * n, 16, link)
     assert result.data_parallel_s == pytest.approx(expected, rel=1e-12)  # 1.5x an all-reduce
-    twice = estimate(replace(base, global_batch=128))  # m = 2: gathered four times
-    assert twice.data_parallel_s == pytest.approx(expected + 2 * all_gather_time(2 * n, 16, link))
+    twice = estimate(replace(base, global_batch=128))  # m = 2: all of it twice
+    assert twice.data_parallel_s == pytest.approx(2 * expected, rel=1e-12)
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+@pytest.mark.parametrize("m", [1, 3])
+def test_the_data_parallel_time_is_the_bytes_over_the_bandwidth(stage, m):
+    free = StepAssumptions(overlap=0.0, network_latency_s=0.0)
+    setup = TrainingSetup(SMALL, zero_stage=stage, data=16, global_batch=64 * m, assumptions=free)
+    n = parameter_count(SMALL)
+    sent = data_parallel_bytes(n, 16, stage, m, gradient_bytes=2, parameter_bytes=2)
+    assert estimate(setup).data_parallel_s == pytest.approx(
+        sent / free.network_bytes_per_s, rel=1e-12
+    )
+
+
+def test_zero2_pays_a_reduce_scatter_per_micro_batch_and_zero1_does_not():
+    base = TrainingSetup(SMALL, zero_stage=1, data=16, global_batch=256, assumptions=NO_OVERLAP)
+    assert base.micro_batches == 4
+    zero1, zero2 = estimate(base), estimate(replace(base, zero_stage=2))
+    assert zero2.data_parallel_s > 1.9 * zero1.data_parallel_s
+    one = replace(base, global_batch=64)  # one micro-batch: the same traffic
+    assert estimate(replace(one, zero_stage=2)).data_parallel_s == pytest.approx(
+        estimate(one).data_parallel_s, rel=1e-12
+    )
+    # the layout search offers no ZeRO-2 or 3 with pipeline stages (DeepSpeed refuses them)
+    choices = layout_choices(TrainingSetup(SMALL, global_batch=64), 8)
+    assert not [e for e in choices if e.setup.zero_stage >= 2 and e.setup.pipeline > 1]
+    assert [e for e in choices if e.setup.zero_stage >= 2]
+
+
+@pytest.mark.parametrize(("stage", "m"), [(0, 3), (1, 3), (2, 1), (2, 3)])
+def test_the_model_counts_the_bytes_our_zero_sends(stage, m):
+    sent = spawn(zero_traffic_worker, 4, stage, m, timeout=120)
+    n = 8 * 16 + 16 + 16 * 4 + 4  # the worker's two Linear layers
+    model = data_parallel_bytes(n, 4, stage, m, gradient_bytes=4, parameter_bytes=4)
+    if stage == 1:  # as built: an all-reduce, then each owner broadcasts to the 3 others
+        assert sum(sent) == 4 * model + 3 * 4 * n
+        assert sum(sent) == pytest.approx(1.5 * 4 * model)
+    else:
+        assert sent == [model] * 4
+
+
+def test_sequence_parallel_activations_are_what_our_block_saves():
+    shape = TransformerShape(8, 64, 1, 8, 256, 64, 2)  # the chapter's block, float32
+    results = spawn(sequence_parallel_worker, 4, shape, 0, timeout=300)
+    layer_norm_stats = 2 * 2 * shape.tokens * 4  # mean and 1/std of two LayerNorms, not counted
+    for mode, sp in (("tp", False), ("sp", True)):
+        model = layer_activation_bytes(shape, 4, sp, "selective", value_bytes=4)
+        saved = results[0][mode]["saved_bytes"]
+        assert saved == model + layer_norm_stats / (4 if sp else 1), mode
+
+
+def test_sequence_parallelism_is_a_choice():
+    base = TrainingSetup(SMALL, tensor=4, global_batch=4)
+    assert (
+        estimate(replace(base, sequence_parallel=True)).memory.activations
+        < estimate(base).memory.activations
+    )
+    with pytest.raises(ValueError, match="Invalid sequence_parallel: 1"):
+        replace(base, sequence_parallel=1)
+
+
+def test_context_parallel_blocks_are_ring_attentions_causal_work():
+    for c, s in ((2, 64), (4, 128), (8, 256)):
+        size = s // (2 * c)  # a chunk of the balanced split
+        work = ring_attention_work(c, s, is_causal=True, balanced=True)
+        # every ring step computes one block's worth; the first adds the diagonals' own entries
+        assert work == [c * context_block_scores(s, c) + size] * c
+
+
+def test_mfu_and_hfu_are_outputs():
+    setup = TrainingSetup(SMALL, data=4, global_batch=64, recompute="full")
+    e = estimate(setup)
+    peak = 4 * GPUS[setup.gpu].peak_flops["bf16"]
+    assert e.mfu == pytest.approx(training_flops(replace(SMALL, batch_size=64)) / (e.step_s * peak))
+    assert e.hfu > e.mfu  # full recomputation runs the forward twice
+    alone = estimate(TrainingSetup(SMALL, global_batch=4, recompute="none"))  # nothing else
+    assert alone.hfu == pytest.approx(alone.setup.assumptions.matmul_efficiency, rel=1e-12)
 
 
 def test_pipeline_bubble_interleaving_and_recomputation_cost_time():
@@ -229,8 +340,8 @@ def test_experts_add_parameters_and_all_to_alls():
 def test_bad_setups_name_the_value(change, message):
     with pytest.raises(ValueError, match=message):
         replace(TrainingSetup(SMALL, global_batch=4), **change)
-    with pytest.raises(ValueError, match="Invalid mfu: 1.5"):
-        StepAssumptions(mfu=1.5)
+    with pytest.raises(ValueError, match="Invalid matmul_efficiency: 1.5"):
+        StepAssumptions(matmul_efficiency=1.5)
     with pytest.raises(ValueError, match="Invalid network_bytes_per_s: 0"):
         StepAssumptions(network_bytes_per_s=0)
     with pytest.raises(ValueError, match="Invalid overlap: -0.5"):

@@ -107,7 +107,8 @@ SET_INPUTS = """x => {
   delete values.assumptions;
   for (const [name, value] of Object.entries(values)) {
     const input = form.elements[name];
-    if (input.type === 'checkbox') input.checked = value; else input.value = String(value);
+    if (input.type === 'checkbox') input.checked = value;
+    else input.value = String(name === 'n_kv_heads' && value === null ? x.shape.n_heads : value);
   }
   form.elements.global_batch.dispatchEvent(new Event('input', {bubbles: true}));
   const out = {};
@@ -155,7 +156,17 @@ LABELS_ON_SCREEN = (
 
 @pytest.mark.parametrize(
     "name",
-    ["batch_size", "global_batch", "n_heads", "tensor", "mfu", "reserve", "gpus_per_node", "top_k"],
+    [
+        "batch_size",
+        "global_batch",
+        "n_heads",
+        "n_kv_heads",
+        "tensor",
+        "matmul_efficiency",
+        "reserve",
+        "gpus_per_node",
+        "top_k",
+    ],
 )
 def test_every_error_message_uses_a_label_on_screen(page, name):
     labels = page.evaluate(LABELS_ON_SCREEN)

@@ -7,6 +7,7 @@ compares with one process (or with ``torch.distributed``); several cases share o
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -17,7 +18,14 @@ from trainfast.distributed.context_parallel import (
     ring_attention_worker,
     ring_block_kind,
 )
-from trainfast.distributed.exercises import check_capacity_mask, check_causal_ring_work
+from trainfast.distributed.exercises import (
+    NEXT_CHANGES,
+    check_capacity_mask,
+    check_causal_ring_work,
+    check_layout_choice,
+    check_next_change,
+)
+from trainfast.distributed.layout import recommend_layout
 from trainfast.distributed.moe import (
     ExpertParallelMoE,
     MoEConfig,
@@ -34,6 +42,7 @@ from trainfast.distributed.parity.exchange import (
 )
 from trainfast.distributed.pipeline import PipelineConfig
 from trainfast.distributed.sequence_parallel import sequence_parallel_worker
+from trainfast.distributed.step_time import StepAssumptions
 from trainfast.distributed.torch_apis import torch_apis_worker
 from trainfast.transformer import TransformerShape
 
@@ -217,7 +226,10 @@ def test_tensor_and_sequence_parallel_block_match_dense(world_size):
                     ours, theirs, rtol=1e-5, atol=1e-5, msg=f"rank {rank} {mode} {name}"
                 )
         tp, sp, dense = result["tp"], result["sp"], result["dense"]
-        assert tp["sent_bytes"] == sp["sent_bytes"]  # all-reduce = reduce-scatter + all-gather
+        # all-reduce = reduce-scatter + all-gather; backward gathers each region's input again
+        activation = 4 * BLOCK.batch_size * BLOCK.seq_len * BLOCK.d_model
+        regather = 2 * (world_size - 1) * activation // world_size
+        assert sp["sent_bytes"] == tp["sent_bytes"] + regather
         if world_size == 1:
             assert (
                 tp["sent_bytes"] == 0
@@ -225,7 +237,6 @@ def test_tensor_and_sequence_parallel_block_match_dense(world_size):
             )
         else:
             # two all-reduces forward, two backward, of (batch, seq, d_model) float32, ring traffic
-            activation = 4 * BLOCK.batch_size * BLOCK.seq_len * BLOCK.d_model
             assert tp["sent_bytes"] == 4 * 2 * (world_size - 1) * activation // world_size
             assert sp["saved_bytes"] < tp["saved_bytes"] < dense["saved_bytes"]
 
@@ -279,3 +290,52 @@ def test_sequence_parallel_rejects_uneven_sequence():
     )
     with pytest.raises(SpawnError, match=r"Invalid seq_len: 10"):
         spawn(sequence_parallel_worker, 3, shape, timeout=60)
+
+
+# ------------------------------------------------------------------ decision exercises
+def _fastest_layout(base, n_devices):
+    return recommend_layout(base, n_devices).estimate.setup
+
+
+def _overheads_next_change(e):
+    recomputed = (e.hardware_flops - e.model_flops) / e.hardware_flops * e.compute_s
+    overheads = {
+        "interleave two virtual stages": e.bubble_s,
+        "ZeRO-1 instead of ZeRO-3": e.data_parallel_s,
+        "selective instead of full recomputation": recomputed if e.setup.recompute == "full" else 0,
+        "halve tensor parallelism, double data parallelism": e.tensor_parallel_s,
+    }
+    return max(overheads, key=overheads.get)
+
+
+def test_layout_exercise_passes_the_fastest_and_fails_wrong_choices(capsys):
+    check_layout_choice(_fastest_layout)
+    assert "All 2 cases passed." in capsys.readouterr().out
+
+    def pure_data(base, n):  # fits with ZeRO-3, but gathers every weight every micro-batch
+        return replace(base, data=n, zero_stage=3)
+
+    def ignores_the_budget(base, n):  # the fastest with all the memory, too big for half
+        return _fastest_layout(replace(base, assumptions=StepAssumptions()), n)
+
+    def across_nodes(base, n):
+        return replace(base, data=1, tensor=16, pipeline=2)
+
+    for wrong, why in [
+        (pure_data, "takes"),
+        (ignores_the_budget, "does not fit"),
+        (across_nodes, "across nodes|does not fit"),
+    ]:
+        with pytest.raises(AssertionError, match=why):
+            check_layout_choice(wrong)
+
+
+def test_next_change_exercise_passes_the_best_change_only(capsys):
+    check_next_change(_overheads_next_change)
+    assert "All 4 cases passed." in capsys.readouterr().out
+    # each scenario has a different best change, so any constant answer fails
+    for change in NEXT_CHANGES:
+        with pytest.raises(AssertionError, match="gives"):
+            check_next_change(lambda e, change=change: change)
+    with pytest.raises(AssertionError, match="is not one of"):
+        check_next_change(lambda e: "buy more GPUs")

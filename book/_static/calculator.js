@@ -11,9 +11,15 @@
 
   // --- the model: trainfast.accounting and trainfast.distributed.step_time, in the same order ---
 
+  // keys' (and values') width: the key/value heads times the head dimension
+  function kvDim(s) {
+    const kvHeads = s.n_kv_heads == null ? s.n_heads : s.n_kv_heads;
+    return kvHeads * Math.floor(s.d_model / s.n_heads);
+  }
+
   function parameterCount(s) {
-    const h = s.d_model, f = s.d_ff;
-    const attention = 4 * h * h + 4 * h;
+    const h = s.d_model, f = s.d_ff, k = kvDim(s);
+    const attention = h * (h + 2 * k) + h * h + (h + 2 * k) + h;
     const mlp = 2 * h * f + f + h;
     const layerNorms = 2 * 2 * h;
     const embeddings = s.vocab_size * h + s.seq_len * h;
@@ -30,7 +36,7 @@
     const headDim = Math.floor(h / s.n_heads);
     const attentionForward = s.batch_size * s.n_heads * 2 * (2 * s.seq_len * headDim * s.seq_len);
     const layer =
-      linearTrainingFlops(tokens, h, 3 * h) +
+      linearTrainingFlops(tokens, h, h + 2 * kvDim(s)) +
       linearTrainingFlops(tokens, h, h) +
       linearTrainingFlops(tokens, h, f) +
       linearTrainingFlops(tokens, f, h) +
@@ -40,9 +46,12 @@
 
   // accounting.activation_bytes
   function activationBytes(s, tensor, sequenceParallel, valueBytes, dropout, attention) {
-    const h = s.d_model, f = s.d_ff, a = s.n_heads;
+    const h = s.d_model, f = s.d_ff, a = s.n_heads, k = kvDim(s), grouped = k !== h;
     const tokenWise = 4 * h * valueBytes + (dropout ? 2 * h : 0);
-    let split = (4 * h + 2 * f) * valueBytes;
+    // accounting._attention_keeps: matmul keeps copies of Q, K, V; SDPA keeps the projection,
+    // and K and V repeated to every query head when grouped
+    const keeps = attention === "manual" ? h + 2 * (grouped ? h : k) + h : h + 2 * k + (grouped ? 2 * h : 0) + h;
+    let split = (keeps + 2 * f) * valueBytes;
     if (attention === "manual") split += a * s.seq_len * (valueBytes + (dropout ? 1 + valueBytes : 0));
     else split += a * 4;
     if (sequenceParallel) return (s.seq_len * s.batch_size * (tokenWise + split)) / tensor;
@@ -59,6 +68,21 @@
     if (recompute === "full") return checkpointedLayerBytes(s, tensor, sequenceParallel, valueBytes);
     const attention = recompute === "none" ? "manual" : "sdpa";
     return activationBytes(s, tensor, sequenceParallel, valueBytes, dropout, attention);
+  }
+
+  // step_time.layers_in_flight: [first stage, last stage]
+  function layersInFlight(L, p, m, v) {
+    if (v === 1) {
+      const stage = Math.ceil(L / p);
+      return [stage * Math.min(p, m), stage * Math.min(1, m)];
+    }
+    const chunk = Math.ceil(L / (p * v));
+    return [chunk * Math.min(v * p + p - 1, m * v), chunk * Math.min((v - 1) * p + 1, m * v)];
+  }
+
+  // step_time.context_block_scores
+  function contextBlockScores(seqLen, context) {
+    return (seqLen / context) ** 2 / 2;
   }
 
   function zeroMemory(n, worldSize, stage, paramBytes, gradBytes, optimizerBytes) {
@@ -110,9 +134,13 @@
     }
     if (x.shape.d_model % x.shape.n_heads)
       return { name: "n_heads", value: x.shape.n_heads, why: `must divide the width d_model (${x.shape.d_model})` };
+    const kvHeads = x.shape.n_kv_heads == null ? x.shape.n_heads : x.shape.n_kv_heads;
+    if (!isPositiveInteger(kvHeads)) return { name: "n_kv_heads", value: kvHeads, why: positive };
+    if (x.shape.n_heads % kvHeads)
+      return { name: "n_kv_heads", value: kvHeads, why: `must divide the heads (${x.shape.n_heads})` };
     const a = x.assumptions;
     const bad = (name, why) => ({ name: name, value: a[name], why: why });
-    if (!(a.mfu > 0 && a.mfu <= 1)) return bad("mfu", "must be above 0 and at most 1");
+    if (!(a.matmul_efficiency > 0 && a.matmul_efficiency <= 1)) return bad("matmul_efficiency", "must be above 0 and at most 1");
     if (!(a.overlap >= 0 && a.overlap <= 1)) return bad("overlap", "must be between 0 and 1");
     if (!(a.reserve >= 0 && a.reserve < 1)) return bad("reserve", "must be at least 0 and below 1");
     if (!isPositiveInteger(a.gpus_per_node)) return bad("gpus_per_node", positive);
@@ -179,11 +207,10 @@
       state[2] += master.optimizer_state;
       state[3] += shard.optimizer_state;
     }
-    const sp = t > 1;
+    const sp = x.sequence_parallel && t > 1;
     const one = layerActivationBytes(local, t, sp, x.recompute, valueBytes, x.dropout);
-    const layersAlive = v > 1 ? L * (1 + (p - 1) / (p * v)) : stageLayers * Math.min(p, m);
-    let layers = layersAlive * one;
-    if (x.recompute === "full") layers += layerActivationBytes(local, t, sp, "selective", valueBytes, x.dropout);
+    const [first, last] = layersInFlight(L, p, m, v);
+    const working = x.recompute === "full" ? layerActivationBytes(local, t, sp, "selective", valueBytes, x.dropout) : 0.0;
     const localTokens = local.seq_len * local.batch_size;
     const head = localTokens * (2 * h + shape.vocab_size / t) * valueBytes;
     const memory = {
@@ -191,30 +218,35 @@
       gradients: state[1],
       master_weights: state[2],
       optimizer_state: state[3],
-      activations: layers + head,
+      activations: Math.max(first * one, last * one + head) + working,
     };
     memory.total = 0 + memory.parameters + memory.gradients + memory.master_weights + memory.optimizer_state + memory.activations;
 
     const step = Object.assign({}, routed, { batch_size: x.global_batch });
     let flops = trainingFlops(step);
+    const modelFlops = flops;
     const headDim = Math.floor(h / shape.n_heads);
     const attentionForward = step.batch_size * shape.n_heads * 4 * shape.seq_len ** 2 * headDim;
     if (x.recompute === "full") flops += (flops - linearTrainingFlops(step.seq_len * step.batch_size, h, shape.vocab_size)) / 3;
     else if (x.recompute === "selective") flops += L * attentionForward;
-    const achieved = gpu.peak_flops[data.recipes[x.recipe].compute_format] * a.mfu;
+    const peak = gpu.peak_flops[data.recipes[x.recipe].compute_format];
+    const achieved = peak * a.matmul_efficiency;
     const compute = flops / (d * c * t * p * achieved);
-    const bubble = (compute * (p - 1)) / (v * m);
     const forwards = x.recompute === "full" ? 2 : 1;
 
     const activation = localTokens * h * valueBytes;
-    const tensor = 2 * (forwards + 1) * allReduceRing(activation, t, link(t, nvlink, a));
+    const tpLink = link(t, nvlink, a);
+    let tensor = 2 * (forwards + 1) * allReduceRing(activation, t, tpLink);
+    if (sp) tensor += 2 * allGather(activation, t, tpLink);
     const tensorParallel = tensor * stageLayers * m;
 
     let contextParallel = 0.0;
     if (c > 1) {
-      const kvBlock = (2 * activation) / t;
+      const kvHeads = Math.max((shape.n_kv_heads == null ? shape.n_heads : shape.n_kv_heads) / t, 1);
+      const kvBlock = 2 * localTokens * kvHeads * headDim * valueBytes;
       const send = link(t * c, nvlink, a);
-      let blockS = ((shape.batch_size * shape.n_heads) / t) * 4 * local.seq_len ** 2 * headDim;
+      const scores = contextBlockScores(shape.seq_len, c);
+      let blockS = ((shape.batch_size * shape.n_heads) / t) * 4 * scores * headDim;
       blockS /= achieved;
       const forward = Math.max(0.0, send.alpha + kvBlock * send.beta - blockS);
       const backward = Math.max(0.0, send.alpha + 2 * kvBlock * send.beta - 2 * blockS);
@@ -229,6 +261,8 @@
       expertParallel = 2 * (forwards + 1) * oneA2a * stageLayers * m;
     }
 
+    const bubble = ((compute + tensorParallel + contextParallel + expertParallel) * (p - 1)) / (v * m);
+
     let pipeline = 0.0;
     if (p > 1) {
       const hop = link(t * c * p, nvlink, a);
@@ -239,16 +273,19 @@
     const dataLink = link(t * c * p * d, nvlink, a);
     for (const [n, r] of parts) {
       if (!n || r <= 1) continue;
-      const gradBytes = n * per.gradients;
-      if (x.zero_stage === 3) {
-        const weightBytes = n * per.parameters;
-        dataParallel += reduceScatter(gradBytes, r, dataLink);
-        dataParallel += 2 * m * allGather(weightBytes, r, dataLink);
-      } else {
+      const gradBytes = n * per.gradients, weightBytes = n * per.parameters;
+      if (x.zero_stage <= 1) {
         dataParallel += allReduceRing(gradBytes, r, dataLink);
+      } else if (x.zero_stage === 2) {
+        dataParallel += m * reduceScatter(gradBytes, r, dataLink);
+        dataParallel += allGather(weightBytes, r, dataLink);
+      } else {
+        dataParallel += m * reduceScatter(gradBytes, r, dataLink);
+        dataParallel += 2 * m * allGather(weightBytes, r, dataLink);
       }
     }
-    const hidden = x.zero_stage === 3 ? compute : ((compute / m) * (forwards + 1)) / (forwards + 2);
+    const backward = (compute * (forwards + 1)) / (forwards + 2);
+    const hidden = [backward / m, backward / m, backward, compute][x.zero_stage];
     dataParallel = Math.max(0.0, dataParallel - a.overlap * hidden);
 
     const time = {
@@ -256,7 +293,9 @@
       context_parallel: contextParallel, expert_parallel: expertParallel, pipeline: pipeline,
     };
     time.step = compute + bubble + dataParallel + tensorParallel + contextParallel + expertParallel + pipeline;
-    return { memory: memory, fits: memory.total <= gpu.memory_bytes * (1 - a.reserve), time: time };
+    const peakAll = peak * d * c * t * p;
+    const utilization = { mfu: modelFlops / (time.step * peakAll), hfu: flops / (time.step * peakAll) };
+    return { memory: memory, fits: memory.total <= gpu.memory_bytes * (1 - a.reserve), time: time, utilization: utilization };
   }
 
   // --- the widget -----------------------------------------------------------------------------
@@ -266,6 +305,7 @@
     ["d_model", "width d_model"],
     ["n_layers", "layers"],
     ["n_heads", "heads"],
+    ["n_kv_heads", "key/value heads"],
     ["d_ff", "MLP width d_ff"],
     ["seq_len", "sequence length"],
   ];
@@ -277,7 +317,7 @@
     ["activations", "activations"],
   ];
   const TIME_PARTS = [
-    ["compute", "compute (matmuls at the assumed MFU)"],
+    ["compute", "compute (matmuls at the assumed efficiency)"],
     ["bubble", "pipeline bubble"],
     ["data_parallel", "gradient reduction not hidden (data parallel)"],
     ["tensor_parallel", "activation all-reduces (tensor parallel)"],
@@ -286,7 +326,7 @@
     ["pipeline", "sends between stages (pipeline)"],
   ];
   const ASSUMPTION_FIELDS = [
-    ["mfu", "assumed MFU"],
+    ["matmul_efficiency", "matmul efficiency (share of peak)"],
     ["overlap", "overlap of the gradient reduction"],
     ["gpus_per_node", "GPUs per NVLink node"],
     ["nvlink_latency_s", "NVLink latency (s)"],
@@ -341,6 +381,11 @@
     return node;
   }
 
+  /** A preset's value of a shape field (no key/value heads given: as many as the heads). */
+  function shapeValue(shape, name) {
+    return name === "n_kv_heads" && shape[name] == null ? shape.n_heads : shape[name];
+  }
+
   function gb(bytes) {
     return (bytes / 1e9).toFixed(2);
   }
@@ -355,7 +400,7 @@
     const form = el("form", { class: "tfc-form" });
     const presetSelect = select("preset", Object.keys(data.shapes).concat(["custom"]), preset);
     form.appendChild(el("fieldset", {}, [el("legend", { text: "Model" }), field("preset", presetSelect)].concat(
-      SHAPE_FIELDS.map(([name, label]) => field(label, numberInput(name, shape[name]))))));
+      SHAPE_FIELDS.map(([name, label]) => field(label, numberInput(name, shapeValue(shape, name)))))));
     form.appendChild(el("fieldset", {}, [
       el("legend", { text: "Training" }),
       field("precision recipe", select("recipe", Object.keys(data.recipes), "bf16 + fp32 master")),
@@ -363,6 +408,7 @@
       field("ZeRO stage", select("zero_stage", [0, 1, 2, 3], 1)),
       field("activation recomputation", select("recompute", data.recompute, "selective")),
       field("dropout", el("input", { type: "checkbox", name: "dropout" })),
+      field("sequence parallelism (with t > 1)", el("input", { type: "checkbox", name: "sequence_parallel" })),
       field("micro-batch (sequences)", numberInput("batch_size", 1)),
       field("global batch (sequences)", numberInput("global_batch", 256)),
       field("experts per MLP (1: dense)", numberInput("experts", 1)),
@@ -398,7 +444,8 @@
       const assumptions = {};
       for (const [name] of ASSUMPTION_FIELDS) assumptions[name] = int(name);
       const x = { shape: s, recipe: value("recipe"), optimizer: value("optimizer"), gpu: value("gpu"),
-        recompute: value("recompute"), dropout: form.elements.dropout.checked, assumptions: assumptions };
+        recompute: value("recompute"), dropout: form.elements.dropout.checked,
+        sequence_parallel: form.elements.sequence_parallel.checked, assumptions: assumptions };
       for (const name of ["zero_stage", "data", "tensor", "pipeline", "context", "virtual_stages", "experts",
         "top_k", "expert_parallel", "global_batch"]) x[name] = int(name);
       return [x, empty];
@@ -449,6 +496,9 @@
       memoryRows.push(row("total per GPU", "memory.total", r.memory.total, gb(r.memory.total) + " GB"));
       const timeRows = TIME_PARTS.map(([key, label]) => row(label, "time." + key, r.time[key], seconds(r.time[key])));
       timeRows.push(row("step", "time.step", r.time.step, seconds(r.time.step)));
+      const percent = (f) => (100 * f).toFixed(0) + " %";
+      timeRows.push(row("whole-step MFU (model FLOPs)", "utilization.mfu", r.utilization.mfu, percent(r.utilization.mfu)));
+      timeRows.push(row("whole-step HFU (recomputation counted)", "utilization.hfu", r.utilization.hfu, percent(r.utilization.hfu)));
       const tokensPerSecond = (x.global_batch * x.shape.seq_len) / r.time.step;
       const usable = gb(capacity * (1 - x.assumptions.reserve));
       const verdict = r.fits
@@ -467,7 +517,7 @@
 
     presetSelect.addEventListener("change", () => {
       const chosen = data.shapes[presetSelect.value];
-      if (chosen) for (const [name] of SHAPE_FIELDS) form.elements[name].value = chosen[name];
+      if (chosen) for (const [name] of SHAPE_FIELDS) form.elements[name].value = shapeValue(chosen, name);
       render();
     });
     form.addEventListener("input", (event) => {

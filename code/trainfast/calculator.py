@@ -34,15 +34,15 @@ __all__ = ["WIDGET_SHAPES", "estimate_dict", "export", "grid", "setup_from_dict"
 
 
 def _gpt2_style(shape: TransformerShape) -> bool:
-    """Whether ``shape`` makes the choices of GPT-2, the only ones the widget counts."""
+    """Whether ``shape`` makes GPT-2's choices (grouped-query attention aside), the only ones
+    the widget counts."""
     gpt2 = TransformerShape(1, 1, 1, 1, 1, 1, 1)
     choices = ("norm", "positions", "mlp", "qk_norm", "bias", "tied_head")
-    same = all(getattr(shape, name) == getattr(gpt2, name) for name in choices)
-    return same and shape.kv_heads == shape.n_heads
+    return all(getattr(shape, name) == getattr(gpt2, name) for name in choices)
 
 
 #: The shapes the widget offers. Its JavaScript counts GPT-2-style layers (LayerNorm, learned
-#: positions, a GELU MLP, multi-head attention, a tied head), so it offers the presets of that
+#: positions, a GELU MLP, a tied head; grouped-query attention too), so it offers the presets of that
 #: family and a GPT-2-style model of Llama 2 7B's sizes (width 4,096, 32 layers and heads,
 #: context 4,096, vocabulary 32,000; a GELU MLP of width 4 x 4,096: 6.6B parameters). The modern
 #: presets (``llama3-8b`` and so on) are Python's alone until the widget counts their choices.
@@ -57,7 +57,8 @@ WIDGET_SHAPES: dict[str, TransformerShape] = {
 def grid() -> list[TrainingSetup]:
     """The cases the browser test compares: every recipe, optimizer, ZeRO stage, GPU and
     recomputation choice, and layouts with tensor, pipeline (plain and interleaved), context and
-    expert parallelism, dropout, accumulation and both ends of the overlap assumption."""
+    expert parallelism, sequence parallelism, grouped-query attention, dropout, accumulation and
+    both ends of the overlap assumption."""
     small, large = WIDGET_SHAPES["gpt2-small"], WIDGET_SHAPES["gpt-7b"]
     cases = [
         TrainingSetup(
@@ -68,7 +69,8 @@ def grid() -> list[TrainingSetup]:
         for stage in (0, 3)
         for gpu in NVLINK_GPUS
     ]
-    no_overlap = StepAssumptions(overlap=0.0, mfu=0.5)
+    no_overlap = StepAssumptions(overlap=0.0, matmul_efficiency=0.7)
+    grouped = replace(large, batch_size=1, n_kv_heads=8)  # grouped-query attention
     for t, p, d, c, v, stage, recompute, experts in [
         (1, 1, 8, 1, 1, 1, "none", 1),
         (2, 1, 4, 1, 1, 2, "selective", 1),
@@ -83,7 +85,9 @@ def grid() -> list[TrainingSetup]:
         for assumptions in (StepAssumptions(), no_overlap):
             cases.append(
                 TrainingSetup(
-                    replace(large, batch_size=1),
+                    grouped
+                    if c > 1 and assumptions is no_overlap
+                    else replace(large, batch_size=1),
                     zero_stage=stage,
                     data=d,
                     tensor=t,
@@ -96,6 +100,7 @@ def grid() -> list[TrainingSetup]:
                     global_batch=32 * d,
                     recompute=recompute,
                     dropout=stage == 2,
+                    sequence_parallel=t > 1 and (assumptions is no_overlap or recompute == "full"),
                     assumptions=assumptions,
                 )
             )
@@ -105,7 +110,7 @@ def grid() -> list[TrainingSetup]:
 def _widget_fields(shape: TransformerShape) -> dict[str, Any]:
     """The sizes the widget reads (its shapes are all GPT-2-style: :data:`WIDGET_SHAPES`)."""
     sizes = ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "seq_len", "batch_size")
-    return {name: getattr(shape, name) for name in sizes}
+    return {name: getattr(shape, name) for name in (*sizes, "n_kv_heads")}
 
 
 def _setup_dict(setup: TrainingSetup) -> dict[str, Any]:
@@ -123,7 +128,8 @@ def setup_from_dict(values: dict[str, Any]) -> TrainingSetup:
 
 
 def estimate_dict(result: StepEstimate) -> dict[str, Any]:
-    """An estimate as the widget returns it: memory by part and total, fits, time by part."""
+    """An estimate as the widget returns it: memory by part and total, fits, time by part, and
+    whole-step MFU and HFU."""
     memory = asdict(result.memory)
     return {
         "memory": {**memory, "total": result.memory.total},
@@ -138,6 +144,7 @@ def estimate_dict(result: StepEstimate) -> dict[str, Any]:
             "pipeline": result.pipeline_s,
             "step": result.step_s,
         },
+        "utilization": {"mfu": result.mfu, "hfu": result.hfu},
     }
 
 

@@ -108,6 +108,8 @@ RECIPES: dict[str, Recipe] = {
         Recipe("fp16 autocast, no scaler", 4, 4, 0, 4, 2, "fp16", autocast_dtype=_FP16),
         # ZeRO's mixed precision: 16-bit weights and gradients, fp32 master weights and moments
         Recipe("bf16 + fp32 master", 2, 2, 4, 4, 2, "bf16", param_dtype=_BF16),
+        # Megatron-LM and Llama 3 accumulate and reduce gradients in fp32 (a main_grad buffer)
+        Recipe("bf16 + fp32 master and gradients", 2, 4, 4, 4, 2, "bf16", param_dtype=_BF16),
         Recipe("bf16, fp32 moments", 2, 2, 0, 4, 2, "bf16", param_dtype=_BF16),  # no master copy
         Recipe("pure bf16", 2, 2, 0, 2, 2, "bf16", param_dtype=_BF16),  # everything in bf16
     )

@@ -38,10 +38,15 @@ __all__ = [
     "check_causal_ring_work",
     "check_distributed_evaluation",
     "check_function",
+    "check_layout_choice",
+    "check_next_change",
     "check_peak_activations_1f1b",
     "check_ring_chunks",
     "check_tree_all_reduce_time",
     "check_zero_memory",
+    "breakdown_exercise_setups",
+    "layout_exercise_setup",
+    "NEXT_CHANGES",
 ]
 
 
@@ -151,12 +156,46 @@ def _define(source: str, name: str) -> Callable[..., Any]:
     return namespace[name]
 
 
+#: The collectives of ``torch.distributed`` an exercise built "from send and recv" may not call.
+FORBIDDEN_COLLECTIVES: tuple[str, ...] = (
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_gather_object",
+    "all_reduce",
+    "all_to_all",
+    "all_to_all_single",
+    "broadcast",
+    "broadcast_object_list",
+    "gather",
+    "reduce",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "scatter",
+)
+
+
+class ForbiddenCollectiveError(RuntimeError):
+    """The reader's function called a collective where only send and recv are allowed."""
+
+
+def _forbid(name: str) -> Callable[..., Any]:
+    def forbidden(*args: Any, **kwargs: Any) -> None:
+        raise ForbiddenCollectiveError(
+            f"dist.{name} was called: this exercise builds it from dist.send and dist.recv only"
+        )
+
+    return forbidden
+
+
 def collective_exercise_worker(
     rank: int, world_size: int, source: str, name: str, kind: str, cases: list[tuple]
 ) -> list[torch.Tensor]:
-    """In each rank: define the reader's function and run it on every case; return results."""
+    """In each rank: define the reader's function and run it on every case, with
+    ``torch.distributed``'s collectives replaced by functions that raise; return results."""
     candidate = _define(source, name)
     results = []
+    for collective in FORBIDDEN_COLLECTIVES:  # this rank's process only, for the whole run
+        setattr(dist, collective, _forbid(collective))
     for shape, dtype, root in cases:
         generator = torch.Generator().manual_seed(100 * rank + len(results))
         tensor = (torch.rand(shape, generator=generator) * 100).to(dtype)
@@ -221,34 +260,41 @@ def _check_collective(candidate: Callable[..., Any], kind: str) -> None:
 
 
 def check_broadcast(candidate: Callable[[torch.Tensor, int], None]) -> None:
-    """Exercise: ``broadcast(tensor, src)`` from ``dist.send``/``dist.recv``, in place, on 2-4
-    ranks, several roots, integers and floats."""
+    """Exercise: ``broadcast(tensor, src)`` from ``dist.send``/``dist.recv`` only (a call of
+    ``dist.broadcast`` or any other collective fails the case), in place, on 2-4 ranks, several
+    roots, integers and floats."""
     _check_collective(candidate, "broadcast")
 
 
 def check_all_reduce(candidate: Callable[[torch.Tensor], None]) -> None:
-    """Exercise: ``all_reduce(tensor)`` (the sum) from send and receive, in place, on 2-4 ranks."""
+    """Exercise: ``all_reduce(tensor)`` (the sum) from send and receive only, in place, on 2-4
+    ranks."""
     _check_collective(candidate, "all_reduce")
 
 
 def evaluation_exercise_worker(
     rank: int, world_size: int, source: str, name: str
-) -> tuple[int, int]:
-    """In each rank: the reader's ``(correct, total)`` for the chapter's digits model."""
+) -> tuple[int, int, int]:
+    """In each rank: the reader's ``(correct, total)`` for the chapter's digits model, and how
+    many examples the model saw on this rank."""
     from trainfast.datasets import digits
     from trainfast.distributed.data_parallel import DataParallelConfig, make_model
 
     candidate = _define(source, name)
     model = make_model(DataParallelConfig(), seed=0)
+    seen = [0]
+    model.register_forward_pre_hook(
+        lambda module, args: seen.__setitem__(0, seen[0] + len(args[0]))
+    )
     correct, total = candidate(model, digits("test"), rank, world_size)
-    return int(correct), int(total)
+    return int(correct), int(total), seen[0]
 
 
 def check_distributed_evaluation(
     candidate: Callable[[torch.nn.Module, Any, int, int], tuple[int, int]],
 ) -> None:
     """Exercise: ``(correct, total)`` over the whole test set, summed across 2-4 ranks, on
-    every rank, each example counted once."""
+    every rank, each example evaluated once, on one rank (the ranks split the work)."""
     from trainfast.datasets import digits
     from trainfast.distributed.data_parallel import (
         DataParallelConfig,
@@ -275,8 +321,19 @@ def check_distributed_evaluation(
             results.append((case, str(error).splitlines()[0]))
             continue
         want = (expected.correct, expected.total)
-        wrong = {r: g for r, g in enumerate(got) if g != want}
-        results.append((case, f"expected {want} on every rank, got {wrong}" if wrong else None))
+        wrong = {r: g[:2] for r, g in enumerate(got) if g[:2] != want}
+        seen = [g[2] for g in got]
+        share = -(-expected.total // world_size)  # each rank's share, rounded up
+        if wrong:
+            problem = f"expected {want} on every rank, got {wrong}"
+        elif sum(seen) != expected.total or max(seen) > share:
+            problem = (
+                f"the ranks evaluated {seen} examples: each of the {expected.total} must be "
+                f"evaluated once, on one of the ranks, at most {share} per rank"
+            )
+        else:
+            problem = None
+        results.append((case, problem))
     report(results)
 
 
@@ -326,4 +383,138 @@ def check_causal_ring_work(work: Callable[[int, int], int]) -> None:
             got = work(rank, world_size)
             case = f"rank {rank} of {world_size}: {expected} blocks"
             results.append((case, None if got == expected else f"got {got!r}"))
+    report(results)
+
+
+# ------------------------------------------------------------------------ decision exercises
+def layout_exercise_setup() -> tuple[Any, int]:
+    """The layout exercise: a 39B-parameter decoder (48 layers of width 8,192), 4,096-token
+    sequences, 128 sequences per step, selective recomputation and sequence parallelism, on 32
+    H100s (4 nodes of 8)."""
+    from trainfast.distributed.step_time import TrainingSetup
+    from trainfast.transformer import TransformerShape
+
+    shape = TransformerShape.gpt_like(n_layers=48, d_model=8192, n_heads=64, seq_len=4096)
+    return TrainingSetup(shape, global_batch=128, sequence_parallel=True), 32
+
+
+def check_layout_choice(choose: Callable[[Any, int], Any], tolerance: float = 0.03) -> None:
+    """Exercise: ``choose(base, n_devices)`` returns a ``TrainingSetup`` (``base`` with ``data``,
+    ``tensor``, ``pipeline`` and ``zero_stage`` chosen) for the exercise's model and cluster, with
+    the whole memory and with half of it held back (``reserve``). A case passes when the layout
+    uses every device, fits, keeps tensor parallelism inside a node, and is within ``tolerance``
+    of the fastest layout the step model finds
+    (:func:`~trainfast.distributed.layout.recommend_layout`)."""
+    from dataclasses import replace
+
+    from trainfast.distributed.layout import describe, recommend_layout
+    from trainfast.distributed.step_time import StepAssumptions, estimate
+
+    base, n_devices = layout_exercise_setup()
+    results: list[Case] = []
+    for reserve in (0.1, 0.5):
+        setup = replace(base, assumptions=StepAssumptions(reserve=reserve))
+        best = recommend_layout(setup, n_devices).estimate
+        case = f"{n_devices} H100s, {reserve:.0%} of the memory held back"
+        try:
+            answer = choose(setup, n_devices)
+            layout = {k: getattr(answer, k) for k in ("data", "tensor", "pipeline", "zero_stage")}
+            chosen = estimate(replace(setup, **layout))  # the layout, on this case's setup
+        except Exception as error:  # the reader's bug is a failed case, not a crash
+            results.append((case, f"{type(error).__name__}: {error}"))
+            continue
+        s = chosen.setup
+        if s.n_gpus != n_devices:
+            problem = f"{describe(s)} uses {s.n_gpus} devices, not {n_devices}"
+        elif not chosen.fits:
+            problem = (
+                f"{describe(s)} needs {chosen.memory.total / 1e9:.0f} GB per GPU: it does not fit"
+            )
+        elif s.tensor > s.assumptions.gpus_per_node:
+            problem = f"{describe(s)}: tensor parallelism across nodes"
+        elif chosen.step_s > best.step_s * (1 + tolerance):
+            problem = (
+                f"{describe(s)} takes {chosen.step_s:.2f} s; {describe(best.setup)} takes "
+                f"{best.step_s:.2f} s"
+            )
+        else:
+            problem = None
+        results.append((case, problem))
+    report(results)
+
+
+#: The changes the step-breakdown exercise offers, each a function of the setup.
+NEXT_CHANGES: dict[str, Callable[[Any], Any]] = {
+    "interleave two virtual stages": lambda s: _replace(s, virtual_stages=2 * s.virtual_stages),
+    "halve the pipeline stages, double data parallelism": lambda s: _replace(
+        s, pipeline=s.pipeline // 2, data=s.data * 2
+    ),
+    "ZeRO-1 instead of ZeRO-3": lambda s: _replace(s, zero_stage=1),
+    "selective instead of full recomputation": lambda s: _replace(s, recompute="selective"),
+    "halve tensor parallelism, double data parallelism": lambda s: _replace(
+        s, tensor=s.tensor // 2, data=s.data * 2
+    ),
+}
+
+
+def _replace(setup: Any, **changes: Any) -> Any:
+    from dataclasses import replace
+
+    return replace(setup, **changes)
+
+
+def breakdown_exercise_setups() -> list[Any]:
+    """The step-breakdown exercise's layouts of a 7B model, each with one overhead that
+    dominates: a deep pipeline with few micro-batches; ZeRO-3 across nodes with small steps;
+    full recomputation where selective fits; tensor parallelism spilling over the network."""
+    from trainfast.distributed.step_time import StepAssumptions, TrainingSetup
+    from trainfast.transformer import TransformerShape
+
+    shape = TransformerShape.gpt_like(n_layers=32, d_model=4096, n_heads=32, seq_len=4096)
+    slow = StepAssumptions(overlap=0.0)
+    return [
+        TrainingSetup(shape, data=4, pipeline=8, tensor=2, global_batch=32, sequence_parallel=True),
+        TrainingSetup(shape, zero_stage=3, data=64, global_batch=64, assumptions=slow),
+        TrainingSetup(
+            shape, data=8, tensor=2, global_batch=64, recompute="full", sequence_parallel=True
+        ),
+        TrainingSetup(shape, data=2, tensor=16, global_batch=64, sequence_parallel=True),
+    ]
+
+
+def _after(change: str, setup: Any) -> float:
+    """The step time after ``change``, or infinity where it is not possible or does not fit."""
+    from trainfast.distributed.step_time import estimate
+
+    try:
+        result = estimate(NEXT_CHANGES[change](setup))
+    except (ValueError, ZeroDivisionError):
+        return math.inf
+    return result.step_s if result.fits else math.inf
+
+
+def check_next_change(name_change: Callable[[Any], str]) -> None:
+    """Exercise: ``name_change(estimate)`` reads a step's breakdown (a ``StepEstimate``) and
+    returns the key of :data:`NEXT_CHANGES` that shortens the step most while still fitting. A
+    case passes when the step model agrees: no other offered change gives a shorter step."""
+    from trainfast.distributed.layout import describe
+    from trainfast.distributed.step_time import estimate
+
+    results: list[Case] = []
+    for setup in breakdown_exercise_setups():
+        times = {change: _after(change, setup) for change in NEXT_CHANGES}
+        best = min(times, key=times.get)
+        case = f"{describe(setup)}, {setup.recompute} recomputation"
+        try:
+            got = name_change(estimate(setup))
+        except Exception as error:  # the reader's bug is a failed case, not a crash
+            results.append((case, f"{type(error).__name__}: {error}"))
+            continue
+        if got not in NEXT_CHANGES:
+            problem = f"{got!r} is not one of {sorted(NEXT_CHANGES)}"
+        elif times[got] > times[best] * (1 + 1e-9):
+            problem = f"{got!r} gives {times[got]:.2f} s; {best!r} gives {times[best]:.2f} s"
+        else:
+            problem = None
+        results.append((case, problem))
     report(results)

@@ -6,11 +6,11 @@ and a number of devices, :func:`layout_choices` tries every ``devices = data x c
 x pipeline`` (context and interleaving as in the base) with every ZeRO stage and estimates each
 with the book's one step model, :func:`~trainfast.distributed.step_time.estimate`.
 :func:`propose_layout` returns the first that fits in the order practitioners reach for them
-(Narayanan et al., 2021, "Efficient Large-Scale Language Model Training on GPU Clusters"): no
-model parallelism if possible; then ZeRO stages (same traffic as data parallelism up to stage
-2); then tensor parallelism inside a node; then pipeline stages. :func:`recommend_layout`
-returns the fastest that fits, its estimate and a sentence saying why. Everything here is
-arithmetic: no training code is imported.
+(Narayanan et al., 2021, "Efficient Large-Scale Language Model Training on GPU Clusters"): the
+fewest model-parallel devices (tensor x pipeline) first; among those, the lowest ZeRO stage;
+then fewer pipeline stages (tensor parallelism inside a node before pipelining).
+:func:`recommend_layout` returns the fastest that fits, its estimate and a sentence saying
+why. Everything here is arithmetic: no training code is imported.
 """
 
 from __future__ import annotations
@@ -46,7 +46,9 @@ def layout_choices(base: TrainingSetup, n_devices: int, max_tensor: int = 8) -> 
     are replaced; its ``context`` must divide ``n_devices``). Tensor parallelism needs fast
     links, so it stays within ``max_tensor`` devices; layouts the setup's checks refuse (the
     global batch does not split over ``data``, interleaving without a multiple of ``p``
-    micro-batches, more stages than layers) are left out.
+    micro-batches, more stages than layers) are left out, and so are ZeRO stages 2 and 3 with
+    pipeline stages: sharded gradients cost a reduce-scatter per micro-batch, and DeepSpeed's
+    pipeline engine refuses them.
     """
     if n_devices < 1 or n_devices % base.context:
         raise ValueError(
@@ -60,6 +62,8 @@ def layout_choices(base: TrainingSetup, n_devices: int, max_tensor: int = 8) -> 
         for pipeline in _divisors(n_devices // (base.context * tensor)):
             data = n_devices // (base.context * tensor * pipeline)
             for stage in (0, 1, 2, 3) if data * base.context > 1 else (0,):
+                if stage >= 2 and pipeline > 1:  # DeepSpeed refuses it (see the docstring)
+                    continue
                 try:
                     setup = replace(
                         base,

@@ -19,8 +19,10 @@ What the two communicate is behind two helpers, :meth:`ParallelTransformerBlock.
   holds only its ``1/N`` of the tokens, so LayerNorm, dropout and the residual run on ``1/N`` of
   them; ``enter`` all-gathers the sequence (reduce-scatter backward) and ``leave``
   reduce-scatters it (all-gather backward). An all-reduce *is* a reduce-scatter plus an
-  all-gather, so the traffic is the same; the activations outside attention and MLP shrink
-  ``N``-fold.
+  all-gather, so the forward traffic is the same. As in Megatron-LM, ``enter`` fuses the
+  all-gather with the column-parallel matmul and keeps only this rank's shard for backward,
+  where it all-gathers it again: one more all-gather per region, and every activation of the
+  layer shrinks ``N``-fold (Korthikanti et al.'s count).
 
 Under sequence parallelism the gradients of the LayerNorms and of the row-parallel biases are
 partial sums over each rank's tokens:
@@ -109,6 +111,26 @@ class _ReduceScatterToSequenceParallel(torch.autograd.Function):
         return _all_gather_seq(grad)
 
 
+class _GatherThenLinear(torch.autograd.Function):
+    """Megatron-LM's sequence-parallel column-parallel matmul: all-gather the sequence and
+    multiply, but keep only this rank's shard for backward and all-gather it again there."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+        ctx.save_for_backward(x, weight)  # the shard (batch, seq / N, d), not the gathered input
+        ctx.has_bias = bias is not None
+        return F.linear(_all_gather_seq(x), weight, bias)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
+        x, weight = ctx.saved_tensors
+        full = _all_gather_seq(x)  # again, (batch, seq, d)
+        grad_x = _reduce_scatter_seq(grad @ weight)  # (batch, seq / N, d)
+        flat_grad = grad.reshape(-1, grad.shape[-1])
+        grad_weight = flat_grad.T @ full.reshape(-1, full.shape[-1])
+        return grad_x, grad_weight, flat_grad.sum(0) if ctx.has_bias else None
+
+
 def gather_from_sequence_parallel(x: Tensor) -> Tensor:
     """All-gather (batch, seq / N, d) shards into (batch, seq, d); reduce-scatter backward."""
     return _GatherFromSequenceParallel.apply(x)
@@ -159,13 +181,11 @@ class ParallelTransformerBlock(nn.Module):
         self.mlp_proj_bias = _param(mlp.proj.bias)
         self.dropout = nn.Dropout(attn.dropout)
 
-    def enter(self, x: Tensor) -> Tensor:
-        """Into a parallel region: the whole sequence, on every rank."""
-        return (
-            gather_from_sequence_parallel(x)
-            if self.sequence_parallel
-            else copy_to_tensor_parallel(x)
-        )
+    def enter(self, x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+        """Into a parallel region through its column-parallel matmul, on the whole sequence."""
+        if self.sequence_parallel:  # all-gather; backward gathers again, reduce-scatters
+            return _GatherThenLinear.apply(x, weight, bias)
+        return F.linear(copy_to_tensor_parallel(x), weight, bias)
 
     def leave(self, partial: Tensor) -> Tensor:
         """Out of a parallel region: sum the ranks' partial outputs (this rank's tokens with SP)."""
@@ -174,12 +194,11 @@ class ParallelTransformerBlock(nn.Module):
         return reduce_from_tensor_parallel(partial)
 
     def attention(self, h: Tensor) -> Tensor:
-        """Causal attention of this rank's heads: (batch, seq, d) -> partial (batch, seq, d)."""
-        batch, seq, _ = h.shape
+        """Causal attention of this rank's heads: normalised input -> partial (batch, seq, d)."""
         local = self.local_heads * self.head_dim
-        q, k, v = F.linear(h, self.qkv_weight, self.qkv_bias).split(
-            local, dim=2
-        )  # 3 x (batch, seq, local)
+        qkv = self.enter(h, self.qkv_weight, self.qkv_bias)  # (batch, seq, 3 local)
+        batch, seq, _ = qkv.shape
+        q, k, v = qkv.split(local, dim=2)  # 3 x (batch, seq, local)
         q, k, v = (
             t.view(batch, seq, self.local_heads, self.head_dim).transpose(1, 2) for t in (q, k, v)
         )
@@ -190,14 +209,12 @@ class ParallelTransformerBlock(nn.Module):
         return F.linear(y, self.attn_proj_weight)  # a partial sum: this rank's heads only
 
     def mlp(self, h: Tensor) -> Tensor:
-        """This rank's MLP units: (batch, seq, d_model) -> partial (batch, seq, d_model)."""
-        return F.linear(F.gelu(F.linear(h, self.fc_weight, self.fc_bias)), self.mlp_proj_weight)
+        """This rank's MLP units: normalised input -> partial (batch, seq, d_model)."""
+        return F.linear(F.gelu(self.enter(h, self.fc_weight, self.fc_bias)), self.mlp_proj_weight)
 
     def forward(self, x: Tensor) -> Tensor:
-        x = x + self.dropout(
-            self.leave(self.attention(self.enter(self.ln1(x)))) + self.attn_proj_bias
-        )
-        return x + self.dropout(self.leave(self.mlp(self.enter(self.ln2(x)))) + self.mlp_proj_bias)
+        x = x + self.dropout(self.leave(self.attention(self.ln1(x))) + self.attn_proj_bias)
+        return x + self.dropout(self.leave(self.mlp(self.ln2(x))) + self.mlp_proj_bias)
 
     def finish_gradient_synchronization(self) -> None:
         """Under sequence parallelism, sum the token-wise parameters' gradients over ranks."""

@@ -16,25 +16,35 @@ product of its size and the sizes inside it) fits in a node, else over the netwo
 (:func:`~trainfast.accounting.bytes_per_parameter`), sharded by the ZeRO stage over the
 ``d c`` ranks that hold the same weights (``d c / e`` for the experts). Activations: one
 micro-batch per layer (:func:`layer_activation_bytes`, divided by ``c``), for the layers a
-stage keeps alive: ``ceil(L / p) min(p, m)`` under 1F1B and ``L (1 + (p - 1) / (p v))`` under
-interleaved 1F1B (Korthikanti et al. 2022, Section 4.2.3), plus the head (final LayerNorm and
-``V / t`` logits per token).
+stage keeps alive (:func:`layers_in_flight`: ``ceil(L / p) min(p, m)`` under 1F1B, the peak of
+:func:`~trainfast.distributed.pipeline.interleaved_schedule` under interleaved 1F1B); the head
+(final LayerNorm and ``V / t`` logits per token) lives on the last stage, which keeps fewer
+micro-batches alive, so the peak is the larger of the first stage and the last stage with it.
+Sequence parallelism is a choice (``sequence_parallel``), as it is in Megatron-LM; it divides
+every activation by ``t`` and adds two all-gathers per layer in backward.
 
 **Time.** Compute: the step's matmul FLOPs (:func:`~trainfast.accounting.training_flops`, MLP
-times ``k`` routed experts, plus what recomputation repeats) over ``n_gpus x peak x mfu``.
-Bubble: ``(p - 1) / (v m)`` of the compute (Narayanan et al. 2021, Section 2.2). Tensor
+times ``k`` routed experts, plus what recomputation repeats: hardware FLOPs) over ``n_gpus x
+peak x matmul_efficiency``. Whole-step MFU and HFU are outputs (:attr:`StepEstimate.mfu`,
+:attr:`StepEstimate.hfu`), not inputs. Bubble: ``(p - 1) / (v m)`` of the compute and of the
+critical-path tensor, context and expert communication that fills the same slots (Narayanan et
+al. 2021, Section 2.2). Tensor
 parallelism: 4 ring all-reduces of a micro-batch's activations per layer (6 with full
 recomputation: the forward runs twice), on the critical path (Shoeybi et al. 2019). Context
-parallelism (ring attention): ``c - 1`` steps per layer, each sending a key/value block while
-the previous block's attention computes; only the excess is counted. Experts: 4 all-to-alls
+parallelism (ring attention): ``c - 1`` steps per layer, each sending a key/value block
+(``n_kv_heads`` heads) while the previous block's causal attention computes (with the balanced
+split, half a full block per step, :func:`context_block_scores`); only the excess is counted.
+Experts: 4 all-to-alls
 per MoE layer (6 with full recomputation). Pipeline: 2 point-to-point messages per micro-batch,
-stage boundary and virtual stage. Data parallelism: the gradient reduction (ZeRO-3 adds the
-weights' all-gathers, twice per micro-batch: 1.5x the traffic for one micro-batch, Rajbhandari
-et al. 2020), of which ``overlap`` of the last micro-batch's backward hides (ZeRO-3: of all
-the compute, as FSDP prefetches).
+stage boundary and virtual stage. Data parallelism: :func:`data_parallel_bytes` (stages 0 and
+1: one all-reduce of the accumulated gradients; stage 2: a reduce-scatter per micro-batch and an
+all-gather of the weights; stage 3: per micro-batch a reduce-scatter and two all-gathers,
+Rajbhandari et al. 2020), of which ``overlap`` of the backward hides (the last micro-batch's for
+stages 0 and 1, every micro-batch's for stage 2, all the compute for stage 3, as FSDP
+prefetches).
 
-Not modelled: kernel efficiency beyond the one ``mfu``, stragglers, the embedding stage's
-imbalance, communication buffers and fragmentation (the ``reserve``).
+Not modelled: kernel efficiency beyond the one ``matmul_efficiency``, stragglers, the
+embedding stage's imbalance, communication buffers and fragmentation (the ``reserve``).
 """
 
 from __future__ import annotations
@@ -73,8 +83,11 @@ __all__ = [
     "StepEstimate",
     "TrainingSetup",
     "all_to_all_time",
+    "context_block_scores",
+    "data_parallel_bytes",
     "estimate",
     "layer_activation_bytes",
+    "layers_in_flight",
 ]
 
 Recompute = Literal["none", "selective", "full"]
@@ -89,18 +102,21 @@ NVLINK_GPUS = {name: spec for name, spec in GPUS.items() if spec.nvlink_bytes_pe
 class StepAssumptions:
     """What the model cannot derive, each with where its default comes from.
 
-    ``mfu``: the fraction of peak FLOP/s the matmuls reach; Llama 3 405B reached 38-43 % in BF16
-    on H100s (Dubey et al. 2024, Table 4). ``overlap``: the fraction of the last micro-batch's
-    backward that hides the gradient reduction (1: DDP's and Megatron's bucketed overlap works
-    fully; 0: none, an upper estimate). The links: NVLink at half the GPU's datasheet figure
-    (which counts both directions) with :data:`~trainfast.distributed.cost_model.NVLINK4`'s
-    latency; across nodes one 400 Gb/s InfiniBand NDR port per GPU (a DGX H100 has eight
-    ConnectX-7 ports), :data:`~trainfast.distributed.cost_model.INFINIBAND_NDR`. Latencies are
-    assumptions of a few microseconds per message, not measurements. ``reserve``: the share of
-    memory left for the CUDA context, the allocator and buffers.
+    ``matmul_efficiency``: the fraction of the GPU's peak FLOP/s the step's matmuls reach while
+    they run, recomputed ones included (an assumption, not a measurement: a whole-step MFU such
+    as Llama 3's 38-43 %, Dubey et al. 2024, Table 4, already contains the bubble and the
+    communication this model adds, so it is an output here, :attr:`StepEstimate.mfu`).
+    ``overlap``: the fraction of the backward that hides the gradient reduction (1: DDP's and
+    Megatron's bucketed overlap works fully; 0: none, an upper estimate). The links: NVLink at
+    half the GPU's datasheet figure (which counts both directions) with
+    :data:`~trainfast.distributed.cost_model.NVLINK4`'s latency; across nodes one 400 Gb/s
+    InfiniBand NDR port per GPU (a DGX H100 has eight ConnectX-7 ports),
+    :data:`~trainfast.distributed.cost_model.INFINIBAND_NDR`. Latencies are assumptions of a few
+    microseconds per message, not measurements. ``reserve``: the share of memory left for the
+    CUDA context, the allocator and buffers.
     """
 
-    mfu: float = 0.4
+    matmul_efficiency: float = 0.5
     overlap: float = 1.0
     gpus_per_node: int = 8
     nvlink_latency_s: float = NVLINK4.alpha
@@ -109,7 +125,7 @@ class StepAssumptions:
     reserve: float = 0.1
 
     def __post_init__(self) -> None:
-        check_number("mfu", self.mfu, above=0.0, maximum=1.0)
+        check_number("matmul_efficiency", self.matmul_efficiency, above=0.0, maximum=1.0)
         check_number("overlap", self.overlap, minimum=0.0, maximum=1.0)
         check_number("reserve", self.reserve, minimum=0.0, below=1.0)
         check_positive("gpus_per_node", self.gpus_per_node)
@@ -125,7 +141,12 @@ class TrainingSetup:
     the quotient is ``m``, the micro-batches per step. ``context`` splits each sequence (ring
     attention), ``virtual_stages`` interleaves ``v`` model chunks per pipeline rank.
     ``experts > 1`` makes every MLP a mixture of ``experts`` MLPs of ``d_ff``, ``top_k`` per
-    token, sharded over ``expert_parallel`` ranks of the ``data x context`` group."""
+    token, sharded over ``expert_parallel`` ranks of the ``data x context`` group.
+    ``sequence_parallel`` (with ``tensor > 1``) shards the token-wise regions over the tensor
+    ranks, as :class:`~trainfast.distributed.sequence_parallel.ParallelTransformerBlock` does.
+    ZeRO stages 2 and 3 are priced with ``pipeline > 1`` (a reduce-scatter per micro-batch), but
+    DeepSpeed refuses that combination and :func:`~trainfast.distributed.layout.layout_choices`
+    leaves it out."""
 
     shape: TransformerShape
     recipe: str = "bf16 + fp32 master"
@@ -143,6 +164,7 @@ class TrainingSetup:
     gpu: str = "H100 SXM 80GB"
     recompute: str = "selective"
     dropout: bool = False
+    sequence_parallel: bool = False
     assumptions: StepAssumptions = field(default_factory=StepAssumptions)
 
     def __post_init__(self) -> None:
@@ -161,6 +183,7 @@ class TrainingSetup:
         check_int("zero_stage", self.zero_stage, minimum=0, maximum=3)  # True is not stage 1
         check_flag("dropout", self.dropout)
         bytes_per_parameter(self.recipe, self.optimizer)  # checks both names
+        check_flag("sequence_parallel", self.sequence_parallel)
         s, b = self.shape, self.shape.batch_size
         problems = [
             (self.zero_stage not in (0, 1, 2, 3), "zero_stage", "expected 0, 1, 2 or 3"),
@@ -212,13 +235,26 @@ class StepEstimate:
     setup: TrainingSetup
     memory: MemoryBreakdown
     fits: bool
-    compute_s: float  # matmul FLOPs (with recomputation) at mfu
-    bubble_s: float  # the pipeline's idle time: compute x (p - 1) / (v m)
+    compute_s: float  # matmul FLOPs (with recomputation) at matmul_efficiency
+    bubble_s: float  # the pipeline's idle slots: (compute + TP, CP, EP comms) x (p - 1) / (v m)
     data_parallel_s: float  # gradient reduction (+ ZeRO-3 gathers) not hidden by overlap
     tensor_parallel_s: float  # activation all-reduces, on the critical path
     context_parallel_s: float  # ring attention's key/value sends beyond the block compute
     expert_parallel_s: float  # all-to-alls of the routed tokens
     pipeline_s: float  # point-to-point sends between stages
+    model_flops: float  # the step's FLOPs without recomputation
+    hardware_flops: float  # with what recomputation repeats (Korthikanti et al.'s HFU counts it)
+    peak_flops: float  # of all the GPUs together, in the recipe's matmul format
+
+    @property
+    def mfu(self) -> float:
+        """Whole-step model FLOPs utilisation: model FLOPs over (step time x peak)."""
+        return self.model_flops / (self.step_s * self.peak_flops)
+
+    @property
+    def hfu(self) -> float:
+        """Whole-step hardware FLOPs utilisation: recomputation counted (Korthikanti et al.)."""
+        return self.hardware_flops / (self.step_s * self.peak_flops)
 
     @property
     def step_s(self) -> float:
@@ -246,6 +282,11 @@ def layer_activation_bytes(
 
     ``"none"``: everything, :func:`~trainfast.accounting.activation_bytes` with the attention
     scores (Korthikanti et al. 2022: ``s b h (34 + 5 a s / h)`` for 2-byte values and dropout).
+    ``sequence_parallel`` as Megatron-LM and
+    :class:`~trainfast.distributed.sequence_parallel.ParallelTransformerBlock` build it: the
+    all-gathered inputs of the QKV and first MLP matmuls are kept as this rank's shard and
+    gathered again in backward, so every term is divided by ``t``: ``s b h (34 + 5 a s / h) / t``
+    (a test checks it against the bytes the block saves).
     ``"selective"``: the attention core is recomputed, so the scores, softmax and its dropout
     are not kept: the fused-attention count, ``34 s b h`` plus an fp32 log-sum-exp per head and
     token (``4 a s b`` bytes, which the paper does not count). ``"full"``: only the layer's
@@ -264,6 +305,63 @@ def layer_activation_bytes(
         dropout=dropout,
         attention=attention,
     )
+
+
+def layers_in_flight(
+    n_layers: int, pipeline: int, micro_batches: int, virtual_stages: int = 1
+) -> tuple[int, int]:
+    """Layers' activations the first and the last pipeline stage keep alive at their peak.
+
+    1F1B: stage ``r`` runs ``p - r`` forwards before its first backward, so ``min(p - r, m)``
+    micro-batches of ``ceil(L / p)`` layers. Interleaved 1F1B: rank ``r`` runs
+    ``2 (p - r - 1) + (v - 1) p`` warm-up forwards of chunks of ``ceil(L / (p v))`` layers, then
+    one more before its first backward; at most all ``m v`` chunks (the peak of the pipeline
+    module's ``interleaved_schedule``). With ``m = p`` that is ``L``,
+    below Korthikanti et al.'s ``L (1 + (p - 1) / (p v))``, which holds for ``m`` large.
+    """
+    p, m, v = pipeline, micro_batches, virtual_stages
+    if v == 1:
+        stage = -(-n_layers // p)
+        return stage * min(p, m), stage * min(1, m)
+    chunk = -(-n_layers // (p * v))
+    return chunk * min(v * p + p - 1, m * v), chunk * min((v - 1) * p + 1, m * v)
+
+
+def context_block_scores(seq_len: int, context: int) -> float:
+    """Causal attention scores one rank computes per ring step with the balanced split.
+
+    Each rank holds chunks ``r`` and ``2c - 1 - r`` of ``2c``; at every step but the first it
+    meets one full ``(s / 2c)^2`` block of each of two chunk pairs and skips the other two: half
+    of the ``(s / c)^2`` a non-causal step computes (the context-parallel module's
+    ``ring_attention_work`` counts them; a test compares)."""
+    return (seq_len / context) ** 2 / 2
+
+
+def data_parallel_bytes(
+    n_parameters: float,
+    replicas: int,
+    zero_stage: int,
+    micro_batches: int,
+    gradient_bytes: float,
+    parameter_bytes: float,
+) -> float:
+    """Bytes each rank sends per step for data parallelism with ring collectives (a
+    reduce-scatter or all-gather of ``B`` bytes sends ``(N - 1) B / N``, an all-reduce twice).
+
+    Stages 0 and 1: one all-reduce of the gradients accumulated over the ``m`` micro-batches
+    (DDP's ``no_sync``; stage 1 as Megatron-LM's distributed optimizer does it, a reduce-scatter
+    then an all-gather of the updated weights, the same bytes). Stage 2: sharded gradients cannot
+    accumulate a full gradient, so every micro-batch's backward reduce-scatters (as our
+    ``Zero2Optimizer`` does), then one all-gather of the weights.
+    Stage 3: per micro-batch, a reduce-scatter and all-gathers of the weights for forward and for
+    backward."""
+    share = (replicas - 1) / replicas
+    grads, weights = n_parameters * gradient_bytes, n_parameters * parameter_bytes
+    if zero_stage <= 1:
+        return 2 * share * grads
+    if zero_stage == 2:
+        return share * (micro_batches * grads + weights)
+    return share * micro_batches * (grads + 2 * weights)
 
 
 def all_to_all_time(n_bytes: float, world_size: int, link: Link) -> float:
@@ -309,45 +407,48 @@ def estimate(setup: TrainingSetup) -> StepEstimate:
         state[1] += shard.gradients
         state[2] += master.optimizer_state  # master weights shard like the moments
         state[3] += shard.optimizer_state
-    sp = t > 1
+    sp = setup.sequence_parallel and t > 1
     one = layer_activation_bytes(
         local, t, sp, setup.recompute, value_bytes=value_bytes, dropout=setup.dropout
     )
-    if v > 1:
-        layers_alive = L * (1 + (p - 1) / (p * v))
-    else:
-        layers_alive = stage_layers * min(p, m)
-    layers = layers_alive * one
+    first, last = layers_in_flight(L, p, m, v)
+    working = 0.0
     if setup.recompute == "full":  # backward recomputes one layer's activations at a time
-        layers += layer_activation_bytes(
+        working = layer_activation_bytes(
             local, t, sp, "selective", value_bytes=value_bytes, dropout=setup.dropout
         )
-    head = local.tokens * (2 * h + shape.vocab_size / t) * value_bytes
-    memory = MemoryBreakdown(*state, activations=layers + head)
+    head = local.tokens * (2 * h + shape.vocab_size / t) * value_bytes  # on the last stage
+    activations = max(first * one, last * one + head) + working
+    memory = MemoryBreakdown(*state, activations=activations)
 
     # compute at mfu, the bubble, then communication
     step = replace(routed, batch_size=setup.global_batch)
-    flops = training_flops(step)
+    flops = model_flops = training_flops(step)
     attention_forward = step.batch_size * shape.n_heads * 4 * shape.seq_len**2 * shape.head_dim
     if setup.recompute == "full":  # one more forward of every layer
         flops += (flops - linear_training_flops(step.tokens, h, shape.vocab_size)) / 3
     elif setup.recompute == "selective":  # one more forward of the attention core
         flops += L * attention_forward
-    achieved = gpu.peak_flops[RECIPES[setup.recipe].compute_format] * a.mfu
+    peak = gpu.peak_flops[RECIPES[setup.recipe].compute_format]
+    achieved = peak * a.matmul_efficiency
     compute = flops / (setup.n_gpus * achieved)
-    bubble = compute * (p - 1) / (v * m)
     forwards = 2 if setup.recompute == "full" else 1  # full recomputation runs it twice
 
     activation = local.tokens * h * value_bytes  # one micro-batch's (s / c, b, h) on this rank
-    tensor = 2 * (forwards + 1) * all_reduce_time("ring", activation, t, _link(t, nvlink, a))
+    tp_link = _link(t, nvlink, a)
+    tensor = 2 * (forwards + 1) * all_reduce_time("ring", activation, t, tp_link)
+    if sp:  # backward gathers each region's input again: two more all-gathers per layer
+        tensor += 2 * all_gather_time(activation, t, tp_link)
     tensor_parallel = tensor * stage_layers * m
 
     context_parallel = 0.0
     if c > 1:
-        kv_block = 2 * activation / t  # K and V of this rank's heads and tokens
+        kv_heads = max(shape.kv_heads / t, 1)  # this rank's key/value heads (GQA: fewer)
+        kv_block = 2 * local.tokens * kv_heads * shape.head_dim * value_bytes  # K and V
         send = _link(t * c, nvlink, a)
-        block_s = shape.batch_size * shape.n_heads / t * 4 * local.seq_len**2 * shape.head_dim
-        block_s /= achieved  # one block of attention forward (QK^T and PV) on this rank
+        scores = context_block_scores(shape.seq_len, c)  # causal, balanced split
+        block_s = shape.batch_size * shape.n_heads / t * 4 * scores * shape.head_dim
+        block_s /= achieved  # one ring step of attention forward (QK^T and PV) on this rank
         forward = max(0.0, send.alpha + kv_block * send.beta - block_s)
         backward = max(0.0, send.alpha + 2 * kv_block * send.beta - 2 * block_s)  # + dK, dV
         per_layer = (c - 1) * (forwards * forward + backward)
@@ -359,6 +460,9 @@ def estimate(setup: TrainingSetup) -> StepEstimate:
         one_a2a = all_to_all_time(routed_bytes, e, _link(t * c * p * e, nvlink, a))
         expert_parallel = 2 * (forwards + 1) * one_a2a * stage_layers * m
 
+    # the bubble's idle slots also hold the critical-path communication of the stage's layers
+    bubble = (compute + tensor_parallel + context_parallel + expert_parallel) * (p - 1) / (v * m)
+
     pipeline = 0.0
     if p > 1:
         hop = _link(t * c * p, nvlink, a)
@@ -367,16 +471,20 @@ def estimate(setup: TrainingSetup) -> StepEstimate:
     data_parallel = 0.0
     replicas = [(n, r) for n, r in parts if n and r > 1]
     data_link = _link(t * c * p * d, nvlink, a)
-    for n, r in replicas:
-        grad_bytes = n * per.gradients
-        if setup.zero_stage == 3:  # reduce-scatter, and gather the weights for every pass
-            weight_bytes = n * per.parameters
-            data_parallel += reduce_scatter_time(grad_bytes, r, data_link)
-            data_parallel += 2 * m * all_gather_time(weight_bytes, r, data_link)
-        else:
+    for n, r in replicas:  # the collectives of data_parallel_bytes, with their latencies
+        grad_bytes, weight_bytes = n * per.gradients, n * per.parameters
+        if setup.zero_stage <= 1:
             data_parallel += all_reduce_time("ring", grad_bytes, r, data_link)
-    # the last micro-batch's backward (with its recomputation); ZeRO-3 prefetches behind all
-    hidden = compute if setup.zero_stage == 3 else compute / m * (forwards + 1) / (forwards + 2)
+        elif setup.zero_stage == 2:  # a reduce-scatter per micro-batch, one gather of weights
+            data_parallel += m * reduce_scatter_time(grad_bytes, r, data_link)
+            data_parallel += all_gather_time(weight_bytes, r, data_link)
+        else:  # and gather the weights for every forward and backward
+            data_parallel += m * reduce_scatter_time(grad_bytes, r, data_link)
+            data_parallel += 2 * m * all_gather_time(weight_bytes, r, data_link)
+    # what hides it: the last micro-batch's backward (with its recomputation) for stages 0 and
+    # 1, every micro-batch's backward for stage 2; ZeRO-3 prefetches behind all the compute
+    backward = compute * (forwards + 1) / (forwards + 2)
+    hidden = {0: backward / m, 1: backward / m, 2: backward, 3: compute}[setup.zero_stage]
     data_parallel = max(0.0, data_parallel - a.overlap * hidden)
 
     return StepEstimate(
@@ -390,4 +498,7 @@ def estimate(setup: TrainingSetup) -> StepEstimate:
         context_parallel_s=context_parallel,
         expert_parallel_s=expert_parallel,
         pipeline_s=pipeline,
+        model_flops=model_flops,
+        hardware_flops=flops,
+        peak_flops=peak * setup.n_gpus,
     )

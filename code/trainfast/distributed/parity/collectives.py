@@ -32,6 +32,7 @@ __all__ = [
     "parity_worker",
     "torch_reference",
     "traffic_worker",
+    "zero_traffic_worker",
 ]
 
 #: The collectives :class:`Case` can name.
@@ -194,16 +195,21 @@ def error_worker(
 
 
 @contextmanager
-def _counting_sends(counter: list[int]) -> Iterator[None]:
-    """Count the bytes this process passes to ``dist.send``/``dist.isend`` (gloo; test aid)."""
+def _counting_sends(counter: list[int], floating_only: bool = False) -> Iterator[None]:
+    """Count the bytes this process passes to ``dist.send``/``dist.isend`` (gloo; test aid);
+    ``floating_only``: leave out integer messages (the shape checks)."""
     send, isend = dist.send, dist.isend
 
+    def count(tensor: torch.Tensor) -> None:
+        if tensor.is_floating_point() or not floating_only:
+            counter[0] += tensor.numel() * tensor.element_size()
+
     def counted_send(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        counter[0] += tensor.numel() * tensor.element_size()
+        count(tensor)
         return send(tensor, *args, **kwargs)
 
     def counted_isend(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        counter[0] += tensor.numel() * tensor.element_size()
+        count(tensor)
         return isend(tensor, *args, **kwargs)
 
     dist.send, dist.isend = counted_send, counted_isend
@@ -225,3 +231,37 @@ def traffic_worker(rank: int, world_size: int, numel: int) -> dict[str, int]:
             run(torch.ones(numel, device=rank_device()), check=False)
         sent[name] = counter[0]
     return sent
+
+
+def zero_traffic_worker(rank: int, world_size: int, zero_stage: int, micro_batches: int) -> int:
+    """Bytes this rank sends in one data-parallel step of ``micro_batches`` micro-batches.
+
+    Stage 0: gradients accumulate locally, then one ring all-reduce per parameter
+    (:func:`~trainfast.distributed.data_parallel.average_gradients`). Stage 1: the same, then
+    :class:`~trainfast.distributed.zero.ZeroOptimizer`'s broadcasts from each owner. Stage 2:
+    :class:`~trainfast.distributed.zero.Zero2Optimizer`, whose hooks reduce-scatter every
+    micro-batch's gradients, then its all-gathers. Every parameter's size divides by
+    ``world_size`` (no padding), in float32; the shape checks are not counted.
+    """
+    from trainfast.distributed.data_parallel import average_gradients
+    from trainfast.distributed.zero import Zero2Optimizer, ZeroOptimizer
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+    if zero_stage == 2:
+        optimizer: torch.optim.Optimizer = Zero2Optimizer(
+            model.parameters(), torch.optim.SGD, lr=0.1
+        )
+    elif zero_stage == 1:
+        optimizer = ZeroOptimizer(model.parameters(), torch.optim.SGD, lr=0.1)
+    else:
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    counter = [0]
+    with _counting_sends(counter, floating_only=True):
+        for micro in range(micro_batches):
+            inputs = torch.randn(2, 8, generator=torch.Generator().manual_seed(rank * 100 + micro))
+            model(inputs).square().mean().backward()
+        if zero_stage < 2:
+            average_gradients(model)
+        optimizer.step()
+    return counter[0]

@@ -42,8 +42,8 @@ def _gpt2_style(shape: TransformerShape) -> bool:
 
 
 #: The shapes the widget offers. Its JavaScript counts GPT-2-style layers (LayerNorm, learned
-#: positions, a GELU MLP, a tied head; grouped-query attention too), so it offers the presets of that
-#: family and a GPT-2-style model of Llama 2 7B's sizes (width 4,096, 32 layers and heads,
+#: positions, a GELU MLP, a tied head; grouped-query attention too), so it offers the presets
+#: of that family and a GPT-2-style model of Llama 2 7B's sizes (width 4,096, 32 layers and heads,
 #: context 4,096, vocabulary 32,000; a GELU MLP of width 4 x 4,096: 6.6B parameters). The modern
 #: presets (``llama3-8b`` and so on) are Python's alone until the widget counts their choices.
 WIDGET_SHAPES: dict[str, TransformerShape] = {

@@ -14,7 +14,9 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
-from trainfast.speedrun import (
+
+pytest.importorskip("tokenizers", reason="the speedrun's tokenizer is a book extra (tokenizers)")
+from trainfast.speedrun import (  # noqa: E402
     RunResult,
     SpeedrunConfig,
     Target,

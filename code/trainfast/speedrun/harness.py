@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import math
 import statistics
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -30,7 +29,7 @@ from trainfast.device import pick_device
 from trainfast.optim import AdamW
 from trainfast.optim.muon import Muon, muon_param_groups
 from trainfast.speedrun.data import PreparedData, TokenStream
-from trainfast.timing import rank_sum_test
+from trainfast.timing import rank_sum_test, timestamp
 from trainfast.training.schedules import cosine_with_warmup, wsd
 from trainfast.transformer import Attention, Transformer, TransformerShape
 from trainfast.validation import check_positive
@@ -187,11 +186,6 @@ def _optimizer(config: SpeedrunConfig, model: Transformer) -> torch.optim.Optimi
     )
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 @torch.no_grad()
 def _validation_loss(model, windows: torch.Tensor, batch: int, config: SpeedrunConfig) -> float:
     model.eval()
@@ -259,8 +253,7 @@ def run_to_target(
         for group, lr in zip(optimizer.param_groups, base_lrs, strict=True):
             group["lr"] = lr * factor
         inputs, targets = (t.to(device, non_blocking=True) for t in stream.next_batch())
-        _sync(device)
-        start = time.perf_counter()
+        start = timestamp(device)
         with _autocast(config, device):
             loss = step_fn(inputs, targets)
         loss.backward()
@@ -268,14 +261,13 @@ def run_to_target(
             torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        _sync(device)
-        result.train_seconds += time.perf_counter() - start
+        result.train_seconds += timestamp(device) - start
         result.steps, result.tokens = step + 1, stream.used
         if (step + 1) % target.eval_every and step + 1 != target.max_steps:
             continue
-        start = time.perf_counter()
+        start = timestamp(device)
         val = _validation_loss(model, windows, shape.batch_size, config)
-        result.eval_seconds += time.perf_counter() - start
+        result.eval_seconds += timestamp(device) - start
         result.final_loss = val
         result.history.append((step + 1, val))
         if progress is not None:

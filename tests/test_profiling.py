@@ -752,6 +752,59 @@ def test_skip_message_parsing_keeps_the_reason_and_the_code_line():
         "mutated inputs (1 instances)", "x.mul_(2.0)"
     )
     assert str(_skip_from_message("cpu device (arg0_1)")) == "cpu device (arg0_1)"
+    rerecord = "skipping cudagraph due to function 0 exceeding max re-recording limit (=50)"
+    assert _skip_from_message(rerecord).reason.startswith("function 0 exceeding")
+
+
+def test_cudagraph_skip_reasons_ignores_the_logs_records_that_are_not_skips():
+    """Past eight shapes torch warns in the same log; that warning, and the info records that
+    TORCH_LOGS="cudagraphs" lets through, are not skips."""
+    import logging
+
+    from torch._inductor import cudagraph_utils
+    from trainfast.profiling.compilation import cudagraph_skip_reasons
+
+    log = cudagraph_utils.cudagraphs_log
+    level = log.level
+    log.setLevel(logging.DEBUG)  # as TORCH_LOGS="cudagraphs" would
+    try:
+
+        def not_skips() -> None:
+            shapes_seen = {(n,): None for n in range(8)}  # eight graphs already recorded
+            assert cudagraph_utils.maybe_warning_due_to_dynamic_shape(shapes_seen, (8,))
+            log.info("Created 2 graph partitions: 1 cudagraphable, 1 non-cudagraphable")
+
+        assert cudagraph_skip_reasons(not_skips) == []
+        skip = cudagraph_skip_reasons(
+            lambda: cudagraph_utils.log_cudagraph_skip_and_bump_counter(
+                "skipping cudagraphs due to mutated inputs (1 instances)"
+            )
+        )
+        assert [s.reason for s in skip] == ["mutated inputs (1 instances)"], skip
+    finally:
+        log.setLevel(level)
+
+
+def test_reduce_overhead_splits_cpu_work_off_instead_of_skipping_the_graph():
+    """The chapter says that under reduce-overhead a CPU tensor no longer makes torch skip the
+    whole graph: graph partitions (on by default in torch 2.14) run it outside the graphs. The
+    cudagraphs backend, which does not partition, still skips (its CPU demonstration)."""
+    import types
+
+    from torch._inductor import config
+    from torch._inductor.cudagraph_utils import check_multiple_devices_or_any_cpu_nodes
+
+    assert config.graph_partition is True
+
+    def devices() -> dict:
+        node = types.SimpleNamespace(name="arg0_1", users={})
+        return {torch.device("cpu"): node, torch.device("cuda", 0): node}
+
+    assert "cpu device (arg0_1)" in check_multiple_devices_or_any_cpu_nodes(devices())
+    with config.patch(torch._inductor.list_mode_options("reduce-overhead")):
+        assert check_multiple_devices_or_any_cpu_nodes(devices()) is None
+        with config.patch(graph_partition=False):
+            assert "cpu device" in check_multiple_devices_or_any_cpu_nodes(devices())
 
 
 def test_a_new_shape_is_not_a_default_reason_to_skip_cuda_graphs():
@@ -914,6 +967,45 @@ def test_listings_come_from_the_package():
     import chapters
 
     assert chapters.listing_problems("profiling") == []
+
+
+def _shown_lines(block) -> list[str]:
+    """The lines a literalinclude shows: its :pyobject:, then :start-at: and :end-at: (Sphinx
+    applies them in that order, each to what the one before it left)."""
+    import ast
+
+    import chapters
+
+    path = (chapters.chapter_path("profiling").parent / block.argument).resolve()
+    lines = path.read_text().splitlines()
+    node: ast.AST = ast.parse(path.read_text())
+    for name in block.options["pyobject"].split("."):
+        node = next(n for n in ast.iter_child_nodes(node) if getattr(n, "name", None) == name)
+    shown = lines[node.lineno - 1 : node.end_lineno]
+    if "start-at" in block.options:
+        shown = shown[next(i for i, x in enumerate(shown) if block.options["start-at"] in x) :]
+    if "end-at" in block.options:
+        shown = shown[: next(i for i, x in enumerate(shown) if block.options["end-at"] in x) + 1]
+    return shown
+
+
+def test_listings_show_no_restructuredtext_markup():
+    """A listing shows its docstring as plain text: :func: roles and double backticks would
+    appear verbatim on the page."""
+    import re
+
+    import chapters
+
+    markup = re.compile(r":(func|meth|class|data|mod|attr|math|obj):`|``")
+    found = []
+    for block in chapters.blocks(chapters.chapter_path("profiling").read_text()):
+        if block.directive == "literalinclude":
+            found += [
+                f"{block.options['pyobject']}: {line.strip()}"
+                for line in _shown_lines(block)
+                if markup.search(line)
+            ]
+    assert found == [], found
 
 
 #: Constants the profiling chapter may type: the numbers of its numbered lists (1 to 8), which

@@ -321,16 +321,16 @@ def paired_sign_test(before: Sequence[float], after: Sequence[float]) -> tuple[i
 
 
 def rank_sum_test(before: Sequence[float], after: Sequence[float]) -> tuple[float, float]:
-    """Is ``after`` faster than ``before``, for samples not taken in pairs? ``(share, p_value)``.
+    """Is after faster than before, for samples not taken in pairs? Returns (share, p_value).
 
-    Mann and Whitney's rank-sum test, for two runs timed one after the other: ``share`` is the
-    fraction of all (before, after) pairs of samples in which the ``after`` sample is shorter
-    (ties count half), their U statistic over ``len(before) * len(after)``: about one half if
+    Mann and Whitney's rank-sum test, for two runs timed one after the other: share is the
+    fraction of all (before, after) pairs of samples in which the after sample is shorter
+    (ties count half), their U statistic over len(before) * len(after): about one half if
     neither is faster. The two-sided p-value is the probability of a share at least that far
     from one half if all the samples came from one distribution, counted exactly over every
     way of splitting them into the two groups (exact without ties, close with a few). Unlike
-    :func:`paired_sign_test` it cannot cancel a change of the machine's load that hit one run
-    and not the other. A small p-value with ``share`` above one half says ``after`` is faster.
+    paired_sign_test() it cannot cancel a change of the machine's load that hit one run
+    and not the other. A small p-value with share above one half says after is faster.
     """
     m, n = len(before), len(after)
     if not m or not n:

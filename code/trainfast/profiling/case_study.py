@@ -148,11 +148,11 @@ class Fixes:
 
     @property
     def enabled(self) -> list[str]:
-        """The names of the fixes that are on, in :data:`FIXES` order, then the alternatives."""
+        """The names of the fixes that are on, in FIXES order, then the alternatives."""
         return [name for name in FIXES + ALTERNATIVES if getattr(self, name)]
 
     def check_device(self, device: torch.device) -> None:
-        """Raise ``ValueError`` naming a CUDA-only fix asked for on another device."""
+        """Raise ValueError naming a CUDA-only fix asked for on another device."""
         if device.type != "cuda":
             for name in CUDA_ONLY:
                 if getattr(self, name):

@@ -31,6 +31,7 @@ import io
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -67,11 +68,15 @@ class CudagraphSkip:
         return f"{self.reason}, at `{self.code}`" if self.code else self.reason
 
 
+#: Functions of ``torch._inductor.cudagraph_utils`` that warn in its log without a skip.
+_NOT_SKIPS = ("maybe_warning_due_to_dynamic_shape",)
+
+
 def _skip_from_message(message: str) -> CudagraphSkip:
     """A :class:`CudagraphSkip` from torch's log message: the reason, then an optional
     ``Found from :`` and a stack trace whose last line is the offending code."""
-    while message.startswith("skipping cudagraphs due to "):  # torch repeats it
-        message = message.removeprefix("skipping cudagraphs due to ")
+    while prefix := re.match(r"skipping cudagraphs? due to ", message):  # torch repeats it
+        message = message[prefix.end() :]
     reason, _, trace = message.partition("Found from")
     reason = reason.strip().removesuffix(".").strip()
     lines = [line.strip() for line in trace.splitlines()]
@@ -94,14 +99,18 @@ def cudagraph_skip_reasons(call: Callable[[], object]) -> list[CudagraphSkip]:
     return why ``torch.compile`` ran graphs without them, [] if it did not.
 
     CUDA graphs replay fixed kernels on fixed memory, so ``torch.compile`` checks each graph
-    first and, where a rule is broken (a CPU tensor in the graph, an input the graph mutates,
-    an operator that cannot be captured), runs it without a CUDA graph. A new input shape is not
-    such a rule by default: it records one more graph for that shape (and warns past
+    first. With Inductor's graph partitions (``torch._inductor.config.graph_partition``, on by
+    default in torch 2.14), CPU work and operators that cannot be captured are split off to run
+    outside the graphs; a rule broken by the whole graph (an input it mutates that it does not
+    own, or a CPU tensor under the ``"cudagraphs"`` backend, which does not partition) runs
+    that graph without CUDA graphs. A new input shape is not such a rule by
+    default: it records one more graph for that shape (and warns past
     ``torch._inductor.config.triton.cudagraph_dynamic_shape_warn_limit``, 8), unless
     ``cudagraph_skip_dynamic_graphs`` is set. A skip does not raise: it writes a warning,
     ``skipping cudagraphs due to ...``, to the ``cudagraphs`` log (stderr, easy to miss in a
     job's output) and adds one to ``torch._dynamo.utils.counters["inductor"]["cudagraph_skips"]``.
-    This collects those warnings while ``call`` runs.
+    This collects those warnings while ``call`` runs, and not the log's other records (the
+    warning about many shapes, or what ``TORCH_LOGS="cudagraphs"`` adds).
     ``torch._inductor.config.triton.cudagraph_or_error = True`` turns them into errors.
     """
     from torch._inductor import cudagraph_utils
@@ -110,7 +119,9 @@ def cudagraph_skip_reasons(call: Callable[[], object]) -> list[CudagraphSkip]:
 
     class Collect(logging.Handler):
         def emit(self, record: logging.LogRecord) -> None:
-            skips.append(_skip_from_message(record.getMessage()))
+            # a skip is a warning; the one warning that is not says that many shapes were seen
+            if record.levelno >= logging.WARNING and record.funcName not in _NOT_SKIPS:
+                skips.append(_skip_from_message(record.getMessage()))
 
     handler = Collect()
     cudagraph_utils.cudagraphs_log.addHandler(handler)
@@ -169,7 +180,7 @@ class CountingBackend:
         return len(self.graphs)
 
     def operators(self) -> list[str]:
-        """The ops of every graph kept, in order (``call_function`` and ``call_method`` nodes)."""
+        """The ops of every graph kept, in order (call_function and call_method nodes)."""
         return [
             str(getattr(node.target, "__name__", node.target))
             for graph in self.graphs

@@ -782,6 +782,23 @@ def test_step_time_record(monkeypatch: pytest.MonkeyPatch) -> None:
     assert set(TIME_COLUMNS) | {"ratio_foreach", "ratio_single"} <= set(record.columns)
 
 
+def test_rmsprop_signature_cannot_be_misread_positionally() -> None:
+    """torch.optim.RMSprop has ``capturable`` where ours would have ``foreach``: keyword-only."""
+    import inspect
+
+    ours = inspect.signature(RMSprop.__init__).parameters
+    theirs = inspect.signature(torch.optim.RMSprop.__init__).parameters
+    assert ours["foreach"].kind is inspect.Parameter.KEYWORD_ONLY
+    assert ours["maximize"].kind is inspect.Parameter.KEYWORD_ONLY
+    positional = [n for n, p in ours.items() if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD]
+    assert positional == list(theirs)[: len(positional)]  # the same order as far as ours goes
+    for name in ("alpha", "eps", "weight_decay", "momentum", "centered", "maximize"):
+        assert ours[name].default == theirs[name].default, name
+    params = [nn.Parameter(torch.ones(2))]
+    with pytest.raises(TypeError):
+        RMSprop(params, 0.01, 0.99, 1e-8, 0, 0, False, True)  # torch's 8th is capturable
+
+
 # --- chapter checks (listings, execution) below ---
 
 
@@ -802,6 +819,24 @@ def test_weight_decay_groups_leave_out_biases_norms_and_embeddings() -> None:
     assert [g["weight_decay"] for g in optimizer.param_groups] == [0.1, 0.0]
     with pytest.raises(ValueError, match="-0.5"):
         weight_decay_groups(model, -0.5)
+
+
+def test_weight_decay_groups_leave_out_rmsnorm_gains_and_prelu_slopes() -> None:
+    """Norms the module tuple does not list still keep their gains out of the decay."""
+    from trainfast.optim.groups import weight_decay_groups
+
+    model = nn.Sequential(
+        nn.Linear(4, 8, bias=False), nn.RMSNorm(8), nn.PReLU(8), nn.Conv1d(8, 8, 3, bias=False)
+    )
+    decay, no_decay = weight_decay_groups(model, weight_decay=0.1)
+    assert {id(p) for p in decay["params"]} == {id(model[0].weight), id(model[3].weight)}
+    assert {id(p) for p in no_decay["params"]} == {id(model[1].weight), id(model[2].weight)}
+    # the rule is the tensor's rank, not its module: a 1-D parameter of a custom module too
+    custom = nn.Module()
+    custom.gain = nn.Parameter(torch.ones(5))
+    custom.matrix = nn.Parameter(torch.ones(5, 5))
+    (decay,), (no_decay,) = (g["params"] for g in weight_decay_groups(custom, 0.1))
+    assert decay is custom.matrix and no_decay is custom.gain
 
 
 def test_layerwise_lr_groups_scale_down_towards_the_input() -> None:
@@ -1015,13 +1050,21 @@ def test_decay_rule_check_passes_the_package_rule_and_catches_wrong_ones(capsys)
     from trainfast.optim.groups import NO_DECAY_MODULES
 
     check_decay_rule(
-        lambda m, name, p: not isinstance(m, NO_DECAY_MODULES) and not name.endswith("bias")
+        lambda m, name, p: (
+            p.ndim >= 2 and not isinstance(m, NO_DECAY_MODULES) and not name.endswith("bias")
+        )
     )
-    assert "All 21 cases passed." in capsys.readouterr().out
+    assert "All 24 cases passed." in capsys.readouterr().out
     with pytest.raises(AssertionError, match="first: embedding \\+ LayerNorm \\+ head: 0.weight"):
         check_decay_rule(lambda m, name, p: p.ndim >= 2 and not isinstance(m, nn.LayerNorm))
     with pytest.raises(AssertionError, match="in_proj_bias"):
-        check_decay_rule(lambda m, name, p: not isinstance(m, NO_DECAY_MODULES) and name != "bias")
+        check_decay_rule(
+            lambda m, name, p: not isinstance(m, (nn.LayerNorm, nn.Embedding)) and name != "bias"
+        )
+    with pytest.raises(AssertionError, match="RMSNorm"):  # the module rule alone misses RMSNorm
+        check_decay_rule(
+            lambda m, name, p: not isinstance(m, NO_DECAY_MODULES) and not name.endswith("bias")
+        )
 
 
 def test_every_exercise_check_runs_in_a_hidden_solution_cell() -> None:

@@ -346,7 +346,8 @@ def check_decay_rule(decays: DecayRule) -> None:
 
     ``module`` is the module that holds the parameter directly, ``name`` its name there. The
     reference is :func:`~trainfast.optim.groups.weight_decay_groups`, on a transformer block
-    (whose attention keeps a packed ``in_proj_bias``), an embedding and a small CNN.
+    (whose attention keeps a packed ``in_proj_bias``), an embedding, a small CNN and a layer
+    with ``nn.RMSNorm`` and ``nn.PReLU``, which :data:`NO_DECAY_MODULES` does not list.
     """
     models = {
         "TransformerEncoderLayer": nn.TransformerEncoderLayer(d_model=16, nhead=2),
@@ -354,6 +355,7 @@ def check_decay_rule(decays: DecayRule) -> None:
             nn.Embedding(10, 8), nn.LayerNorm(8), nn.Linear(8, 10)
         ),
         "CNN with BatchNorm": nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU()),
+        "RMSNorm + PReLU": nn.Sequential(nn.Linear(8, 8, bias=False), nn.RMSNorm(8), nn.PReLU()),
     }
     results: list[Case] = []
     for model_name, model in models.items():

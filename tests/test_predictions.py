@@ -61,8 +61,9 @@ def test_attention_forward_prediction_counts_kv_reads_per_query_tile():
         attention_forward_prediction(H100, 0, 64)
 
 
-def test_adamw_step_prediction_is_28_bytes_per_parameter_over_hbm():
-    assert adamw_step_prediction(H100, 10**9).value == pytest.approx(28e9 / 3.35e12 * 1e3)
+def test_adamw_step_prediction_is_its_bytes_per_parameter_over_hbm():
+    assert adamw_step_prediction(H100, 10**9).value == pytest.approx(84e9 / 3.35e12 * 1e3)
+    assert adamw_step_prediction(H100, 10**9, "fused").value == pytest.approx(28e9 / 3.35e12 * 1e3)
     with pytest.raises(ValueError, match="count: 0"):
         adamw_step_prediction(H100, 0)
 

@@ -318,3 +318,38 @@ def check_logged_loop(function: LoggedLoop, *, steps: int = 12, batch_size: int 
         ("the model ends where train's does", None if moved else "its parameters differ")
     )
     report(results)
+
+
+def check_next_range(next_range: Callable[[float, float, float], tuple[float, float]]) -> None:
+    """Check ``next_range(low, high, best)``: the log-uniform range for the next sweep.
+
+    A best value in the outer quarter of the range (on a log scale) at either end is a bound,
+    not an optimum: the next range keeps its width in decades and is centred on ``best``. A
+    best value inside the middle half leaves the range as it was.
+    """
+
+    def reference(low: float, high: float, best: float) -> tuple[float, float]:
+        position = math.log(best / low) / math.log(high / low)  # 0 at low, 1 at high
+        if 0.25 <= position <= 0.75:
+            return low, high
+        half = math.sqrt(high / low)
+        return best / half, best * half
+
+    cases = [
+        (1e-4, 1e-2, 1e-2),
+        (1e-4, 1e-2, 9e-3),
+        (1e-4, 1e-2, 1e-3),
+        (1e-4, 1e-2, 1e-4),
+        (1e-5, 1e-1, 3e-4),
+        (0.1, 10.0, 2.0),
+    ]
+    results: list[Case] = []
+    for low, high, best in cases:
+        expected = reference(low, high, best)
+        answer = next_range(low, high, best)
+        ok = len(answer) == 2 and all(
+            math.isclose(a, e, rel_tol=1e-6) for a, e in zip(answer, expected, strict=True)
+        )
+        problem = None if ok else f"got {answer}, expected ({expected[0]:.3g}, {expected[1]:.3g})"
+        results.append((f"range [{low:g}, {high:g}], best {best:g}", problem))
+    report(results)

@@ -933,3 +933,40 @@ def test_next_range_check_passes_the_rule_and_catches_a_range_kept_at_its_edge(c
         check_next_range(lambda lo, hi, b: next_range(lo, hi, b, inner=0.01))
     with pytest.raises(AssertionError, match="best 0.01"):  # widens linearly, not in decades
         check_next_range(lambda lo, hi, b: (lo, hi) if lo < b < hi else (lo, 2 * hi))
+
+
+def test_choose_batch_check_catches_ignoring_the_noise_scale_or_the_curve(capsys):
+    from trainfast.training.exercises import check_choose_batch
+
+    def choose_batch(throughput, b_simple):
+        candidates = [b for b in sorted(throughput) if b <= b_simple] or [min(throughput)]
+        best = max(throughput[b] for b in candidates)
+        return min(b for b in candidates if throughput[b] >= 0.95 * best)
+
+    check_choose_batch(choose_batch)
+    assert "All 5 cases passed." in capsys.readouterr().out
+    with pytest.raises(AssertionError, match="B_simple 100"):  # the fastest, whatever B_simple
+        check_choose_batch(lambda tp, b: max(tp, key=tp.get))
+    with pytest.raises(AssertionError, match="B_simple 2000"):  # the largest below B_simple
+        check_choose_batch(lambda tp, b: max([s for s in tp if s <= b] or [min(tp)]))
+    with pytest.raises(AssertionError, match="flat curve"):  # no tolerance on a flat curve
+        check_choose_batch(lambda tp, b: max([s for s in tp if s <= b] or [min(tp)], key=tp.get))
+
+
+def test_rerun_plan_check_catches_rerunning_only_the_winner_or_too_few_seeds(capsys):
+    import math
+
+    from trainfast.training.exercises import check_rerun_plan
+
+    def rerun_plan(losses, seed_std, target_se):
+        finalists = sum(loss <= min(losses) + 2 * seed_std for loss in losses)
+        return finalists, max(2, math.ceil((seed_std / target_se) ** 2))
+
+    check_rerun_plan(rerun_plan)
+    assert "All 4 cases passed." in capsys.readouterr().out
+    with pytest.raises(AssertionError, match="seed std 0.005"):  # only the winner
+        check_rerun_plan(lambda ls, s, t: (1, rerun_plan(ls, s, t)[1]))
+    with pytest.raises(AssertionError, match="seed std 0.005"):  # seeds from std/se, unsquared
+        check_rerun_plan(lambda ls, s, t: (rerun_plan(ls, s, t)[0], max(2, math.ceil(s / t))))
+    with pytest.raises(AssertionError, match="seed std 0.001"):  # one seed is no mean
+        check_rerun_plan(lambda ls, s, t: (rerun_plan(ls, s, t)[0], math.ceil((s / t) ** 2)))

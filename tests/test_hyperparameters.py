@@ -970,3 +970,24 @@ def test_rerun_plan_check_catches_rerunning_only_the_winner_or_too_few_seeds(cap
         check_rerun_plan(lambda ls, s, t: (rerun_plan(ls, s, t)[0], max(2, math.ceil(s / t))))
     with pytest.raises(AssertionError, match="seed std 0.001"):  # one seed is no mean
         check_rerun_plan(lambda ls, s, t: (rerun_plan(ls, s, t)[0], math.ceil((s / t) ** 2)))
+
+
+def test_training_arguments_listing_lines_are_exactly_the_fields():
+    """The chapter shows lines 14-26 of TrainingArguments: every field, nothing else.
+
+    Sphinx counts a ``:pyobject:``'s lines from its decorator, as ``inspect.getsource`` does.
+    """
+    import dataclasses
+    import inspect
+    import re
+    from pathlib import Path
+
+    from trainfast.training import TrainingArguments
+
+    page = (Path(__file__).parents[1] / "book" / "hyperparameters.md").read_text()
+    start, end = map(
+        int, re.search(r":pyobject: TrainingArguments\n:lines: (\d+)-(\d+)", page).groups()
+    )
+    shown = inspect.getsource(TrainingArguments).splitlines()[start - 1 : end]
+    names = [line.split(":")[0].strip() for line in shown]
+    assert names == [f.name for f in dataclasses.fields(TrainingArguments)]

@@ -51,7 +51,7 @@ from trainfast.training.scaling import (
     training_flops,
     widths_by_sqrt2,
 )
-from trainfast.training.selection import optimizers_curse, shrink
+from trainfast.training.selection import optimizers_curse, shrink, shrink_robust
 from trainfast.training.tracking import wandb_mode
 from trainfast.training.transfer import (
     NarrowResNet,
@@ -893,3 +893,101 @@ HYPERPARAMETERS_CONSTANTS = set(
 
 def test_chapter_prose_types_no_number_that_code_produced() -> None:
     assert chapters.typed_numbers("hyperparameters", allow=HYPERPARAMETERS_CONSTANTS) == []
+
+
+def test_robust_shrinkage_shrinks_a_heavy_tailed_sweep_that_gaussian_shrinkage_leaves_alone():
+    """Most runs near 0.1 with seed noise, three diverged at the chance loss 2.3."""
+    rng = np.random.default_rng(0)
+    true = np.exp(rng.normal(np.log(0.1), 0.1, size=29))
+    measured = np.concatenate([true * np.exp(rng.normal(0, 0.1, size=29)), [2.3, 2.3, 2.3]])
+    best = int(np.argmin(measured))
+    gaussian = shrink(measured, noise_std=0.01)  # noise of 0.1 in log is about 0.01 in loss
+    robust = shrink_robust(measured, noise_std=0.1)
+    assert gaussian[best] == pytest.approx(measured[best], rel=0.02)  # the outliers' variance
+    assert robust[best] > measured[best] * 1.05  # pulled toward the typical run
+    assert robust[best] < np.median(measured)
+    # on log-normal data with no outliers the two agree roughly
+    clean = measured[:29]
+    assert shrink_robust(clean, noise_std=0.0) == pytest.approx(clean)
+    with np.errstate(divide="ignore"):
+        assert np.all(np.isfinite(shrink_robust(clean, noise_std=1.0)))
+
+
+def test_next_range_check_passes_the_rule_and_catches_a_range_kept_at_its_edge(capsys):
+    import math
+
+    from trainfast.training.exercises import check_next_range
+
+    def next_range(low, high, best, inner=0.25, keep=False):
+        position = math.log(best / low) / math.log(high / low)
+        if keep or inner <= position <= 1 - inner:
+            return low, high
+        half = math.sqrt(high / low)
+        return best / half, best * half
+
+    check_next_range(next_range)
+    assert "All 6 cases passed." in capsys.readouterr().out
+    with pytest.raises(AssertionError, match="best 0.01"):  # never moves the range
+        check_next_range(lambda lo, hi, b: next_range(lo, hi, b, keep=True))
+    with pytest.raises(AssertionError, match="best 0.009"):  # only reacts exactly at the edge
+        check_next_range(lambda lo, hi, b: next_range(lo, hi, b, inner=0.01))
+    with pytest.raises(AssertionError, match="best 0.01"):  # widens linearly, not in decades
+        check_next_range(lambda lo, hi, b: (lo, hi) if lo < b < hi else (lo, 2 * hi))
+
+
+def test_choose_batch_check_catches_ignoring_the_noise_scale_or_the_curve(capsys):
+    from trainfast.training.exercises import check_choose_batch
+
+    def choose_batch(throughput, b_simple):
+        candidates = [b for b in sorted(throughput) if b <= b_simple] or [min(throughput)]
+        best = max(throughput[b] for b in candidates)
+        return min(b for b in candidates if throughput[b] >= 0.95 * best)
+
+    check_choose_batch(choose_batch)
+    assert "All 5 cases passed." in capsys.readouterr().out
+    with pytest.raises(AssertionError, match="B_simple 100"):  # the fastest, whatever B_simple
+        check_choose_batch(lambda tp, b: max(tp, key=tp.get))
+    with pytest.raises(AssertionError, match="B_simple 2000"):  # the largest below B_simple
+        check_choose_batch(lambda tp, b: max([s for s in tp if s <= b] or [min(tp)]))
+    with pytest.raises(AssertionError, match="flat curve"):  # no tolerance on a flat curve
+        check_choose_batch(lambda tp, b: max([s for s in tp if s <= b] or [min(tp)], key=tp.get))
+
+
+def test_rerun_plan_check_catches_rerunning_only_the_winner_or_too_few_seeds(capsys):
+    import math
+
+    from trainfast.training.exercises import check_rerun_plan
+
+    def rerun_plan(losses, seed_std, target_se):
+        finalists = sum(loss <= min(losses) + 2 * seed_std for loss in losses)
+        return finalists, max(2, math.ceil((seed_std / target_se) ** 2))
+
+    check_rerun_plan(rerun_plan)
+    assert "All 4 cases passed." in capsys.readouterr().out
+    with pytest.raises(AssertionError, match="seed std 0.005"):  # only the winner
+        check_rerun_plan(lambda ls, s, t: (1, rerun_plan(ls, s, t)[1]))
+    with pytest.raises(AssertionError, match="seed std 0.005"):  # seeds from std/se, unsquared
+        check_rerun_plan(lambda ls, s, t: (rerun_plan(ls, s, t)[0], max(2, math.ceil(s / t))))
+    with pytest.raises(AssertionError, match="seed std 0.001"):  # one seed is no mean
+        check_rerun_plan(lambda ls, s, t: (rerun_plan(ls, s, t)[0], math.ceil((s / t) ** 2)))
+
+
+def test_training_arguments_listing_lines_are_exactly_the_fields():
+    """The chapter shows lines 14-26 of TrainingArguments: every field, nothing else.
+
+    Sphinx counts a ``:pyobject:``'s lines from its decorator, as ``inspect.getsource`` does.
+    """
+    import dataclasses
+    import inspect
+    import re
+    from pathlib import Path
+
+    from trainfast.training import TrainingArguments
+
+    page = (Path(__file__).parents[1] / "book" / "hyperparameters.md").read_text()
+    start, end = map(
+        int, re.search(r":pyobject: TrainingArguments\n:lines: (\d+)-(\d+)", page).groups()
+    )
+    shown = inspect.getsource(TrainingArguments).splitlines()[start - 1 : end]
+    names = [line.split(":")[0].strip() for line in shown]
+    assert names == [f.name for f in dataclasses.fields(TrainingArguments)]

@@ -6,6 +6,7 @@ memory and the step-time benchmark. Small models and fixed seeds: the whole file
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -540,6 +541,10 @@ def test_muon_param_groups_splits_hidden_weights_from_the_rest() -> None:
         model[5].bias,
     ]
     assert [id(p) for p in adamw_group["params"]] == [id(p) for p in expected_adamw]
+    # an MLP's input layer named: it goes to AdamW, as Keller Jordan keeps the first layer
+    muon_group, adamw_group = muon_param_groups(model, input_layer=model[0])
+    assert [id(p) for p in muon_group["params"]] == [id(model[3].weight)]
+    assert id(model[0].weight) in {id(p) for p in adamw_group["params"]}
 
     # an embedding tied to the head, and a head given explicitly
     class Tied(nn.Module):
@@ -672,6 +677,35 @@ def _torch_muon_accepts(adjust_lr_fn: str) -> bool:
     return True
 
 
+@pytest.mark.parametrize("shape", [(32, 16), (16, 32)])
+def test_muon_match_rms_adamw_scales_the_update_as_moonlight(shape: tuple[int, int]) -> None:
+    """adjust_lr_fn="match_rms_adamw": update RMS about 0.2, and torch's Muon agrees."""
+    from trainfast.optim.muon import update_scale
+
+    grad = _gradient_sequence(shape, 1, seed=0)[0]
+    deltas = {}
+    for fn in ("original", "match_rms_adamw"):
+        param = nn.Parameter(torch.zeros(shape))
+        param.grad = grad.clone()
+        Muon([param], lr=1.0, adjust_lr_fn=fn).step()
+        deltas[fn] = -param.detach()
+    rows, cols = shape
+    assert update_scale(rows, cols, "match_rms_adamw") == pytest.approx(0.2 * max(shape) ** 0.5)
+    ratio = deltas["match_rms_adamw"].norm() / deltas["original"].norm()
+    expected = update_scale(rows, cols, "match_rms_adamw") / update_scale(rows, cols, "original")
+    assert ratio.item() == pytest.approx(expected, rel=1e-2)  # bfloat16 rounding of the scale
+    rms = deltas["match_rms_adamw"].pow(2).mean().sqrt().item()
+    assert 0.12 < rms < 0.25  # singular values land in about [0.7, 1.2], not exactly 1
+    if hasattr(torch.optim, "Muon"):
+        theirs = nn.Parameter(torch.zeros(shape))
+        theirs.grad = grad.clone()
+        torch.optim.Muon([theirs], lr=1.0, adjust_lr_fn="match_rms_adamw").step()
+        error = (deltas["match_rms_adamw"] + theirs.detach()).norm() / theirs.detach().norm()
+        assert error.item() < 0.10
+    with pytest.raises(ValueError, match="'rms'"):
+        Muon([nn.Parameter(torch.zeros(shape))], adjust_lr_fn="rms")
+
+
 def test_muon_state_dict_round_trip_and_scheduler() -> None:
     def build(model: nn.Module) -> tuple[Muon, Any]:
         optimizer = Muon(muon_param_groups(model), lr=0.02, adamw_lr=1e-2, weight_decay=0.01)
@@ -783,6 +817,8 @@ def test_compare_step_times_rows() -> None:
         assert all(row[c] > 0 for c in TIME_COLUMNS)
         assert row["ratio_foreach"] == row["ours_foreach_ms"] / row["torch_foreach_ms"]
         assert row["ratio_single"] == row["ours_single_ms"] / row["torch_single_ms"]
+        fused = row["torch_fused_ms"]
+        assert (fused is None) == (row["optimizer"] == "RMSprop") and (fused is None or fused > 0)
     with pytest.raises(ValueError, match=r"Unknown optimizers: \['Lion'\]"):
         compare_step_times([(2, 2)], optimizers=["Lion"])
 
@@ -795,6 +831,63 @@ def test_step_time_record(monkeypatch: pytest.MonkeyPatch) -> None:
     assert len(record.rows) == 4
     assert all(record.units[c] == "ms" for c in TIME_COLUMNS)
     assert set(TIME_COLUMNS) | {"ratio_foreach", "ratio_single"} <= set(record.columns)
+
+
+@pytest.mark.parametrize("path", ["foreach", "fused"])
+def test_adamw_passes_are_the_ones_torch_dispatches(path: str) -> None:
+    """The byte model of a torch AdamW step against the operators torch really runs."""
+    from trainfast.optim.benchmarks import (
+        ADAMW_PASSES,
+        bytes_per_parameter_of_passes,
+        count_step_traffic,
+    )
+
+    torch.manual_seed(0)
+    params = [nn.Parameter(torch.randn(shape)) for shape in [(96, 64), (64,), (64, 96)]]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    optimizer = torch.optim.AdamW(params, lr=1e-3, weight_decay=0.1, **{path: True})
+    optimizer.step()  # the first step creates the state
+    traffic = count_step_traffic(optimizer.step)
+    n_params = sum(p.numel() for p in params)
+    big = [op for op in traffic if op.read_bytes + op.written_bytes >= n_params]  # not counters
+    passes = ADAMW_PASSES[path]
+    assert [op.op for op in big] == [p.op for p in passes]
+    for op, expected in zip(big, passes, strict=True):
+        counters = 4 * len(params)  # the fused kernel also reads the float32 step counters
+        assert op.read_bytes - 4 * n_params * expected.reads in (0, counters), op
+        assert op.written_bytes == 4 * n_params * expected.writes, op
+    total = sum(op.read_bytes + op.written_bytes for op in traffic) / n_params
+    assert total == pytest.approx(bytes_per_parameter_of_passes(passes), rel=1e-3)  # + counters
+    assert bytes_per_parameter_of_passes(passes) == {"foreach": 84, "fused": 28}[path]
+
+
+def test_step_traffic_counts_what_an_op_changes_not_what_it_may() -> None:
+    from trainfast.optim.benchmarks import count_step_traffic
+
+    a, b = torch.ones(10), torch.ones(10)
+    (mul, copy) = count_step_traffic(lambda: (a.mul_(2.0), b.mul(1.0)))
+    assert (mul.op, mul.read_bytes, mul.written_bytes) == ("mul_", 40, 40)
+    assert (copy.op, copy.read_bytes, copy.written_bytes) == ("mul", 40, 40)  # a new tensor
+    (same,) = count_step_traffic(lambda: b.mul_(1.0))  # allowed to write, changes nothing
+    assert same.written_bytes == 0
+
+
+def test_rmsprop_signature_cannot_be_misread_positionally() -> None:
+    """torch.optim.RMSprop has ``capturable`` where ours would have ``foreach``: keyword-only."""
+    import inspect
+
+    ours = inspect.signature(RMSprop.__init__).parameters
+    theirs = inspect.signature(torch.optim.RMSprop.__init__).parameters
+    assert ours["foreach"].kind is inspect.Parameter.KEYWORD_ONLY
+    assert ours["maximize"].kind is inspect.Parameter.KEYWORD_ONLY
+    positional = [n for n, p in ours.items() if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD]
+    assert positional == list(theirs)[: len(positional)]  # the same order as far as ours goes
+    for name in ("alpha", "eps", "weight_decay", "momentum", "centered", "maximize"):
+        assert ours[name].default == theirs[name].default, name
+    params = [nn.Parameter(torch.ones(2))]
+    with pytest.raises(TypeError):
+        RMSprop(params, 0.01, 0.99, 1e-8, 0, 0, False, True)  # torch's 8th is capturable
 
 
 # --- chapter checks (listings, execution) below ---
@@ -817,6 +910,24 @@ def test_weight_decay_groups_leave_out_biases_norms_and_embeddings() -> None:
     assert [g["weight_decay"] for g in optimizer.param_groups] == [0.1, 0.0]
     with pytest.raises(ValueError, match="-0.5"):
         weight_decay_groups(model, -0.5)
+
+
+def test_weight_decay_groups_leave_out_rmsnorm_gains_and_prelu_slopes() -> None:
+    """Norms the module tuple does not list still keep their gains out of the decay."""
+    from trainfast.optim.groups import weight_decay_groups
+
+    model = nn.Sequential(
+        nn.Linear(4, 8, bias=False), nn.RMSNorm(8), nn.PReLU(8), nn.Conv1d(8, 8, 3, bias=False)
+    )
+    decay, no_decay = weight_decay_groups(model, weight_decay=0.1)
+    assert {id(p) for p in decay["params"]} == {id(model[0].weight), id(model[3].weight)}
+    assert {id(p) for p in no_decay["params"]} == {id(model[1].weight), id(model[2].weight)}
+    # the rule is the tensor's rank, not its module: a 1-D parameter of a custom module too
+    custom = nn.Module()
+    custom.gain = nn.Parameter(torch.ones(5))
+    custom.matrix = nn.Parameter(torch.ones(5, 5))
+    (decay,), (no_decay,) = (g["params"] for g in weight_decay_groups(custom, 0.1))
+    assert decay is custom.matrix and no_decay is custom.gain
 
 
 def test_layerwise_lr_groups_scale_down_towards_the_input() -> None:
@@ -1030,13 +1141,45 @@ def test_decay_rule_check_passes_the_package_rule_and_catches_wrong_ones(capsys)
     from trainfast.optim.groups import NO_DECAY_MODULES
 
     check_decay_rule(
-        lambda m, name, p: not isinstance(m, NO_DECAY_MODULES) and not name.endswith("bias")
+        lambda m, name, p: (
+            p.ndim >= 2 and not isinstance(m, NO_DECAY_MODULES) and not name.endswith("bias")
+        )
     )
-    assert "All 21 cases passed." in capsys.readouterr().out
+    assert "All 24 cases passed." in capsys.readouterr().out
     with pytest.raises(AssertionError, match="first: embedding \\+ LayerNorm \\+ head: 0.weight"):
         check_decay_rule(lambda m, name, p: p.ndim >= 2 and not isinstance(m, nn.LayerNorm))
     with pytest.raises(AssertionError, match="in_proj_bias"):
-        check_decay_rule(lambda m, name, p: not isinstance(m, NO_DECAY_MODULES) and name != "bias")
+        check_decay_rule(
+            lambda m, name, p: not isinstance(m, (nn.LayerNorm, nn.Embedding)) and name != "bias"
+        )
+    with pytest.raises(AssertionError, match="RMSNorm"):  # the module rule alone misses RMSNorm
+        check_decay_rule(
+            lambda m, name, p: not isinstance(m, NO_DECAY_MODULES) and not name.endswith("bias")
+        )
+
+
+def test_budget_check_passes_the_right_choice_and_catches_forgotten_gradients(capsys) -> None:
+    from trainfast.optim.exercises import check_optimizer_for_budget
+
+    def choose(n_params: float, budget_gb: float, per_param: dict | None = None) -> str | None:
+        per_param = per_param or {"adamw": 16, "momentum": 12, "sgd": 8}
+        return next((n for n, b in per_param.items() if b * n_params <= budget_gb * 1e9), None)
+
+    check_optimizer_for_budget(choose)
+    assert "All 6 cases passed." in capsys.readouterr().out
+    no_gradients = {"adamw": 12, "momentum": 8, "sgd": 4}  # forgets the gradients
+    with pytest.raises(AssertionError, match="14 GB"):
+        check_optimizer_for_budget(lambda n, b: choose(n, b, no_gradients))
+    one_moment = {"adamw": 12, "momentum": 12, "sgd": 8}  # Adam with one moment
+    with pytest.raises(AssertionError, match="14 GB"):
+        check_optimizer_for_budget(lambda n, b: choose(n, b, one_moment))
+    with pytest.raises(AssertionError, match="16 GB"):  # a total equal to the budget fits
+        check_optimizer_for_budget(
+            lambda n, b: next(
+                (k for k, v in {"adamw": 16, "momentum": 12, "sgd": 8}.items() if v * n < b * 1e9),
+                None,
+            )
+        )
 
 
 def test_every_exercise_check_runs_in_a_hidden_solution_cell() -> None:
@@ -1104,6 +1247,24 @@ def test_tune_then_repeat_selects_on_validation_and_reports_fresh_seeds() -> Non
     assert tuned.test_accuracies == pytest.approx([0.61, 0.62])
     with pytest.raises(ValueError, match="tuning seed 0"):
         tune_then_repeat(run, [0.1], seeds=(0, 1))
+
+
+def test_tune_then_repeat_widens_an_edge_optimum_until_it_is_interior() -> None:
+    from trainfast.loop import History
+    from trainfast.optim.comparison import Run, tune_then_repeat
+
+    def run(lr: float, seed: int) -> Run:  # validation accuracy peaks at lr = 1
+        accuracy = 1 - abs(math.log10(lr)) / 10
+        return Run(lr, seed, accuracy, accuracy, History())
+
+    tuned = tune_then_repeat(run, [1e-3, 1e-2, 1e-1], seeds=(1,), widen=4)
+    assert [r.lr for r in tuned.grid] == pytest.approx([1e-3, 1e-2, 1e-1, 1.0, 10.0])
+    assert tuned.best_lr == pytest.approx(1.0)  # interior: one point beyond it was tried
+    downward = tune_then_repeat(run, [100.0, 1000.0], seeds=(1,), widen=4)
+    assert [r.lr for r in downward.grid] == pytest.approx([0.1, 1.0, 10.0, 100.0, 1000.0])
+    capped = tune_then_repeat(run, [1e-4, 1e-3], seeds=(1,), widen=1)  # stops after one point
+    assert [r.lr for r in capped.grid] == pytest.approx([1e-4, 1e-3, 1e-2])
+    assert capped.best_lr == pytest.approx(1e-2)  # still at the edge: the caller must say so
 
 
 def test_digits_splits_hold_validation_out_of_training() -> None:
@@ -1174,3 +1335,20 @@ def test_numbers_in_prose_skips_code_math_roles_and_names() -> None:
         "line 15: 12",
         "line 17: 0.75",
     ]
+
+
+def _glued(notebook, name: str) -> str:
+    """The text/plain value the chapter glued under ``name``."""
+    for cell in notebook.cells:
+        for output in cell.get("outputs", []):
+            if output.get("metadata", {}).get("scrapbook", {}).get("name") == name:
+                return output["data"]["text/plain"]
+    raise KeyError(name)
+
+
+@pytest.mark.chapter
+def test_chapter_five_optimizer_rates_are_interior_to_their_grids() -> None:
+    import chapters
+
+    notebook = chapters.executed_notebook("optimizers")
+    assert _glued(notebook, "mlp_edges") == "0"

@@ -80,8 +80,9 @@ def test_attention_forward_prediction_with_l2_reuse_reaches_the_peak():
     assert l2.value > attention_forward_prediction(H100, 4096, 128).value
 
 
-def test_adamw_step_prediction_is_28_bytes_per_parameter_over_hbm():
-    assert adamw_step_prediction(H100, 10**9).value == pytest.approx(28e9 / 3.35e12 * 1e3)
+def test_adamw_step_prediction_is_its_bytes_per_parameter_over_hbm():
+    assert adamw_step_prediction(H100, 10**9).value == pytest.approx(84e9 / 3.35e12 * 1e3)
+    assert adamw_step_prediction(H100, 10**9, "fused").value == pytest.approx(28e9 / 3.35e12 * 1e3)
     with pytest.raises(ValueError, match="count: 0"):
         adamw_step_prediction(H100, 0)
 

@@ -346,7 +346,8 @@ def check_decay_rule(decays: DecayRule) -> None:
 
     ``module`` is the module that holds the parameter directly, ``name`` its name there. The
     reference is :func:`~trainfast.optim.groups.weight_decay_groups`, on a transformer block
-    (whose attention keeps a packed ``in_proj_bias``), an embedding and a small CNN.
+    (whose attention keeps a packed ``in_proj_bias``), an embedding, a small CNN and a layer
+    with ``nn.RMSNorm`` and ``nn.PReLU``, which :data:`NO_DECAY_MODULES` does not list.
     """
     models = {
         "TransformerEncoderLayer": nn.TransformerEncoderLayer(d_model=16, nhead=2),
@@ -354,6 +355,7 @@ def check_decay_rule(decays: DecayRule) -> None:
             nn.Embedding(10, 8), nn.LayerNorm(8), nn.Linear(8, 10)
         ),
         "CNN with BatchNorm": nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU()),
+        "RMSNorm + PReLU": nn.Sequential(nn.Linear(8, 8, bias=False), nn.RMSNorm(8), nn.PReLU()),
     }
     results: list[Case] = []
     for model_name, model in models.items():
@@ -366,4 +368,33 @@ def check_decay_rule(decays: DecayRule) -> None:
                 word = "decay" if expected else "no decay"
                 problem = None if answer == expected else f"got {answer}, expected {expected}"
                 results.append((f"{full} {tuple(param.shape)}: {word}", problem))
+    report(results)
+
+
+#: The optimizers of :func:`check_optimizer_for_budget`, most preferred first
+BUDGET_PREFERENCE = ("adamw", "momentum", "sgd")
+
+
+def check_optimizer_for_budget(choose: Callable[[float, float], str | None]) -> None:
+    """Check ``choose(n_params, budget_gb)``: the most preferred optimizer whose memory fits.
+
+    Preference is AdamW, then SGD with momentum, then plain SGD (:data:`BUDGET_PREFERENCE`);
+    the memory is the float32 weights, gradients and optimizer state,
+    :func:`trainfast.accounting.bytes_per_parameter` per parameter, in GB of 10⁹ bytes; a total
+    equal to the budget fits. ``None`` when not even SGD fits.
+    """
+    from trainfast.accounting import bytes_per_parameter
+
+    def reference(n_params: float, budget_gb: float) -> str | None:
+        for name in BUDGET_PREFERENCE:
+            if bytes_per_parameter("fp32", name).total * n_params <= budget_gb * 1e9:
+                return name
+        return None
+
+    cases = [(1e9, 20.0), (1e9, 16.0), (1e9, 14.0), (1e9, 10.0), (1e9, 7.0), (3e8, 5.0)]
+    results: list[Case] = []
+    for n_params, budget in cases:
+        expected, answer = reference(n_params, budget), choose(n_params, budget)
+        problem = None if answer == expected else f"got {answer!r}, expected {expected!r}"
+        results.append((f"{n_params:.0e} parameters in {budget:g} GB: {expected}", problem))
     report(results)

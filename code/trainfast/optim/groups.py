@@ -5,11 +5,13 @@ An optimizer takes either an iterable of tensors or a list of *groups*, dicts wi
 argument, which wins over the optimizer's default. Two groupings are common enough to
 deserve a function:
 
-* :func:`weight_decay_groups`: decay the weight matrices, but not biases, normalisation
-  parameters or embeddings (decaying a LayerNorm gain towards zero, or a bias towards zero,
-  fights the very thing those parameters are for; embeddings of rare tokens would be shrunk
-  on every step although they rarely receive a gradient). This is what nanoGPT and most
-  transformer recipes do.
+* :func:`weight_decay_groups`: decay the weight matrices (and convolution kernels), but no
+  tensor with fewer than two dimensions (biases, the gains and shifts of every normalisation
+  layer, RMSNorm's included, PReLU's slopes) and no embeddings. Decaying a norm gain towards
+  zero fights the very scale the layer exists to set; the rows of rare tokens would be shrunk
+  on every step although they rarely receive a gradient. nanoGPT's ``configure_optimizers``
+  uses the dimension rule alone: it decays every tensor with two or more dimensions,
+  embeddings included, and nothing else.
 * :func:`layerwise_lr_groups`: a smaller learning rate for early layers than for late ones,
   for fine-tuning a pretrained network whose early features are already good.
 """
@@ -35,8 +37,10 @@ NO_DECAY_MODULES: tuple[type[nn.Module], ...] = (
 def weight_decay_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
     """Two groups: weights that decay, and biases/norm/embedding parameters that do not.
 
-    A parameter decays if it is not a bias and its module is not one of
-    :data:`NO_DECAY_MODULES`. Groups that would be empty are left out. Each group carries a
+    A parameter decays if it has at least two dimensions, is not named like a bias and its
+    module is not one of :data:`NO_DECAY_MODULES`. The dimension rule catches the gains of
+    norm layers this tuple does not list (``nn.RMSNorm``, a hand-written norm) and PReLU's
+    slopes. Groups that would be empty are left out. Each group carries a
     ``"name"`` key for printing; optimizers keep unknown keys and ignore them.
     """
     if weight_decay < 0:
@@ -46,7 +50,7 @@ def weight_decay_groups(model: nn.Module, weight_decay: float) -> list[dict[str,
         for name, param in module.named_parameters(recurse=False):
             if not param.requires_grad:
                 continue
-            if isinstance(module, NO_DECAY_MODULES) or name.endswith("bias"):
+            if param.ndim < 2 or isinstance(module, NO_DECAY_MODULES) or name.endswith("bias"):
                 no_decay.append(param)
             else:
                 decay.append(param)

@@ -34,6 +34,7 @@ __all__ = [
     "muon_param_groups",
     "muon_update",
     "orthogonalized_update",
+    "update_scale",
     "single_tensor_muon",
     "zeropower_via_newtonschulz5",
 ]
@@ -76,21 +77,42 @@ def zeropower_via_newtonschulz5(
     return X
 
 
+#: How :func:`orthogonalized_update` scales the orthogonal matrix (torch's ``adjust_lr_fn``)
+ADJUST_LR_FNS = ("original", "match_rms_adamw")
+
+
+def update_scale(rows: int, cols: int, adjust_lr_fn: str = "original") -> float:
+    """The factor that multiplies the orthogonalised (rows, cols) update.
+
+    ``"original"`` (Keller Jordan): ``sqrt(max(1, rows / cols))``, so tall matrices' updates are
+    as large as square ones'. ``"match_rms_adamw"`` (Liu et al. 2025, Moonlight):
+    ``0.2 * sqrt(max(rows, cols))``, which gives the update an RMS of about 0.2, that of a
+    typical AdamW update, so Muon can share AdamW's learning rate and weight decay.
+    """
+    if adjust_lr_fn == "original":
+        return max(1, rows / cols) ** 0.5
+    if adjust_lr_fn == "match_rms_adamw":
+        return 0.2 * max(rows, cols) ** 0.5
+    raise ValueError(f"Invalid adjust_lr_fn: {adjust_lr_fn!r} (expected one of {ADJUST_LR_FNS})")
+
+
 def orthogonalized_update(
     update: Tensor,
     *,
     ns_steps: int = 5,
     coefficients: tuple[float, float, float] = NS_COEFFICIENTS,
     eps: float = 1e-7,
+    adjust_lr_fn: str = "original",
 ) -> Tensor:
-    """Orthogonalise a (rows, cols) update and scale it by ``sqrt(max(1, rows / cols))``.
+    """Orthogonalise a (rows, cols) update and scale it by :func:`update_scale`.
 
-    The orthogonal matrix has entries of RMS ``1/sqrt(max(rows, cols))``; the scale (from the
-    original) keeps tall matrices' updates as large as those of square ones. Returns bfloat16.
+    The orthogonal matrix has entries of RMS ``1/sqrt(max(rows, cols))``; the original scale
+    keeps tall matrices' updates as large as those of square ones. Returns bfloat16.
     """
     rows, cols = update.shape
+    scale = update_scale(rows, cols, adjust_lr_fn)
     update = zeropower_via_newtonschulz5(update, ns_steps, coefficients, eps)
-    update *= max(1, rows / cols) ** 0.5
+    update *= scale
     return update
 
 
@@ -103,6 +125,7 @@ def muon_update(
     ns_steps: int = 5,
     coefficients: tuple[float, float, float] = NS_COEFFICIENTS,
     eps: float = 1e-7,
+    adjust_lr_fn: str = "original",
 ) -> Tensor:
     r"""Muon's update direction for one weight matrix; updates ``momentum_buffer`` in place.
 
@@ -117,7 +140,9 @@ def muon_update(
         )
     momentum_buffer.lerp_(grad, 1 - momentum)  # B_t = μ B_{t-1} + (1 - μ) g_t
     update = grad.lerp(momentum_buffer, momentum) if nesterov else momentum_buffer
-    return orthogonalized_update(update, ns_steps=ns_steps, coefficients=coefficients, eps=eps)
+    return orthogonalized_update(
+        update, ns_steps=ns_steps, coefficients=coefficients, eps=eps, adjust_lr_fn=adjust_lr_fn
+    )
 
 
 def muon(
@@ -130,6 +155,7 @@ def muon(
     nesterov: bool,
     ns_steps: int,
     weight_decay: float,
+    adjust_lr_fn: str = "original",
     foreach: bool = False,
 ) -> None:
     """One Muon step on the 2-D ``params`` in place, with decoupled weight decay.
@@ -148,6 +174,7 @@ def muon(
         nesterov=nesterov,
         ns_steps=ns_steps,
         weight_decay=weight_decay,
+        adjust_lr_fn=adjust_lr_fn,
     )
 
 
@@ -161,9 +188,17 @@ def single_tensor_muon(
     nesterov: bool,
     ns_steps: int,
     weight_decay: float,
+    adjust_lr_fn: str = "original",
 ) -> None:
     for param, grad, buf in zip(params, grads, momentum_buffers, strict=True):
-        update = muon_update(grad, buf, momentum=momentum, nesterov=nesterov, ns_steps=ns_steps)
+        update = muon_update(
+            grad,
+            buf,
+            momentum=momentum,
+            nesterov=nesterov,
+            ns_steps=ns_steps,
+            adjust_lr_fn=adjust_lr_fn,
+        )
         if weight_decay != 0:
             param.mul_(1 - lr * weight_decay)  # decoupled, as AdamW
         param.add_(update, alpha=-lr)  # (rows, cols), bfloat16 update added in param's dtype
@@ -179,6 +214,7 @@ def multi_tensor_muon(
     nesterov: bool,
     ns_steps: int,
     weight_decay: float,
+    adjust_lr_fn: str = "original",
 ) -> None:
     if len(params) == 0:
         return
@@ -191,7 +227,7 @@ def multi_tensor_muon(
             updates = device_bufs
         # bfloat16 -> the parameters' dtype is exact, and gives _foreach_add_ one dtype
         updates = [
-            orthogonalized_update(u, ns_steps=ns_steps).to(p.dtype)
+            orthogonalized_update(u, ns_steps=ns_steps, adjust_lr_fn=adjust_lr_fn).to(p.dtype)
             for u, p in zip(updates, device_params, strict=True)
         ]
         if weight_decay != 0:
@@ -219,8 +255,12 @@ class Muon(CheckedOptimizer):
 
         optimizer = Muon(muon_param_groups(model), lr=0.02, adamw_lr=3e-4)
 
-    An LR scheduler scales both kinds of group's ``lr`` by the same factor. ``lr`` is "in units
-    of spectral norm per update" (Keller Jordan), so it is not comparable to an AdamW lr.
+    An LR scheduler scales both kinds of group's ``lr`` by the same factor. With the default
+    ``adjust_lr_fn="original"``, ``lr`` is "in units of spectral norm per update" (Keller
+    Jordan), so it is not comparable to an AdamW lr. ``adjust_lr_fn="match_rms_adamw"`` scales
+    each update to AdamW's typical RMS, ``0.2 * sqrt(max(rows, cols))`` (Liu et al. 2025,
+    Moonlight, who add decoupled weight decay too), so one lr and one weight decay can serve
+    both kinds of group; the names are ``torch.optim.Muon``'s.
     Differences from the original: the AdamW groups run :func:`~trainfast.optim.adam.adam`, the
     same math as ``torch.optim.AdamW`` (the original's ``adam_update`` is algebraically equal,
     rounded differently); parameters without a gradient are skipped rather than given a zero
@@ -244,15 +284,18 @@ class Muon(CheckedOptimizer):
         adamw_betas: tuple[float, float] = (0.9, 0.95),
         adamw_eps: float = 1e-10,
         adamw_weight_decay: float = 0.0,
+        adjust_lr_fn: str = "original",
         foreach: bool = False,
     ) -> None:
         check_int("ns_steps", ns_steps, minimum=0)
+        update_scale(1, 1, adjust_lr_fn)  # raises on an unknown name
         self.muon_defaults = {
             "lr": lr,
             "momentum": momentum,
             "nesterov": nesterov,
             "ns_steps": ns_steps,
             "weight_decay": weight_decay,
+            "adjust_lr_fn": adjust_lr_fn,
         }
         self.adamw_defaults = {
             "lr": adamw_lr,
@@ -309,6 +352,7 @@ class Muon(CheckedOptimizer):
                     nesterov=group["nesterov"],
                     ns_steps=group["ns_steps"],
                     weight_decay=group["weight_decay"],
+                    adjust_lr_fn=group["adjust_lr_fn"],
                     foreach=group["foreach"],
                 )
             else:
@@ -337,26 +381,32 @@ class Muon(CheckedOptimizer):
 
 
 def muon_param_groups(
-    model: nn.Module, *, output_layer: nn.Module | None = None
+    model: nn.Module,
+    *,
+    output_layer: nn.Module | None = None,
+    input_layer: nn.Module | None = None,
 ) -> list[dict[str, Any]]:
     """Split ``model``'s parameters into a Muon group and an AdamW group, for :class:`Muon`.
 
     Muon gets the weights of the hidden ``nn.Linear`` layers; AdamW gets everything else:
-    embeddings, the output layer, biases, norm gains, and any weight shared with another module
-    (a tied embedding). The output layer is ``output_layer`` if given, else the last
-    ``nn.Linear`` the model registers; pass it when the head is registered earlier or is not an
-    ``nn.Linear``. Add settings to the returned dicts (e.g. ``groups[1]["lr"] = 1e-3``) to
-    override the optimizer's. Empty groups are left out.
+    embeddings, the input and output layers, biases, norm gains, and any weight shared with
+    another module (a tied embedding). The output layer is ``output_layer`` if given, else the
+    last ``nn.Linear`` the model registers; pass it when the head is registered earlier or is
+    not an ``nn.Linear``. A transformer's input layer is its embedding, which is not an
+    ``nn.Linear``; an MLP's is its first ``nn.Linear``, which only the caller can name: pass it
+    as ``input_layer`` (Keller Jordan keeps the first and last layers on AdamW). Add settings to
+    the returned dicts (e.g. ``groups[1]["lr"] = 1e-3``) to override the optimizer's. Empty
+    groups are left out.
     """
     linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
     head = output_layer if output_layer is not None else (linears[-1] if linears else None)
-    hidden = {id(m.weight) for m in linears if m is not head}
+    hidden = {id(m.weight) for m in linears if m is not head and m is not input_layer}
     # a hidden weight that another module also holds (weight tying) goes to AdamW
     elsewhere = {
         id(p)
         for m in model.modules()
         for name, p in m.named_parameters(recurse=False)
-        if not (isinstance(m, nn.Linear) and m is not head and name == "weight")
+        if not (isinstance(m, nn.Linear) and id(m.weight) in hidden and name == "weight")
     }
     muon_params, adamw_params = [], []
     for p in model.parameters():  # each shared parameter once

@@ -190,17 +190,21 @@ def init_rmsprop_state(
 
 
 class RMSprop(CheckedOptimizer):
-    """RMSprop: ``torch.optim.RMSprop``'s algorithm, arguments and defaults, written out in
-    :func:`rmsprop`.
+    """RMSprop: ``torch.optim.RMSprop``'s algorithm, written out in :func:`rmsprop`.
 
     Why: per-parameter step sizes from one running average (one copy of the weights, two with
     momentum, three centred). It predates Adam and is still used in reinforcement learning; for
     new work Adam/AdamW, which add bias correction and momentum on the gradient, are the usual
     choice.
 
-    ``lr`` has no default: give it here or in every parameter group. ``foreach=True`` selects
-    the ``torch._foreach_*`` implementation. torch's ``capturable`` and ``differentiable``
-    switches are left out.
+    The arguments are torch's, with three differences in the defaults and the order. ``lr``
+    has no default (torch's is ``1e-2``): give it here or in every parameter group.
+    ``foreach`` defaults to ``False``, the readable loop (torch's ``None`` picks foreach on
+    CUDA); ``True`` selects the ``torch._foreach_*`` implementation. ``foreach`` and
+    ``maximize`` are keyword-only, so a positional call cannot land on a different argument
+    than in torch, whose signature has ``capturable`` in that place; torch's ``capturable`` and
+    ``differentiable`` switches are left out. ``alpha=0.99``, ``eps=1e-8`` and the zeros are
+    torch's defaults.
     """
 
     def __init__(
@@ -212,6 +216,7 @@ class RMSprop(CheckedOptimizer):
         weight_decay: float = 0,
         momentum: float = 0,
         centered: bool = False,
+        *,
         foreach: bool = False,
         maximize: bool = False,
     ) -> None:

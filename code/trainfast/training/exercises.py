@@ -318,3 +318,95 @@ def check_logged_loop(function: LoggedLoop, *, steps: int = 12, batch_size: int 
         ("the model ends where train's does", None if moved else "its parameters differ")
     )
     report(results)
+
+
+def check_next_range(next_range: Callable[[float, float, float], tuple[float, float]]) -> None:
+    """Check ``next_range(low, high, best)``: the log-uniform range for the next sweep.
+
+    A best value in the outer quarter of the range (on a log scale) at either end is a bound,
+    not an optimum: the next range keeps its width in decades and is centred on ``best``. A
+    best value inside the middle half leaves the range as it was.
+    """
+
+    def reference(low: float, high: float, best: float) -> tuple[float, float]:
+        position = math.log(best / low) / math.log(high / low)  # 0 at low, 1 at high
+        if 0.25 <= position <= 0.75:
+            return low, high
+        half = math.sqrt(high / low)
+        return best / half, best * half
+
+    cases = [
+        (1e-4, 1e-2, 1e-2),
+        (1e-4, 1e-2, 9e-3),
+        (1e-4, 1e-2, 1e-3),
+        (1e-4, 1e-2, 1e-4),
+        (1e-5, 1e-1, 3e-4),
+        (0.1, 10.0, 2.0),
+    ]
+    results: list[Case] = []
+    for low, high, best in cases:
+        expected = reference(low, high, best)
+        answer = next_range(low, high, best)
+        ok = len(answer) == 2 and all(
+            math.isclose(a, e, rel_tol=1e-6) for a, e in zip(answer, expected, strict=True)
+        )
+        problem = None if ok else f"got {answer}, expected ({expected[0]:.3g}, {expected[1]:.3g})"
+        results.append((f"range [{low:g}, {high:g}], best {best:g}", problem))
+    report(results)
+
+
+def check_choose_batch(choose_batch: Callable[[Mapping[int, float], float], int]) -> None:
+    """Check ``choose_batch(throughput, b_simple)``: the batch size to train with.
+
+    ``throughput`` maps batch sizes to examples per second; ``b_simple`` is the measured simple
+    noise scale. Batches above ``b_simple`` mostly waste examples, so only sizes up to it are
+    candidates (the smallest size if none is); among them, the highest throughput wins, and
+    of sizes within 5 % of that throughput the smallest (it takes more steps per example).
+    """
+
+    def reference(throughput: Mapping[int, float], b_simple: float) -> int:
+        sizes = sorted(throughput)
+        candidates = [b for b in sizes if b <= b_simple] or sizes[:1]
+        best = max(throughput[b] for b in candidates)
+        return min(b for b in candidates if throughput[b] >= 0.95 * best)
+
+    curve = {1: 800.0, 16: 9_000.0, 64: 20_000.0, 256: 30_000.0, 1024: 24_000.0}
+    flat = {32: 10_000.0, 64: 19_600.0, 128: 20_000.0, 256: 20_100.0}
+    cases = [(curve, 2_000.0), (curve, 100.0), (curve, 10.0), (curve, 0.5), (flat, 1e4)]
+    results: list[Case] = []
+    for throughput, b_simple in cases:
+        expected, answer = reference(throughput, b_simple), choose_batch(throughput, b_simple)
+        problem = None if answer == expected else f"got {answer}, expected {expected}"
+        name = "falling curve" if throughput is curve else "flat curve"
+        results.append((f"{name}, B_simple {b_simple:g}: batch {expected}", problem))
+    report(results)
+
+
+def check_rerun_plan(rerun_plan: Callable[[list[float], float, float], tuple[int, int]]) -> None:
+    """Check ``rerun_plan(losses, seed_std, target_se)``: ``(finalists, seeds each)``.
+
+    Every config whose sweep loss is within two seed standard deviations of the best cannot be
+    told apart from it by one run, so all of them are finalists. Each is re-run on enough fresh
+    seeds that the standard error of its mean, ``seed_std / sqrt(seeds)``, is at most
+    ``target_se``, and on at least two.
+    """
+
+    def reference(losses: list[float], seed_std: float, target_se: float) -> tuple[int, int]:
+        best = min(losses)
+        finalists = sum(loss <= best + 2 * seed_std for loss in losses)
+        return finalists, max(2, math.ceil((seed_std / target_se) ** 2))
+
+    sweep = [0.30, 0.064, 0.071, 0.09, 2.30, 0.066, 0.12, 0.080]
+    cases = [(sweep, 0.005, 0.002), (sweep, 0.01, 0.005), (sweep, 0.001, 0.01), ([0.5], 0.1, 0.1)]
+    results: list[Case] = []
+    for losses, seed_std, target_se in cases:
+        expected = reference(losses, seed_std, target_se)
+        answer = tuple(rerun_plan(losses, seed_std, target_se))
+        problem = None if answer == expected else f"got {answer}, expected {expected}"
+        results.append(
+            (
+                f"{len(losses)} runs, seed std {seed_std:g}, target {target_se:g}: {expected}",
+                problem,
+            )
+        )
+    report(results)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["CurseOutcome", "optimizers_curse", "shrink"]
+__all__ = ["CurseOutcome", "optimizers_curse", "shrink", "shrink_robust"]
 
 
 @dataclass(frozen=True)
@@ -34,12 +34,32 @@ class CurseOutcome:
 def shrink(measured: np.ndarray, noise_std: float) -> np.ndarray:
     """Posterior means of the true losses under a normal prior fitted to ``measured``:
     ``mean + (1 - noise² / spread²) * (measured - mean)``, where ``spread²`` is the variance of
-    the measurements and ``noise_std`` the measurement noise (e.g. the std over seeds)."""
+    the measurements and ``noise_std`` the measurement noise (e.g. the std over seeds).
+
+    It assumes true losses and noise are both Gaussian. A sweep's losses are not: a few
+    diverged runs inflate ``spread²``, the noise's share looks negligible and nothing shrinks.
+    :func:`shrink_robust` is the version for such sweeps."""
     measured = np.asarray(measured, dtype=float)
     mean = measured.mean(axis=-1, keepdims=True)
     spread = measured.var(axis=-1, ddof=1, keepdims=True)  # unbiased: few runs are common
     weight = np.clip(1.0 - noise_std**2 / np.maximum(spread, 1e-12), 0.0, 1.0)  # signal share
     return mean + weight * (measured - mean)
+
+
+def shrink_robust(measured: np.ndarray, noise_std: float) -> np.ndarray:
+    """:func:`shrink` on the logarithm of the losses, with a median and a MAD spread.
+
+    Sweep losses are positive and heavy-tailed (a diverged run sits at the chance loss, tens of
+    times the best), so the logarithm is closer to Gaussian, and the median and the median
+    absolute deviation (times 1.4826, a Gaussian's std) ignore the few runs that blew up.
+    ``noise_std`` is the seed noise of the *log* loss (the std of ``log(loss)`` over seeds).
+    Returns losses, not logarithms.
+    """
+    logs = np.log(np.asarray(measured, dtype=float))
+    center = np.median(logs, axis=-1, keepdims=True)
+    spread = 1.4826 * np.median(np.abs(logs - center), axis=-1, keepdims=True)
+    weight = np.clip(1.0 - noise_std**2 / np.maximum(spread**2, 1e-12), 0.0, 1.0)
+    return np.exp(center + weight * (logs - center))
 
 
 def optimizers_curse(

@@ -85,11 +85,12 @@ def limited_precision_sum(
 def fp8_dot_products(k: int, *, rows: int = 64, seed: int = 0) -> tuple[Tensor, Tensor]:
     """The terms of ``rows`` FP8 dot products of length ``k``, as a tensor core forms them.
 
-    Standard normal vectors are cast to e4m3 with per-tensor scales (:func:`~trainfast.precision.
-    fp8.to_fp8`). The terms are products of the *raw* FP8 values: two 4-bit significands make at
-    most 8 bits, so each product is exact in float32. The scales (``448 / amax``, not powers of
-    two) are not applied to the terms, since a product of dequantised values would round; like
-    the hardware, multiply the sum by the returned ``decode`` scale afterwards.
+    Standard normal vectors are cast to e4m3 with per-tensor scales
+    (:func:`~trainfast.precision.fp8.to_fp8`). The terms are products of the *raw* FP8 values:
+    two 4-bit significands make at most 8 bits, so each product is exact in float32. The scales
+    (``448 / amax``, not powers of two) are not applied to the terms, since a product of
+    dequantised values would round; like the hardware, multiply the sum by the returned
+    ``decode`` scale afterwards.
     Returns ``(products, decode)``: float32 ``(rows, k)`` and a float32 scalar.
     """
     from trainfast.precision.fp8 import to_fp8

@@ -872,6 +872,10 @@ def test_cpu_peak_reads_clock_and_vector_width():
         ("AuthenticAMD", 25, 17, "avx2 fma avx512f", "Zen 4", 32),
         ("AuthenticAMD", 25, 1, "avx2 fma", "Zen 3", 32),
         ("AuthenticAMD", 26, 2, "avx2 fma avx512f", "Zen 5", 64),
+        # model ranges as Linux assigns them: family 23 model 0x50 is Zen (128-bit), not Zen 2
+        ("AuthenticAMD", 23, 0x50, "avx2 fma", "Zen / Zen+", 16),
+        ("AuthenticAMD", 23, 0x71, "avx2 fma", "Zen 2", 32),
+        ("AuthenticAMD", 25, 0x21, "avx2 fma", "Zen 3", 32),
         # Sapphire Rapids: two 512-bit FMA units, 2 x 16 lanes x 2 = 64
         ("GenuineIntel", 6, 143, "avx2 fma avx512f", "Sapphire Rapids", 64),
     ],

@@ -113,16 +113,23 @@ class CpuPeak:
 
 
 #: (vendor, family, first model, last model) -> (microarchitecture, FMA datapath bits, FMA units),
-#: from AMD's and Intel's optimisation manuals (see :func:`cpu_peak_flops`)
+#: widths from AMD's and Intel's optimisation manuals (see :func:`cpu_peak_flops`); model ranges
+#: as Linux assigns them (``arch/x86/kernel/cpu/amd.c``, ``arch/x86/include/asm/intel-family.h``).
+#: Zen 5's datapath width differs by part, so only its server and desktop models are listed;
+#: other family-26 models (mobile parts among them) are left unknown.
 MICROARCHITECTURES = {
     ("AuthenticAMD", 23, 0x00, 0x2F): ("Zen / Zen+", 128, 2),
-    ("AuthenticAMD", 23, 0x30, 0xFF): ("Zen 2", 256, 2),
+    ("AuthenticAMD", 23, 0x50, 0x5F): ("Zen / Zen+", 128, 2),
+    ("AuthenticAMD", 23, 0x30, 0x4F): ("Zen 2", 256, 2),
+    ("AuthenticAMD", 23, 0x60, 0x7F): ("Zen 2", 256, 2),
+    ("AuthenticAMD", 23, 0x90, 0x91): ("Zen 2", 256, 2),
+    ("AuthenticAMD", 23, 0xA0, 0xAF): ("Zen 2", 256, 2),
     ("AuthenticAMD", 25, 0x00, 0x0F): ("Zen 3", 256, 2),
-    ("AuthenticAMD", 25, 0x20, 0x2F): ("Zen 3", 256, 2),
-    ("AuthenticAMD", 25, 0x40, 0x5F): ("Zen 3", 256, 2),
+    ("AuthenticAMD", 25, 0x20, 0x5F): ("Zen 3", 256, 2),
     ("AuthenticAMD", 25, 0x10, 0x1F): ("Zen 4", 256, 2),
     ("AuthenticAMD", 25, 0x60, 0xAF): ("Zen 4", 256, 2),
-    ("AuthenticAMD", 26, 0x00, 0xFF): ("Zen 5", 512, 2),
+    ("AuthenticAMD", 26, 0x00, 0x0F): ("Zen 5", 512, 2),
+    ("AuthenticAMD", 26, 0x40, 0x4F): ("Zen 5", 512, 2),
     ("GenuineIntel", 6, 0x8F, 0x8F): ("Sapphire Rapids", 512, 2),
     ("GenuineIntel", 6, 0xCF, 0xCF): ("Emerald Rapids", 512, 2),
 }

@@ -1342,7 +1342,9 @@ def test_strided_traffic_counts_index_and_output():
 
     traffic = {s: strided_traffic_bytes(1, s, unit_bytes=64) for s in (1, 2, 16, 64)}
     assert traffic == {1: 16, 2: 20, 16: 76, 64: 76}
-    assert strided_traffic_bytes(1, 8, unit_bytes=32) == 4 * 8 + 4 + 8  # a GPU's 32-byte sector
+    assert strided_traffic_bytes(1, 8, unit_bytes=32) == 4 * 8 + 4 + 8  # 32-byte units
+    # a GPU's L2 writes whole sectors without reading them first: the output costs one write
+    assert strided_traffic_bytes(1, 8, unit_bytes=32, write_allocate=False) == 4 * 8 + 4 + 4
 
 
 def test_strided_buffer_stays_above_the_last_cache_at_every_stride():

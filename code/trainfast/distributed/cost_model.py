@@ -17,7 +17,7 @@ ranks and an ``n``-byte tensor the standard costs (Thakur, Rabenseifner and Grop
 
 The ring's bandwidth term tends to ``2 n beta`` however many ranks join (it is optimal); its
 latency term grows linearly, the tree's only logarithmically. So small tensors go up a tree and
-large ones round a ring; NCCL chooses by size between rings and a pipelined double binary tree.
+large ones round a ring; NCCL's choices by size include rings and a pipelined double binary tree.
 Rabenseifner's algorithm (in Thakur et al.) reaches the ring's bandwidth term with ``2 log2 N``
 latencies. The ring all-reduce is Patarasuk and Yuan's (2009, "Bandwidth optimal all-reduce
 algorithms for clusters of workstations"). The

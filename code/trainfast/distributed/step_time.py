@@ -103,15 +103,17 @@ class StepAssumptions:
     """What the model cannot derive, each with where its default comes from.
 
     ``matmul_efficiency``: the fraction of the GPU's peak FLOP/s the step's matmuls reach while
-    they run, recomputed ones included (an assumption, not a measurement: a whole-step MFU such
-    as Llama 3's 38-43 %, Dubey et al. 2024, Table 4, already contains the bubble and the
-    communication this model adds, so it is an output here, :attr:`StepEstimate.mfu`).
+    they run, recomputed ones included. The default 0.5 is the book's assumption, from no
+    source and no measurement; the chapter shows which layout wins at 0.3 and 0.7. (A
+    whole-step MFU such as Llama 3's 38-43 %, Dubey et al. 2024, Table 4, already contains the
+    bubble and the communication this model adds, so it is an output here,
+    ``StepEstimate.mfu``.)
     ``overlap``: the fraction of the backward that hides the gradient reduction (1: DDP's and
     Megatron's bucketed overlap works fully; 0: none, an upper estimate). The links: NVLink at
     half the GPU's datasheet figure (which counts both directions) with
-    :data:`~trainfast.distributed.cost_model.NVLINK4`'s latency; across nodes one 400 Gb/s
+    ``cost_model.NVLINK4``'s latency; across nodes one 400 Gb/s
     InfiniBand NDR port per GPU (a DGX H100 has eight ConnectX-7 ports),
-    :data:`~trainfast.distributed.cost_model.INFINIBAND_NDR`. Latencies are assumptions of a few
+    ``cost_model.INFINIBAND_NDR``. Latencies are assumptions of a few
     microseconds per message, not measurements. ``reserve``: the share of memory left for the
     CUDA context, the allocator and buffers.
     """

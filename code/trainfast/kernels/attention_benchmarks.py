@@ -346,11 +346,12 @@ def streamed_elements(
     """Elements one attention kernel reads from HBM of the other side's two ``seq × head_dim``
     tensors, per (batch, head), when each program owns ``block`` rows.
 
-    ``cache="none"``: every program reads them whole, ``ceil(seq / block)`` times: a pessimistic
-    bound. ``cache="l2"``: the programs in flight (about one per SM, as the compile report shows
+    ``cache="none"``: every program reads them whole, ``ceil(seq / block)`` times: the most
+    traffic, a pessimistic estimate that a measurement can exceed when L2 serves the rereads.
+    ``cache="l2"``: the programs in flight (about one per SM, as the compile report shows
     for these kernels) cover ``ceil(SMs / tiles per head) + 1`` heads, which run next to each
     other in the grid order; if those heads' two tensors fit in L2, each is read from HBM once
-    and L2 serves the rest, otherwise the bound stands.
+    and L2 serves the rest, otherwise the no-cache count stands.
     """
     tiles = -(-seq // block)
     if cache == "l2":
@@ -362,7 +363,7 @@ def streamed_elements(
 
 def _cache_text(cache: str) -> str:
     if cache == "none":
-        return "no cache (a pessimistic bound)"
+        return "no cache (the most traffic: a pessimistic estimate)"
     return "L2 reuse (each head's tensors read from HBM once)"
 
 
@@ -373,13 +374,14 @@ def attention_sweep_prediction(
 
     Executed FLOPs per (batch, head), before halving for causal: the forward's two products
     (``4 · seq² · head_dim``) and the backward's seven (S and dP recomputed in both backward
-    kernels, dV, dK, dQ: ``14 · seq² · head_dim``). Bytes: each of the three kernels streams the
-    other side's two n × d tensors
+    kernels, dV, dK, dQ: ``14 · seq² · head_dim``). Bytes: each of the three main kernels streams
+    the other side's two n × d tensors
     (:func:`~trainfast.kernels.attention_benchmarks.streamed_elements`) with the tiles its
     launcher picks on ``gpu``
     (:func:`~trainfast.kernels.attention_triton_forward.attention_forward_tiles`,
-    ``attention_dkdv_tiles``, ``attention_dq_tiles``), plus about ``9 · seq · head_dim`` read or
-    written once (q, k, v, O, dO, dQ, dK, dV). The time is the larger of FLOPs / peak and bytes
+    ``attention_dkdv_tiles``, ``attention_dq_tiles``), plus ``11 · seq · head_dim`` read or
+    written once (forward Q, O; preprocessing O, dO; dK/dV kernel K, V, dK, dV; dQ kernel Q, dO,
+    dQ). The time is the larger of FLOPs / peak and bytes
     / bandwidth; the rate is reported in :func:`attention_sweep_record`'s convention
     (``3.5 · 4 · seq² · head_dim`` per time), so it is comparable with the record.
     ``attention-fwd-bwd`` measures it.
@@ -397,7 +399,7 @@ def attention_sweep_prediction(
         streamed_elements(gpu, seq, head_dim, block, element, cache)
         for block in (forward.block_q, dkdv.block_k, dq.block_q)
     )
-    moved = (streamed + 9 * seq * head_dim) * element
+    moved = (streamed + 11 * seq * head_dim) * element
     seconds = max(executed / gpu.peak_flops[dtype], moved / gpu.hbm_bytes_per_s)
     return Prediction(
         3.5 * 4 * seq * seq * head_dim / seconds / 1e12,
@@ -419,8 +421,9 @@ def attention_forward_prediction(
     launcher's query tiles
     (:func:`~trainfast.kernels.attention_triton_forward.attention_forward_tiles` on ``gpu``:
     128 × 64 in 16-bit on an H100). With no cache the intensity is about ``2 · block_q`` FLOPs
-    per element, 128 per byte in bf16, below an H100's ridge (about 295): a pessimistic bound
-    that calls the forward memory-bound. With L2 reuse K and V come from HBM once per head, the
+    per element, 128 per byte in bf16, below an H100's ridge (about 295): a pessimistic
+    estimate (a measurement can exceed it) that calls the forward memory-bound. With L2 reuse K and
+    V come from HBM once per head, the
     intensity is about ``seq / 2`` per byte, and the ceiling is the tensor-core peak.
     ``attention-forward`` measures it.
     """

@@ -286,8 +286,9 @@ def register_flash_attention_op() -> Any:
     implementation needed) instead of breaking the graph, and inductor can schedule it with the
     kernels it generates. Returns the operator (``(q, k, v, is_causal) -> (out, lse)``), once
     per process; ``None`` where it cannot work: a PyTorch without ``triton_op``, or our kernels
-    decorated for Triton's CPU interpreter, whose kernels ``wrap_triton`` cannot trace (it would
-    call them on fake tensors, which have no data). The operator is forward-only, for inference
+    decorated for Triton's CPU interpreter (``wrap_triton`` accepts only a ``triton.jit`` or
+    ``triton.autotune`` kernel, and under ``TRITON_INTERPRET=1`` ``@triton.jit`` returns an
+    ``InterpretedFunction``). The operator is forward-only, for inference
     and for code that calls attention by operator name; :class:`FlashAttentionTriton` does not
     use it. Training needs the backward registered as well (``torch.library.register_autograd``
     with :func:`flash_attention_triton_backward`), which this operator does not do.

@@ -137,8 +137,9 @@ def shuffled_order(
     share one memory unit (``unit_elements`` elements: a cache line or a sector).
 
     The same elements, units and pages are read in the same passes, with the same waste per
-    unit; only the order inside a page changes (one random permutation, the same in every
-    page), so a prefetcher that follows a sequence of addresses has nothing to follow. At
+    unit; only the order inside a page changes (a new random permutation for every page, so no
+    pattern repeats from page to page), which defeats the stream prefetchers; prefetchers that
+    fetch the adjacent line do not depend on the order and may still help. At
     stride 1 a group is a whole unit read in order (no waste); from ``stride >= unit_elements``
     on, a group is one read.
     """
@@ -147,26 +148,37 @@ def shuffled_order(
     per_page = max(group, page_elements // stride)  # reads of one pass that fall in one page
     if per_page % group or (n // stride) % per_page:
         raise ValueError(f"Invalid stride: {stride} (a pass must hold whole units and pages)")
-    # a pass's reads of one page are consecutive: permute the groups of each page's run, by one
-    # random permutation (no constant stride left for a prefetcher to detect)
-    segments = order.view(-1, per_page // group, group)
+    # a pass's reads of one page are consecutive: permute the groups of each page's run, by a
+    # new random permutation per page (no stride, and no pattern repeated page after page)
+    segments = order.view(-1, per_page // group, group)  # (pages, groups per page, group)
     generator = torch.Generator().manual_seed(seed)
-    permutation = torch.randperm(segments.shape[1], generator=generator)
-    return segments[:, permutation].reshape(-1).to(torch.int32)
+    keys = torch.rand(segments.shape[:2], generator=generator)  # (pages, groups per page)
+    permutations = keys.argsort(dim=1)  # one permutation per page
+    shuffled = torch.gather(segments, 1, permutations.unsqueeze(-1).expand_as(segments))
+    return shuffled.reshape(-1).to(torch.int32)
 
 
 def strided_traffic_bytes(
-    n: int, stride: int, *, unit_bytes: int, element_bytes: int = 4, index_bytes: int = 4
+    n: int,
+    stride: int,
+    *,
+    unit_bytes: int,
+    element_bytes: int = 4,
+    index_bytes: int = 4,
+    write_allocate: bool = True,
 ) -> int:
     """The bytes one gather of :func:`strided_bandwidth` moves when no unit survives between
     passes: the source, ``n · element · min(stride, units / element)`` (each pass fetches every
-    unit it touches again); the index, ``n · index_bytes``, read once; and the output,
-    ``2 · n · element``, written once after a write-allocate cache has read each line in.
+    unit it touches again); the index, ``n · index_bytes``, read once; and the output, written
+    once: ``2 · n · element`` on a CPU, whose write-allocate cache reads each line before writing
+    it, ``n · element`` with ``write_allocate=False`` (a GPU's L2 writes whole sectors without
+    reading them).
     The useful bandwidth at ``stride`` is then the stride-1 one times ``traffic(1) /
     traffic(stride)``: the line's waste, diluted by the index and output traffic that do not
     change with the stride."""
     waste = min(stride, max(1, unit_bytes // element_bytes))
-    return n * element_bytes * waste + n * index_bytes + 2 * n * element_bytes
+    output = (2 if write_allocate else 1) * n * element_bytes
+    return n * element_bytes * waste + n * index_bytes + output
 
 
 def strided_buffer_elements(
@@ -239,7 +251,11 @@ def strided_bandwidth(
             "repeats": repeats,
             "useful_gb_per_s": n * element / timing.median / 1e9,
             "traffic_bytes": strided_traffic_bytes(
-                n, stride, unit_bytes=unit, element_bytes=element
+                n,
+                stride,
+                unit_bytes=unit,
+                element_bytes=element,
+                write_allocate=device.type != "cuda",
             ),
             "shuffled": shuffled,
         }

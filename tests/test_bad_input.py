@@ -143,7 +143,11 @@ NON_FINITE = [
         lambda: GradScaler("cpu", growth_factor=INF),
         r"growth_factor: inf",
     ),
-    Case("StepAssumptions mfu=nan", lambda: StepAssumptions(mfu=NAN), r"mfu: nan"),
+    Case(
+        "StepAssumptions matmul_efficiency=nan",
+        lambda: StepAssumptions(matmul_efficiency=NAN),
+        r"matmul_efficiency: nan",
+    ),
     Case(
         "StepAssumptions network_bytes_per_s=inf",
         lambda: StepAssumptions(network_bytes_per_s=INF),
@@ -437,7 +441,11 @@ STRING_FOR_NUMBER_OR_FLAG = [
         lambda: GradScaler("cpu", init_scale="65536"),
         r"init_scale: '65536'",
     ),
-    Case("StepAssumptions mfu='0.4'", lambda: StepAssumptions(mfu="0.4"), r"mfu: '0.4'"),
+    Case(
+        "StepAssumptions matmul_efficiency='0.4'",
+        lambda: StepAssumptions(matmul_efficiency="0.4"),
+        r"matmul_efficiency: '0.4'",
+    ),
     Case(
         "zero_memory n_params='1e9'",
         lambda: accounting.zero_memory("1e9", 8, 1),
@@ -542,7 +550,7 @@ def test_config_text_that_is_not_a_number_is_named(case: Case) -> None:
     ],
 )
 def test_number_from_config_has_one_rule(text: Any, kind: type, expected: Any) -> None:
-    value = validation.number_from_config("x", text, kind)
+    value = validation.number_from_config("x", text, integer=kind is int)
     assert value == expected and type(value) is type(expected)
 
 

@@ -110,8 +110,9 @@ def _cache_with(tmp_path, monkeypatch, notebook, *, stamp: str | None = None):
     import build_support
 
     sys.path.remove(str(chapters.ROOT / "book" / "_ext"))
-    watched = [chapters.ROOT / "code" / "trainfast", chapters.ROOT / "book" / "records"]
-    current = build_support.source_hash(watched)
+    config = chapters.yaml.safe_load((chapters.ROOT / "_config.yml").read_text())
+    watched = [chapters.ROOT / p for p in config["sphinx"]["config"]["build_support_watch"]]
+    current = build_support.source_hash(watched)  # the sources the build stamps, as it does
     (cache_dir / build_support.STAMP_NAME).write_text((stamp or current) + "\n")
     return cache_dir
 

@@ -1342,7 +1342,8 @@ def _glued(notebook, name: str) -> str:
     for cell in notebook.cells:
         for output in cell.get("outputs", []):
             if output.get("metadata", {}).get("scrapbook", {}).get("name") == name:
-                return output["data"]["text/plain"]
+                data = output["data"]  # myst-nb's glue stores under a papermill record type
+                return data.get("text/plain", data.get("application/papermill.record/text/plain"))
     raise KeyError(name)
 
 

@@ -345,3 +345,11 @@ def test_gpu_figures_table_refuses_mismatched_units_and_missing_extractors():
         GPUFigure("x", "ms", [_record()])
     with pytest.raises(ValueError, match="at least one"):
         gpu_figures_table([])
+
+
+def test_provenance_shows_an_absolute_out_folder_as_dir():
+    record = _record()
+    record.command = "python -m trainfast.measure --out /tmp/run7 --only demo"
+    assert "by `python -m trainfast.measure --out DIR --only demo`." in provenance(record)
+    record.command = "python -m trainfast.measure --out book/records"
+    assert "--out book/records" in provenance(record)

@@ -237,8 +237,21 @@ def provenance(record: Record) -> str:
         versions += f", driver {env['driver_version']}"
     return (
         f"Measured on {env['device_name']} ({env['device']}) with {versions}, "
-        f"Python {env['python_version']}, on {record.created[:10]}, by `{record.command}`."
+        f"Python {env['python_version']}, on {record.created[:10]}, by `{_shown_command(record)}`."
     )
+
+
+def _shown_command(record: Record) -> str:
+    """The record's command with an absolute ``--out`` folder shown as ``DIR``: where the
+    measuring machine wrote the file says nothing about the measurement."""
+    try:
+        words = shlex.split(record.command)
+    except ValueError:
+        return record.command
+    for i, word in enumerate(words[:-1]):
+        if word == "--out" and words[i + 1].startswith("/"):
+            words[i + 1] = "DIR"
+    return shlex.join(words)
 
 
 def _column_format(values: list[Any]) -> Callable[[Any], str]:

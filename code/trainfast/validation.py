@@ -141,11 +141,11 @@ _INT_TEXT = re.compile(r"[+-]?\d+")
 _FLOAT_TEXT = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
 
 
-def number_from_config(name: str, value: Any, kind: type = float) -> Any:
+def number_from_config(name: str, value: Any, *, integer: bool = False) -> Any:
     """The one rule for numbers written as text in config files (YAML reads ``1e-3`` as a string).
 
     A string that is a plain decimal number (``'1e-3'``, ``'0.5'``, ``'32'``) becomes a
-    ``float`` (``kind=float``) or, if it is made of digits only, an ``int`` (``kind=int``). Any
+    ``float``, or with ``integer=True``, if it is made of digits only, an ``int``. Any
     other string (typos such as ``'1e-3x'``, ``'nan'``, ``'inf'``, ``'fast'``) raises
     ``ValueError`` naming ``name`` and the value. A value that is not a string comes back as it
     is, for the caller's own check.
@@ -153,12 +153,12 @@ def number_from_config(name: str, value: Any, kind: type = float) -> Any:
     if not isinstance(value, str):
         return value
     text = value.strip()
-    if kind is int and _INT_TEXT.fullmatch(text):
+    if integer and _INT_TEXT.fullmatch(text):
         return int(text)
-    if kind is float and _FLOAT_TEXT.fullmatch(text):
+    if not integer and _FLOAT_TEXT.fullmatch(text):
         return float(text)
-    expected = "an integer" if kind is int else "a number"
+    expected = "an integer" if integer else "a number"
     raise ValueError(
         f"Invalid {name}: {value!r} (expected {expected}; a string from a config file is "
-        f"converted only when it is a plain decimal {'integer' if kind is int else 'number'})"
+        f"converted only when it is a plain decimal {'integer' if integer else 'number'})"
     )

@@ -35,6 +35,7 @@ from typing import Any
 from trainfast.kernels.attention import (
     FlashAttention,
     attention_reference,
+    check_tile_sizes,
     flash_attention,
     validate_attention_inputs,
 )
@@ -69,6 +70,7 @@ __all__ = [
     "merge_softmax_stats",
     "online_softmax",
     "softmax_stats",
+    "check_tile_sizes",
     "validate_attention_inputs",
 ]
 

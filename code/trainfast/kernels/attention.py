@@ -46,6 +46,7 @@ from trainfast.validation import check_flag
 __all__ = [
     "FlashAttention",
     "attention_reference",
+    "check_tile_sizes",
     "flash_attention",
     "flash_attention_backward",
     "flash_attention_forward",

@@ -62,9 +62,9 @@ _FLOAT_FIELDS = ("lr", "momentum", "weight_decay", "warmup_fraction")
 
 def _from_text(name: str, value: Any) -> Any:
     if name in _INT_FIELDS:
-        return number_from_config(name, value, int)
+        return number_from_config(name, value, integer=True)
     if name in _FLOAT_FIELDS:
-        return number_from_config(name, value, float)
+        return number_from_config(name, value)
     return value
 
 

@@ -12,6 +12,16 @@ os.environ.setdefault("WANDB_SILENT", "true")
 
 sys.path.insert(0, str(Path(__file__).parent))  # `import chapters` from any test module
 
+# Under pytest-xdist each worker is one process per core: a worker that also ran torch's intra-op
+# pool on every core would put N workers x N threads on N cores, and small ops then spend their
+# time waiting for each other (the suite ran 2x slower that way on 2 cores). One thread per
+# worker, and for the processes it starts (gloo ranks, chapter kernels), which read the variable.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["OMP_NUM_THREADS"] = "1"
+    import torch
+
+    torch.set_num_threads(1)
+
 
 #: (chapter, seconds) that xdist workers reported (their EXECUTION_TIMES live in their process)
 _WORKER_TIMES: list[tuple[str, float]] = []

@@ -160,6 +160,26 @@ def test_a_known_bad_interpreter_combination_is_named(triton, numpy, fails):
         interpreter_problem("three", numpy)
 
 
+@pytest.mark.parametrize("triton,too_old", [("3.0.0", True), ("3.5.1", True), ("3.6.0", False)])
+def test_a_triton_too_old_for_the_compile_report_is_named(triton, too_old):
+    from trainfast.versions import compile_report_problem
+
+    problem = compile_report_problem(triton)
+    assert (problem is not None) == too_old
+    if too_old:
+        assert f"Triton {triton}" in problem and "3.6 or newer" in problem
+
+
+def test_no_triton_kernel_module_turns_its_annotations_into_strings():
+    """Triton 3.0's interpreter (torch 2.4's) reads ``BLOCK: tl.constexpr`` as a constexpr only
+    when the annotation is the object, not the string that ``from __future__ import
+    annotations`` makes of it: every ``tl.arange(0, BLOCK)`` then fails."""
+    for path in sorted((ROOT / "code" / "trainfast").rglob("*.py")):
+        text = path.read_text()
+        if "@triton.jit" in text:
+            assert "from __future__ import annotations" not in text, path.name
+
+
 def test_package_declares_a_torch_range_and_ships_py_typed():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     torch_requirement = next(d for d in project["dependencies"] if d.startswith("torch"))

@@ -6,6 +6,7 @@ process); Triton's on-disk cache makes later sessions fast.
 
 from __future__ import annotations
 
+import inspect
 import re
 import shutil
 import subprocess
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import triton
 from trainfast.gpus import GPUS
 from trainfast.kernels.compile_report import (
     KERNELS,
@@ -22,6 +24,7 @@ from trainfast.kernels.compile_report import (
     tensor_core_class,
 )
 from trainfast.kernels.occupancy import occupancy
+from trainfast.versions import compile_report_problem
 
 H100, A100, T4 = GPUS["H100 SXM 80GB"], GPUS["A100 SXM 80GB"], GPUS["T4 16GB"]
 #: every listed GPU, in float16 and float32, and bfloat16 from sm_80 (the T4 has none)
@@ -36,8 +39,15 @@ NVCC = shutil.which("nvcc") or (
 )
 
 
+#: the report drives Triton's private launch internals: too old a Triton is named, not failed on
+TOO_OLD = compile_report_problem(triton.__version__)
+compiles = pytest.mark.skipif(TOO_OLD is not None, reason=TOO_OLD or "")
+
+
 @pytest.fixture(scope="module")
 def reports():
+    if TOO_OLD:
+        pytest.skip(TOO_OLD)
     return compile_reports(CASES)
 
 
@@ -70,6 +80,7 @@ def test_tensor_core_class_reads_ptx():
     assert tensor_core_class("fma.rn.f32 %f1, %f2, %f3, %f4;") == "none"
 
 
+@compiles
 def test_an_oversized_tile_is_reported_as_not_fitting_with_the_numbers():
     from trainfast.kernels.tiled_matmul import MatmulTiles
 
@@ -118,6 +129,7 @@ def test_occupancy_against_hand_worked_cases():
         occ(H100, 2048, 32, 0)
 
 
+@compiles
 def test_tiled_matmul_offsets_are_int64():
     """Every pointer offset in the matmul's Triton IR is int64 (an int32 offset wraps at 2**31)."""
     ttir = kernel_assembly("matmul", A100, torch.float16)["ttir"]
@@ -162,7 +174,10 @@ def test_cuda_bias_gelu_source_compiles_with_nvcc(tmp_path, arch):
 
     source = tmp_path / "bias_gelu.cu"
     source.write_text(CUDA_SOURCE)
-    includes = [f"-I{p}" for p in include_paths(device_type="cuda")]
+    # torch 2.4's include_paths takes cuda=True; newer versions take device_type="cuda"
+    new_api = "device_type" in inspect.signature(include_paths).parameters
+    paths = include_paths(device_type="cuda") if new_api else include_paths(cuda=True)
+    includes = [f"-I{p}" for p in paths]
     command = [
         NVCC,
         f"-arch={arch}",
@@ -295,6 +310,7 @@ def test_trim_loop_keeps_the_loop_and_collapses_repeats():
         trim_loop("mov.u32 %r1, 0;")
 
 
+@compiles
 @pytest.mark.parametrize("gpu", [H100, A100, T4], ids=lambda g: g.sm_target)
 def test_every_autotuning_candidate_of_the_fused_matmul_fits(gpu):
     """Each tile the autotuner may pick, compiled with the bias + GELU epilogue, fits the GPU.

@@ -10,17 +10,31 @@ NumPy 2. With Triton 3.6 (torch 2.11's) and NumPy 2.4, 28 kernel tests fail insi
 interpreter with "only 0-dimensional arrays can be converted to Python scalars"; with NumPy 1.26
 they pass, as they do with Triton 3.8 (torch 2.14's). :func:`interpreter_problem` names that
 combination before a kernel runs; Triton on a GPU is not affected.
+
+The compile report (:mod:`trainfast.kernels.compile_report`) drives Triton's launch internals
+(``triton.knobs``, ``JITFunction._pack_args``, the backend argument of
+``create_function_from_signature``), which are private and change between releases: Triton 3.0
+(torch 2.4's) has none of them. :func:`compile_report_problem` names a Triton older than the
+oldest one the report was run with.
 """
 
 from __future__ import annotations
 
-__all__ = ["TORCH_FLOOR", "interpreter_problem", "parse_version"]
+__all__ = [
+    "COMPILE_REPORT_TRITON_FLOOR",
+    "TORCH_FLOOR",
+    "compile_report_problem",
+    "interpreter_problem",
+    "parse_version",
+]
 
 #: The oldest torch the package supports (``pyproject.toml``'s ``torch>=2.4``).
 TORCH_FLOOR = (2, 4)
 #: The newest Triton whose interpreter is known to fail with NumPy 2 (3.6, shipped with torch
 #: 2.11). Older Triton versions are treated alike: none was shown to work with NumPy 2.
 LAST_TRITON_FAILING_WITH_NUMPY_2 = (3, 6)
+#: The oldest Triton the compile report has run with (3.6, torch 2.11's; also 3.8, torch 2.14's).
+COMPILE_REPORT_TRITON_FLOOR = (3, 6)
 
 
 def parse_version(version: str) -> tuple[int, int]:
@@ -42,5 +56,21 @@ def interpreter_problem(triton_version: str, numpy_version: str) -> str | None:
             f"NumPy {numpy_version}: its kernels fail with 'only 0-dimensional arrays can be "
             "converted to Python scalars'. Install NumPy < 2 (pip install 'numpy<2'; the book "
             "pins 1.26.4), or run the kernels on a GPU. Supported versions: README.md."
+        )
+    return None
+
+
+def compile_report_problem(triton_version: str) -> str | None:
+    """Why the compile report cannot run with Triton ``triton_version``, naming it; None if it can.
+
+    The kernels themselves run on older Triton; only the ahead-of-time compile report needs it.
+    """
+    if parse_version(triton_version) < COMPILE_REPORT_TRITON_FLOOR:
+        floor = ".".join(map(str, COMPILE_REPORT_TRITON_FLOOR))
+        return (
+            f"The compile report needs Triton {floor} or newer (it drives Triton's private launch "
+            f"internals, which Triton {triton_version} does not have); this Triton can still run "
+            f"the kernels. Install torch 2.11 or newer (Triton {floor}+) to compile the report. "
+            "Supported versions: README.md."
         )
     return None

@@ -32,6 +32,7 @@ the package's workers only use the default group, so they run unchanged (see :fu
 from __future__ import annotations
 
 import datetime
+import inspect
 import multiprocessing as mp
 import os
 import pickle
@@ -220,6 +221,11 @@ def _root_cause(folder: str, world_size: int, first: int) -> int:
     return min(candidates)[2] if candidates else first
 
 
+def _joins_with_grace(context: Any) -> bool:
+    """Whether torch's ``ProcessContext.join`` takes ``grace_period`` (torch 2.4 has none)."""
+    return "grace_period" in inspect.signature(context.join).parameters
+
+
 def spawn(
     fn: Callable[..., Any],
     world_size: int,
@@ -268,8 +274,10 @@ def spawn(
             start_method=method,
         )
         deadline = None if timeout is None else time.monotonic() + timeout
+        # the grace period (SIGTERM, then SIGKILL) is newer than torch 2.4, whose join kills at once
+        grace = {"grace_period": _GRACE_S} if _joins_with_grace(context) else {}
         try:
-            while not context.join(timeout=0.05, grace_period=_GRACE_S):
+            while not context.join(timeout=0.05, **grace):
                 if deadline is not None and time.monotonic() > deadline:
                     ranks = [r for r, p in enumerate(context.processes) if p.is_alive()]
                     raise TimeoutError(

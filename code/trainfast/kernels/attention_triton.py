@@ -20,8 +20,6 @@ report (:mod:`trainfast.kernels.compile_report`) with any row, so that a T4 (64 
 memory per block, no asynchronous copies) gets tiles that fit it.
 """
 
-from __future__ import annotations
-
 import math
 from typing import Any
 

@@ -14,8 +14,6 @@ tile with it. Grouped-query attention: a program of query head ``i`` reads K and
 (:func:`trainfast.kernels.attention_triton.flash_attention_triton_backward`), after the kernels.
 """
 
-from __future__ import annotations
-
 import torch
 
 from trainfast.gpus import GPUSpec

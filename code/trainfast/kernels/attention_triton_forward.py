@@ -15,8 +15,6 @@ only 65,535 on axes 1 and 2, so batch · heads on axis 1 would fail beyond 65,53
 with 32 heads); folded into axis 0, the programs of one head still run next to each other.
 """
 
-from __future__ import annotations
-
 from dataclasses import dataclass
 
 import torch

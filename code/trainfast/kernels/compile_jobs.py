@@ -72,7 +72,17 @@ def _digest(job: dict[str, Any]) -> str:
 
 
 def run_compile_jobs(jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Results from the disk cache where present; the rest compiled (and stored)."""
+    """Results from the disk cache where present; the rest compiled (and stored).
+
+    ``RuntimeError`` naming the version if this Triton is too old for the report.
+    """
+    import triton
+
+    from trainfast.versions import compile_report_problem
+
+    problem = compile_report_problem(triton.__version__)
+    if problem:
+        raise RuntimeError(problem)
     files = [_disk_cache() / f"{_digest(job)}.json" for job in jobs]
     results = [json.loads(f.read_text()) if f.exists() else None for f in files]
     todo = [n for n, result in enumerate(results) if result is None]
@@ -112,12 +122,22 @@ def _stand_in(dtype: torch.dtype, shape: tuple[int, ...]) -> Any:
     from triton.runtime.jit import MockTensor
 
     class StandIn(MockTensor):
+        # Sets its own fields: Triton 3.0's MockTensor takes the dtype only (the shape came later).
+        def __init__(self, dtype: torch.dtype, shape: list[int]) -> None:
+            self.dtype, self.shape = dtype, shape
+
         def numel(self) -> int:
             return int(torch.Size(self.shape).numel())
 
         def stride(self, dim: int | None = None) -> Any:
-            strides = super().stride()
-            return strides if dim is None else strides[dim]
+            strides = [1]
+            for size in reversed(self.shape[1:]):
+                strides.insert(0, strides[0] * size)
+            return tuple(strides) if dim is None else strides[dim]
+
+        @staticmethod
+        def ptr_range() -> int:
+            return 0  # a 32-bit pointer range, as Triton's own MockTensor assumes
 
     return StandIn(dtype, list(shape))
 

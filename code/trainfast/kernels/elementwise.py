@@ -11,8 +11,6 @@ elements; a mask switches off the lanes past the end of the tensor. Offsets are 
 int64, so tensors with more than 2**31 elements are addressed correctly.
 """
 
-from __future__ import annotations
-
 from dataclasses import dataclass
 from typing import Any, Literal
 

@@ -24,8 +24,6 @@ pipelined A and B tiles fit the target's shared memory per block (an H100's 227 
 64 KiB), and a single stage on sm_75, which cannot pipeline loads.
 """
 
-from __future__ import annotations
-
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 

@@ -38,8 +38,6 @@ off by 1e10).
 Without the ``triton`` package it raises an ``ImportError`` saying how to get it.
 """
 
-from __future__ import annotations
-
 import importlib
 import os
 import sys

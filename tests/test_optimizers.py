@@ -833,6 +833,19 @@ def test_step_time_record(monkeypatch: pytest.MonkeyPatch) -> None:
     assert set(TIME_COLUMNS) | {"ratio_foreach", "ratio_single"} <= set(record.columns)
 
 
+def test_committed_step_time_records_have_the_columns_the_chapter_shows() -> None:
+    """The chapter renders the newest record of its device: each one must have a fused time."""
+    from trainfast.records import records_for
+
+    records = records_for("optimizer-step-time", None)
+    assert records, "no optimizer-step-time record in book/records"
+    for record in records:
+        assert set(TIME_COLUMNS) | {"torch_fused_ms", "tensors"} <= set(record.columns)
+        for row in record.rows:
+            fused = row["torch_fused_ms"]
+            assert (fused is None) == (row["optimizer"] == "RMSprop"), (record.created, row)
+
+
 @pytest.mark.parametrize("path", ["foreach", "fused"])
 def test_adamw_passes_are_the_ones_torch_dispatches(path: str) -> None:
     """The byte model of a torch AdamW step against the operators torch really runs."""

@@ -992,3 +992,64 @@ def test_training_arguments_listing_lines_are_exactly_the_fields():
     shown = inspect.getsource(TrainingArguments).splitlines()[start - 1 : end]
     names = [line.split(":")[0].strip() for line in shown]
     assert names == [f.name for f in dataclasses.fields(TrainingArguments)]
+
+
+#: listing -> the lines its excerpt must keep (the ideas the prose around it names)
+EXCERPTS = {
+    "scaling_study_record": (
+        "def scaling_study_record(",
+        "widths_by_sqrt2(",
+        "lr_of_width=",
+        "best[key] = ",
+    ),
+    "Trainer.setup": ("def setup(", "args = self.args", "build_optimizer(", "LambdaLR("),
+    "Trainer.training_step": (
+        "def training_step(",
+        "self.model.train()",
+        "loss.backward()",
+        "return loss.detach()",
+    ),
+    "evaluate": (
+        "@torch.inference_mode()",
+        "def evaluate(",
+        "model.eval()",
+        "model.train(was_training)",
+    ),
+    "Trainer.train": (
+        "def train(",
+        "next_log = ",
+        "for batch in self.train_loader:",
+        "self.examples_seen >= next_eval",
+        "self._evaluate_and_log(",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(EXCERPTS))
+def test_excerpted_listings_show_the_lines_that_carry_the_idea(name: str) -> None:
+    """Each ``:lines:`` excerpt starts at the signature and keeps what the prose explains.
+
+    Sphinx applies ``:lines:`` to the ``:pyobject:``'s source from its decorator, as
+    ``inspect.getsource`` gives it; an edit of the code that shifts the lines fails here.
+    """
+    import inspect
+    import re
+    from pathlib import Path
+
+    from trainfast import loop
+    from trainfast.training.benchmarks import scaling_study_record
+    from trainfast.training.trainer import Trainer
+
+    page = (Path(__file__).parents[1] / "book" / "hyperparameters.md").read_text()
+    spec = re.search(rf":pyobject: {re.escape(name)}\n:lines: ([\d,-]+)\n", page).group(1)
+    functions = {"evaluate": loop.evaluate, "scaling_study_record": scaling_study_record}
+    obj = functions.get(name) or getattr(Trainer, name.split(".")[1])
+    source = inspect.getsource(obj).splitlines()
+    shown = []
+    for part in spec.split(","):
+        first, _, last = part.partition("-")
+        shown += source[int(first) - 1 : int(last or first)]
+    assert shown[0] == source[0]
+    assert '"""' not in "\n".join(shown), f"{name}: the excerpt shows a docstring"
+    for line in EXCERPTS[name]:
+        assert any(line in s for s in shown), f"{name}: the excerpt lacks {line!r}"

@@ -833,6 +833,19 @@ def test_step_time_record(monkeypatch: pytest.MonkeyPatch) -> None:
     assert set(TIME_COLUMNS) | {"ratio_foreach", "ratio_single"} <= set(record.columns)
 
 
+def test_committed_step_time_records_have_the_columns_the_chapter_shows() -> None:
+    """The chapter renders the newest record of its device: each one must have a fused time."""
+    from trainfast.records import records_for
+
+    records = records_for("optimizer-step-time", None)
+    assert records, "no optimizer-step-time record in book/records"
+    for record in records:
+        assert set(TIME_COLUMNS) | {"torch_fused_ms", "tensors"} <= set(record.columns)
+        for row in record.rows:
+            fused = row["torch_fused_ms"]
+            assert (fused is None) == (row["optimizer"] == "RMSprop"), (record.created, row)
+
+
 @pytest.mark.parametrize("path", ["foreach", "fused"])
 def test_adamw_passes_are_the_ones_torch_dispatches(path: str) -> None:
     """The byte model of a torch AdamW step against the operators torch really runs."""
@@ -1265,6 +1278,51 @@ def test_tune_then_repeat_widens_an_edge_optimum_until_it_is_interior() -> None:
     capped = tune_then_repeat(run, [1e-4, 1e-3], seeds=(1,), widen=1)  # stops after one point
     assert [r.lr for r in capped.grid] == pytest.approx([1e-4, 1e-3, 1e-2])
     assert capped.best_lr == pytest.approx(1e-2)  # still at the edge: the caller must say so
+
+
+def test_require_interior_refuses_an_edge_optimum() -> None:
+    from trainfast.loop import History
+    from trainfast.optim.comparison import Run, Tuned, require_interior
+
+    grid = [Run(lr, 0, 1 - lr, 1 - lr, History()) for lr in (0.01, 0.1, 1.0)]
+    assert require_interior("A", Tuned(grid, 0.1)) == 0.1
+    for edge in (0.01, 1.0):
+        with pytest.raises(RuntimeError, match=rf"A: the chosen lr {edge:g} is at the edge"):
+            require_interior("A", Tuned(grid, edge))
+
+
+MUON_ARMS = {"AdamW", "Muon + AdamW", "Muon (Moonlight) + AdamW"}
+
+
+def test_muon_record_tunes_every_arm_to_an_interior_rate_then_repeats_fresh_seeds() -> None:
+    """The committed muon-vs-adamw record is the study the chapter describes."""
+    from trainfast.records import records_for
+
+    records = records_for("muon-vs-adamw", None)
+    assert records, "no muon-vs-adamw record in book/records"
+    for record in records:
+        rows = record.rows
+        for column in ("train_examples", "validation_examples", "test_examples", "width"):
+            assert column in record.columns, (record.created, column)
+        assert {row["optimizer"] for row in rows} == MUON_ARMS
+        repeat_seeds = []
+        for arm in sorted(MUON_ARMS):
+            tuning = [r for r in rows if r["optimizer"] == arm and r["role"] == "tuning"]
+            repeats = [r for r in rows if r["optimizer"] == arm and r["role"] == "repeat"]
+            grid = sorted(r["lr"] for r in tuning)
+            assert len(grid) >= 5 and len(set(grid)) == len(grid), (arm, grid)
+            assert {r["seed"] for r in tuning} == {0}, arm
+            best = max(tuning, key=lambda r: r["validation_accuracy"])["lr"]
+            assert {r["lr"] for r in repeats} == {best}, (arm, best)
+            assert grid[0] < best < grid[-1], f"{arm}: lr {best} at the edge of {grid}"
+            seeds = sorted(r["seed"] for r in repeats)
+            assert len(seeds) >= 3 and 0 not in seeds, (arm, seeds)
+            repeat_seeds.append(seeds)
+            muon = {r["muon_params"] for r in rows if r["optimizer"] == arm}
+            assert (muon == {0}) == (arm == "AdamW"), (arm, muon)
+            for r in tuning + repeats:
+                assert 0 <= r["test_accuracy"] <= 1 and 0 <= r["validation_accuracy"] <= 1
+        assert all(seeds == repeat_seeds[0] for seeds in repeat_seeds)  # paired by seed
 
 
 def test_digits_splits_hold_validation_out_of_training() -> None:

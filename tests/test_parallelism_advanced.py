@@ -1,4 +1,5 @@
-"""The parallelism chapter's advanced half: all-to-all, experts, sequence and context parallelism.
+"""The parallelism chapter's advanced half: all-to-all, experts, sequence and context parallelism,
+and two axes composed (tensor x data parallelism on one grid of ranks).
 
 Every distributed check runs real gloo processes through ``trainfast.distributed.spawn`` and
 compares with one process (or with ``torch.distributed``); several cases share one launch.
@@ -26,6 +27,7 @@ from trainfast.distributed.exercises import (
     check_next_change,
 )
 from trainfast.distributed.layout import recommend_layout
+from trainfast.distributed.mesh import tensor_data_parallel_worker
 from trainfast.distributed.moe import (
     ExpertParallelMoE,
     MoEConfig,
@@ -339,3 +341,29 @@ def test_next_change_exercise_passes_the_best_change_only(capsys):
             check_next_change(lambda e, change=change: change)
     with pytest.raises(AssertionError, match="is not one of"):
         check_next_change(lambda e: "buy more GPUs")
+
+
+# ------------------------------------------------------------------------- two axes composed
+@pytest.mark.parametrize(("tensor", "data"), [(2, 2), (4, 1), (1, 4)])
+def test_tensor_times_data_parallel_matches_one_process(tensor, data):
+    """2-way tensor x 2-way data parallel (and the two degenerate grids) on 4 gloo ranks: every
+    step's loss and every parameter shard after 3 SGD steps equal one process's full-batch run,
+    and the groups equal DeviceMesh's."""
+    results = spawn(tensor_data_parallel_worker, 4, tensor, data, 3, 5, timeout=300)
+    for rank, result in enumerate(results):
+        ours, reference = result["losses"]
+        assert ours == pytest.approx(reference, rel=1e-5), f"rank {rank}"
+        assert reference[-1] < reference[0]  # it trained
+        for name, (shard, dense) in result["parameters"].items():
+            torch.testing.assert_close(
+                shard, dense, rtol=1e-5, atol=1e-6, msg=f"{name}, rank {rank}"
+            )
+        mine, device_mesh = result["groups"]
+        assert mine == device_mesh
+        assert mine[0] == tuple(range(rank // tensor * tensor, rank // tensor * tensor + tensor))
+        assert mine[1] == tuple(range(rank % tensor, 4, tensor))
+
+
+def test_tensor_data_mesh_rejects_a_grid_that_is_not_the_world():
+    with pytest.raises(SpawnError, match="Invalid layout: tensor=3 x data=2"):
+        spawn(tensor_data_parallel_worker, 4, 3, 2, 1, 0, timeout=120)

@@ -16,8 +16,11 @@ sum divided by the world size rounding toward zero, as C division and NCCL's ``A
 agree (the collective, ``src``/``dst``, ``op``), so a mismatch is a ``ValueError`` naming the
 rank and both values instead of a hang or garbage; it costs two small messages per rank.
 
-These are teaching implementations: they use the default process group, one chunk in flight
-per step and no pipelining, where NCCL and gloo split messages and overlap them.
+``group`` (keyword, default: every rank) runs a collective inside a process group from
+``dist.new_group``: ranks are then numbered within the group, as in ``torch.distributed``, which
+is how the axes of a 2-D layout each talk among their own ranks. These are teaching
+implementations: one chunk in flight per step and no pipelining, where NCCL and gloo split
+messages and overlap them.
 """
 
 from __future__ import annotations
@@ -73,8 +76,8 @@ _COLLECTIVES = (
 
 
 # ----------------------------------------------------------------------------- small pieces
-def rank_and_world_size() -> tuple[int, int]:
-    """``(rank, world_size)`` of the default process group; a clear error outside one.
+def rank_and_world_size(group: dist.ProcessGroup | None = None) -> tuple[int, int]:
+    """``(rank, world_size)`` within ``group`` (default: all ranks); a clear error outside one.
 
     Every collective and parallel layer of this package starts here, so code run outside
     :func:`~trainfast.distributed.spawn` or torchrun fails with a message that says what to do,
@@ -85,7 +88,14 @@ def rank_and_world_size() -> tuple[int, int]:
             "trainfast.distributed collectives need an initialised process group: "
             "run them inside trainfast.distributed.spawn(...) or under torchrun"
         )
-    return dist.get_rank(), dist.get_world_size()
+    if group is not None and dist.get_rank(group) < 0:
+        raise ValueError(f"Invalid group: rank {dist.get_rank()} is not a member of it")
+    return dist.get_rank(group), dist.get_world_size(group)
+
+
+def _global_rank(group: dist.ProcessGroup | None, rank: int) -> int:
+    """The global rank of ``group``'s rank ``rank`` (send and recv address global ranks)."""
+    return rank if group is None else dist.get_global_rank(group, rank)
 
 
 def _check_op(op: str) -> None:
@@ -118,20 +128,28 @@ def _finish(tensor: torch.Tensor, op: str, world_size: int) -> None:
         tensor.copy_(torch.div(tensor, world_size, rounding_mode="trunc"))
 
 
-def _exchange(send: torch.Tensor, recv: torch.Tensor, to: int, source: int) -> None:
+def _exchange(
+    send: torch.Tensor,
+    recv: torch.Tensor,
+    to: int,
+    source: int,
+    group: dist.ProcessGroup | None = None,
+) -> None:
     """Send ``send`` to rank ``to`` while receiving ``recv`` from rank ``source``.
 
     Both sides of a ring step send and receive at once. With blocking ``send`` first on every
     rank, gloo would deadlock (its send waits for the matching receive), so the send is
     non-blocking; NCCL wants the pair grouped in one call. An empty tensor is not sent (nor
-    expected): chunk sizes are the same on every rank, so both ends skip it together.
+    expected): chunk sizes are the same on every rank, so both ends skip it together. ``to`` and
+    ``source`` are ranks within ``group``.
     """
+    to, source = _global_rank(group, to), _global_rank(group, source)
     pairs = [(dist.isend, send, to), (dist.irecv, recv, source)]
     pairs = [(function, tensor, peer) for function, tensor, peer in pairs if tensor.numel() > 0]
     if dist.get_backend() == "nccl" and pairs:
-        requests = dist.batch_isend_irecv([dist.P2POp(*pair) for pair in pairs])
+        requests = dist.batch_isend_irecv([dist.P2POp(*pair, group=group) for pair in pairs])
     else:
-        requests = [function(tensor, peer) for function, tensor, peer in pairs]
+        requests = [function(tensor, peer, group=group) for function, tensor, peer in pairs]
     for request in requests:
         request.wait()
 
@@ -184,8 +202,9 @@ def check_same_tensor_meta(
     collective: str = "",
     root: tuple[str, object] | None = None,
     op: str | None = None,
+    group: dist.ProcessGroup | None = None,
 ) -> None:
-    """Raise ``ValueError`` on every rank unless all ranks agree on the call.
+    """Raise ``ValueError`` on every rank unless all ranks (of ``group``) agree on the call.
 
     All ranks' ``tensor`` must share shape and dtype and, where given, every rank must call the
     same ``collective`` with the same ``root`` (``("src", 0)``) and ``op``. Ranks that disagree
@@ -194,7 +213,7 @@ def check_same_tensor_meta(
     the verdict back, so all ranks raise the same error together, naming the first rank that
     differs from rank 0 and both values.
     """
-    rank, world_size = rank_and_world_size()
+    rank, world_size = rank_and_world_size(group)
     root_name, root_value = root if root is not None else ("root", None)
     signature = _signature(tensor, collective, root_value, op)
     if world_size == 1:
@@ -203,17 +222,20 @@ def check_same_tensor_meta(
     if rank == 0:
         for other in range(1, world_size):
             theirs = torch.empty_like(signature)
-            dist.recv(theirs, src=other)
+            dist.recv(theirs, src=_global_rank(group, other), group=group)
             if verdict[0] < 0 and not torch.equal(theirs, signature):
                 verdict.copy_(
                     torch.cat([torch.tensor([other], device=tensor.device), signature, theirs])
                 )
-        requests = [dist.isend(verdict, dst=other) for other in range(1, world_size)]
+        requests = [
+            dist.isend(verdict, dst=_global_rank(group, other), group=group)
+            for other in range(1, world_size)
+        ]
         for request in requests:
             request.wait()
     else:
-        dist.send(signature, dst=0)
-        dist.recv(verdict, src=0)
+        dist.send(signature, dst=_global_rank(group, 0), group=group)
+        dist.recv(verdict, src=_global_rank(group, 0), group=group)
     if verdict[0] >= 0:
         values, half = verdict.tolist(), signature.numel()
         ours, theirs = values[1 : 1 + half], values[1 + half :]
@@ -299,48 +321,57 @@ def ring_chunks(rank: int, step: int, world_size: int, phase: str) -> tuple[int,
     raise ValueError(f"Unknown phase: {phase!r} (expected 'reduce-scatter' or 'all-gather')")
 
 
-def _ring_reduce_scatter(chunks: list[torch.Tensor], op: str) -> None:
+def _ring_reduce_scatter(
+    chunks: list[torch.Tensor], op: str, group: dist.ProcessGroup | None = None
+) -> None:
     """Pass partial results around the ring; afterwards ``chunks[rank]`` is fully reduced."""
-    rank, world_size = dist.get_rank(), dist.get_world_size()
+    rank, world_size = rank_and_world_size(group)
     right, left = (rank + 1) % world_size, (rank - 1) % world_size
     for step in range(world_size - 1):
         send, recv = ring_chunks(rank, step, world_size, "reduce-scatter")
         incoming = torch.empty_like(chunks[recv])
-        _exchange(chunks[send], incoming, to=right, source=left)
+        _exchange(chunks[send], incoming, to=right, source=left, group=group)
         _combine(chunks[recv], incoming, op)
 
 
-def _ring_all_gather(chunks: list[torch.Tensor]) -> None:
+def _ring_all_gather(chunks: list[torch.Tensor], group: dist.ProcessGroup | None = None) -> None:
     """Pass finished chunks around the ring until every rank has all of them."""
-    rank, world_size = dist.get_rank(), dist.get_world_size()
+    rank, world_size = rank_and_world_size(group)
     right, left = (rank + 1) % world_size, (rank - 1) % world_size
     for step in range(world_size - 1):
         send, recv = ring_chunks(rank, step, world_size, "all-gather")
-        _exchange(chunks[send], chunks[recv], to=right, source=left)
+        _exchange(chunks[send], chunks[recv], to=right, source=left, group=group)
 
 
-def ring_all_reduce(tensor: torch.Tensor, op: str = "sum", *, check: bool = True) -> None:
+def ring_all_reduce(
+    tensor: torch.Tensor,
+    op: str = "sum",
+    *,
+    check: bool = True,
+    group: dist.ProcessGroup | None = None,
+) -> None:
     """Ring all-reduce: reduce-scatter, then all-gather, of ``N`` nearly equal chunks.
 
     Lengths that ``N`` does not divide give chunks one element apart (``tensor_split``); a
     tensor shorter than ``N`` has empty chunks, which are simply not sent.
     """
-    rank, world_size = rank_and_world_size()
+    rank, world_size = rank_and_world_size(group)
     if check:
-        check_same_tensor_meta(tensor, collective="ring_all_reduce", op=op)
+        check_same_tensor_meta(tensor, collective="ring_all_reduce", op=op, group=group)
     _check_op(op)
     flat = tensor.contiguous().view(-1)  # a view when tensor is contiguous, else a copy
     chunks = list(flat.tensor_split(world_size))  # N views of ~numel/N elements
-    _ring_reduce_scatter(chunks, op)
+    _ring_reduce_scatter(chunks, op, group)
     _finish(chunks[rank], op, world_size)
-    _ring_all_gather(chunks)
+    _ring_all_gather(chunks, group)
     if not tensor.is_contiguous():
         tensor.copy_(flat.view_as(tensor))
 
 
 # -------------------------------------------------------------------- lists: one block per rank
-def _check_list(tensors: list[torch.Tensor], tensor: torch.Tensor, name: str) -> None:
-    world_size = dist.get_world_size()
+def _check_list(
+    tensors: list[torch.Tensor], tensor: torch.Tensor, name: str, world_size: int
+) -> None:
     if len(tensors) != world_size:
         raise ValueError(
             f"Invalid {name}: {len(tensors)} tensors (expected one per rank, {world_size})"
@@ -354,35 +385,44 @@ def _check_list(tensors: list[torch.Tensor], tensor: torch.Tensor, name: str) ->
 
 
 def all_gather(
-    tensor_list: list[torch.Tensor], tensor: torch.Tensor, *, check: bool = True
+    tensor_list: list[torch.Tensor],
+    tensor: torch.Tensor,
+    *,
+    check: bool = True,
+    group: dist.ProcessGroup | None = None,
 ) -> None:
     """Fill ``tensor_list[r]`` with rank ``r``'s ``tensor`` on every rank (a ring of blocks)."""
-    rank, _ = rank_and_world_size()
+    rank, world_size = rank_and_world_size(group)
     if check:
-        check_same_tensor_meta(tensor, collective="all_gather")
-    _check_list(tensor_list, tensor, "tensor_list")
+        check_same_tensor_meta(tensor, collective="all_gather", group=group)
+    _check_list(tensor_list, tensor, "tensor_list", world_size)
     blocks = [item.contiguous().view(-1) for item in tensor_list]  # views unless non-contiguous
     blocks[rank].copy_(tensor.reshape(-1))
-    _ring_all_gather(blocks)
+    _ring_all_gather(blocks, group)
     for item, block in zip(tensor_list, blocks, strict=True):
         if not item.is_contiguous():
             item.copy_(block.view_as(item))
 
 
 def reduce_scatter(
-    output: torch.Tensor, input_list: list[torch.Tensor], op: str = "sum", *, check: bool = True
+    output: torch.Tensor,
+    input_list: list[torch.Tensor],
+    op: str = "sum",
+    *,
+    check: bool = True,
+    group: dist.ProcessGroup | None = None,
 ) -> None:
     """Rank ``r``'s ``output`` becomes the reduction over ranks of their ``input_list[r]``.
 
     The inputs are left as they were (the ring works on copies).
     """
-    rank, world_size = rank_and_world_size()
+    rank, world_size = rank_and_world_size(group)
     if check:
-        check_same_tensor_meta(output, collective="reduce_scatter", op=op)
+        check_same_tensor_meta(output, collective="reduce_scatter", op=op, group=group)
     _check_op(op)
-    _check_list(input_list, output, "input_list")
+    _check_list(input_list, output, "input_list", world_size)
     blocks = [item.reshape(-1).clone() for item in input_list]
-    _ring_reduce_scatter(blocks, op)
+    _ring_reduce_scatter(blocks, op, group)
     _finish(blocks[rank], op, world_size)
     output.copy_(blocks[rank].view_as(output))
 
@@ -403,7 +443,7 @@ def gather(
         return
     if gather_list is None:
         raise ValueError("Invalid gather_list: None on the destination rank (one tensor per rank)")
-    _check_list(gather_list, tensor, "gather_list")
+    _check_list(gather_list, tensor, "gather_list", world_size)
     buffers = [
         torch.empty_like(item, memory_format=torch.contiguous_format) for item in gather_list
     ]
@@ -431,7 +471,7 @@ def scatter(
         return
     if scatter_list is None:
         raise ValueError("Invalid scatter_list: None on the source rank (one tensor per rank)")
-    _check_list(scatter_list, tensor, "scatter_list")
+    _check_list(scatter_list, tensor, "scatter_list", world_size)
     blocks = [item.contiguous() for item in scatter_list]
     requests = [dist.isend(blocks[other], dst=other) for other in range(world_size) if other != src]
     tensor.copy_(scatter_list[src])

@@ -13,11 +13,21 @@ from dataclasses import replace
 import pytest
 import torch
 from trainfast.distributed import SpawnError, spawn
+from trainfast.distributed.communication_bound import (
+    data_parallel_min_tokens,
+    tensor_parallel_min_width,
+)
 from trainfast.distributed.context_parallel import (
     context_chunks,
     ring_attention_work,
     ring_attention_worker,
     ring_block_kind,
+)
+from trainfast.distributed.cost_model import (
+    Link,
+    all_gather_time,
+    all_reduce_time,
+    reduce_scatter_time,
 )
 from trainfast.distributed.exercises import (
     NEXT_CHANGES,
@@ -367,3 +377,42 @@ def test_tensor_times_data_parallel_matches_one_process(tensor, data):
 def test_tensor_data_mesh_rejects_a_grid_that_is_not_the_world():
     with pytest.raises(SpawnError, match="Invalid layout: tensor=3 x data=2"):
         spawn(tensor_data_parallel_worker, 4, 3, 2, 1, 0, timeout=120)
+
+
+# ------------------------------------------------------------ where each axis waits on links
+@pytest.mark.parametrize("world_size", [2, 8, 64])
+def test_data_parallel_threshold_is_where_the_ring_equals_the_backward(world_size):
+    """At b* tokens per device the cost model's ring all-reduce of the gradients takes exactly
+    the backward's time, and FSDP's all-gather (forward) and all-gather + reduce-scatter
+    (backward) take exactly their passes' time: the same threshold."""
+    peak, params = 989e12, 7e9
+    link = Link(alpha=0.0, beta=1 / 50e9)
+    tokens = data_parallel_min_tokens(peak, link, world_size)
+    backward, forward = 4 * params * tokens / peak, 2 * params * tokens / peak
+    assert all_reduce_time("ring", 2 * params, world_size, link) == pytest.approx(backward)
+    assert all_gather_time(2 * params, world_size, link) == pytest.approx(forward)
+    both = all_gather_time(2 * params, world_size, link) + reduce_scatter_time(
+        2 * params, world_size, link
+    )
+    assert both == pytest.approx(backward)
+    below = 0.9 * tokens  # fewer tokens: communication takes longer than the backward
+    assert all_reduce_time("ring", 2 * params, world_size, link) > 4 * params * below / peak
+    half = data_parallel_min_tokens(peak, link, world_size, matmul_efficiency=0.5)
+    assert half == pytest.approx(tokens / 2)
+
+
+@pytest.mark.parametrize("tensor", [2, 4, 8])
+def test_tensor_parallel_threshold_is_where_the_all_reduce_equals_the_mlp(tensor):
+    peak, link, d_model, tokens = 989e12, Link(alpha=0.0, beta=1 / 450e9), 8192, 4096
+    width = tensor_parallel_min_width(peak, link, tensor)  # F / t
+    mlp_forward = 4 * tokens * d_model * (width * tensor) / (tensor * peak)
+    all_reduce = all_reduce_time("ring", 2 * tokens * d_model, tensor, link)
+    assert all_reduce == pytest.approx(mlp_forward)
+    assert tensor_parallel_min_width(peak, link, 1) == 0  # no tensor parallelism, no traffic
+
+
+def test_thresholds_reject_bad_input():
+    with pytest.raises(ValueError, match="world_size"):
+        data_parallel_min_tokens(989e12, Link(0.0, 1e-9), 0)
+    with pytest.raises(ValueError, match="matmul_efficiency"):
+        tensor_parallel_min_width(989e12, Link(0.0, 1e-9), 8, matmul_efficiency=1.5)

@@ -1,7 +1,7 @@
 """Two axes at once: tensor parallelism within a replica, data parallelism across replicas.
 
-A layout with several axes arranges its ``N = t * d`` ranks in a grid, as picotron's
-``ProcessGroupManager`` and PyTorch's ``DeviceMesh`` do: rank ``data_rank * t + tensor_rank``,
+A layout with several axes arranges its ``N = t * d`` ranks in a grid, as PyTorch's
+``init_device_mesh(..., (d, t))`` does: rank ``data_rank * t + tensor_rank``,
 so the ``t`` tensor-parallel ranks of one replica are neighbours (one node, on NVLink) and the
 ``d`` replicas of one shard are ``t`` apart. Each axis then talks only inside its own process
 group (``dist.new_group``): the tensor-parallel all-reduces inside a row of the grid, the
@@ -19,7 +19,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from trainfast.distributed.collectives import rank_and_world_size, ring_all_reduce
+from trainfast.distributed.agreement import rank_and_world_size
+from trainfast.distributed.collectives import ring_all_reduce
 from trainfast.distributed.tensor_parallel import TensorParallelMLP, shard_range
 
 __all__ = ["Mesh2D", "tensor_data_mesh", "tensor_data_parallel_worker"]
@@ -98,7 +99,6 @@ def tensor_data_parallel_worker(
         reference_optimizer.step()
         reference_losses.append(loss.item())
 
-    # -- the 2-D run
     mesh = tensor_data_mesh(tensor, data)
     model = TensorParallelMLP.from_dense(dense, mesh.tensor_rank, tensor, mesh.tensor_group)
     rows = shard_range(batch, mesh.data_rank, data)  # this replica's examples
@@ -114,7 +114,6 @@ def tensor_data_parallel_worker(
         mean_loss = loss.detach().clone()
         ring_all_reduce(mean_loss, op="mean", group=mesh.data_group)
         losses.append(mean_loss.item())
-    # -- end of the 2-D run
 
     fc1, fc2, hidden = reference[0], reference[2], model.fc1.features
     pairs = {

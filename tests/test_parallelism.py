@@ -104,6 +104,33 @@ def test_listings_resolve():
     assert chapters.listing_problems("parallelism") == []
 
 
+#: The longest listing the chapter may show (house rule: the lines that carry the idea).
+MAX_LISTING_LINES = 26
+
+
+def test_listings_show_a_few_lines_and_their_markers_exist():
+    """Every listing reads with Sphinx's own reader (so each :start-at:/:end-before: marker is
+    found inside its object, as the build's -W would demand), dedents only whitespace, and
+    shows at most MAX_LISTING_LINES lines."""
+    from sphinx.config import Config
+    from sphinx.directives.code import LiteralIncludeReader
+
+    path = chapters.chapter_path("parallelism")
+    config = Config({}, {})
+    for block in chapters.blocks(path.read_text()):
+        if block.directive != "literalinclude":
+            continue
+        options = dict(block.options)
+        dedent = int(options.pop("dedent", 0))
+        where = f"parallelism.md:{block.line} {options.get('pyobject')}"
+        text, n_lines = LiteralIncludeReader(
+            str((path.parent / block.argument).resolve()), options, config
+        ).read()
+        lines = [line for line in text.splitlines() if line.strip()]
+        assert all(line[:dedent].isspace() for line in lines if dedent), where
+        assert n_lines <= MAX_LISTING_LINES, f"{where}: {n_lines} lines"
+
+
 #: Constants the parallelism chapter may type; every other number in its prose is glued.
 #: - Names and counting: rank 0 and 1, bucket 0, layer 0 and 1, ZeRO stages 0-3, Llama 3,
 #:   exercises 4 to 6, "not exactly 1", dropout 0, 2 stages of 2 blocks, 4 ranks, 2 of 8

@@ -1,4 +1,5 @@
-"""The parallelism chapter's advanced half: all-to-all, experts, sequence and context parallelism.
+"""The parallelism chapter's advanced half: all-to-all, experts, sequence and context parallelism,
+and two axes composed (tensor x data parallelism on one grid of ranks).
 
 Every distributed check runs real gloo processes through ``trainfast.distributed.spawn`` and
 compares with one process (or with ``torch.distributed``); several cases share one launch.
@@ -12,11 +13,21 @@ from dataclasses import replace
 import pytest
 import torch
 from trainfast.distributed import SpawnError, spawn
+from trainfast.distributed.communication_bound import (
+    data_parallel_min_tokens,
+    tensor_parallel_min_width,
+)
 from trainfast.distributed.context_parallel import (
     context_chunks,
     ring_attention_work,
     ring_attention_worker,
     ring_block_kind,
+)
+from trainfast.distributed.cost_model import (
+    Link,
+    all_gather_time,
+    all_reduce_time,
+    reduce_scatter_time,
 )
 from trainfast.distributed.exercises import (
     NEXT_CHANGES,
@@ -26,6 +37,7 @@ from trainfast.distributed.exercises import (
     check_next_change,
 )
 from trainfast.distributed.layout import recommend_layout
+from trainfast.distributed.mesh import tensor_data_parallel_worker
 from trainfast.distributed.moe import (
     ExpertParallelMoE,
     MoEConfig,
@@ -339,3 +351,68 @@ def test_next_change_exercise_passes_the_best_change_only(capsys):
             check_next_change(lambda e, change=change: change)
     with pytest.raises(AssertionError, match="is not one of"):
         check_next_change(lambda e: "buy more GPUs")
+
+
+# ------------------------------------------------------------------------- two axes composed
+@pytest.mark.parametrize(("tensor", "data"), [(2, 2), (4, 1), (1, 4)])
+def test_tensor_times_data_parallel_matches_one_process(tensor, data):
+    """2-way tensor x 2-way data parallel (and the two degenerate grids) on 4 gloo ranks: every
+    step's loss and every parameter shard after 3 SGD steps equal one process's full-batch run,
+    and the groups equal DeviceMesh's."""
+    results = spawn(tensor_data_parallel_worker, 4, tensor, data, 3, 5, timeout=300)
+    for rank, result in enumerate(results):
+        ours, reference = result["losses"]
+        assert ours == pytest.approx(reference, rel=1e-5), f"rank {rank}"
+        assert reference[-1] < reference[0]  # it trained
+        for name, (shard, dense) in result["parameters"].items():
+            torch.testing.assert_close(
+                shard, dense, rtol=1e-5, atol=1e-6, msg=f"{name}, rank {rank}"
+            )
+        mine, device_mesh = result["groups"]
+        assert mine == device_mesh
+        assert mine[0] == tuple(range(rank // tensor * tensor, rank // tensor * tensor + tensor))
+        assert mine[1] == tuple(range(rank % tensor, 4, tensor))
+
+
+def test_tensor_data_mesh_rejects_a_grid_that_is_not_the_world():
+    with pytest.raises(SpawnError, match="Invalid layout: tensor=3 x data=2"):
+        spawn(tensor_data_parallel_worker, 4, 3, 2, 1, 0, timeout=120)
+
+
+# ------------------------------------------------------------ where each axis waits on links
+@pytest.mark.parametrize("world_size", [2, 8, 64])
+def test_data_parallel_threshold_is_where_the_ring_equals_the_backward(world_size):
+    """At b* tokens per device the cost model's ring all-reduce of the gradients takes exactly
+    the backward's time, and FSDP's all-gather (forward) and all-gather + reduce-scatter
+    (backward) take exactly their passes' time: the same threshold."""
+    peak, params = 989e12, 7e9
+    link = Link(alpha=0.0, beta=1 / 50e9)
+    tokens = data_parallel_min_tokens(peak, link, world_size)
+    backward, forward = 4 * params * tokens / peak, 2 * params * tokens / peak
+    assert all_reduce_time("ring", 2 * params, world_size, link) == pytest.approx(backward)
+    assert all_gather_time(2 * params, world_size, link) == pytest.approx(forward)
+    both = all_gather_time(2 * params, world_size, link) + reduce_scatter_time(
+        2 * params, world_size, link
+    )
+    assert both == pytest.approx(backward)
+    below = 0.9 * tokens  # fewer tokens: communication takes longer than the backward
+    assert all_reduce_time("ring", 2 * params, world_size, link) > 4 * params * below / peak
+    half = data_parallel_min_tokens(peak, link, world_size, matmul_efficiency=0.5)
+    assert half == pytest.approx(tokens / 2)
+
+
+@pytest.mark.parametrize("tensor", [2, 4, 8])
+def test_tensor_parallel_threshold_is_where_the_all_reduce_equals_the_mlp(tensor):
+    peak, link, d_model, tokens = 989e12, Link(alpha=0.0, beta=1 / 450e9), 8192, 4096
+    width = tensor_parallel_min_width(peak, link, tensor)  # F / t
+    mlp_forward = 4 * tokens * d_model * (width * tensor) / (tensor * peak)
+    all_reduce = all_reduce_time("ring", 2 * tokens * d_model, tensor, link)
+    assert all_reduce == pytest.approx(mlp_forward)
+    assert tensor_parallel_min_width(peak, link, 1) == 0  # no tensor parallelism, no traffic
+
+
+def test_thresholds_reject_bad_input():
+    with pytest.raises(ValueError, match="world_size"):
+        data_parallel_min_tokens(989e12, Link(0.0, 1e-9), 0)
+    with pytest.raises(ValueError, match="matmul_efficiency"):
+        tensor_parallel_min_width(989e12, Link(0.0, 1e-9), 8, matmul_efficiency=1.5)

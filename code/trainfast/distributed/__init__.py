@@ -13,13 +13,12 @@ The collectives have ``torch.distributed``'s call shape and act in place inside 
 process group, e.g. ``ring_all_reduce(tensor, op="mean")``.
 """
 
+from trainfast.distributed.agreement import OPS, check_same_tensor_meta
 from trainfast.distributed.collectives import (
-    OPS,
     all_gather,
     all_reduce,
     all_to_all,
     broadcast,
-    check_same_tensor_meta,
     gather,
     reduce,
     reduce_scatter,

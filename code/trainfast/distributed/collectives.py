@@ -16,8 +16,11 @@ sum divided by the world size rounding toward zero, as C division and NCCL's ``A
 agree (the collective, ``src``/``dst``, ``op``), so a mismatch is a ``ValueError`` naming the
 rank and both values instead of a hang or garbage; it costs two small messages per rank.
 
-These are teaching implementations: they use the default process group, one chunk in flight
-per step and no pipelining, where NCCL and gloo split messages and overlap them.
+``group`` (keyword, default: every rank) runs a collective inside a process group from
+``dist.new_group``: ranks are then numbered within the group, as in ``torch.distributed``, which
+is how the axes of a 2-D layout each talk among their own ranks. These are teaching
+implementations: one chunk in flight per step and no pipelining, where NCCL and gloo split
+messages and overlap them.
 """
 
 from __future__ import annotations
@@ -25,67 +28,26 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from trainfast.distributed.agreement import (
+    OPS,
+    check_same_tensor_meta,
+    global_rank,
+    rank_and_world_size,
+)
+
 __all__ = [
-    "OPS",
     "all_gather",
     "all_reduce",
     "all_to_all",
     "broadcast",
-    "check_same_tensor_meta",
     "gather",
     "reduce",
     "reduce_scatter",
     "ring_all_reduce",
     "ring_chunks",
-    "rank_and_world_size",
     "ring_shift",
     "scatter",
 ]
-
-#: The reduction operators the collectives understand.
-OPS = ("sum", "mean", "max", "min")
-
-_DTYPES = [
-    torch.float32,
-    torch.float64,
-    torch.float16,
-    torch.bfloat16,
-    torch.complex64,
-    torch.complex128,
-    torch.uint8,
-    torch.int8,
-    torch.int16,
-    torch.int32,
-    torch.int64,
-    torch.bool,
-]
-_MAX_DIMS = 8
-#: The collectives :func:`check_same_tensor_meta` can tell apart.
-_COLLECTIVES = (
-    "",
-    "broadcast",
-    "reduce",
-    "all_reduce",
-    "ring_all_reduce",
-    "all_gather",
-    "reduce_scatter",
-)
-
-
-# ----------------------------------------------------------------------------- small pieces
-def rank_and_world_size() -> tuple[int, int]:
-    """``(rank, world_size)`` of the default process group; a clear error outside one.
-
-    Every collective and parallel layer of this package starts here, so code run outside
-    :func:`~trainfast.distributed.spawn` or torchrun fails with a message that says what to do,
-    not with torch's "Default process group has not been initialized".
-    """
-    if not (dist.is_available() and dist.is_initialized()):
-        raise RuntimeError(
-            "trainfast.distributed collectives need an initialised process group: "
-            "run them inside trainfast.distributed.spawn(...) or under torchrun"
-        )
-    return dist.get_rank(), dist.get_world_size()
 
 
 def _check_op(op: str) -> None:
@@ -118,115 +80,30 @@ def _finish(tensor: torch.Tensor, op: str, world_size: int) -> None:
         tensor.copy_(torch.div(tensor, world_size, rounding_mode="trunc"))
 
 
-def _exchange(send: torch.Tensor, recv: torch.Tensor, to: int, source: int) -> None:
+def _exchange(
+    send: torch.Tensor,
+    recv: torch.Tensor,
+    to: int,
+    source: int,
+    group: dist.ProcessGroup | None = None,
+) -> None:
     """Send ``send`` to rank ``to`` while receiving ``recv`` from rank ``source``.
 
     Both sides of a ring step send and receive at once. With blocking ``send`` first on every
     rank, gloo would deadlock (its send waits for the matching receive), so the send is
     non-blocking; NCCL wants the pair grouped in one call. An empty tensor is not sent (nor
-    expected): chunk sizes are the same on every rank, so both ends skip it together.
+    expected): chunk sizes are the same on every rank, so both ends skip it together. ``to`` and
+    ``source`` are ranks within ``group``.
     """
+    to, source = global_rank(group, to), global_rank(group, source)
     pairs = [(dist.isend, send, to), (dist.irecv, recv, source)]
     pairs = [(function, tensor, peer) for function, tensor, peer in pairs if tensor.numel() > 0]
     if dist.get_backend() == "nccl" and pairs:
-        requests = dist.batch_isend_irecv([dist.P2POp(*pair) for pair in pairs])
+        requests = dist.batch_isend_irecv([dist.P2POp(*pair, group=group) for pair in pairs])
     else:
-        requests = [function(tensor, peer) for function, tensor, peer in pairs]
+        requests = [function(tensor, peer, group=group) for function, tensor, peer in pairs]
     for request in requests:
         request.wait()
-
-
-_UNSET, _INVALID = -1, -2  # an argument slot not used by this call; a value that is not valid
-
-
-def _argument_code(value: object, choices: tuple[str, ...] | None = None) -> int:
-    """An int for a root rank or an op, the same on every rank that passed the same value."""
-    if value is None:
-        return _UNSET
-    if choices is not None:
-        return choices.index(value) if value in choices else _INVALID
-    return value if isinstance(value, int) and not isinstance(value, bool) else _INVALID
-
-
-def _signature(
-    tensor: torch.Tensor, collective: str = "", root: object = None, op: object = None
-) -> torch.Tensor:
-    """(dtype index, ndim, shape padded with -1, collective, root, op) as int64, the same length
-    for every call, so ranks that called different collectives still exchange one message."""
-    if tensor.dtype not in _DTYPES:
-        raise ValueError(f"Unsupported dtype: {tensor.dtype} (expected one of {_DTYPES})")
-    if tensor.dim() > _MAX_DIMS:
-        raise ValueError(f"Unsupported ndim: {tensor.dim()} (at most {_MAX_DIMS} dimensions)")
-    shape = list(tensor.shape) + [-1] * (_MAX_DIMS - tensor.dim())
-    values = [_DTYPES.index(tensor.dtype), tensor.dim(), *shape]
-    values += [_COLLECTIVES.index(collective), _argument_code(root), _argument_code(op, OPS)]
-    return torch.tensor(values, dtype=torch.int64, device=tensor.device)
-
-
-def _describe(signature: list[int], root_name: str) -> tuple[str, str, str, str]:
-    """How one rank's call differs, read from its signature (the first difference decides)."""
-    collective, root, op = signature[-3:]
-    dtype, shape = _DTYPES[signature[0]], signature[2 : 2 + signature[1]]
-    root_text = "an invalid rank" if root == _INVALID else str(root)
-    op_text = "an unknown op" if op == _INVALID else repr(OPS[op]) if op >= 0 else "no op"
-    return (
-        f"has shape {tuple(shape)} and dtype {dtype}",
-        f"called {_COLLECTIVES[collective] or 'a collective'}",
-        f"has {root_name}={root_text}",
-        f"has op={op_text}",
-    )
-
-
-def check_same_tensor_meta(
-    tensor: torch.Tensor,
-    what: str = "tensor",
-    *,
-    collective: str = "",
-    root: tuple[str, object] | None = None,
-    op: str | None = None,
-) -> None:
-    """Raise ``ValueError`` on every rank unless all ranks agree on the call.
-
-    All ranks' ``tensor`` must share shape and dtype and, where given, every rank must call the
-    same ``collective`` with the same ``root`` (``("src", 0)``) and ``op``. Ranks that disagree
-    on a root would hang until gloo's timeout, and on ``op`` would all get the same wrong
-    answer, silently. Rank 0 gathers every rank's signature with ``recv``, compares, and sends
-    the verdict back, so all ranks raise the same error together, naming the first rank that
-    differs from rank 0 and both values.
-    """
-    rank, world_size = rank_and_world_size()
-    root_name, root_value = root if root is not None else ("root", None)
-    signature = _signature(tensor, collective, root_value, op)
-    if world_size == 1:
-        return
-    verdict = torch.full((1 + 2 * signature.numel(),), -1, dtype=torch.int64, device=tensor.device)
-    if rank == 0:
-        for other in range(1, world_size):
-            theirs = torch.empty_like(signature)
-            dist.recv(theirs, src=other)
-            if verdict[0] < 0 and not torch.equal(theirs, signature):
-                verdict.copy_(
-                    torch.cat([torch.tensor([other], device=tensor.device), signature, theirs])
-                )
-        requests = [dist.isend(verdict, dst=other) for other in range(1, world_size)]
-        for request in requests:
-            request.wait()
-    else:
-        dist.send(signature, dst=0)
-        dist.recv(verdict, src=0)
-    if verdict[0] >= 0:
-        values, half = verdict.tolist(), signature.numel()
-        ours, theirs = values[1 : 1 + half], values[1 + half :]
-        mine, other = _describe(ours, root_name), _describe(theirs, root_name)
-        parts = [ours[: half - 3] != theirs[: half - 3]] + [
-            ours[i] != theirs[i] for i in range(half - 3, half)
-        ]
-        first = parts.index(True)
-        kind = [what, "collectives", f"arguments of {collective}", f"arguments of {collective}"]
-        raise ValueError(
-            f"Mismatched {kind[first]} across ranks: rank {values[0]} {other[first]}, "
-            f"but rank 0 {mine[first]}"
-        )
 
 
 # ------------------------------------------------------------------ rooted: one rank in charge
@@ -299,48 +176,57 @@ def ring_chunks(rank: int, step: int, world_size: int, phase: str) -> tuple[int,
     raise ValueError(f"Unknown phase: {phase!r} (expected 'reduce-scatter' or 'all-gather')")
 
 
-def _ring_reduce_scatter(chunks: list[torch.Tensor], op: str) -> None:
+def _ring_reduce_scatter(
+    chunks: list[torch.Tensor], op: str, group: dist.ProcessGroup | None = None
+) -> None:
     """Pass partial results around the ring; afterwards ``chunks[rank]`` is fully reduced."""
-    rank, world_size = dist.get_rank(), dist.get_world_size()
+    rank, world_size = rank_and_world_size(group)
     right, left = (rank + 1) % world_size, (rank - 1) % world_size
     for step in range(world_size - 1):
         send, recv = ring_chunks(rank, step, world_size, "reduce-scatter")
         incoming = torch.empty_like(chunks[recv])
-        _exchange(chunks[send], incoming, to=right, source=left)
+        _exchange(chunks[send], incoming, to=right, source=left, group=group)
         _combine(chunks[recv], incoming, op)
 
 
-def _ring_all_gather(chunks: list[torch.Tensor]) -> None:
+def _ring_all_gather(chunks: list[torch.Tensor], group: dist.ProcessGroup | None = None) -> None:
     """Pass finished chunks around the ring until every rank has all of them."""
-    rank, world_size = dist.get_rank(), dist.get_world_size()
+    rank, world_size = rank_and_world_size(group)
     right, left = (rank + 1) % world_size, (rank - 1) % world_size
     for step in range(world_size - 1):
         send, recv = ring_chunks(rank, step, world_size, "all-gather")
-        _exchange(chunks[send], chunks[recv], to=right, source=left)
+        _exchange(chunks[send], chunks[recv], to=right, source=left, group=group)
 
 
-def ring_all_reduce(tensor: torch.Tensor, op: str = "sum", *, check: bool = True) -> None:
+def ring_all_reduce(
+    tensor: torch.Tensor,
+    op: str = "sum",
+    *,
+    check: bool = True,
+    group: dist.ProcessGroup | None = None,
+) -> None:
     """Ring all-reduce: reduce-scatter, then all-gather, of ``N`` nearly equal chunks.
 
     Lengths that ``N`` does not divide give chunks one element apart (``tensor_split``); a
     tensor shorter than ``N`` has empty chunks, which are simply not sent.
     """
-    rank, world_size = rank_and_world_size()
+    rank, world_size = rank_and_world_size(group)
     if check:
-        check_same_tensor_meta(tensor, collective="ring_all_reduce", op=op)
+        check_same_tensor_meta(tensor, collective="ring_all_reduce", op=op, group=group)
     _check_op(op)
     flat = tensor.contiguous().view(-1)  # a view when tensor is contiguous, else a copy
     chunks = list(flat.tensor_split(world_size))  # N views of ~numel/N elements
-    _ring_reduce_scatter(chunks, op)
+    _ring_reduce_scatter(chunks, op, group)
     _finish(chunks[rank], op, world_size)
-    _ring_all_gather(chunks)
+    _ring_all_gather(chunks, group)
     if not tensor.is_contiguous():
         tensor.copy_(flat.view_as(tensor))
 
 
 # -------------------------------------------------------------------- lists: one block per rank
-def _check_list(tensors: list[torch.Tensor], tensor: torch.Tensor, name: str) -> None:
-    world_size = dist.get_world_size()
+def _check_list(
+    tensors: list[torch.Tensor], tensor: torch.Tensor, name: str, world_size: int
+) -> None:
     if len(tensors) != world_size:
         raise ValueError(
             f"Invalid {name}: {len(tensors)} tensors (expected one per rank, {world_size})"
@@ -354,35 +240,44 @@ def _check_list(tensors: list[torch.Tensor], tensor: torch.Tensor, name: str) ->
 
 
 def all_gather(
-    tensor_list: list[torch.Tensor], tensor: torch.Tensor, *, check: bool = True
+    tensor_list: list[torch.Tensor],
+    tensor: torch.Tensor,
+    *,
+    check: bool = True,
+    group: dist.ProcessGroup | None = None,
 ) -> None:
     """Fill ``tensor_list[r]`` with rank ``r``'s ``tensor`` on every rank (a ring of blocks)."""
-    rank, _ = rank_and_world_size()
+    rank, world_size = rank_and_world_size(group)
     if check:
-        check_same_tensor_meta(tensor, collective="all_gather")
-    _check_list(tensor_list, tensor, "tensor_list")
+        check_same_tensor_meta(tensor, collective="all_gather", group=group)
+    _check_list(tensor_list, tensor, "tensor_list", world_size)
     blocks = [item.contiguous().view(-1) for item in tensor_list]  # views unless non-contiguous
     blocks[rank].copy_(tensor.reshape(-1))
-    _ring_all_gather(blocks)
+    _ring_all_gather(blocks, group)
     for item, block in zip(tensor_list, blocks, strict=True):
         if not item.is_contiguous():
             item.copy_(block.view_as(item))
 
 
 def reduce_scatter(
-    output: torch.Tensor, input_list: list[torch.Tensor], op: str = "sum", *, check: bool = True
+    output: torch.Tensor,
+    input_list: list[torch.Tensor],
+    op: str = "sum",
+    *,
+    check: bool = True,
+    group: dist.ProcessGroup | None = None,
 ) -> None:
     """Rank ``r``'s ``output`` becomes the reduction over ranks of their ``input_list[r]``.
 
     The inputs are left as they were (the ring works on copies).
     """
-    rank, world_size = rank_and_world_size()
+    rank, world_size = rank_and_world_size(group)
     if check:
-        check_same_tensor_meta(output, collective="reduce_scatter", op=op)
+        check_same_tensor_meta(output, collective="reduce_scatter", op=op, group=group)
     _check_op(op)
-    _check_list(input_list, output, "input_list")
+    _check_list(input_list, output, "input_list", world_size)
     blocks = [item.reshape(-1).clone() for item in input_list]
-    _ring_reduce_scatter(blocks, op)
+    _ring_reduce_scatter(blocks, op, group)
     _finish(blocks[rank], op, world_size)
     output.copy_(blocks[rank].view_as(output))
 
@@ -403,7 +298,7 @@ def gather(
         return
     if gather_list is None:
         raise ValueError("Invalid gather_list: None on the destination rank (one tensor per rank)")
-    _check_list(gather_list, tensor, "gather_list")
+    _check_list(gather_list, tensor, "gather_list", world_size)
     buffers = [
         torch.empty_like(item, memory_format=torch.contiguous_format) for item in gather_list
     ]
@@ -431,7 +326,7 @@ def scatter(
         return
     if scatter_list is None:
         raise ValueError("Invalid scatter_list: None on the source rank (one tensor per rank)")
-    _check_list(scatter_list, tensor, "scatter_list")
+    _check_list(scatter_list, tensor, "scatter_list", world_size)
     blocks = [item.contiguous() for item in scatter_list]
     requests = [dist.isend(blocks[other], dst=other) for other in range(world_size) if other != src]
     tensor.copy_(scatter_list[src])

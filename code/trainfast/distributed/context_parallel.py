@@ -35,7 +35,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from trainfast.distributed.collectives import rank_and_world_size, ring_shift
+from trainfast.distributed.agreement import rank_and_world_size
+from trainfast.distributed.collectives import ring_shift
 from trainfast.distributed.launch import rank_device
 from trainfast.kernels.attention import (
     attention_reference,

@@ -37,7 +37,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from trainfast.distributed.collectives import all_to_all, rank_and_world_size, ring_all_reduce
+from trainfast.distributed.agreement import rank_and_world_size
+from trainfast.distributed.collectives import all_to_all, ring_all_reduce
 from trainfast.distributed.launch import rank_device
 from trainfast.training.arguments import build_optimizer
 

@@ -43,12 +43,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from trainfast.distributed.collectives import (
-    all_gather,
-    rank_and_world_size,
-    reduce_scatter,
-    ring_all_reduce,
-)
+from trainfast.distributed.agreement import rank_and_world_size
+from trainfast.distributed.collectives import all_gather, reduce_scatter, ring_all_reduce
 from trainfast.distributed.launch import rank_device
 from trainfast.distributed.tensor_parallel import (
     copy_to_tensor_parallel,

@@ -12,6 +12,8 @@ needs one all-reduce forward and one backward:
 In autograd this is two conjugate operators: ``f`` (identity forward, all-reduce of the input's
 gradient backward) in front of the column layer, and ``g`` (all-reduce forward, identity
 backward) after the row layer. Uneven splits are fine: a rank's slice is ``tensor_split``'s.
+Every layer takes an optional ``group`` (default: all ranks), the tensor-parallel ranks of a
+layout with several axes (:mod:`trainfast.distributed.mesh`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from trainfast.distributed.collectives import ring_all_reduce
@@ -39,38 +42,43 @@ class _CopyToTensorParallel(torch.autograd.Function):
     """``f``: every rank uses the whole input; their input-gradients are partial, so add them."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+    def forward(ctx: Any, x: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
+        ctx.group = group
         return x.view_as(x)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
         grad = grad.contiguous().clone()
-        ring_all_reduce(grad, op="sum")
-        return grad
+        ring_all_reduce(grad, op="sum", group=ctx.group)
+        return grad, None
 
 
 class _ReduceFromTensorParallel(torch.autograd.Function):
     """``g``: add the ranks' partial outputs; each rank's share gets the whole gradient."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+    def forward(ctx: Any, x: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
         x = x.contiguous().clone()
-        ring_all_reduce(x, op="sum")
+        ring_all_reduce(x, op="sum", group=group)
         return x
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
-        return grad
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return grad, None
 
 
-def copy_to_tensor_parallel(x: torch.Tensor) -> torch.Tensor:
+def copy_to_tensor_parallel(
+    x: torch.Tensor, group: dist.ProcessGroup | None = None
+) -> torch.Tensor:
     """Megatron's ``f``: identity forward, all-reduce (sum) of the gradient backward."""
-    return _CopyToTensorParallel.apply(x)
+    return _CopyToTensorParallel.apply(x, group)
 
 
-def reduce_from_tensor_parallel(x: torch.Tensor) -> torch.Tensor:
+def reduce_from_tensor_parallel(
+    x: torch.Tensor, group: dist.ProcessGroup | None = None
+) -> torch.Tensor:
     """Megatron's ``g``: all-reduce (sum) forward, identity backward."""
-    return _ReduceFromTensorParallel.apply(x)
+    return _ReduceFromTensorParallel.apply(x, group)
 
 
 def shard_range(size: int, rank: int, world_size: int) -> slice:
@@ -89,21 +97,39 @@ class ColumnParallelLinear(nn.Module):
     """``y[:, slice_r] = x @ W[slice_r].T + b[slice_r]``: this rank's output features only."""
 
     def __init__(
-        self, in_features: int, out_features: int, rank: int, world_size: int, bias: bool = True
+        self,
+        in_features: int,
+        out_features: int,
+        rank: int,
+        world_size: int,
+        bias: bool = True,
+        group: dist.ProcessGroup | None = None,
     ) -> None:
         super().__init__()
+        self.group = group
         self.features = shard_range(out_features, rank, world_size)
         local = self.features.stop - self.features.start
         self.weight = nn.Parameter(torch.empty(local, in_features))  # (out / N, in)
         self.bias = nn.Parameter(torch.zeros(local)) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., in) -> (..., out / N)
-        return nn.functional.linear(copy_to_tensor_parallel(x), self.weight, self.bias)
+        return nn.functional.linear(copy_to_tensor_parallel(x, self.group), self.weight, self.bias)
 
     @classmethod
-    def from_dense(cls, linear: nn.Linear, rank: int, world_size: int) -> ColumnParallelLinear:
+    def from_dense(
+        cls,
+        linear: nn.Linear,
+        rank: int,
+        world_size: int,
+        group: dist.ProcessGroup | None = None,
+    ) -> ColumnParallelLinear:
         layer = cls(
-            linear.in_features, linear.out_features, rank, world_size, linear.bias is not None
+            linear.in_features,
+            linear.out_features,
+            rank,
+            world_size,
+            linear.bias is not None,
+            group,
         )
         with torch.no_grad():
             layer.weight.copy_(linear.weight[layer.features])
@@ -116,22 +142,40 @@ class RowParallelLinear(nn.Module):
     """``y = all_reduce(x_r @ W[:, slice_r].T) + b``: a partial product per rank, then a sum."""
 
     def __init__(
-        self, in_features: int, out_features: int, rank: int, world_size: int, bias: bool = True
+        self,
+        in_features: int,
+        out_features: int,
+        rank: int,
+        world_size: int,
+        bias: bool = True,
+        group: dist.ProcessGroup | None = None,
     ) -> None:
         super().__init__()
+        self.group = group
         self.features = shard_range(in_features, rank, world_size)
         local = self.features.stop - self.features.start
         self.weight = nn.Parameter(torch.empty(out_features, local))  # (out, in / N)
         self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None  # added once
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., in / N) -> (..., out)
-        y = reduce_from_tensor_parallel(nn.functional.linear(x, self.weight))
+        y = reduce_from_tensor_parallel(nn.functional.linear(x, self.weight), self.group)
         return y if self.bias is None else y + self.bias
 
     @classmethod
-    def from_dense(cls, linear: nn.Linear, rank: int, world_size: int) -> RowParallelLinear:
+    def from_dense(
+        cls,
+        linear: nn.Linear,
+        rank: int,
+        world_size: int,
+        group: dist.ProcessGroup | None = None,
+    ) -> RowParallelLinear:
         layer = cls(
-            linear.in_features, linear.out_features, rank, world_size, linear.bias is not None
+            linear.in_features,
+            linear.out_features,
+            rank,
+            world_size,
+            linear.bias is not None,
+            group,
         )
         with torch.no_grad():
             layer.weight.copy_(linear.weight[:, layer.features])
@@ -151,12 +195,21 @@ class TensorParallelMLP(nn.Module):
         return self.fc2(nn.functional.gelu(self.fc1(x)))  # hidden: (batch, d_hidden / N)
 
     @classmethod
-    def from_dense(cls, mlp: nn.Sequential, rank: int, world_size: int) -> TensorParallelMLP:
-        """Shard a dense ``Sequential(Linear, GELU, Linear)``: rank ``r`` keeps its slices."""
+    def from_dense(
+        cls,
+        mlp: nn.Sequential,
+        rank: int,
+        world_size: int,
+        group: dist.ProcessGroup | None = None,
+    ) -> TensorParallelMLP:
+        """Shard a dense ``Sequential(Linear, GELU, Linear)``: rank ``r`` keeps its slices.
+
+        ``rank`` and ``world_size`` are within ``group``, the tensor-parallel ranks.
+        """
         fc1, _, fc2 = mlp
         return cls(
-            ColumnParallelLinear.from_dense(fc1, rank, world_size),
-            RowParallelLinear.from_dense(fc2, rank, world_size),
+            ColumnParallelLinear.from_dense(fc1, rank, world_size, group),
+            RowParallelLinear.from_dense(fc2, rank, world_size, group),
         )
 
 

@@ -24,12 +24,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainfast.distributed.collectives import (
-    all_gather,
-    broadcast,
-    rank_and_world_size,
-    reduce_scatter,
-)
+from trainfast.distributed.agreement import rank_and_world_size
+from trainfast.distributed.collectives import all_gather, broadcast, reduce_scatter
 
 __all__ = ["Zero2Optimizer", "ZeroOptimizer"]
 

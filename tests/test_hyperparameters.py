@@ -1017,6 +1017,7 @@ EXCERPTS = {
     ),
     "Trainer.train": (
         "def train(",
+        "eval_every = ",
         "next_log = ",
         "for batch in self.train_loader:",
         "self.examples_seen >= next_eval",

@@ -298,9 +298,11 @@ def adamw_step_prediction(gpu: GPUSpec, n_params: int, path: str = "foreach") ->
     """The time of one float32 AdamW step on ``gpu``: its bytes over the HBM bandwidth.
 
     A step does a few FLOPs per parameter, far below any GPU's ridge point, so it is
-    memory-bound. ``path`` is ``"foreach"`` (torch's default on CUDA: 8 passes, 84 bytes per
-    parameter) or ``"fused"`` (``fused=True``: one pass, 28 bytes, the floor); the passes are
-    :data:`ADAMW_PASSES`. Launch overhead and the step counters are left out.
+    memory-bound. ``path`` is ``"foreach"`` (torch's default on CUDA, with nonzero weight
+    decay: 8 passes, 84 bytes per parameter as dispatched; about 80 if the gradient that
+    ``addcmul`` reads twice comes from cache the second time) or ``"fused"`` (``fused=True``:
+    one pass, 28 bytes, the floor); the passes are :data:`ADAMW_PASSES`. Launch overhead and
+    the step counters are left out.
     ``optimizer-step-time`` measures both (``torch_foreach_ms``, ``torch_fused_ms``).
     """
     if n_params < 1:

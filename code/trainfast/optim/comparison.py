@@ -267,12 +267,12 @@ def muon_vs_adamw_record(device: torch.device, quick: bool) -> Record:
       (Liu et al. 2025), one lr for both kinds of group, tuned on AdamW's grid.
 
     Each lr is chosen by validation accuracy (seed 0) on a five-point grid widened past an edge
-    optimum (:func:`tune_then_repeat`); a rate still at its grid's edge stops the benchmark
-    (:func:`require_interior`). Then it runs on fresh seeds. Every row records the network's
-    width, the split sizes and the numbers of Muon and AdamW parameters. Full size: 4 repeats
-    of 200 steps of batch 64 on width 128 (about six minutes on one CPU thread: Newton–Schulz's
-    bfloat16 products are slow on a CPU without bfloat16 units); ``quick``: 2 repeats of 30
-    steps.
+    optimum (:func:`tune_then_repeat`), then runs on fresh seeds; after the repeats, a rate
+    still at its grid's edge stops the benchmark (:func:`require_interior`). Every row records
+    the network's width, the split sizes and the numbers of Muon and AdamW parameters. Full
+    size: 4 repeats of 200 steps of batch 64 on width 128 (minutes on one CPU thread, most of
+    them Muon's: Newton–Schulz's bfloat16 products are slow on a CPU without bfloat16 units);
+    ``quick``: 2 repeats of 30 steps.
     """
     from functools import partial
 

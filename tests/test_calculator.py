@@ -388,6 +388,11 @@ def test_export_is_json_with_the_package_results(tmp_path):
     ]:
         assert len({c["setup"][key] for c in data["cases"]}) >= least, key
     assert {c["setup"]["assumptions"]["overlap"] for c in data["cases"]} == {0.0, 1.0}
+    # and every choice of the model the widget counts
+    for name, values in [("norm", 2), ("positions", 2), ("mlp", 3), ("qk_norm", 2), ("bias", 2)]:
+        assert len({c["setup"]["shape"][name] for c in data["cases"]}) == values, name
+    assert {c["setup"]["shape"]["tied_head"] for c in data["cases"]} == {True, False}
+    assert len({c["setup"]["shape"]["n_kv_heads"] for c in data["cases"]}) >= 3
     path = tmp_path / "calculator-data.js"
     write_script(path)
     text = path.read_text()

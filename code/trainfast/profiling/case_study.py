@@ -1,7 +1,7 @@
 """The profiling chapter's case study: one slow training loop and eight fixes, each behind a flag.
 
-The loop trains the book's modern :class:`~trainfast.transformer.Transformer` (the
-``tiny-modern`` choices: RMSNorm, RoPE, SwiGLU, grouped-query attention, QK-norm) on Python's
+The loop trains the book's :class:`~trainfast.transformer.Transformer` with Llama's choices
+(RMSNorm, RoPE, SwiGLU, grouped-query attention, no biases, an untied head) on Python's
 documentation (:mod:`trainfast.profiling.text`), and starts with every habit that makes real
 training scripts slow. :class:`Fixes` switches the cures on, one flag each:
 
@@ -35,7 +35,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import cache, partial
 from typing import Any
 
@@ -45,7 +45,7 @@ from torch.utils.data import DataLoader
 from trainfast.profiling.text import TokenWindows, WordTokenizer, python_docs_text
 from trainfast.profiling.traces import annotate
 from trainfast.timing import Timing, benchmark
-from trainfast.transformer import PRESET_SHAPES, Transformer, TransformerShape
+from trainfast.transformer import Transformer, TransformerShape
 
 __all__ = [
     "ALTERNATIVES",
@@ -184,16 +184,38 @@ def cumulative_fixes(device: torch.device, skip: Sequence[str] = ()) -> dict[str
     return chain
 
 
+def _llama_like(
+    *, vocab_size: int, d_model: int, n_layers: int, n_heads: int, seq_len: int, batch_size: int
+) -> TransformerShape:
+    """Llama's choices at a small size (Touvron et al. 2023: RMSNorm, rotary positions, a SwiGLU
+    MLP of width 2/3 x 4 d_model, here rounded up to a multiple of 32, no biases, an untied
+    head), with grouped-query attention of two query heads per key/value head."""
+    d_ff = -(-8 * d_model // 3 // 32) * 32
+    return TransformerShape(
+        vocab_size,
+        d_model,
+        n_layers,
+        n_heads,
+        d_ff,
+        seq_len,
+        batch_size,
+        n_kv_heads=n_heads // 2,
+        norm="rmsnorm",
+        positions="rope",
+        mlp="swiglu",
+        bias=False,
+        tied_head=False,
+    )
+
+
 @dataclass(frozen=True)
 class CaseStudyConfig:
-    """The model, data and optimizer every run of the case study shares.
-
-    The model makes every modern choice (the ``tiny-modern`` preset's: RMSNorm, rotary
-    positions, SwiGLU, grouped-query attention, QK-norm, no biases, an untied head), resized."""
+    """The model, data and optimizer every run of the case study shares: a small decoder with
+    Llama's choices (:func:`_llama_like`)."""
 
     shape: TransformerShape = field(
-        default_factory=lambda: replace(
-            PRESET_SHAPES["tiny-modern"], vocab_size=512, seq_len=32, batch_size=8
+        default_factory=lambda: _llama_like(
+            vocab_size=512, d_model=32, n_layers=2, n_heads=4, seq_len=32, batch_size=8
         )
     )
     lr: float = 3e-3  # at 1e-3 this untied, bias-free model barely learns in 20 steps
@@ -210,15 +232,8 @@ class CaseStudyConfig:
         """The default (tiny: a CPU step is a few milliseconds) or, on a GPU, a model large
         enough to keep the GPU busy for a while each step, fed by four worker processes."""
         if torch.device(device).type == "cuda":
-            shape = replace(
-                PRESET_SHAPES["tiny-modern"],
-                vocab_size=4096,
-                d_model=256,
-                n_layers=4,
-                n_heads=8,
-                d_ff=1024,
-                seq_len=256,
-                batch_size=32,
+            shape = _llama_like(
+                vocab_size=4096, d_model=256, n_layers=4, n_heads=8, seq_len=256, batch_size=32
             )
             return cls(shape=shape, workers=4)
         return cls()

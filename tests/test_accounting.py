@@ -586,3 +586,66 @@ def test_check_positive_names_the_value():
     for bad in (0, -2.5, float("inf"), float("nan"), False):
         with pytest.raises(ValueError, match="Invalid tokens: .* positive number"):
             check_positive_number("tokens", bad)
+
+
+def _mfu_computations() -> list[tuple[str, int, bool]]:
+    """Every place in the package that computes an MFU: an assignment to a name, attribute or
+    key that says ``mfu``, and a function or property named ``mfu``; with whether it calls
+    :func:`trainfast.utilization.model_flops_utilization`."""
+    import ast
+    from pathlib import Path
+
+    import trainfast
+
+    def says_mfu(node: ast.AST) -> bool:
+        if isinstance(node, ast.Name):
+            return "mfu" in node.id.lower()
+        if isinstance(node, ast.Attribute):
+            return "mfu" in node.attr.lower()
+        if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
+            return "mfu" in str(node.slice.value).lower()
+        return False
+
+    def calls_the_function(node: ast.AST) -> bool:
+        return any(
+            isinstance(call, ast.Call)
+            and getattr(call.func, "id", getattr(call.func, "attr", None))
+            == "model_flops_utilization"
+            for call in ast.walk(node)
+        )
+
+    found = []
+    root = Path(trainfast.__file__).parent
+    for path in sorted(root.rglob("*.py")):
+        if path.name == "utilization.py":  # the function itself
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef) and node.name.lower() in ("mfu", "hfu"):
+                value: ast.AST | None = node
+            elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                value = node.value if any(says_mfu(t) for t in targets) else None
+            else:
+                value = None
+            if value is not None and not (
+                isinstance(value, ast.Constant) or "assumed" in ast.unparse(node)
+            ):
+                found.append((f"{path.relative_to(root)}:{node.lineno}", calls_the_function(value)))
+    return found
+
+
+def test_every_mfu_in_the_package_goes_through_one_function():
+    found = _mfu_computations()
+    assert len(found) >= 3, found  # step_time's mfu and hfu, the precision benchmark's row
+    assert [place for place, ok in found if not ok] == []
+
+
+def test_mfu_peak_is_the_dense_bf16_peak():
+    from trainfast.utilization import mfu_peak_flops
+
+    for spec in GPUS.values():
+        expected = spec.peak_flops.get("bf16", spec.peak_flops.get("fp16"))
+        assert mfu_peak_flops(spec, 8) == 8 * expected, spec.name
+    assert mfu_peak_flops(GPUS["H100 SXM 80GB"]) == GPUS["H100 SXM 80GB"].peak_flops["bf16"]
+    with pytest.raises(ValueError, match="Invalid n_devices: 0"):
+        mfu_peak_flops(GPUS["H100 SXM 80GB"], 0)

@@ -202,12 +202,16 @@ def test_entries_list_the_sections_that_use_them(small_build):
 
 
 def test_the_calculator_is_embedded_with_the_package_data(small_build):
+    from build_support.page_assets import CALCULATOR_SCRIPTS as SCRIPTS
+
     html, _ = small_build
     text = (html / "book" / f"{CHAPTER}.html").read_text()
     assert 'class="trainfast-calculator"' in text
-    for script in ("calculator-data.js", "calculator.js"):
-        assert re.search(rf'<script src="\.\./_static/{script}', text), f"{script} not loaded"
+    loaded = [re.search(rf'<script src="\.\./_static/{script}', text) for script in SCRIPTS]
+    for script, found in zip(SCRIPTS, loaded, strict=True):
+        assert found, f"{script} not loaded"
         assert (html / "_static" / script).exists()
+    assert sorted(loaded, key=lambda m: m.start()) == loaded, "the scripts load out of order"
     other = (html / "book" / "api" / "index.html").read_text()
     assert "calculator.js" not in other, "pages without the widget should not load it"
     data = (html / "_static" / "calculator-data.js").read_text()

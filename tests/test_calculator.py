@@ -388,9 +388,80 @@ def test_export_is_json_with_the_package_results(tmp_path):
     ]:
         assert len({c["setup"][key] for c in data["cases"]}) >= least, key
     assert {c["setup"]["assumptions"]["overlap"] for c in data["cases"]} == {0.0, 1.0}
+    # and every choice of the model the widget counts
+    for name, values in [("norm", 2), ("positions", 2), ("mlp", 3), ("qk_norm", 2), ("bias", 2)]:
+        assert len({c["setup"]["shape"][name] for c in data["cases"]}) == values, name
+    assert {c["setup"]["shape"]["tied_head"] for c in data["cases"]} == {True, False}
+    assert len({c["setup"]["shape"]["n_kv_heads"] for c in data["cases"]}) >= 3
     path = tmp_path / "calculator-data.js"
     write_script(path)
     text = path.read_text()
     prefix = "window.TRAINFAST_CALCULATOR = "
     assert text.startswith(prefix)
     assert json.loads(text[len(prefix) :].rstrip().rstrip(";")) == json.loads(json.dumps(data))
+
+
+# the modern decoder's choices: RMSNorm, RoPE, SwiGLU, grouped-query attention, QK-norm, an
+# untied head, no biases (and each choice alone, so a miscount cannot hide behind another)
+MODERN = replace(PRESET_SHAPES["llama3-8b"], seq_len=512, batch_size=2)
+MODERN_SHAPES = [
+    MODERN,
+    replace(PRESET_SHAPES["tiny-modern"], vocab_size=512, d_model=64, seq_len=32),
+    replace(SMALL, norm="rmsnorm"),
+    replace(SMALL, positions="rope"),
+    replace(SMALL, mlp="swiglu"),
+    replace(SMALL, mlp="relu2", bias=False),
+    replace(SMALL, qk_norm=True, n_kv_heads=4),
+    replace(SMALL, tied_head=False),
+]
+
+
+@pytest.mark.parametrize("shape", MODERN_SHAPES, ids=lambda s: f"{s.norm}-{s.mlp}-{s.positions}")
+@pytest.mark.parametrize("recompute", ["none", "selective", "full"])
+def test_the_model_counts_every_modern_choice_as_accounting_does(shape, recompute):
+    setup = TrainingSetup(
+        shape, data=4, global_batch=4 * shape.batch_size, zero_stage=1, recompute=recompute
+    )
+    expected = training_memory(
+        shape,
+        recipe=setup.recipe,
+        optimizer="adamw",
+        checkpointing=recompute == "full",
+        attention="manual" if recompute == "none" else "sdpa",
+        zero_stage=1,
+        world_size=4,
+    )
+    e = estimate(setup)
+    assert e.memory.total == pytest.approx(expected.total, rel=1e-12)
+    assert e.memory.activations == pytest.approx(expected.activations, rel=1e-12)
+    assert e.model_flops == training_flops(replace(shape, batch_size=setup.global_batch))
+
+
+@pytest.mark.parametrize("shape", MODERN_SHAPES[:2], ids=["llama3-8b", "tiny-modern"])
+def test_the_head_and_the_experts_of_a_modern_model(shape):
+    base = TrainingSetup(shape, pipeline=2, global_batch=2 * shape.batch_size)
+    one = layer_activation_bytes(shape, recompute="selective")
+    # RMSNorm keeps its normalised input too: 3h + V values per token on the last stage
+    head = shape.tokens * (3 * shape.d_model + shape.vocab_size) * 2
+    first, last = layers_in_flight(shape.n_layers, 2, base.micro_batches)
+    assert estimate(base).memory.activations == max(first * one, last * one + head)
+    dense = TrainingSetup(shape, data=4, global_batch=4 * shape.batch_size)
+    moe = replace(dense, experts=8, top_k=2, expert_parallel=4)
+    h, f, L = shape.d_model, shape.d_ff, shape.n_layers
+    expert = 3 * h * f  # SwiGLU: gate, up and down matrices, no biases
+    extra = L * (8 * expert / 4 - expert + 8 * h)  # 8 experts over 4 ranks, minus the MLP, routers
+    assert estimate(moe).memory.parameters - estimate(dense).memory.parameters == pytest.approx(
+        2 * extra
+    )
+
+
+def test_mfu_divides_by_the_dense_bf16_peak_whatever_the_format():
+    for recipe in ("fp32", "tf32", "bf16 + fp32 master"):
+        e = estimate(TrainingSetup(SMALL, recipe, data=4, global_batch=16, recompute="none"))
+        bf16 = 4 * GPUS[e.setup.gpu].peak_flops["bf16"]
+        assert e.mfu == pytest.approx(e.model_flops / (e.step_s * bf16), rel=1e-12), recipe
+    # an fp32 step's MFU is its matmul efficiency times fp32's share of the bf16 peak
+    alone = estimate(TrainingSetup(SMALL, "fp32", global_batch=4, recompute="none"))
+    peaks = GPUS[alone.setup.gpu].peak_flops
+    efficiency = alone.setup.assumptions.matmul_efficiency
+    assert alone.mfu == pytest.approx(efficiency * peaks["fp32"] / peaks["bf16"], rel=1e-12)

@@ -10,11 +10,13 @@ from __future__ import annotations
 import math
 import re
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
 from trainfast.calculator import estimate_dict, export, setup_from_dict, write_script
 from trainfast.distributed.step_time import TrainingSetup, estimate
+from trainfast.transformer import PRESET_SHAPES
 
 ROOT = Path(__file__).resolve().parents[1]
 STATIC = ROOT / "book" / "_static"
@@ -30,16 +32,23 @@ if CHROMIUM is None:
         allow_module_level=True,
     )
 
-PAGE = """<!doctype html><html><head><meta charset="utf-8">
-<link rel="stylesheet" href="calculator.css">
-<script src="calculator-data.js"></script><script src="calculator.js"></script></head>
-<body><div class="trainfast-calculator" data-preset="gpt2-small"></div></body></html>"""
+# the scripts the book's pages load, in their order (the data first: the build writes it)
+sys.path.insert(0, str(ROOT / "book" / "_ext"))
+from build_support.page_assets import CALCULATOR_SCRIPTS  # noqa: E402
+
+PAGE = (
+    '<!doctype html><html><head><meta charset="utf-8">'
+    '<link rel="stylesheet" href="calculator.css">'
+    + "".join(f'<script src="{script}"></script>' for script in CALCULATOR_SCRIPTS)
+    + '</head><body><div class="trainfast-calculator" data-preset="gpt2-small"></div>'
+    "</body></html>"
+)
 
 
 @pytest.fixture(scope="module")
 def page(tmp_path_factory: pytest.TempPathFactory):
     site = tmp_path_factory.mktemp("widget")
-    for name in ("calculator.js", "calculator.css"):
+    for name in (*CALCULATOR_SCRIPTS[1:], "calculator.css"):
         shutil.copy(STATIC / name, site / name)
     write_script(site / "calculator-data.js")
     (site / "index.html").write_text(PAGE)
@@ -236,3 +245,28 @@ def test_the_dashed_capacity_line_is_labelled(page):
     bar = page.locator(".tfc-bar").bounding_box()
     box = label.bounding_box()
     assert bar["x"] - 1 <= box["x"] and box["x"] + box["width"] <= bar["x"] + bar["width"] + 1
+
+
+def test_the_widget_offers_the_real_presets_and_every_modern_choice(page):
+    offered = page.evaluate(
+        "() => Array.from(document.querySelector('select[name=preset]').options, o => o.value)"
+    )
+    assert {"llama2-7b", "llama3-8b", "llama3-405b"} <= set(offered)
+    assert not [name for name in offered if name.startswith("gpt-")]  # no GPT-2-style stand-ins
+    page.select_option('select[name="preset"]', "llama3-405b")
+    shape = PRESET_SHAPES["llama3-405b"]
+    for name in ("norm", "positions", "mlp"):
+        assert page.input_value(f'select[name="{name}"]') == getattr(shape, name)
+    for name in ("qk_norm", "bias", "tied_head"):
+        assert page.is_checked(f'input[name="{name}"]') == getattr(shape, name)
+    assert page.input_value('input[name="n_kv_heads"]') == str(shape.n_kv_heads)
+
+
+def test_the_widget_refuses_rope_with_an_odd_head_dimension(page):
+    setup = dict(CASES[0]["setup"])  # GPT-2 small: 64-wide heads
+    setup["shape"] = dict(setup["shape"], positions="rope", d_model=780)  # 12 heads of 65
+    page.evaluate(SET_INPUTS, setup)
+    message = page.text_content('[data-out="error"]')
+    assert message.startswith("“positions” = rope: it rotates pairs") and "65" in message
+    with pytest.raises(ValueError, match="Invalid head dimension for rotary positions: 65"):
+        _setup({"setup": setup})

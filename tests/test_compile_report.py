@@ -310,6 +310,48 @@ def test_trim_loop_keeps_the_loop_and_collapses_repeats():
         trim_loop("mov.u32 %r1, 0;")
 
 
+def _loop(body: list[str]) -> str:
+    return "\n".join(["cp.async.commit_group;", "$L__BB0_2:", *body, "@%p1 bra $L__BB0_2;"])
+
+
+def test_loop_pipeline_counts_commits_and_waits_from_the_ptx():
+    from trainfast.kernels.compile_report import loop_pipeline
+
+    wgmma = "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%f1}, %rd1, %rd2;"
+    qk = ["cp.async.wait_group 3;", wgmma, wgmma, "wgmma.commit_group.sync.aligned;"]
+    pv = [wgmma, "wgmma.commit_group.sync.aligned;"]
+    copies = ["cp.async.commit_group;"] * 3  # K, V and a third tensor: three groups a tile
+    waits_at_once = loop_pipeline(_loop(qk + ["wgmma.wait_group.sync.aligned 0;"] + pv + copies))
+    assert waits_at_once.commits_per_iteration == 3 and waits_at_once.pending_at_wait == 3
+    assert waits_at_once.stages_in_flight == 1  # not 3 / 2: the commits are counted
+    assert waits_at_once.mma_overlaps_softmax is False
+    # planted: the wait lets one product group run on, or comes only after the next product
+    assert (
+        loop_pipeline(_loop(qk + ["wgmma.wait_group.sync.aligned 1;"] + pv + copies)).mma_wait == 1
+    )
+    assert loop_pipeline(
+        _loop(qk + pv + ["wgmma.wait_group.sync.aligned 0;"] + copies)
+    ).mma_overlaps_softmax
+    mma = ["cp.async.wait_group 2;", "mma.sync.aligned.m16n8k16 {%r1}, {%r2}, {%r3}, {%r1};"]
+    synchronous = loop_pipeline(_loop(mma + copies[:2]))
+    assert synchronous.stages_in_flight == 1 and synchronous.mma_overlaps_softmax is None
+    with pytest.raises(ValueError, match="No cp.async pipeline"):
+        loop_pipeline(_loop(["bar.sync 0;"]))
+
+
+@compiles
+@pytest.mark.parametrize("gpu", [H100, A100], ids=lambda g: g.sm_target)
+def test_the_attention_loop_keeps_one_stage_in_flight(gpu):
+    """The book's attention forward, compiled: K and V are two groups a tile, and the loop waits
+    with two pending, so one tile of each loads while this one is used; on an H100 the loop
+    waits for every product right after QK^T (the gap FlashAttention-3 closes)."""
+    from trainfast.kernels.compile_report import attention_loop_pipeline
+
+    pipeline = attention_loop_pipeline(gpu)
+    assert (pipeline.commits_per_iteration, pipeline.stages_in_flight) == (2, 1)
+    assert pipeline.mma_overlaps_softmax is (False if gpu is H100 else None)
+
+
 @compiles
 @pytest.mark.parametrize("gpu", [H100, A100, T4], ids=lambda g: g.sm_target)
 def test_every_autotuning_candidate_of_the_fused_matmul_fits(gpu):

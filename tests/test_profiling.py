@@ -527,7 +527,7 @@ def test_every_fix_this_cpu_runs_keeps_the_loss_curve_compile_included(baseline_
 
 def test_the_float32_tolerance_catches_a_one_percent_change_of_the_learning_rate(baseline_losses):
 
-    nudged = train_with_fixes(Fixes(), STEPS, CaseStudyConfig(lr=1.01e-3))
+    nudged = train_with_fixes(Fixes(), STEPS, CaseStudyConfig(lr=1.01 * CaseStudyConfig().lr))
     assert loss_deviation(nudged, baseline_losses) > 2 * LOSS_TOLERANCE["compile"]
 
 

@@ -17,6 +17,9 @@ Conventions:
   optimizer moments) plus activations, the tensors the forward pass saves for backward. Not
   counted: the CUDA context, the caching allocator's rounding and fragmentation, temporary
   buffers of single kernels, communication buckets.
+* **Utilisation** (MFU, with the book's one denominator) and the length of a run are in
+  :mod:`trainfast.utilization`, the measuring side (:func:`counted_flops`,
+  :func:`saved_tensor_bytes`) in :mod:`trainfast.counters`; both are re-exported here.
 * **Inputs.** A model's sizes are a :class:`~trainfast.transformer.TransformerShape` (the
   model's own configuration); a precision recipe's bytes come from :mod:`trainfast.recipes`.
 * **Shapes.** ``s`` sequence length, ``b`` (micro-)batch, ``h`` = ``d_model``, ``f`` = ``d_ff``,
@@ -25,19 +28,16 @@ Conventions:
 
 from __future__ import annotations
 
-import warnings
-from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields
 
-import torch
-
+from trainfast.counters import counted_flops, saved_tensor_bytes
 from trainfast.recipes import RECIPES, Recipe
 from trainfast.transformer import Attention, TransformerShape
+from trainfast.utilization import model_flops_utilization, training_run_seconds
 from trainfast.validation import (
     check_flag,
     check_int,
     check_non_negative,
-    check_number,
     check_positive,
     check_positive_number,
 )
@@ -52,6 +52,8 @@ __all__ = [
     "linear_training_flops",
     "matmul_flops",
     "matmul_parameter_count",
+    "mlp_parameter_count",
+    "head_activation_values",
     "model_activation_bytes",
     "model_flops_utilization",
     "parameter_count",
@@ -76,6 +78,14 @@ def _mlp_matrices(shape: TransformerShape) -> int:
     return (3 if shape.mlp == "swiglu" else 2) * shape.d_model * shape.d_ff
 
 
+def mlp_parameter_count(shape: TransformerShape) -> int:
+    """One layer's MLP parameters: its matrices (:func:`_mlp_matrices`) and, with ``bias``, a bias
+    per hidden unit (``2f`` for SwiGLU's gate and up-projection) and per output. A mixture of
+    experts has one such MLP per expert (:func:`trainfast.distributed.step_time.estimate`)."""
+    gated_f = (2 if shape.mlp == "swiglu" else 1) * shape.d_ff
+    return _mlp_matrices(shape) + (gated_f + shape.d_model if shape.bias else 0)
+
+
 def parameter_count(shape: TransformerShape) -> int:
     """Parameters of :class:`trainfast.transformer.Transformer` for ``shape``, exactly.
 
@@ -90,12 +100,10 @@ def parameter_count(shape: TransformerShape) -> int:
     positions have no parameters; an untied head adds its own ``V h``; ``bias=False`` drops
     every bias. Llama 3 8B comes to 8,030,261,248 (the test checks every preset).
     """
-    h, f, k, bias = shape.d_model, shape.d_ff, shape.kv_dim, shape.bias
-    gated_f = (2 if shape.mlp == "swiglu" else 1) * f
+    h, k, bias = shape.d_model, shape.kv_dim, shape.bias
     attention = h * (h + 2 * k) + h * h + ((h + 2 * k) + h if bias else 0)
     attention += 2 * shape.head_dim if shape.qk_norm else 0
-    mlp = _mlp_matrices(shape) + (gated_f + h if bias else 0)
-    layer = attention + mlp + 2 * _norm_parameters(shape)
+    layer = attention + mlp_parameter_count(shape) + 2 * _norm_parameters(shape)
     embeddings = shape.vocab_size * h * (1 if shape.tied_head else 2)
     embeddings += shape.seq_len * h if shape.positions == "learned" else 0
     return embeddings + shape.n_layers * layer + _norm_parameters(shape)
@@ -176,19 +184,6 @@ def training_flops(shape: TransformerShape) -> int:
     )
     lm_head = linear_training_flops(tokens, h, shape.vocab_size)
     return shape.n_layers * layer + lm_head
-
-
-def counted_flops(fn: Callable[[], object]) -> int:
-    """FLOPs that ``torch.utils.flop_counter.FlopCounterMode`` counts while ``fn()`` runs.
-
-    It counts matmuls, convolutions and attention kernels it has formulas for, on any device,
-    from shapes alone; ``fn`` typically runs a forward and ``.backward()``.
-    """
-    from torch.utils.flop_counter import FlopCounterMode
-
-    with FlopCounterMode(display=False) as counter:
-        fn()
-    return counter.get_total_flops()
 
 
 # ----------------------------------------------------------------------------- activations
@@ -291,6 +286,14 @@ def activation_bytes(
     return s * b * (token_wise + split / tensor)
 
 
+def head_activation_values(shape: TransformerShape, tensor: int = 1) -> float:
+    """Values per token the head keeps: the final norm's input (and RMSNorm's normalised input),
+    its output, and the loss's ``V / t`` log-probabilities (the head's columns split over ``t``
+    tensor-parallel ranks)."""
+    check_positive("tensor", tensor)
+    return _norm_keeps(shape) + shape.d_model + shape.vocab_size / tensor
+
+
 def checkpointed_layer_bytes(
     shape: TransformerShape,
     tensor: int = 1,
@@ -331,35 +334,9 @@ def model_activation_bytes(
         layers = shape.n_layers * checkpointed_layer_bytes(shape, value_bytes=value_bytes) + layer
     else:
         layers = shape.n_layers * layer
-    per_token = (_norm_keeps(shape) + shape.d_model + shape.vocab_size) * value_bytes
+    per_token = head_activation_values(shape) * value_bytes
     per_token += shape.d_model if dropout else 0
     return layers + shape.tokens * per_token
-
-
-def saved_tensor_bytes(fn: Callable[[], object], *, exclude: Iterable[torch.Tensor] = ()) -> int:
-    """Bytes of the distinct storages autograd saves for backward while ``fn()`` runs.
-
-    Measured with ``torch.autograd.graph.saved_tensors_hooks``: every tensor an operation saves
-    passes through the pack hook. Views share a storage and count once, at the storage's full
-    size (that is what stays allocated); storages of ``exclude`` (pass the model's parameters
-    and buffers: they are not activations) are skipped. Run only the forward (and loss) in
-    ``fn``; the saved tensors stay alive until the function returns, so no address is reused.
-    """
-    excluded = {t.untyped_storage().data_ptr() for t in exclude}
-    sizes: dict[int, int] = {}
-    alive: list[torch.Tensor] = []
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        storage = t.untyped_storage()
-        if storage.data_ptr() not in excluded:
-            sizes[storage.data_ptr()] = storage.nbytes()
-        alive.append(t)
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        fn()
-    alive.clear()
-    return sum(sizes.values())
 
 
 # ----------------------------------------------------------------------------- model state
@@ -503,41 +480,3 @@ def training_memory(
         optimizer_state=n * per_param.optimizer_state * state,
         activations=activations,
     )
-
-
-# ----------------------------------------------------------------------------- utilisation
-
-
-def model_flops_utilization(
-    flops_per_step: float, seconds_per_step: float, peak_flops: float
-) -> float:
-    """Model FLOPs utilisation (Chowdhery et al. 2022, "PaLM", Appendix B): the model's FLOPs
-    per second (:func:`training_flops`, no recomputation) over the hardware's peak. For a step
-    on several devices, pass the peak of all of them together. A result above 1 is impossible
-    and warns, naming the three figures (one of them is wrong)."""
-    check_positive_number("flops_per_step", flops_per_step)
-    check_positive_number("seconds_per_step", seconds_per_step)
-    check_positive_number("peak_flops", peak_flops)
-    mfu = flops_per_step / seconds_per_step / peak_flops
-    if mfu > 1:  # more than the hardware can do: one of the figures is wrong
-        warnings.warn(
-            f"MFU of {mfu:.0%} is above 100%: flops_per_step={flops_per_step:g}, "
-            f"seconds_per_step={seconds_per_step:g}, peak_flops={peak_flops:g} (is the peak "
-            "that of every device, and the FLOP count without recomputation?)",
-            stacklevel=2,
-        )
-    return mfu
-
-
-def training_run_seconds(
-    flops_per_token: float, tokens: float, *, n_gpus: int, peak_flops: float, mfu: float
-) -> float:
-    """Seconds to train on ``tokens`` tokens with ``n_gpus`` devices of ``peak_flops`` each,
-    running at model FLOPs utilisation ``mfu``: ``flops_per_token * tokens / (n_gpus * peak *
-    mfu)``. ``flops_per_token`` is ``training_flops(shape) / shape.tokens`` (about 6 N)."""
-    check_positive_number("flops_per_token", flops_per_token)
-    check_positive_number("tokens", tokens)
-    check_positive("n_gpus", n_gpus)
-    check_positive_number("peak_flops", peak_flops)
-    check_number("mfu", mfu, above=0.0, maximum=1.0)
-    return flops_per_token * tokens / (n_gpus * peak_flops * mfu)

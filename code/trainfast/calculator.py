@@ -1,6 +1,7 @@
 """The data of the book's calculator widget: presets, assumptions, and cases to check it by.
 
-The widget (``book/_static/calculator.js``, hand-written) repeats
+The widget (``book/_static/calculator-accounting.js``, ``calculator-step.js`` and
+``calculator.js``, hand-written) repeats
 :func:`trainfast.distributed.step_time.estimate`, the book's one model of a training step, in
 JavaScript. This module exports what it needs (:func:`export`): the preset shapes, precision
 recipes, optimizers, GPUs and default assumptions, and a grid of cases with the Python results;
@@ -28,30 +29,49 @@ from trainfast.distributed.step_time import (
     estimate,
 )
 from trainfast.recipes import RECIPES
-from trainfast.transformer import PRESET_SHAPES, TransformerShape
+from trainfast.transformer import MLP_KINDS, NORMS, POSITIONS, PRESET_SHAPES, TransformerShape
 
-__all__ = ["WIDGET_SHAPES", "estimate_dict", "export", "grid", "setup_from_dict", "write_script"]
+__all__ = [
+    "DEFAULT_SHAPE",
+    "WIDGET_SHAPES",
+    "estimate_dict",
+    "export",
+    "grid",
+    "setup_from_dict",
+    "write_script",
+]
 
 
-def _gpt2_style(shape: TransformerShape) -> bool:
-    """Whether ``shape`` makes GPT-2's choices (grouped-query attention aside), the only ones
-    the widget counts."""
-    gpt2 = TransformerShape(1, 1, 1, 1, 1, 1, 1)
-    choices = ("norm", "positions", "mlp", "qk_norm", "bias", "tied_head")
-    return all(getattr(shape, name) == getattr(gpt2, name) for name in choices)
-
-
-#: The shapes the widget offers. Its JavaScript counts GPT-2-style layers (LayerNorm, learned
-#: positions, a GELU MLP, a tied head; grouped-query attention too), so it offers the presets
-#: of that family and a GPT-2-style model of Llama 2 7B's sizes (width 4,096, 32 layers and heads,
-#: context 4,096, vocabulary 32,000; a GELU MLP of width 4 x 4,096: 6.6B parameters). The modern
-#: presets (``llama3-8b`` and so on) are Python's alone until the widget counts their choices.
+#: The shapes the widget offers: GPT-2 small and XL, and the Llama presets as their papers give
+#: them (RMSNorm, RoPE, SwiGLU, grouped-query attention in Llama 3, untied heads); the widget
+#: counts every choice of :class:`~trainfast.transformer.TransformerShape` that the costs depend
+#: on, as :mod:`trainfast.accounting` does.
 WIDGET_SHAPES: dict[str, TransformerShape] = {
-    **{name: shape for name, shape in PRESET_SHAPES.items() if _gpt2_style(shape)},
-    "gpt-7b": TransformerShape.gpt_like(
-        d_model=4_096, n_layers=32, n_heads=32, seq_len=4_096, vocab_size=32_000
-    ),
+    name: PRESET_SHAPES[name]
+    for name in ("gpt2-small", "gpt2-xl", "llama2-7b", "llama3-8b", "llama3-405b")
 }
+#: The preset a page gets when it names none the widget offers.
+DEFAULT_SHAPE = "llama2-7b"
+
+#: The shape's choices the widget shows, with what each may be.
+_CHOICES = {"norm": NORMS, "positions": POSITIONS, "mlp": MLP_KINDS}
+_SIZES = ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "seq_len", "batch_size")
+_FLAGS = ("qk_norm", "bias", "tied_head")
+
+#: Small shapes with one modern choice each, and all of them, so the browser test meets every
+#: branch of the widget's counts.
+_CHOICE_SHAPES = [
+    replace(PRESET_SHAPES["gpt2-small"], batch_size=2, **changes)
+    for changes in (
+        {"norm": "rmsnorm"},
+        {"positions": "rope"},
+        {"mlp": "swiglu"},
+        {"mlp": "relu2", "bias": False},
+        {"qk_norm": True, "n_kv_heads": 4},
+        {"qk_norm": True, "positions": "rope"},
+        {"tied_head": False, "n_kv_heads": 1},
+    )
+] + [replace(PRESET_SHAPES["tiny-modern"], vocab_size=512, d_model=64, seq_len=64, batch_size=4)]
 
 
 def grid() -> list[TrainingSetup]:
@@ -59,7 +79,7 @@ def grid() -> list[TrainingSetup]:
     recomputation choice, and layouts with tensor, pipeline (plain and interleaved), context and
     expert parallelism, sequence parallelism, grouped-query attention, dropout, accumulation and
     both ends of the overlap assumption."""
-    small, large = WIDGET_SHAPES["gpt2-small"], WIDGET_SHAPES["gpt-7b"]
+    small, large = WIDGET_SHAPES["gpt2-small"], WIDGET_SHAPES["llama2-7b"]
     cases = [
         TrainingSetup(
             replace(small, batch_size=8), recipe, optimizer, stage, data=4, global_batch=64, gpu=gpu
@@ -70,7 +90,7 @@ def grid() -> list[TrainingSetup]:
         for gpu in NVLINK_GPUS
     ]
     no_overlap = StepAssumptions(overlap=0.0, matmul_efficiency=0.7)
-    grouped = replace(large, batch_size=1, n_kv_heads=8)  # grouped-query attention
+    grouped = replace(WIDGET_SHAPES["llama3-8b"], batch_size=1)  # grouped-query attention
     for t, p, d, c, v, stage, recompute, experts in [
         (1, 1, 8, 1, 1, 1, "none", 1),
         (2, 1, 4, 1, 1, 2, "selective", 1),
@@ -104,13 +124,32 @@ def grid() -> list[TrainingSetup]:
                     assumptions=assumptions,
                 )
             )
+    for shape in _CHOICE_SHAPES:
+        for recompute, t, p in (("none", 1, 1), ("selective", 2, 2), ("full", 4, 1)):
+            cases.append(
+                TrainingSetup(
+                    shape,
+                    recipe="fp32" if recompute == "none" else "bf16 + fp32 master",
+                    zero_stage=1,
+                    data=2,
+                    tensor=t,
+                    pipeline=p,
+                    global_batch=4 * shape.batch_size,
+                    recompute=recompute,
+                    dropout=recompute == "full",
+                    sequence_parallel=t == 4,
+                    experts=2 if p == 2 else 1,
+                    expert_parallel=2 if p == 2 else 1,
+                )
+            )
     return cases
 
 
 def _widget_fields(shape: TransformerShape) -> dict[str, Any]:
-    """The sizes the widget reads (its shapes are all GPT-2-style: :data:`WIDGET_SHAPES`)."""
-    sizes = ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "seq_len", "batch_size")
-    return {name: getattr(shape, name) for name in (*sizes, "n_kv_heads")}
+    """The sizes and choices the widget reads (not ``rope_theta`` or ``norm_eps``: no cost
+    depends on them)."""
+    names = (*_SIZES, "n_kv_heads", *_CHOICES, *_FLAGS)
+    return {name: getattr(shape, name) for name in names}
 
 
 def _setup_dict(setup: TrainingSetup) -> dict[str, Any]:
@@ -153,6 +192,8 @@ def export() -> dict[str, Any]:
     moments, GPUs, default assumptions) and the grid of cases with the model's results."""
     return {
         "shapes": {name: _widget_fields(shape) for name, shape in WIDGET_SHAPES.items()},
+        "default_shape": DEFAULT_SHAPE,
+        "choices": {name: list(allowed) for name, allowed in _CHOICES.items()},
         "recipes": {
             name: {**recipe.bytes, "compute_format": recipe.compute_format}
             for name, recipe in RECIPES.items()

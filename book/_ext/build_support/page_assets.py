@@ -6,7 +6,8 @@ each inline script.
    SVG build we copy into ``_static``. Without that wheel the CDN default is kept.
 
 2. **The calculator's data.** A page with a ``<div class="trainfast-calculator">`` gets the
-   widget (``_static/calculator.js``, hand-written) and its data, which the HTML build writes
+   widget (``_static/calculator-accounting.js``, ``calculator-step.js`` and ``calculator.js``,
+   hand-written) and its data, which the HTML build writes
    from the package (:func:`trainfast.calculator.write_script`) into
    ``_static/calculator-data.js``, so the widget's presets and test cases are always the
    package's.
@@ -45,6 +46,14 @@ def _on_config_inited(app: Sphinx, config: Config) -> None:
 
 
 CALCULATOR_MARK = 'class="trainfast-calculator"'
+#: The widget's scripts in the order they must load: its data, the accounting, the step model,
+#: the widget itself.
+CALCULATOR_SCRIPTS = (
+    "calculator-data.js",
+    "calculator-accounting.js",
+    "calculator-step.js",
+    "calculator.js",
+)
 
 
 def _add_calculator(
@@ -52,8 +61,8 @@ def _add_calculator(
 ) -> None:
     if CALCULATOR_MARK in context.get("body", ""):
         app.add_css_file("calculator.css")
-        app.add_js_file("calculator-data.js")
-        app.add_js_file("calculator.js")
+        for script in CALCULATOR_SCRIPTS:
+            app.add_js_file(script)
 
 
 def _write_calculator_data(app: Sphinx, exception: Exception | None) -> None:

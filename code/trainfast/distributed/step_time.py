@@ -13,35 +13,34 @@ product of its size and the sizes inside it) fits in a node, else over the netwo
 
 **Memory per GPU.** Model state: the dense parameters over ``t p``, the experts over ``t p e``
 (``e`` = expert parallelism), times the recipe's bytes per parameter
-(:func:`~trainfast.accounting.bytes_per_parameter`), sharded by the ZeRO stage over the
-``d c`` ranks that hold the same weights (``d c / e`` for the experts). Activations: one
-micro-batch per layer (:func:`layer_activation_bytes`, divided by ``c``), for the layers a
-stage keeps alive (:func:`layers_in_flight`: ``ceil(L / p) min(p, m)`` under 1F1B, the peak of
+(:func:`~trainfast.accounting.bytes_per_parameter`), sharded by the ZeRO stage over the ``d c``
+ranks that hold the same weights (``d c / e`` for the experts). Activations: one micro-batch per
+layer (:func:`layer_activation_bytes`, divided by ``c``), for the layers a stage keeps alive
+(:func:`layers_in_flight`: ``ceil(L / p) min(p, m)`` under 1F1B, the peak of
 :func:`~trainfast.distributed.pipeline.interleaved_schedule` under interleaved 1F1B); the head
-(final LayerNorm and ``V / t`` logits per token) lives on the last stage, which keeps fewer
-micro-batches alive, so the peak is the larger of the first stage and the last stage with it.
-Sequence parallelism is a choice (``sequence_parallel``), as it is in Megatron-LM; it divides
-every activation by ``t`` and adds two all-gathers per layer in backward.
+(:func:`~trainfast.accounting.head_activation_values`: the final norm and ``V / t`` logits) lives on
+the last stage, which keeps fewer micro-batches alive, so the peak is the larger of the first stage
+and the last stage with it. Sequence parallelism is a choice (``sequence_parallel``), as it is in
+Megatron-LM; it divides every activation by ``t`` and adds two all-gathers per layer in backward.
 
-**Time.** Compute: the step's matmul FLOPs (:func:`~trainfast.accounting.training_flops`, MLP
-times ``k`` routed experts, plus what recomputation repeats: hardware FLOPs) over ``n_gpus x
-peak x matmul_efficiency``. Whole-step MFU and HFU are outputs (:attr:`StepEstimate.mfu`,
-:attr:`StepEstimate.hfu`), not inputs. Bubble: ``(p - 1) / (v m)`` of the compute and of the
-critical-path tensor, context and expert communication that fills the same slots (Narayanan et
-al. 2021, Section 2.2). Tensor
-parallelism: 4 ring all-reduces of a micro-batch's activations per layer (6 with full
-recomputation: the forward runs twice), on the critical path (Shoeybi et al. 2019). Context
-parallelism (ring attention): ``c - 1`` steps per layer, each sending a key/value block
+**Time.** Compute: the step's matmul FLOPs (:func:`~trainfast.accounting.training_flops`, MLP times
+``k`` routed experts, plus what recomputation repeats: hardware FLOPs) over ``n_gpus x peak x
+matmul_efficiency``, at the peak of the recipe's matmul format. Whole-step MFU and HFU are outputs
+(:attr:`StepEstimate.mfu`, :attr:`StepEstimate.hfu`), not inputs, over the dense bf16 peak whatever
+the format (:mod:`trainfast.utilization`). Bubble: ``(p - 1) / (v m)`` of the compute and of the
+critical-path tensor, context and expert communication that fills the same slots (Narayanan et al.
+2021, Section 2.2). Tensor parallelism: 4 ring all-reduces of a micro-batch's activations per layer
+(6 with full recomputation: the forward runs twice), on the critical path (Shoeybi et al. 2019).
+Context parallelism (ring attention): ``c - 1`` steps per layer, each sending a key/value block
 (``n_kv_heads`` heads) while the previous block's causal attention computes (with the balanced
 split, half a full block per step, :func:`context_block_scores`); only the excess is counted.
-Experts: 4 all-to-alls
-per MoE layer (6 with full recomputation). Pipeline: 2 point-to-point messages per micro-batch,
-stage boundary and virtual stage. Data parallelism: :func:`data_parallel_bytes` (stages 0 and
-1: one all-reduce of the accumulated gradients; stage 2: a reduce-scatter per micro-batch and an
-all-gather of the weights; stage 3: per micro-batch a reduce-scatter and two all-gathers,
-Rajbhandari et al. 2020), of which ``overlap`` of the backward hides (the last micro-batch's for
-stages 0 and 1, every micro-batch's for stage 2, all the compute for stage 3, as FSDP
-prefetches).
+Experts: 4 all-to-alls per MoE layer (6 with full recomputation). Pipeline: 2 point-to-point
+messages per micro-batch, stage boundary and virtual stage. Data parallelism:
+:func:`data_parallel_bytes` (stages 0 and 1: one all-reduce of the accumulated gradients; stage 2: a
+reduce-scatter per micro-batch and an all-gather of the weights; stage 3: per micro-batch a
+reduce-scatter and two all-gathers, Rajbhandari et al. 2020), of which ``overlap`` of the backward
+hides (the last micro-batch's for stages 0 and 1, every micro-batch's for stage 2, all the compute
+for stage 3, as FSDP prefetches).
 
 Not modelled: kernel efficiency beyond the one ``matmul_efficiency``, stragglers, the
 embedding stage's imbalance, communication buffers and fragmentation (the ``reserve``).
@@ -57,7 +56,9 @@ from trainfast.accounting import (
     activation_bytes,
     bytes_per_parameter,
     checkpointed_layer_bytes,
+    head_activation_values,
     linear_training_flops,
+    mlp_parameter_count,
     parameter_count,
     training_flops,
     zero_memory,
@@ -73,6 +74,7 @@ from trainfast.distributed.cost_model import (
 from trainfast.gpus import GPUS
 from trainfast.recipes import RECIPES
 from trainfast.transformer import TransformerShape
+from trainfast.utilization import mfu_peak_flops, model_flops_utilization
 from trainfast.validation import check_flag, check_int, check_number, check_positive
 
 __all__ = [
@@ -102,11 +104,11 @@ NVLINK_GPUS = {name: spec for name, spec in GPUS.items() if spec.nvlink_bytes_pe
 class StepAssumptions:
     """What the model cannot derive, each with where its default comes from.
 
-    ``matmul_efficiency``: the fraction of the GPU's peak FLOP/s the step's matmuls reach while
-    they run, recomputed ones included. The default 0.5 is the book's assumption, from no
-    source and no measurement; the chapter shows which layout wins at 0.3 and 0.7. (A
-    whole-step MFU such as Llama 3's 38-43 %, Dubey et al. 2024, Table 4, already contains the
-    bubble and the communication this model adds, so it is an output here,
+    ``matmul_efficiency``: the fraction of the GPU's peak FLOP/s in the recipe's matmul format that
+    the step's matmuls reach while they run, recomputed ones included (not an MFU). The default 0.5
+    is the book's assumption, from no source and no measurement; the chapter shows which layout wins
+    at 0.3 and 0.7. (A whole-step MFU such as Llama 3's 38-43 %, Dubey et al. 2024, Table 4, already
+    contains the bubble and the communication this model adds, so it is an output here,
     ``StepEstimate.mfu``.)
     ``overlap``: the fraction of the backward that hides the gradient reduction (1: DDP's and
     Megatron's bucketed overlap works fully; 0: none, an upper estimate). The links: NVLink at
@@ -246,17 +248,20 @@ class StepEstimate:
     pipeline_s: float  # point-to-point sends between stages
     model_flops: float  # the step's FLOPs without recomputation
     hardware_flops: float  # with what recomputation repeats (Korthikanti et al.'s HFU counts it)
-    peak_flops: float  # of all the GPUs together, in the recipe's matmul format
+    peak_flops: float  # MFU's denominator: every GPU's dense bf16 peak (mfu_peak_flops)
 
     @property
     def mfu(self) -> float:
-        """Whole-step model FLOPs utilisation: model FLOPs over (step time x peak)."""
-        return self.model_flops / (self.step_s * self.peak_flops)
+        """Whole-step model FLOPs utilisation, the book's one convention
+        (:mod:`trainfast.utilization`): model FLOPs over step time x the GPUs' dense bf16 peak,
+        whatever format the recipe's matmuls run in."""
+        return model_flops_utilization(self.model_flops, self.step_s, self.peak_flops)
 
     @property
     def hfu(self) -> float:
-        """Whole-step hardware FLOPs utilisation: recomputation counted (Korthikanti et al.)."""
-        return self.hardware_flops / (self.step_s * self.peak_flops)
+        """Whole-step hardware FLOPs utilisation: recomputation counted (Korthikanti et al.),
+        over the same peak."""
+        return model_flops_utilization(self.hardware_flops, self.step_s, self.peak_flops)
 
     @property
     def step_s(self) -> float:
@@ -394,7 +399,7 @@ def estimate(setup: TrainingSetup) -> StepEstimate:
 
     # memory: model state of one slice, sharded by ZeRO over the ranks holding the same weights
     per = bytes_per_parameter(setup.recipe, setup.optimizer)
-    mlp = 2 * h * f + f + h
+    mlp = mlp_parameter_count(shape)  # one expert's
     expert_params = L * setup.experts * mlp if setup.experts > 1 else 0
     dense_params = parameter_count(shape) - (L * mlp if setup.experts > 1 else 0)
     dense_params += L * h * setup.experts if setup.experts > 1 else 0  # the routers
@@ -419,7 +424,7 @@ def estimate(setup: TrainingSetup) -> StepEstimate:
         working = layer_activation_bytes(
             local, t, sp, "selective", value_bytes=value_bytes, dropout=setup.dropout
         )
-    head = local.tokens * (2 * h + shape.vocab_size / t) * value_bytes  # on the last stage
+    head = local.tokens * head_activation_values(shape, t) * value_bytes  # on the last stage
     activations = max(first * one, last * one + head) + working
     memory = MemoryBreakdown(*state, activations=activations)
 
@@ -502,5 +507,5 @@ def estimate(setup: TrainingSetup) -> StepEstimate:
         pipeline_s=pipeline,
         model_flops=model_flops,
         hardware_flops=flops,
-        peak_flops=peak * setup.n_gpus,
+        peak_flops=mfu_peak_flops(gpu, setup.n_gpus),
     )

@@ -39,13 +39,17 @@ from trainfast.kernels.occupancy import occupancy
 __all__ = [
     "KERNELS",
     "KernelReport",
+    "LoopPipeline",
     "VARIANTS",
     "attention_inner_loop_ptx",
+    "attention_loop_pipeline",
     "compile_kernel",
     "compile_report",
     "compile_reports",
     "kernel_assembly",
     "kernel_tiles",
+    "first_loop",
+    "loop_pipeline",
     "tensor_core_class",
     "trim_loop",
 ]
@@ -212,9 +216,9 @@ def attention_inner_loop_ptx(
 _KEEP = re.compile(r"wgmma|\bmma\.|cp\.async|mbarrier|ld\.global|bar\.sync|ldmatrix|\bbra\b")
 
 
-def trim_loop(ptx: str) -> str:
-    """The first loop of ``ptx`` (label to backward branch), filtered as
-    :func:`attention_inner_loop_ptx` describes."""
+def first_loop(ptx: str) -> list[str]:
+    """The lines of the first loop of ``ptx``: the first label that a later branch jumps back
+    to, through that branch."""
     lines = [line.strip() for line in ptx.splitlines()]
     labels = [
         (n, line.split(":")[0]) for n, line in enumerate(lines) if re.match(r"^\$L__BB\w+:", line)
@@ -231,9 +235,14 @@ def trim_loop(ptx: str) -> str:
             break
     if start is None:
         raise ValueError("No loop found in the PTX")
-    kept = [lines[start].split()[0]] + [
-        line for line in lines[start + 1 : end + 1] if _KEEP.search(line)
-    ]
+    return lines[start : end + 1]
+
+
+def trim_loop(ptx: str) -> str:
+    """The first loop of ``ptx`` (:func:`first_loop`), filtered as
+    :func:`attention_inner_loop_ptx` describes."""
+    lines = first_loop(ptx)
+    kept = [lines[0].split()[0]] + [line for line in lines[1:] if _KEEP.search(line)]
     out: list[list[Any]] = []
     for line in kept:
         line = re.sub(r"\{[^{}]{40,}\}", "{…}", line)
@@ -243,6 +252,69 @@ def trim_loop(ptx: str) -> str:
         else:
             out.append([line, opcode, 1])
     return "\n".join(line if n == 1 else f"{line}    // ×{n}" for line, _, n in out)
+
+
+@dataclass(frozen=True)
+class LoopPipeline:
+    """What one pass of a kernel's loop says about its pipelines, counted from its PTX.
+
+    ``commits_per_iteration``: ``cp.async.commit_group`` instructions per pass (one group per
+    tile copied, e.g. K and V: two); ``pending_at_wait``: the ``N`` of ``cp.async.wait_group N``,
+    the newest groups allowed to stay in flight while the loop goes on; ``mma_wait``: the ``N``
+    of the first ``wgmma.wait_group N`` after the first warpgroup product (None without
+    ``wgmma``), and ``waits_before_next_product``: whether that wait comes before the loop
+    issues its next product, so nothing runs beside the products' wait."""
+
+    commits_per_iteration: int
+    pending_at_wait: int
+    mma_wait: int | None
+    waits_before_next_product: bool
+
+    @property
+    def stages_in_flight(self) -> float:
+        """Tiles (of every copied tensor) still loading while this one is used."""
+        return self.pending_at_wait / self.commits_per_iteration
+
+    @property
+    def mma_overlaps_softmax(self) -> bool | None:
+        """False when the loop waits for every product (``wgmma.wait_group 0``) right after the
+        first one: the softmax then starts only once the tensor cores are idle. None without
+        asynchronous products (``mma.sync`` returns only when its product is done)."""
+        if self.mma_wait is None:
+            return None
+        return not (self.mma_wait == 0 and self.waits_before_next_product)
+
+
+def loop_pipeline(ptx: str) -> LoopPipeline:
+    """:class:`LoopPipeline` of the first loop of ``ptx`` (:func:`first_loop`)."""
+    lines = first_loop(ptx)
+    commits = sum(line.startswith("cp.async.commit_group") for line in lines)
+    waits = [re.search(r"cp\.async\.wait_group\s+(\d+)", line) for line in lines]
+    pending = next((int(w.group(1)) for w in waits if w), None)
+    if not commits or pending is None:
+        raise ValueError(f"No cp.async pipeline in the loop: {commits} commits, wait {pending}")
+    products = [n for n, line in enumerate(lines) if "wgmma.mma_async" in line]
+    mma_wait, before_next = None, False
+    if products:
+        first_commit = next(
+            n for n in range(products[0], len(lines)) if "wgmma.commit_group" in lines[n]
+        )
+        wait = next(
+            (n for n in range(first_commit, len(lines)) if "wgmma.wait_group" in lines[n]), None
+        )
+        if wait is not None:
+            mma_wait = int(re.search(r"aligned\s+(\d+)", lines[wait]).group(1))  # type: ignore[union-attr]
+            later = [n for n in products if n > first_commit]
+            before_next = not later or wait < later[0]
+    return LoopPipeline(commits, pending, mma_wait, before_next)
+
+
+def attention_loop_pipeline(
+    target: GPUSpec, dtype: torch.dtype = torch.float16, *, head_dim: int = 128
+) -> LoopPipeline:
+    """:func:`loop_pipeline` of the attention forward's first key loop, compiled for ``target``."""
+    ptx = kernel_assembly("attention_forward", target, dtype, head_dim=head_dim)["ptx"]
+    return loop_pipeline(ptx)
 
 
 def _key(kernel: str, tiles: Any, target: GPUSpec, dtype: torch.dtype, head_dim: int) -> tuple:

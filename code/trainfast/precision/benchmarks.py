@@ -41,6 +41,7 @@ from trainfast.recipes import RECIPES
 from trainfast.records import Prediction, Record, make_record
 from trainfast.timing import benchmark
 from trainfast.transformer import TransformerShape
+from trainfast.utilization import mfu_peak_flops, model_flops_utilization
 
 __all__ = [
     "PUBLISHED_CUDA_FLOAT16_OPS",
@@ -246,8 +247,10 @@ def _step_row(
     # one theoretical peak per system, here the GPU's dense bf16 rate, the same for every recipe
     # (so an fp32 step cannot reach 100 % and an FP8 step could exceed it). Nothing is recomputed
     # here, so hardware FLOPs utilisation would be the same.
-    peak = spec.peak_flops["bf16"] if spec else None
-    row["mfu"] = training_flops(shape) / timing.median / peak if peak else None
+    peak = mfu_peak_flops(spec) if spec else None
+    row["mfu"] = (
+        model_flops_utilization(training_flops(shape), timing.median, peak) if peak else None
+    )
     predicted = training_memory(shape, recipe=recipe, optimizer="adamw", attention="sdpa")
     row["predicted_gb"] = predicted.total / 1e9
     row["peak_memory_gb"] = (

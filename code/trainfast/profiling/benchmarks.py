@@ -22,10 +22,12 @@ from __future__ import annotations
 
 import os
 import tempfile
+from dataclasses import replace
 
 import torch
 
 from trainfast.records import Record, make_record
+from trainfast.transformer import TransformerShape
 
 __all__ = [
     "case_study_record",
@@ -35,6 +37,24 @@ __all__ = [
     "launch_overhead_record",
     "timing_pitfalls_record",
 ]
+
+
+def _quick_shape() -> TransformerShape:
+    """The case study's model, shrunk for a smoke test: one layer of width 16."""
+    from trainfast.profiling.case_study import CaseStudyConfig
+
+    shape = CaseStudyConfig().shape
+    return replace(
+        shape,
+        vocab_size=64,
+        d_model=16,
+        n_layers=1,
+        n_heads=2,
+        n_kv_heads=1,
+        d_ff=32,
+        seq_len=8,
+        batch_size=2,
+    )
 
 
 def case_study_record(device: torch.device, quick: bool = False) -> Record:
@@ -55,13 +75,12 @@ def case_study_record(device: torch.device, quick: bool = False) -> Record:
         compare_fixes,
         cumulative_fixes,
     )
-    from trainfast.transformer import TransformerShape
 
     skip = [] if device.type == "cuda" else ["bf16"]
     config = CaseStudyConfig.for_device(device)
     if quick:
         skip += ["compile", "cuda_graphs"]
-        config = CaseStudyConfig(shape=TransformerShape(64, 16, 1, 2, 32, 8, 2), workers=1)
+        config = CaseStudyConfig(shape=_quick_shape(), workers=1)
     variants = cumulative_fixes(device, skip=skip)
     if device.type != "cuda":
         variants["bf16 alone"] = Fixes(bf16=True)
@@ -79,8 +98,10 @@ def case_study_record(device: torch.device, quick: bool = False) -> Record:
     )
     shape = config.shape
     description = (
-        "Training step of the profiling case study (GPT-2-style decoder: "
-        f"{shape.n_layers} layers, d_model {shape.d_model}, {shape.n_heads} heads, vocabulary "
+        "Training step of the profiling case study (a decoder with the tiny-modern preset's "
+        "choices: RMSNorm, RoPE, SwiGLU, QK-norm, no biases, an untied head; "
+        f"{shape.n_layers} layers, d_model {shape.d_model}, {shape.n_heads} heads of which "
+        f"{shape.kv_heads} key/value heads, d_ff {shape.d_ff}, vocabulary "
         f"{shape.vocab_size}, {shape.batch_size} x {shape.seq_len} tokens per step; word-level "
         f"tokens of Python's docs, {config.workers} loader worker(s) when on) with each fix "
         "added to the ones before, each run built, timed and torn down in turn, "
@@ -251,10 +272,8 @@ def compile_time_record(device: torch.device, quick: bool = False) -> Record:
 def _quick_compile_row(device: torch.device) -> dict[str, object]:
     from trainfast.profiling.case_study import CaseStudy, CaseStudyConfig, Fixes
     from trainfast.timing import benchmark
-    from trainfast.transformer import TransformerShape
 
-    shape = TransformerShape(64, 16, 1, 2, 32, 8, 2)
-    config = CaseStudyConfig(shape=shape, compile_backend="aot_eager")
+    config = CaseStudyConfig(shape=_quick_shape(), compile_backend="aot_eager")
     study = CaseStudy(Fixes(sdpa=True, compile=True), config, device)
     first = benchmark(lambda: study.run(1), warmup=0, repeats=1, device=device)
     step = benchmark(lambda: study.run(1), warmup=1, repeats=3, device=device)

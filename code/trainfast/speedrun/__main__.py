@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
+import sys
 from pathlib import Path
 
 import torch
@@ -86,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         device=device,
         out=args.out,
         progress=None if args.quiet else lambda line: print(line, flush=True),
+        command=shlex.join(["python", "-m", "trainfast.speedrun", *(argv or sys.argv[1:])]),
     )
     if args.out:
         print(f"wrote {write_record(record, args.out)}")

@@ -96,6 +96,7 @@ def run_study(
     out: str | Path | None = None,
     progress: Callable[[str], None] | None = print,
     description: str = "",
+    command: str | None = None,
 ) -> Record:
     """Train every entry of ``planned`` for ``seeds`` seeds (default: the preset's).
 
@@ -124,7 +125,7 @@ def run_study(
         if entry is planned[-1]:
             for row in rows:
                 row["complete"] = True
-        record = make_record(RECORD_NAME, text, rows, units=_UNITS, device=device)
+        record = make_record(RECORD_NAME, text, rows, units=_UNITS, device=device, command=command)
         if out is not None:
             write_record(record, out)
     assert record is not None

@@ -315,3 +315,52 @@ def test_the_summary_judges_each_change_against_the_one_before():
     b = next(s for s in summarize(record) if s.entry == "b")
     assert b.median_seconds == 5.5 and b.spread_seconds == 1.0 and b.ratio == pytest.approx(2.0)
     assert "| b | 3/3 | 5.5 | 1.0 | 100 | 2.00x vs a | beats the noise |" in summary_table(record)
+
+
+# ------------------------------------------------------------------ the chapter's exercises
+from trainfast.speedrun import exercises  # noqa: E402
+
+
+@pytest.mark.parametrize(
+    ("check", "wrong"),
+    [
+        (exercises.check_time_to_target, lambda n, r, f: n / r),  # forgets the one-off cost
+        (exercises.check_next_change, lambda b, c, m: max(b, key=b.get)),  # a part, not a change
+        (
+            exercises.check_next_change,  # ignores the memory left
+            lambda b, c, m: max(c, key=lambda n: b[c[n][0]] * (1 - 1 / c[n][1])),
+        ),
+        (exercises.check_bf16_pays, lambda w, t, f32, b16, bw: b16 > f32),  # peak FLOPs only
+        (
+            exercises.check_verdict,
+            lambda b, a, alpha: "beats the noise" if a < b else "did not pay",
+        ),
+    ],
+)
+def test_each_exercise_check_fails_on_a_wrong_answer(check, wrong, capsys):
+    with pytest.raises(AssertionError, match="cases failed; first: "):
+        check(wrong)
+    assert "FAILED: " in capsys.readouterr().out
+
+
+def test_the_chapter_listings_resolve():
+    import chapters
+
+    assert chapters.listing_problems("speedrun") == []
+
+
+@pytest.mark.chapter
+def test_the_chapter_executes_and_renders_the_record():
+    import chapters
+
+    notebook = chapters.executed_notebook("speedrun")
+    assert chapters.cell_errors(notebook) == []
+    text = "".join(
+        str(o.get("text", "")) + "".join(str(v) for v in o.get("data", {}).values())
+        for cell in notebook.cells
+        if cell.cell_type == "code"
+        for o in cell.outputs
+    )
+    assert "| baseline |" in text and "median time to target (s)" in text
+    assert "Predicted (book's model)" in text
+    assert "/work/" not in text and "/home/" not in text  # no machine paths

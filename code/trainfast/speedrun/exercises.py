@@ -123,7 +123,7 @@ def _verdict(before: Sequence[float], after: Sequence[float], alpha: float) -> s
 
 
 def check_verdict(verdict: Callable[[Sequence[float], Sequence[float], float], str]) -> None:
-    """``verdict(before_seconds, after_seconds, alpha)``: "beats the noise", "did not pay" or
+    """``judge(before_seconds, after_seconds, alpha)``: "beats the noise", "did not pay" or
     "within noise", by the rank-sum test (:func:`trainfast.timing.rank_sum_test`) at p <=
     ``alpha``."""
     cases = [

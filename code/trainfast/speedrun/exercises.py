@@ -103,9 +103,13 @@ def bf16_pays_model(
 def check_bf16_pays(bf16_pays: Callable[[int, int, float, float, float], bool]) -> None:
     """``bf16_pays(width, tokens, fp32_flops, bf16_flops, bandwidth)``: does bf16 autocast make
     one ``(tokens, width) @ (width, width)`` product faster, by the roofline (see
-    :func:`bf16_pays_model`)? Cases at an H100's datasheet figures and a CPU's."""
-    h100 = (67e12, 989e12, 3.35e12)  # fp32 (no tensor cores), dense bf16, HBM3 bytes/s
-    cpu = (50e9, 25e9, 20e9)  # one core whose bf16 products run slower than its fp32 ones
+    :func:`bf16_pays_model`)? Cases at an H100's datasheet figures and at a made-up CPU core
+    whose bf16 products run at half its fp32 rate."""
+    from trainfast.gpus import GPUS
+
+    spec = GPUS["H100 SXM 80GB"]  # the book's datasheet figures: fp32, dense bf16, HBM bytes/s
+    h100 = (spec.peak_flops["fp32"], spec.peak_flops["bf16"], spec.hbm_bytes_per_s)
+    cpu = (50e9, 25e9, 20e9)  # made up: bf16 at half the fp32 rate, 20 GB/s
     cases = [(4096, 8192, h100), (128, 1024, h100), (16, 1, h100), (128, 1024, cpu)]
     results = []
     for width, tokens, machine in cases:

@@ -364,3 +364,22 @@ def test_the_chapter_executes_and_renders_the_record():
     assert "| baseline |" in text and "median time to target (s)" in text
     assert "Predicted (book's model)" in text
     assert "/work/" not in text and "/home/" not in text  # no machine paths
+
+
+def test_the_books_record_has_the_schema_the_chapter_reads():
+    from trainfast.records import records_for
+
+    (record,) = [r for r in records_for(RECORD_NAME, "cpu") if r.rows[0]["preset"] == "cpu"]
+    assert record.columns == [
+        "part", "entry", "compared_to", "seed", "reached", "train_seconds", "eval_seconds",
+        "steps", "tokens", "final_loss", "target_loss", "preset", "load_before", "load_after",
+        "corpus_sha256", "complete",
+    ]  # fmt: skip
+    assert record.rows[0]["entry"] == "baseline" and record.rows[0]["part"] == "log"
+    assert {row["target_loss"] for row in record.rows} == {log_module.preset("cpu").target.loss}
+    assert len({row["corpus_sha256"] for row in record.rows}) == 1
+    assert "/" not in record.command.split("--out")[0]  # no machine path in the command
+    known = {
+        e.name for e in log_module.entries(log_module.preset("cpu"), parts=("log", "ablation"))
+    }
+    assert {row["entry"] for row in record.rows} <= known

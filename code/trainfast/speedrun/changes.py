@@ -268,7 +268,8 @@ def ablation(chosen: Preset) -> list[Entry]:
 
 
 def entries(chosen: Preset, names: Sequence[str] | None = None, *, parts=("log",)) -> list[Entry]:
-    """The entries of ``parts`` ("log", "ablation"), or only those called ``names`` (any part).
+    """The entries of ``parts`` ("log", "ablation"), or those called ``names`` (any part, in
+    the order given).
 
     An unknown name raises ``ValueError`` naming it and listing the known ones."""
     every = log(chosen) + ablation(chosen)
@@ -276,8 +277,8 @@ def entries(chosen: Preset, names: Sequence[str] | None = None, *, parts=("log",
         wanted = {"log": ("log", "tried"), "ablation": ("ablation",)}
         kinds = {k for part in parts for k in wanted[part]}
         return [e for e in every if e.part in kinds]
-    known = [e.name for e in every]
+    known = {e.name: e for e in every}
     unknown = [n for n in names if n not in known]
     if unknown:
-        raise ValueError(f"Unknown entries: {unknown} (known: {known})")
-    return [e for e in every if e.name in names]
+        raise ValueError(f"Unknown entries: {unknown} (known: {list(known)})")
+    return [known[n] for n in dict.fromkeys(names)]  # in the order asked for, each once

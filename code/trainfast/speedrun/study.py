@@ -37,6 +37,7 @@ __all__ = [
     "RECORD_NAME",
     "Summary",
     "cache_folder",
+    "merge_records",
     "prepared",
     "results_of",
     "run_study",
@@ -258,3 +259,30 @@ def speedrun_record(device: torch.device, quick: bool) -> Record:
     chosen = preset("h100" if device.type == "cuda" else "cpu")
     parts = ("log",) if device.type == "cuda" else ("log", "ablation")
     return run_study(chosen, entries(chosen, parts=parts), device=device)
+
+
+def merge_records(first: Record, second: Record) -> Record:
+    """One record of two studies of the same preset and corpus run side by side on one machine
+    (e.g. the log's chain in one process and the tried changes in another): the rows of both,
+    both commands, the later date. ``ValueError`` if the presets, corpora or machines differ, or
+    if an entry is in both."""
+    for key in ("preset", "corpus_sha256", "target_loss"):
+        a, b = {r[key] for r in first.rows}, {r[key] for r in second.rows}
+        if a != b or len(a) != 1:
+            raise ValueError(f"Cannot merge records with different {key}: {a} and {b}")
+    if first.environment != second.environment:
+        raise ValueError("Cannot merge records measured in different environments")
+    both = {r["entry"] for r in first.rows} & {r["entry"] for r in second.rows}
+    if both:
+        raise ValueError(f"Cannot merge records that both hold entries {sorted(both)}")
+    return Record(
+        name=first.name,
+        description=first.description + " Two processes ran side by side; both commands shown.",
+        columns=first.columns,
+        rows=[*first.rows, *second.rows],
+        environment=first.environment,
+        created=max(first.created, second.created),
+        command=f"{first.command} & {second.command}",
+        units=first.units,
+        trainfast_version=first.trainfast_version,
+    )

@@ -391,13 +391,12 @@ def test_two_studies_of_one_preset_merge_into_one_record():
     from trainfast.speedrun.study import merge_records
 
     a = _record({"a": [10.0, 11.0, 12.0]}, {})
-    b = _record({"b": [5.0, 5.5, 6.0]}, {"b": "a"})
+    b = _record({"a": [1.0, 1.0, 1.0], "b": [5.0, 5.5, 6.0]}, {"b": "a"})
     merged = merge_records(a, b)
-    assert [r["entry"] for r in merged.rows] == ["a"] * 3 + ["b"] * 3
-    assert " & " in merged.command
+    assert [r["entry"] for r in merged.rows] == ["a"] * 3 + ["b"] * 3  # the first's "a" wins
+    assert merged.rows[0]["train_seconds"] == 10.0
+    assert " & " in merged.command and merged.description.endswith("first: b.")
     assert {s.entry: s.verdict for s in summarize(merged)}["b"] == "beats the noise"
-    with pytest.raises(ValueError, match=r"both hold entries \['a'\]"):
-        merge_records(a, a)
     other = copy(b, rows=[{**r, "corpus_sha256": "1" * 64} for r in b.rows])
     with pytest.raises(ValueError, match="different corpus_sha256"):
         merge_records(a, other)

@@ -262,24 +262,28 @@ def speedrun_record(device: torch.device, quick: bool) -> Record:
 
 
 def merge_records(first: Record, second: Record) -> Record:
-    """One record of two studies of the same preset and corpus run side by side on one machine
-    (e.g. the log's chain in one process and the tried changes in another): the rows of both,
-    both commands, the later date. ``ValueError`` if the presets, corpora or machines differ, or
-    if an entry is in both."""
+    """One record of two studies of the same preset and corpus run side by side on one machine:
+    ``first``'s rows, then ``second``'s rows of the entries ``first`` lacks (``first`` wins
+    where both ran an entry), both commands, the later date. The description names the entries
+    taken from ``second``, since they ran in another process at other moments of the machine's
+    load. ``ValueError`` if the presets, corpora, targets or machines differ."""
     for key in ("preset", "corpus_sha256", "target_loss"):
         a, b = {r[key] for r in first.rows}, {r[key] for r in second.rows}
         if a != b or len(a) != 1:
             raise ValueError(f"Cannot merge records with different {key}: {a} and {b}")
     if first.environment != second.environment:
         raise ValueError("Cannot merge records measured in different environments")
-    both = {r["entry"] for r in first.rows} & {r["entry"] for r in second.rows}
-    if both:
-        raise ValueError(f"Cannot merge records that both hold entries {sorted(both)}")
+    have = {r["entry"] for r in first.rows}
+    added = [r for r in second.rows if r["entry"] not in have]
+    names = list(dict.fromkeys(r["entry"] for r in added))
+    note = (
+        f" Taken from a second process run beside the first: {', '.join(names)}." if names else ""
+    )
     return Record(
         name=first.name,
-        description=first.description + " Two processes ran side by side; both commands shown.",
+        description=first.description + note,
         columns=first.columns,
-        rows=[*first.rows, *second.rows],
+        rows=[*first.rows, *added],
         environment=first.environment,
         created=max(first.created, second.created),
         command=f"{first.command} & {second.command}",

@@ -163,3 +163,240 @@ def test_an_interrupted_preparation_is_not_taken_for_a_finished_one(data, tmp_pa
     (folder / "train.bin").unlink()  # as if killed while writing the splits
     again = prepare(folder, max_bytes=SMALL_CORPUS, vocab_size=512)
     assert again.path("train").exists() and again.tokens == first.tokens
+
+
+# ------------------------------------------------------------- the log, the study, the CLI
+from trainfast.speedrun import changes as log_module  # noqa: E402
+from trainfast.speedrun.study import (  # noqa: E402
+    RECORD_NAME,
+    run_study,
+    summarize,
+    summary_table,
+)
+
+
+def test_the_log_applies_each_change_to_the_entry_before_it():
+    chosen = log_module.preset("cpu")
+    chain = [e for e in log_module.log(chosen) if e.part == "log"]
+    assert chain[0].name == "baseline" and chain[0].compared_to is None
+    base = chain[0].config
+    assert (base.optimizer, base.precision, base.attention, base.compile) == (
+        "adamw",
+        "fp32",
+        "manual",
+        False,
+    )
+    assert (base.shape.norm, base.shape.positions, base.shape.mlp) == (
+        "layernorm",
+        "learned",
+        "gelu",
+    )
+    assert [e.name for e in chain[1:]] == [c.name for c in log_module.LOG]
+    for before, after, change in zip(chain[:-1], chain[1:], log_module.LOG, strict=True):
+        assert after.compared_to == before.name
+        assert after.config == change.apply(before.config)  # one change, nothing else
+    final = chain[-1].config
+    tried = [e for e in log_module.log(chosen) if e.part == "tried"]
+    assert [e.compared_to for e in tried] == [final.name] * len(log_module.TRIED)
+    ablation = log_module.ablation(chosen)
+    assert len(ablation) == len(log_module.LOG)
+    without_rope = next(e for e in ablation if e.name == "without RoPE")
+    assert without_rope.config.shape.positions == "learned"
+    assert without_rope.config.shape.mlp == final.shape.mlp  # only RoPE is taken out
+
+
+def test_bad_names_and_settings_name_the_value():
+    with pytest.raises(ValueError, match="Unknown preset: 'gpu9'"):
+        log_module.preset("gpu9")
+    with pytest.raises(ValueError, match=r"Unknown entries: \['Adam-X'\]"):
+        log_module.entries(log_module.preset("tiny"), ["Adam-X"])
+    with pytest.raises(ValueError, match=r"unknown settings \['colour'\]"):
+        log_module.Change("x", "y", {"colour": 1})
+    with pytest.raises(ValueError, match="seeds: 0"):
+        run_study(log_module.preset("tiny"), log_module.entries(log_module.preset("tiny")), seeds=0)
+
+
+@pytest.fixture(scope="module")
+def tiny_cache(tmp_path_factory):
+    import os
+
+    folder = tmp_path_factory.mktemp("cache")
+    old = os.environ.get("TRAINFAST_CACHE")
+    os.environ["TRAINFAST_CACHE"] = str(folder)
+    yield folder
+    if old is None:
+        os.environ.pop("TRAINFAST_CACHE")
+    else:
+        os.environ["TRAINFAST_CACHE"] = old
+
+
+def test_the_command_line_runs_a_tiny_preset_and_writes_its_record(tiny_cache, tmp_path, capsys):
+    from trainfast.records import load_records
+    from trainfast.speedrun.__main__ import main
+
+    argv = ["--preset", "tiny", "--entry", "baseline", "RMSNorm", "--seeds", "2"]
+    assert main([*argv, "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "validation loss" in out and "training tokens/s" in out
+    assert "| baseline | " in out and "| RMSNorm | " in out
+    (record,) = load_records(tmp_path, RECORD_NAME)
+    assert [(r["entry"], r["seed"]) for r in record.rows] == [
+        ("baseline", 0),
+        ("baseline", 1),
+        ("RMSNorm", 0),
+        ("RMSNorm", 1),
+    ]
+    for row in record.rows:
+        assert row["complete"] and row["preset"] == "tiny" and len(row["corpus_sha256"]) == 64
+        assert row["train_seconds"] > 0 and row["eval_seconds"] > 0
+        assert row["load_before"] >= 0 and row["load_after"] >= 0
+        assert row["steps"] * 8 * 32 == row["tokens"]
+    assert main([*argv[:4], "--seeds", "1", "--compare-to", str(next(tmp_path.iterdir()))]) == 0
+    assert "book's median (s)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--preset", "gpu9"], "Unknown preset: 'gpu9'"),
+        (["--preset", "tiny", "--entry", "nope"], "Unknown entries: ['nope']"),
+        (["--seeds", "0"], "invalid value '0'"),
+        (["--preset", "tiny", "--compare-to", "/no/such.json"], "no such record file"),
+    ],
+)
+def test_the_command_line_names_a_bad_value(argv, message, capsys):
+    from trainfast.speedrun.__main__ import main
+
+    with pytest.raises(SystemExit):
+        main(argv)
+    assert message in capsys.readouterr().err
+
+
+def _record(times: dict[str, list[float]], compared: dict[str, str]):
+    from trainfast.records import make_record
+
+    rows = [
+        {
+            "part": "log",
+            "entry": name,
+            "compared_to": compared.get(name, ""),
+            "seed": seed,
+            "reached": t < 100,
+            "train_seconds": t,
+            "eval_seconds": 1.0,
+            "steps": 10,
+            "tokens": 100,
+            "final_loss": 1.0,
+            "target_loss": 1.0,
+            "preset": "tiny",
+            "load_before": 1.0,
+            "load_after": 1.0,
+            "corpus_sha256": "0" * 64,
+            "complete": True,
+        }
+        for name, ts in times.items()
+        for seed, t in enumerate(ts)
+    ]
+    return make_record(RECORD_NAME, "test", rows, device="cpu")
+
+
+def test_the_summary_judges_each_change_against_the_one_before():
+    record = _record(
+        {"a": [10.0, 11.0, 12.0], "b": [5.0, 5.5, 6.0], "c": [5.2, 5.4, 6.2], "d": [9, 8, 7.0]},
+        {"b": "a", "c": "b", "d": "c"},
+    )
+    verdicts = {s.entry: (s.verdict, s.reached) for s in summarize(record)}
+    assert verdicts == {
+        "a": ("–", 3),
+        "b": ("beats the noise", 3),
+        "c": ("within noise", 3),
+        "d": ("did not pay", 3),
+    }
+    b = next(s for s in summarize(record) if s.entry == "b")
+    assert b.median_seconds == 5.5 and b.spread_seconds == 1.0 and b.ratio == pytest.approx(2.0)
+    assert "| b | 3/3 | 5.5 | 1.0 | 100 | 2.00x vs a | beats the noise |" in summary_table(record)
+
+
+# ------------------------------------------------------------------ the chapter's exercises
+from trainfast.speedrun import exercises  # noqa: E402
+
+
+@pytest.mark.parametrize(
+    ("check", "wrong"),
+    [
+        (exercises.check_time_to_target, lambda n, r, f: n / r),  # forgets the one-off cost
+        (exercises.check_next_change, lambda b, c, m: max(b, key=b.get)),  # a part, not a change
+        (
+            exercises.check_next_change,  # ignores the memory left
+            lambda b, c, m: max(c, key=lambda n: b[c[n][0]] * (1 - 1 / c[n][1])),
+        ),
+        (exercises.check_bf16_pays, lambda w, t, f32, b16, bw: b16 > f32),  # peak FLOPs only
+        (
+            exercises.check_verdict,
+            lambda b, a, alpha: "beats the noise" if a < b else "did not pay",
+        ),
+    ],
+)
+def test_each_exercise_check_fails_on_a_wrong_answer(check, wrong, capsys):
+    with pytest.raises(AssertionError, match="cases failed; first: "):
+        check(wrong)
+    assert "FAILED: " in capsys.readouterr().out
+
+
+def test_the_chapter_listings_resolve():
+    import chapters
+
+    assert chapters.listing_problems("speedrun") == []
+
+
+@pytest.mark.chapter
+def test_the_chapter_executes_and_renders_the_record():
+    import chapters
+
+    notebook = chapters.executed_notebook("speedrun")
+    assert chapters.cell_errors(notebook) == []
+    text = "".join(
+        str(o.get("text", "")) + "".join(str(v) for v in o.get("data", {}).values())
+        for cell in notebook.cells
+        if cell.cell_type == "code"
+        for o in cell.outputs
+    )
+    assert "| baseline |" in text and "median time to target (s)" in text
+    assert "Predicted (book's model)" in text
+    assert "/work/" not in text and "/home/" not in text  # no machine paths
+
+
+def test_the_books_record_has_the_schema_the_chapter_reads():
+    from trainfast.records import records_for
+
+    (record,) = [r for r in records_for(RECORD_NAME, "cpu") if r.rows[0]["preset"] == "cpu"]
+    assert record.columns == [
+        "part", "entry", "compared_to", "seed", "reached", "train_seconds", "eval_seconds",
+        "steps", "tokens", "final_loss", "target_loss", "preset", "load_before", "load_after",
+        "corpus_sha256", "complete",
+    ]  # fmt: skip
+    assert record.rows[0]["entry"] == "baseline" and record.rows[0]["part"] == "log"
+    assert {row["target_loss"] for row in record.rows} == {log_module.preset("cpu").target.loss}
+    assert len({row["corpus_sha256"] for row in record.rows}) == 1
+    assert "/" not in record.command.split("--out")[0]  # no machine path in the command
+    known = {
+        e.name for e in log_module.entries(log_module.preset("cpu"), parts=("log", "ablation"))
+    }
+    assert {row["entry"] for row in record.rows} <= known
+
+
+def test_two_studies_of_one_preset_merge_into_one_record():
+    from dataclasses import replace as copy
+
+    from trainfast.speedrun.study import merge_records
+
+    a = _record({"a": [10.0, 11.0, 12.0]}, {})
+    b = _record({"a": [1.0, 1.0, 1.0], "b": [5.0, 5.5, 6.0]}, {"b": "a"})
+    merged = merge_records(a, b)
+    assert [r["entry"] for r in merged.rows] == ["a"] * 3 + ["b"] * 3  # the first's "a" wins
+    assert merged.rows[0]["train_seconds"] == 10.0
+    assert " & " in merged.command and merged.description.endswith("first: b.")
+    assert {s.entry: s.verdict for s in summarize(merged)}["b"] == "beats the noise"
+    other = copy(b, rows=[{**r, "corpus_sha256": "1" * 64} for r in b.rows])
+    with pytest.raises(ValueError, match="different corpus_sha256"):
+        merge_records(a, other)

@@ -51,6 +51,7 @@ from trainfast.profiling.benchmarks import (
     timing_pitfalls_record,
 )
 from trainfast.records import Record, write_record
+from trainfast.speedrun.study import speedrun_record
 from trainfast.training.benchmarks import scaling_study_record
 
 __all__ = [
@@ -96,6 +97,7 @@ BENCHMARKS: dict[str, Benchmark] = {
     "compile-by-width": compile_by_width_record,
     "copy-compute-overlap": copy_compute_overlap_record,
     "scaling-study": scaling_study_record,
+    "speedrun": speedrun_record,
 }
 
 

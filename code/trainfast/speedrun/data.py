@@ -53,17 +53,23 @@ def torch_sources() -> Path:
     return Path(torch.__file__).parent
 
 
+def _path_hash(relative_path: str) -> int:
+    return int(hashlib.sha256(relative_path.encode()).hexdigest(), 16)
+
+
 def split_of(relative_path: str) -> str:
     """``"validation"``, ``"tune"`` or ``"train"`` for a file, from a hash of its path (stable
     across machines and Python runs, unlike ``hash``)."""
-    bucket = int(hashlib.sha256(relative_path.encode()).hexdigest(), 16) % 100
+    bucket = _path_hash(relative_path) % 100
     if bucket < _VALIDATION_PERCENT:
         return "validation"
     return "tune" if bucket < _VALIDATION_PERCENT + _TUNE_PERCENT else "train"
 
 
 def corpus_files(root: Path, max_bytes: int | None = None) -> dict[str, list[Path]]:
-    """The corpus's ``*.py`` files under ``root`` by split, each list sorted by path.
+    """The corpus's ``*.py`` files under ``root`` by split, each list in the order of a hash of
+    its path: a fixed shuffle, so that a stream (and a ``max_bytes`` slice) mixes the folders
+    instead of reading one package after another.
 
     With ``max_bytes`` (a small corpus for tests and the chapter's live run), each split keeps
     its first files up to a share of it: 80 % for training, 10 % each for tuning and
@@ -72,7 +78,7 @@ def corpus_files(root: Path, max_bytes: int | None = None) -> dict[str, list[Pat
     root = Path(root)
     if not root.is_dir():
         raise ValueError(f"Invalid corpus root: {str(root)!r} is not a folder")
-    files = sorted(root.rglob("*.py"), key=lambda p: p.relative_to(root).as_posix())
+    files = sorted(root.rglob("*.py"), key=lambda p: _path_hash(p.relative_to(root).as_posix()))
     by_split: dict[str, list[Path]] = {split: [] for split in SPLITS}
     for path in files:
         by_split[split_of(path.relative_to(root).as_posix())].append(path)

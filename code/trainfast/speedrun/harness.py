@@ -307,7 +307,7 @@ def compare(
 ) -> Comparison:
     """Does ``after`` reach the target faster than ``before``, beyond the noise? Runs that did
     not reach it count as infinitely slow; the verdict is Mann-Whitney's rank-sum test
-    (:func:`trainfast.timing.rank_sum_test`) at ``alpha``, and needs ``after`` faster."""
+    (:func:`trainfast.timing.rank_sum_test`), p <= ``alpha``, and needs ``after`` faster."""
     if not before or not after:
         raise ValueError(f"compare needs runs on both sides, got {len(before)} and {len(after)}")
 
@@ -317,4 +317,4 @@ def compare(
     b, a = seconds(before), seconds(after)
     share, p_value = rank_sum_test(b, a)
     speedup = statistics.median(b) / statistics.median(a)
-    return Comparison(speedup, share, p_value, p_value < alpha and share > 0.5)
+    return Comparison(speedup, share, p_value, p_value <= alpha and share > 0.5)

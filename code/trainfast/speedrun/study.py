@@ -1,0 +1,292 @@
+"""Run entries of the log for several seeds, write one record, and judge each change.
+
+:func:`run_study` trains every entry for every seed with :func:`~trainfast.speedrun.run_to_target`
+and returns a :class:`~trainfast.records.Record` with one row per (entry, seed): the time to the
+target on the training clock, the evaluation time kept apart, tokens, steps, the last
+validation loss, whether the target was reached, the machine's load average (one minute, from
+``os.getloadavg``) before and after the run, and the corpus's SHA-256. ``complete`` says whether
+every planned run is in the record: a study cut short by a time limit writes what finished,
+after each entry, with ``complete`` false. :func:`summarize` turns the rows into the chapter's
+table: per entry the median time and its spread, the tokens to the target, the ratio to the
+entry it is compared with, and the rank-sum verdict (:func:`~trainfast.speedrun.compare`).
+
+With three seeds against three, the exact two-sided rank-sum p-value cannot go below 0.1 (two
+of the twenty ways of splitting six runs put all of one side first). The study therefore calls a
+change *beyond the noise* at p <= 0.1, which with three seeds means that every run of it beat
+every run of the entry before; "did not pay" is the same test the other way round.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trainfast.records import Record, make_record, write_record
+from trainfast.speedrun.changes import Entry, Preset
+from trainfast.speedrun.data import PreparedData, prepare
+from trainfast.speedrun.harness import RunResult, compare, run_to_target
+
+__all__ = [
+    "ALPHA",
+    "RECORD_NAME",
+    "Summary",
+    "cache_folder",
+    "merge_records",
+    "prepared",
+    "results_of",
+    "run_study",
+    "speedrun_record",
+    "summarize",
+    "summary_table",
+]
+
+RECORD_NAME = "speedrun"
+ALPHA = 0.1  # the smallest two-sided p-value three seeds against three can reach
+
+_UNITS = {"train_seconds": "s", "eval_seconds": "s", "target_loss": "nats/token"}
+
+
+def cache_folder(chosen: Preset) -> Path:
+    """Where a preset's prepared tokens live: ``$TRAINFAST_CACHE`` (default
+    ``~/.cache/trainfast``) ``/speedrun/<corpus size>-<vocabulary>``."""
+    root = Path(os.environ.get("TRAINFAST_CACHE", Path.home() / ".cache" / "trainfast"))
+    size = "all" if chosen.corpus_bytes is None else str(chosen.corpus_bytes)
+    return root / "speedrun" / f"torch-{size}-{chosen.vocab_size}"
+
+
+def prepared(chosen: Preset) -> PreparedData:
+    """The preset's corpus, tokenized once and cached (:func:`cache_folder`)."""
+    return prepare(
+        cache_folder(chosen), max_bytes=chosen.corpus_bytes, vocab_size=chosen.vocab_size
+    )
+
+
+def _row(entry: Entry, result: RunResult, chosen: Preset, data, before: float) -> dict[str, Any]:
+    return {
+        "part": entry.part,
+        "entry": entry.name,
+        "compared_to": entry.compared_to or "",
+        "seed": result.seed,
+        "reached": result.reached,
+        "train_seconds": result.train_seconds,
+        "eval_seconds": result.eval_seconds,
+        "steps": result.steps,
+        "tokens": result.tokens,
+        "final_loss": result.final_loss,
+        "target_loss": chosen.target.loss,
+        "preset": chosen.name,
+        "load_before": before,
+        "load_after": os.getloadavg()[0],
+        "corpus_sha256": data.corpus_sha256,
+        "complete": False,
+    }
+
+
+def run_study(
+    chosen: Preset,
+    planned: Sequence[Entry],
+    *,
+    seeds: int | None = None,
+    device: torch.device | None = None,
+    out: str | Path | None = None,
+    progress: Callable[[str], None] | None = print,
+    description: str = "",
+    command: str | None = None,
+) -> Record:
+    """Train every entry of ``planned`` for ``seeds`` seeds (default: the preset's).
+
+    With ``out``, the record is written there after each entry (``complete`` false until the
+    last), so a study stopped by a time limit keeps what it finished.
+    """
+    seeds = chosen.seeds if seeds is None else seeds
+    if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
+        raise ValueError(f"Invalid seeds: {seeds!r} (expected an int >= 1)")
+    if not planned:
+        raise ValueError("run_study needs at least one entry")
+    data = prepared(chosen)
+    text = description or (
+        f"Time to a validation loss of {chosen.target.loss} on the '{chosen.name}' preset, "
+        f"{seeds} seeds per entry; the clock counts training only."
+    )
+    rows: list[dict[str, Any]] = []
+    record = None
+    for entry in planned:
+        for seed in range(seeds):
+            before = os.getloadavg()[0]
+            result = run_to_target(
+                entry.config, data, chosen.target, seed=seed, device=device, progress=progress
+            )
+            rows.append(_row(entry, result, chosen, data, before))
+        if entry is planned[-1]:
+            for row in rows:
+                row["complete"] = True
+        record = make_record(RECORD_NAME, text, rows, units=_UNITS, device=device, command=command)
+        if out is not None:
+            write_record(record, out)
+    assert record is not None
+    return record
+
+
+def results_of(record: Record) -> dict[str, list[RunResult]]:
+    """The record's runs by entry, as :class:`RunResult` (without their loss history)."""
+    runs: dict[str, list[RunResult]] = {}
+    for row in record.rows:
+        runs.setdefault(row["entry"], []).append(
+            RunResult(
+                row["entry"],
+                row["seed"],
+                row["reached"],
+                row["train_seconds"],
+                row["eval_seconds"],
+                row["steps"],
+                row["tokens"],
+                row["final_loss"],
+            )
+        )
+    return runs
+
+
+@dataclass(frozen=True)
+class Summary:
+    """One entry of a study: its median time to the target and how it compares."""
+
+    part: str
+    entry: str
+    compared_to: str
+    seeds: int
+    reached: int  # seeds that reached the target
+    median_seconds: float  # inf unless most seeds reached it
+    spread_seconds: float  # max - min over the seeds that reached it
+    median_tokens: float
+    ratio: float  # median time of compared_to / this one's (> 1: faster)
+    p_value: float
+    verdict: str
+
+
+def summarize(record: Record, alpha: float = ALPHA) -> list[Summary]:
+    """One :class:`Summary` per entry of ``record``, in the record's order.
+
+    The verdict against ``compared_to``: "beats the noise" (faster, rank-sum p <= ``alpha``),
+    "did not pay" (slower by the same test), "within noise" (neither), "–" (nothing to compare
+    with, or it is not in the record)."""
+    runs = results_of(record)
+    first = {}
+    for row in record.rows:
+        first.setdefault(row["entry"], row)
+    out = []
+    for name, results in runs.items():
+        row = first[name]
+        times = [r.train_seconds if r.reached else float("inf") for r in results]
+        reached = [r for r in results if r.reached]
+        spread = max(t for t in times if t != float("inf")) - min(times) if reached else 0.0
+        other = runs.get(row["compared_to"])
+        ratio, p_value, verdict = float("nan"), float("nan"), "–"
+        if other:
+            faster = compare(other, results, alpha=alpha)
+            slower = compare(results, other, alpha=alpha)
+            ratio, p_value = faster.speedup, faster.p_value
+            verdict = (
+                "beats the noise"
+                if faster.beats_noise
+                else "did not pay"
+                if slower.beats_noise
+                else "within noise"
+            )
+        out.append(
+            Summary(
+                row["part"],
+                name,
+                row["compared_to"],
+                len(results),
+                len(reached),
+                statistics.median(times),
+                spread,
+                statistics.median(r.tokens for r in results),
+                ratio,
+                p_value,
+                verdict,
+            )
+        )
+    return out
+
+
+def _seconds(value: float) -> str:
+    return "–" if value != value or value == float("inf") else f"{value:,.1f}"
+
+
+def summary_table(record: Record, book: Record | None = None, alpha: float = ALPHA) -> str:
+    """The study as a Markdown table: one line per entry; with ``book`` (the book's record of
+    the same preset), the book's median time and verdict beside the reader's."""
+    header = ["entry", "reached", "median time to target (s)", "spread (s)"]
+    header += ["tokens to target", "speed-up vs compared", "verdict"]
+    theirs = {s.entry: s for s in summarize(book, alpha)} if book is not None else {}
+    if book is not None:
+        header += ["book's median (s)", "book's verdict"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for s in summarize(record, alpha):
+        ratio = "–" if s.ratio != s.ratio else f"{s.ratio:.2f}x vs {s.compared_to}"
+        cells = [s.entry, f"{s.reached}/{s.seeds}", _seconds(s.median_seconds)]
+        cells += [_seconds(s.spread_seconds), f"{s.median_tokens:,.0f}", ratio, s.verdict]
+        if book is not None:
+            other = theirs.get(s.entry)
+            cells += [_seconds(other.median_seconds), other.verdict] if other else ["–", "–"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def speedrun_record(device: torch.device, quick: bool) -> Record:
+    """The ``speedrun`` benchmark of ``python -m trainfast.measure``.
+
+    On a CUDA device: the ``h100`` preset (baseline and final entry, 2 seeds). Elsewhere: the
+    ``cpu`` preset's whole log and ablation, one thread (``python -m trainfast.speedrun
+    --preset cpu --log --ablation --out DIR`` does the same and writes after every entry).
+    ``quick``: the ``tiny`` preset's baseline and last entry of the log, one seed, for a smoke
+    test.
+    """
+    from trainfast.speedrun.changes import LOG, entries, preset
+
+    if device.type == "cpu":
+        torch.set_num_threads(1)
+    if quick:
+        tiny = preset("tiny")
+        return run_study(tiny, entries(tiny, ["baseline", LOG[-1].name]), seeds=1, device=device)
+    chosen = preset("h100" if device.type == "cuda" else "cpu")
+    parts = ("log",) if device.type == "cuda" else ("log", "ablation")
+    return run_study(chosen, entries(chosen, parts=parts), device=device)
+
+
+def merge_records(first: Record, second: Record) -> Record:
+    """One record of two studies of the same preset and corpus run side by side on one machine:
+    ``first``'s rows, then ``second``'s rows of the entries ``first`` lacks (``first`` wins
+    where both ran an entry), both commands, the later date. The description names the entries
+    taken from ``second``, since they ran in another process at other moments of the machine's
+    load. ``ValueError`` if the presets, corpora, targets or machines differ."""
+    for key in ("preset", "corpus_sha256", "target_loss"):
+        a, b = {r[key] for r in first.rows}, {r[key] for r in second.rows}
+        if a != b or len(a) != 1:
+            raise ValueError(f"Cannot merge records with different {key}: {a} and {b}")
+    if first.environment != second.environment:
+        raise ValueError("Cannot merge records measured in different environments")
+    have = {r["entry"] for r in first.rows}
+    added = [r for r in second.rows if r["entry"] not in have]
+    names = list(dict.fromkeys(r["entry"] for r in added))
+    note = (
+        f" Taken from a second process run beside the first: {', '.join(names)}." if names else ""
+    )
+    return Record(
+        name=first.name,
+        description=first.description + note,
+        columns=first.columns,
+        rows=[*first.rows, *added],
+        environment=first.environment,
+        created=max(first.created, second.created),
+        command=f"{first.command} & {second.command}",
+        units=first.units,
+        trainfast_version=first.trainfast_version,
+    )

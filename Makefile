@@ -36,8 +36,10 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check code tests
 
 # Write measurement records for this machine into book/records (run on the GPU runner too).
+# ONLY=name (or "a b") measures those benchmarks alone, e.g. make measure ONLY=speedrun.
+ONLY ?=
 measure: $(STAMP)
-	$(BIN)/python -m trainfast.measure --out book/records
+	$(BIN)/python -m trainfast.measure --out book/records $(if $(ONLY),--only $(ONLY))
 
 # On a CUDA machine: every benchmark, every chapter executed, the GPU tests and the compile
 # report, each step under its own time limit; summary in $(GPU_PASS_OUT)/summary.md (README,

@@ -49,8 +49,8 @@ def model_flops_utilization(
         warnings.warn(
             f"MFU of {mfu:.0%} is above 100%: flops_per_step={flops_per_step:g}, "
             f"seconds_per_step={seconds_per_step:g}, peak_flops={peak_flops:g} (is the peak "
-            "that of every device, and the FLOP count without recomputation? Only fp8 matmuls "
-            "can beat the bf16 peak)",
+            "that of every device, and the FLOP count without recomputation? Only fp8 or sparse "
+            "matmuls can beat the dense bf16 peak)",
             stacklevel=2,
         )
     return mfu

@@ -278,8 +278,8 @@ class LoopPipeline:
     @property
     def mma_overlaps_softmax(self) -> bool | None:
         """False when the loop waits for every product (``wgmma.wait_group 0``) right after the
-        first one: the softmax then starts only once the tensor cores are idle. None without
-        asynchronous products (``mma.sync`` returns only when its product is done)."""
+        first one: within a warpgroup the softmax then starts only once its products are done.
+        None without asynchronous products (``mma.sync`` returns only when its product is done)."""
         if self.mma_wait is None:
             return None
         return not (self.mma_wait == 0 and self.waits_before_next_product)

@@ -98,8 +98,8 @@ def case_study_record(device: torch.device, quick: bool = False) -> Record:
     )
     shape = config.shape
     description = (
-        "Training step of the profiling case study (a decoder with the tiny-modern preset's "
-        "choices: RMSNorm, RoPE, SwiGLU, QK-norm, no biases, an untied head; "
+        "Training step of the profiling case study (a decoder with Llama's choices: RMSNorm, "
+        "RoPE, SwiGLU, grouped-query attention, no biases, an untied head; "
         f"{shape.n_layers} layers, d_model {shape.d_model}, {shape.n_heads} heads of which "
         f"{shape.kv_heads} key/value heads, d_ff {shape.d_ff}, vocabulary "
         f"{shape.vocab_size}, {shape.batch_size} x {shape.seq_len} tokens per step; word-level "

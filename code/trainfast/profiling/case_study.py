@@ -187,9 +187,10 @@ def cumulative_fixes(device: torch.device, skip: Sequence[str] = ()) -> dict[str
 def _llama_like(
     *, vocab_size: int, d_model: int, n_layers: int, n_heads: int, seq_len: int, batch_size: int
 ) -> TransformerShape:
-    """Llama's choices at a small size (Touvron et al. 2023: RMSNorm, rotary positions, a SwiGLU
-    MLP of width 2/3 x 4 d_model, here rounded up to a multiple of 32, no biases, an untied
-    head), with grouped-query attention of two query heads per key/value head."""
+    """Llama's choices at a small size (Touvron et al. 2023, section 2.2: RMSNorm, rotary
+    positions, a SwiGLU MLP of width 2/3 x 4 d_model, here rounded up to a multiple of 32; Meta's
+    released model.py: no biases, an untied head), with grouped-query attention of two query
+    heads per key/value head."""
     d_ff = -(-8 * d_model // 3 // 32) * 32
     return TransformerShape(
         vocab_size,

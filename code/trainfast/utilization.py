@@ -1,14 +1,16 @@
 """Model FLOPs utilisation (MFU), the book's one convention, and the length of a training run.
 
 **The convention.** MFU is the model's FLOPs per second
-(:func:`~trainfast.accounting.training_flops`, recomputation not counted) over the chip's *dense
-bf16* peak (:func:`mfu_peak_flops`), whatever format the run computes in (Chowdhery et al. 2022,
-"PaLM", Appendix B, divide by one theoretical peak per system; nanoGPT's ``estimate_mfu`` takes the
-A100's bf16 312 TFLOP/s). One denominator per chip lets a change of format show as what it is: a
-float32 step cannot reach 100 %, and moving its matmuls to bf16 raises the MFU. The efficiency of
-the format the matmuls actually run in is a different quantity, which the step-time model calls
-*matmul efficiency* (:class:`~trainfast.distributed.step_time.StepAssumptions`), never MFU. Every
-MFU in the package is :func:`model_flops_utilization` (a test scans the package for others).
+(:func:`~trainfast.accounting.training_flops`, recomputation not counted) over the chip's
+*dense bf16* peak (:func:`~trainfast.utilization.mfu_peak_flops`), whatever format the run
+computes in (Chowdhery et al. 2022, "PaLM", Section 4.1 and Appendix B, divide by one
+theoretical peak per system; nanoGPT's ``estimate_mfu`` takes the A100's bf16 312 TFLOP/s). One
+denominator per chip lets a change of format show as what it is: a float32 step cannot reach
+100 %, and moving its matmuls to bf16 raises the MFU. The efficiency of the format the matmuls
+actually run in is a different quantity, which the step-time model calls *matmul efficiency*
+(:class:`~trainfast.distributed.step_time.StepAssumptions`), never MFU. Every MFU in the
+package is :func:`~trainfast.utilization.model_flops_utilization` (a test scans the package for
+others).
 """
 
 from __future__ import annotations
@@ -36,11 +38,12 @@ def mfu_peak_flops(gpu: GPUSpec, n_devices: int = 1) -> float:
 def model_flops_utilization(
     flops_per_step: float, seconds_per_step: float, peak_flops: float
 ) -> float:
-    """Model FLOPs utilisation: the model's FLOPs per second (:func:`~trainfast.accounting.
-    training_flops`, no recomputation) over ``peak_flops``, which for a GPU is
-    :func:`mfu_peak_flops` (the module's convention; for a step on several devices, the peak of
-    all of them together). A result above 1 warns, naming the three figures: either one is
-    wrong, or the matmuls ran in a format faster than bf16 (fp8)."""
+    """Model FLOPs utilisation: the model's FLOPs per second
+    (:func:`~trainfast.accounting.training_flops`, no recomputation) over ``peak_flops``, which
+    for a GPU is :func:`~trainfast.utilization.mfu_peak_flops` (the module's convention; for a
+    step on several devices, the peak of all of them together). A result above 1 warns, naming
+    the three figures: either one is wrong, or the matmuls ran in a format faster than dense
+    bf16 (fp8, or sparse)."""
     check_positive_number("flops_per_step", flops_per_step)
     check_positive_number("seconds_per_step", seconds_per_step)
     check_positive_number("peak_flops", peak_flops)

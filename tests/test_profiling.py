@@ -1147,9 +1147,10 @@ def test_host_memory_profile_names_the_line_and_misses_tensor_storage():
     from trainfast.profiling.host_memory import host_memory_profile, resident_bytes
 
     torch.set_num_threads(1)
-    # 64 MiB of float32: above glibc's largest mmap threshold (32 MiB), so the storage is fresh
-    # pages, not memory an earlier test freed and the process still holds
-    numel = 16 * 2**20
+    # 256 MiB of float32: above glibc's largest mmap threshold (32 MiB), and larger than any
+    # free heap region an earlier test on this worker left (a 64 MiB tensor once fitted into
+    # one under xdist and the RSS did not grow), so the storage is fresh pages
+    numel = 64 * 2**20
 
     def allocate():
         blobs = [bytes(1000) for _ in range(1000)]  # about 1 MB of Python objects

@@ -1,9 +1,10 @@
 """Resource accounting: parameters, FLOPs and memory of a training step, from a model's shape.
 
-The book's one home for this arithmetic. Every formula is written for the GPT-2-style decoder of
-:mod:`trainfast.transformer` and tested against it: parameter counts against ``numel()``, FLOPs
-against ``torch.utils.flop_counter.FlopCounterMode`` (:func:`counted_flops`), activation bytes
-against the tensors autograd saves (:func:`saved_tensor_bytes`).
+The book's one home for this arithmetic. Every formula is written for the decoder of
+:mod:`trainfast.transformer` and tested against it: parameter counts against ``numel()``,
+FLOPs against ``torch.utils.flop_counter.FlopCounterMode``
+(:func:`~trainfast.counters.counted_flops`), activation bytes against the tensors autograd
+saves (:func:`~trainfast.counters.saved_tensor_bytes`).
 
 Conventions:
 
@@ -18,8 +19,9 @@ Conventions:
   counted: the CUDA context, the caching allocator's rounding and fragmentation, temporary
   buffers of single kernels, communication buckets.
 * **Utilisation** (MFU, with the book's one denominator) and the length of a run are in
-  :mod:`trainfast.utilization`, the measuring side (:func:`counted_flops`,
-  :func:`saved_tensor_bytes`) in :mod:`trainfast.counters`; both are re-exported here.
+  :mod:`trainfast.utilization`, the measuring side
+  (:func:`~trainfast.counters.counted_flops`, :func:`~trainfast.counters.saved_tensor_bytes`)
+  in :mod:`trainfast.counters`; both are re-exported here, documented where they live.
 * **Inputs.** A model's sizes are a :class:`~trainfast.transformer.TransformerShape` (the
   model's own configuration); a precision recipe's bytes come from :mod:`trainfast.recipes`.
 * **Shapes.** ``s`` sequence length, ``b`` (micro-)batch, ``h`` = ``d_model``, ``f`` = ``d_ff``,
@@ -30,10 +32,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from trainfast.counters import counted_flops, saved_tensor_bytes
+# re-exported for callers of the older names; documented where they live
+from trainfast.counters import counted_flops as counted_flops
+from trainfast.counters import saved_tensor_bytes as saved_tensor_bytes
 from trainfast.recipes import RECIPES, Recipe
 from trainfast.transformer import Attention, TransformerShape
-from trainfast.utilization import model_flops_utilization, training_run_seconds
+from trainfast.utilization import model_flops_utilization as model_flops_utilization
+from trainfast.utilization import training_run_seconds as training_run_seconds
 from trainfast.validation import (
     check_flag,
     check_int,
@@ -48,19 +53,15 @@ __all__ = [
     "activation_bytes",
     "bytes_per_parameter",
     "checkpointed_layer_bytes",
-    "counted_flops",
     "linear_training_flops",
     "matmul_flops",
     "matmul_parameter_count",
     "mlp_parameter_count",
     "head_activation_values",
     "model_activation_bytes",
-    "model_flops_utilization",
     "parameter_count",
-    "saved_tensor_bytes",
     "training_flops",
     "training_memory",
-    "training_run_seconds",
     "zero_memory",
 ]
 

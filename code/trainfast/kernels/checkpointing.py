@@ -47,7 +47,7 @@ def checkpointing_costs(
     (:func:`trainfast.timing.benchmark`), ``step_seconds_min`` and ``_max`` their range;
     ``counted_flops`` what ``FlopCounterMode`` counts for the step (recomputation included);
     ``saved_bytes`` the bytes autograd keeps after the forward (parameters excluded), measured
-    with :func:`trainfast.accounting.saved_tensor_bytes`; ``predicted_bytes`` the formula of
+    with :func:`trainfast.counters.saved_tensor_bytes`; ``predicted_bytes`` the formula of
     :func:`trainfast.accounting.model_activation_bytes` (with checkpointing it adds the one
     block recomputed during backward, which is not alive after the forward); on CUDA
     ``peak_step_bytes`` is the peak memory of the step above the model's own.

@@ -8,7 +8,7 @@ and the first ``mul``), ``1/rms`` (twice), ``x · 1/rms`` and ``w``, two distinc
 of ``x``. A compiler that sees the whole function (``torch.compile``: AOTAutograd traces
 forward and backward together, and its min-cut partitioner chooses what to keep) saves ``x``,
 ``w`` and the per-row ``1/rms`` and recomputes the rest in the backward kernel: about half the
-bytes. The chapter counts both with :func:`trainfast.accounting.saved_tensor_bytes`.
+bytes. The chapter counts both with :func:`trainfast.counters.saved_tensor_bytes`.
 """
 
 from __future__ import annotations

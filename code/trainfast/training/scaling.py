@@ -90,7 +90,7 @@ def training_flops(
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = nn.functional.cross_entropy,
 ) -> float:
     """FLOPs of one forward and backward pass per example, counted by torch's
-    ``FlopCounterMode`` on the batch ``inputs`` (:func:`trainfast.accounting.counted_flops`:
+    ``FlopCounterMode`` on the batch ``inputs`` (:func:`trainfast.counters.counted_flops`:
     matrix multiplies and convolutions; element-wise work is ignored, as is customary). For a
     layer inside a network this is the familiar 6 FLOPs per weight and example: 2 forward, 2 for
     the weight gradient, 2 for the input gradient; the first layer skips the last 2, since its

@@ -6,6 +6,8 @@ import os
 import sys
 from pathlib import Path
 
+import pytest
+
 # W&B must never stop to ask for a login during tests; a key in the environment still wins.
 os.environ.setdefault("WANDB_MODE", "offline" if not os.environ.get("WANDB_API_KEY") else "online")
 os.environ.setdefault("WANDB_SILENT", "true")
@@ -65,6 +67,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):  # noqa: ARG0
 # - "chapter-<name>": every test that executes chapter <name> (or takes the build's execution),
 #   so that a chapter executes at most once per run, on one worker (tests/chapters.py caches it
 #   per process);
+# - "api-build": the tests of the API reference's small Sphinx build (test_api_reference.py);
 # - "ports": tests that start torchrun or its launcher benchmarks, which listen on TCP ports.
 # Gloo tests through trainfast.distributed.spawn need no group: its ranks meet through a file://
 # store in a fresh temporary folder, and gloo's own sockets take ports the OS assigns.
@@ -79,6 +82,8 @@ def exclusive_group(item) -> str | None:
     module = item.module.__name__.rpartition(".")[2] if getattr(item, "module", None) else ""
     if module in _CHROMIUM_MODULES:
         return "chromium"
+    if "small_build" in getattr(item, "fixturenames", ()):
+        return "api-build"  # the API reference's small Sphinx build, about 90 s: built once
     if item.get_closest_marker("chapter") is not None:
         params = getattr(getattr(item, "callspec", None), "params", {})
         name = params.get("name") if isinstance(params.get("name"), str) else None
@@ -92,9 +97,8 @@ def exclusive_group(item) -> str | None:
     return None
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups into node ids
 def pytest_collection_modifyitems(config, items):  # noqa: ARG001
-    import pytest
-
     for item in items:
         group = exclusive_group(item)
         if group is not None:

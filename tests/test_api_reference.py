@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import book_site
 import pytest
 import trainfast
 import trainfast.calculator
@@ -106,7 +107,14 @@ def _reference_pages() -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def small_build(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+def small_build(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str | None]:
+    """The HTML of the reference and of ``CHAPTER``, and the log of the build that made it.
+
+    Under ``.ci/run`` (``TRAINFAST_BUILT_FIRST=1``) that is ``make book``'s whole site, which it
+    built with ``-W -n`` just before, so any warning failed it: the log is not kept (None).
+    Elsewhere, a small build of its own."""
+    if os.environ.get("TRAINFAST_BUILT_FIRST") == "1":
+        return book_site.built_site(), None
     out = tmp_path_factory.mktemp("book")
     config = yaml.safe_load((ROOT / "_config.yml").read_text())
     config["execute"]["execute_notebooks"] = "off"
@@ -149,6 +157,8 @@ def small_build(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
 
 def test_reference_builds_without_warnings(small_build):
     _, log = small_build
+    if log is None:
+        pytest.skip("make book built the site with -W -n: a warning would have failed it")
     warnings = [
         line
         for line in re.sub(r"\x1b\[[0-9;]*m", "", log).splitlines()

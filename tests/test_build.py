@@ -437,3 +437,15 @@ def test_importing_the_kernels_on_a_known_bad_combination_names_the_versions():
     assert run.returncode != 0
     assert "ImportError: Triton 3.6.0's CPU interpreter" in run.stderr, run.stderr[-2000:]
     assert "NumPy 2.4.1" in run.stderr
+
+
+def test_each_exclusive_group_reaches_xdist(request):
+    # Under `--dist loadgroup` xdist reads an item's group into its node id ("...@chromium") in
+    # its own collection hook; conftest must mark the groups before that, or they are ignored.
+    from conftest import exclusive_group
+
+    if not request.config.getvalue("loadgroup"):
+        pytest.skip("not running under pytest-xdist's --dist loadgroup")
+    grouped = [(i, exclusive_group(i)) for i in request.session.items]
+    lost = [i.nodeid for i, group in grouped if group and not i.nodeid.endswith(f"@{group}")]
+    assert grouped and not lost, f"{len(lost)} items lost their group, e.g. {lost[:3]}"

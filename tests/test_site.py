@@ -110,6 +110,15 @@ def test_every_internal_link_and_anchor_resolves(site, pages):
     assert not broken, f"{len(broken)} broken internal links:\n" + "\n".join(broken[:30])
 
 
+def test_a_page_without_an_icon_finds_one_at_the_site_root(site, pages):
+    # A browser asks for /favicon.ico for a page that names no icon (the root index.html is
+    # Sphinx's bare redirect page); a 404 there is a console error on the site's first page.
+    bare = [p.relative_to(site) for p in pages if 'rel="icon"' not in p.read_text()]
+    assert not bare or (site / "favicon.ico").is_file(), (
+        f"{bare[:3]} name no icon and the site root has no favicon.ico"
+    )
+
+
 def _search_index(site: Path) -> dict:
     text = (site / "searchindex.js").read_text()
     match = re.fullmatch(r"\s*Search\.setIndex\((.*)\)\s*", text, flags=re.S)

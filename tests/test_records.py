@@ -353,3 +353,5 @@ def test_provenance_shows_an_absolute_out_folder_as_dir():
     assert "by `python -m trainfast.measure --out DIR --only demo`." in provenance(record)
     record.command = "python -m trainfast.measure --out book/records"
     assert "--out book/records" in provenance(record)
+    record.command = "python -m a --out /tmp/x & python -m b --entry 'c d' --out /tmp/y"
+    assert "by `python -m a --out DIR & python -m b --entry 'c d' --out DIR`." in provenance(record)

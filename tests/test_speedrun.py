@@ -114,7 +114,9 @@ def test_a_run_that_cannot_reach_the_target_stops_at_the_budget(data):
 
 
 def test_muon_bf16_and_a_schedule_run(data):
-    config = _config(optimizer="muon", precision="bf16", schedule="wsd", warmup_steps=2)
+    config = _config(
+        optimizer="muon", muon_ns_dtype="float32", precision="bf16", schedule="wsd", warmup_steps=2
+    )
     result = run_to_target(config, data, Target(loss=0.01, eval_every=3, max_steps=3))
     assert math.isfinite(result.final_loss)
     assert [config.lr_factor(s) for s in (0, 1)] == [0.5, 1.0]
@@ -131,6 +133,7 @@ def test_muon_bf16_and_a_schedule_run(data):
         ({"schedule": "cosine", "warmup_steps": 10, "schedule_steps": 5}, "warmup_steps: 10"),
         ({"betas": (0.9, 1.0)}, "betas: 1.0"),
         ({"compile": "yes"}, "compile: 'yes'"),
+        ({"muon_ns_dtype": "fp8"}, "muon_ns_dtype: 'fp8'"),
     ],
 )
 def test_bad_configurations_name_the_value(changes, message):
@@ -397,6 +400,10 @@ def test_two_studies_of_one_preset_merge_into_one_record():
     assert merged.rows[0]["train_seconds"] == 10.0
     assert " & " in merged.command and merged.description.endswith("first: b.")
     assert {s.entry: s.verdict for s in summarize(merged)}["b"] == "beats the noise"
+    c = _record({"b": [9.0, 9.0, 9.0], "c": [4.0, 4.0, 4.5]}, {"c": "b"})
+    three = merge_records(a, b, c)  # the third process's "b" loses to the second's
+    assert [r["entry"] for r in three.rows] == ["a"] * 3 + ["b"] * 3 + ["c"] * 3
+    assert three.description.endswith("each run beside another: (2) b; (3) c.")
     other = copy(b, rows=[{**r, "corpus_sha256": "1" * 64} for r in b.rows])
     with pytest.raises(ValueError, match="different corpus_sha256"):
         merge_records(a, other)

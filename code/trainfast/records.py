@@ -243,15 +243,19 @@ def provenance(record: Record) -> str:
 
 def _shown_command(record: Record) -> str:
     """The record's command with an absolute ``--out`` folder shown as ``DIR``: where the
-    measuring machine wrote the file says nothing about the measurement."""
-    try:
-        words = shlex.split(record.command)
-    except ValueError:
-        return record.command
-    for i, word in enumerate(words[:-1]):
-        if word == "--out" and words[i + 1].startswith("/"):
-            words[i + 1] = "DIR"
-    return shlex.join(words)
+    measuring machine wrote the file says nothing about the measurement. Commands run side by
+    side (joined by `` & ``) are shown each in turn."""
+    shown = []
+    for command in record.command.split(" & "):
+        try:
+            words = shlex.split(command)
+        except ValueError:
+            return record.command
+        for i, word in enumerate(words[:-1]):
+            if word == "--out" and words[i + 1].startswith("/"):
+                words[i + 1] = "DIR"
+        shown.append(shlex.join(words))
+    return " & ".join(shown)
 
 
 def _column_format(values: list[Any]) -> Callable[[Any], str]:

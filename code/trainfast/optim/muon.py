@@ -4,7 +4,8 @@ Keller Jordan's optimizer (https://kellerjordan.github.io/posts/muon/, code at
 https://github.com/KellerJordan/Muon): run SGD-momentum on a weight matrix, then replace the
 update :math:`G = U S V^\top` by (roughly) its nearest semi-orthogonal matrix :math:`U V^\top`,
 which makes every singular direction move at the same rate. Five steps of a quintic
-Newton–Schulz iteration in bfloat16 compute that cheaply on a GPU, with no SVD.
+Newton–Schulz iteration in bfloat16 compute that cheaply on a GPU, with no SVD (``ns_dtype``
+picks another format where bfloat16 products are slow, as on a CPU without bfloat16 units).
 
 Muon is for the 2-D weights of hidden layers. Embeddings, the output layer, biases and norm
 gains are trained with AdamW; :class:`Muon` does both in one optimizer, like Keller Jordan's
@@ -33,6 +34,8 @@ __all__ = [
     "muon",
     "muon_param_groups",
     "muon_update",
+    "NS_DTYPES",
+    "check_ns_dtype",
     "orthogonalized_update",
     "update_scale",
     "single_tensor_muon",
@@ -47,6 +50,7 @@ def zeropower_via_newtonschulz5(
     steps: int,
     coefficients: tuple[float, float, float] = NS_COEFFICIENTS,
     eps: float = 1e-7,
+    dtype: torch.dtype = torch.bfloat16,
 ) -> Tensor:
     r"""Approximately orthogonalise the matrix ``G``: map :math:`U S V^\top` to :math:`U S' V^\top`.
 
@@ -54,15 +58,17 @@ def zeropower_via_newtonschulz5(
     on every singular value separately as :math:`s \mapsto as + bs^3 + cs^5`. The coefficients
     are tuned for the steepest slope at 0, so small singular values grow fast; the price is that
     after 5 steps they land in roughly [0.7, 1.2] rather than exactly at 1, which does not hurt
-    training (Keller Jordan's measurement). Runs in bfloat16, as the original; returns bfloat16.
+    training (Keller Jordan's measurement). Runs in ``dtype`` and returns it: bfloat16 as the
+    original, or float32 on a machine whose bfloat16 products are slower than its float32 ones.
 
     Not an exact polar decomposition: for that use an SVD (``U @ Vh`` from
     ``torch.linalg.svd``).
     """
     if G.ndim != 2:
         raise ValueError(f"Newton-Schulz orthogonalises a 2-D matrix, got shape {tuple(G.shape)}")
+    check_ns_dtype(dtype)
     a, b, c = coefficients
-    X = G.bfloat16()  # (rows, cols)
+    X = G.to(dtype)  # (rows, cols)
     transposed = G.size(0) > G.size(1)
     if transposed:
         X = X.T  # (cols, rows): keep the Gram matrix X Xᵀ the smaller of the two
@@ -75,6 +81,16 @@ def zeropower_via_newtonschulz5(
     if transposed:
         X = X.T  # (rows, cols)
     return X
+
+
+#: The formats the Newton–Schulz iteration may run in
+NS_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def check_ns_dtype(dtype: object) -> None:
+    """``ValueError`` naming ``dtype`` unless it is one of :data:`NS_DTYPES`."""
+    if dtype not in NS_DTYPES:
+        raise ValueError(f"Invalid ns_dtype: {dtype!r} (expected one of {NS_DTYPES})")
 
 
 #: How :func:`orthogonalized_update` scales the orthogonal matrix (torch's ``adjust_lr_fn``)
@@ -103,15 +119,16 @@ def orthogonalized_update(
     coefficients: tuple[float, float, float] = NS_COEFFICIENTS,
     eps: float = 1e-7,
     adjust_lr_fn: str = "original",
+    ns_dtype: torch.dtype = torch.bfloat16,
 ) -> Tensor:
     """Orthogonalise a (rows, cols) update and scale it by :func:`update_scale`.
 
     The orthogonal matrix has entries of RMS ``1/sqrt(max(rows, cols))``; the original scale
-    keeps tall matrices' updates as large as those of square ones. Returns bfloat16.
+    keeps tall matrices' updates as large as those of square ones. Returns ``ns_dtype``.
     """
     rows, cols = update.shape
     scale = update_scale(rows, cols, adjust_lr_fn)
-    update = zeropower_via_newtonschulz5(update, ns_steps, coefficients, eps)
+    update = zeropower_via_newtonschulz5(update, ns_steps, coefficients, eps, ns_dtype)
     update *= scale
     return update
 
@@ -126,6 +143,7 @@ def muon_update(
     coefficients: tuple[float, float, float] = NS_COEFFICIENTS,
     eps: float = 1e-7,
     adjust_lr_fn: str = "original",
+    ns_dtype: torch.dtype = torch.bfloat16,
 ) -> Tensor:
     r"""Muon's update direction for one weight matrix; updates ``momentum_buffer`` in place.
 
@@ -141,7 +159,12 @@ def muon_update(
     momentum_buffer.lerp_(grad, 1 - momentum)  # B_t = μ B_{t-1} + (1 - μ) g_t
     update = grad.lerp(momentum_buffer, momentum) if nesterov else momentum_buffer
     return orthogonalized_update(
-        update, ns_steps=ns_steps, coefficients=coefficients, eps=eps, adjust_lr_fn=adjust_lr_fn
+        update,
+        ns_steps=ns_steps,
+        coefficients=coefficients,
+        eps=eps,
+        adjust_lr_fn=adjust_lr_fn,
+        ns_dtype=ns_dtype,
     )
 
 
@@ -156,6 +179,7 @@ def muon(
     ns_steps: int,
     weight_decay: float,
     adjust_lr_fn: str = "original",
+    ns_dtype: torch.dtype = torch.bfloat16,
     foreach: bool = False,
 ) -> None:
     """One Muon step on the 2-D ``params`` in place, with decoupled weight decay.
@@ -175,6 +199,7 @@ def muon(
         ns_steps=ns_steps,
         weight_decay=weight_decay,
         adjust_lr_fn=adjust_lr_fn,
+        ns_dtype=ns_dtype,
     )
 
 
@@ -189,6 +214,7 @@ def single_tensor_muon(
     ns_steps: int,
     weight_decay: float,
     adjust_lr_fn: str = "original",
+    ns_dtype: torch.dtype = torch.bfloat16,
 ) -> None:
     for param, grad, buf in zip(params, grads, momentum_buffers, strict=True):
         update = muon_update(
@@ -198,10 +224,11 @@ def single_tensor_muon(
             nesterov=nesterov,
             ns_steps=ns_steps,
             adjust_lr_fn=adjust_lr_fn,
+            ns_dtype=ns_dtype,
         )
         if weight_decay != 0:
             param.mul_(1 - lr * weight_decay)  # decoupled, as AdamW
-        param.add_(update, alpha=-lr)  # (rows, cols), bfloat16 update added in param's dtype
+        param.add_(update, alpha=-lr)  # (rows, cols), ns_dtype update added in param's dtype
 
 
 def multi_tensor_muon(
@@ -215,6 +242,7 @@ def multi_tensor_muon(
     ns_steps: int,
     weight_decay: float,
     adjust_lr_fn: str = "original",
+    ns_dtype: torch.dtype = torch.bfloat16,
 ) -> None:
     if len(params) == 0:
         return
@@ -225,9 +253,11 @@ def multi_tensor_muon(
             updates = torch._foreach_lerp(device_grads, device_bufs, momentum)
         else:
             updates = device_bufs
-        # bfloat16 -> the parameters' dtype is exact, and gives _foreach_add_ one dtype
+        # in the parameters' dtype (exact from bfloat16), so _foreach_add_ sees one dtype
         updates = [
-            orthogonalized_update(u, ns_steps=ns_steps, adjust_lr_fn=adjust_lr_fn).to(p.dtype)
+            orthogonalized_update(
+                u, ns_steps=ns_steps, adjust_lr_fn=adjust_lr_fn, ns_dtype=ns_dtype
+            ).to(p.dtype)
             for u, p in zip(updates, device_params, strict=True)
         ]
         if weight_decay != 0:
@@ -249,6 +279,8 @@ class Muon(CheckedOptimizer):
     take AdamW steps with ``lr``, ``betas``, ``eps`` and ``weight_decay``. A setting missing
     from a group comes from the matching constructor argument: ``lr`` etc. for Muon groups,
     ``adamw_lr``, ``adamw_betas``, ``adamw_eps``, ``adamw_weight_decay`` for AdamW groups.
+    ``ns_dtype`` is the Newton–Schulz iteration's format (bfloat16, as the original; float32
+    where bfloat16 products are slower, as on a CPU without bfloat16 units).
     Defaults are Keller Jordan's ``MuonWithAuxAdam`` (Muon lr 0.02, momentum 0.95, Nesterov;
     AdamW lr 3e-4, betas (0.9, 0.95), eps 1e-10; no weight decay). Build the groups with
     :func:`muon_param_groups`::
@@ -285,10 +317,12 @@ class Muon(CheckedOptimizer):
         adamw_eps: float = 1e-10,
         adamw_weight_decay: float = 0.0,
         adjust_lr_fn: str = "original",
+        ns_dtype: torch.dtype = torch.bfloat16,
         foreach: bool = False,
     ) -> None:
         check_int("ns_steps", ns_steps, minimum=0)
         update_scale(1, 1, adjust_lr_fn)  # raises on an unknown name
+        check_ns_dtype(ns_dtype)
         self.muon_defaults = {
             "lr": lr,
             "momentum": momentum,
@@ -296,6 +330,7 @@ class Muon(CheckedOptimizer):
             "ns_steps": ns_steps,
             "weight_decay": weight_decay,
             "adjust_lr_fn": adjust_lr_fn,
+            "ns_dtype": ns_dtype,
         }
         self.adamw_defaults = {
             "lr": adamw_lr,
@@ -323,6 +358,7 @@ class Muon(CheckedOptimizer):
         for key, value in (self.muon_defaults if use_muon else self.adamw_defaults).items():
             param_group.setdefault(key, value)
         if use_muon:
+            check_ns_dtype(param_group["ns_dtype"])
             for p in param_group["params"]:
                 if p.ndim != 2:
                     raise ValueError(
@@ -353,6 +389,7 @@ class Muon(CheckedOptimizer):
                     ns_steps=group["ns_steps"],
                     weight_decay=group["weight_decay"],
                     adjust_lr_fn=group["adjust_lr_fn"],
+                    ns_dtype=group["ns_dtype"],
                     foreach=group["foreach"],
                 )
             else:

@@ -58,7 +58,8 @@ class SpeedrunConfig:
     """Everything one speedrun entry does. ``shape.batch_size`` sequences per step.
 
     ``lr`` is AdamW's (for the AdamW groups under Muon); ``muon_lr`` Muon's, in its own units
-    (spectral norm per update), not comparable to AdamW's. The schedule is a linear warmup of
+    (spectral norm per update), not comparable to AdamW's; ``muon_ns_dtype`` the format of its
+    Newton–Schulz iteration. The schedule is a linear warmup of
     ``warmup_steps``, then constant, a cosine to 0 over ``schedule_steps``, or WSD (constant,
     then a linear decay over the last ``decay_fraction`` of ``schedule_steps``).
     """
@@ -68,6 +69,7 @@ class SpeedrunConfig:
     optimizer: Literal["adamw", "muon"] = "adamw"
     lr: float = 1e-3
     muon_lr: float = 0.02
+    muon_ns_dtype: Literal["bfloat16", "float32"] = "bfloat16"
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.95)
     schedule: Literal["constant", "cosine", "wsd"] = "constant"
@@ -86,6 +88,7 @@ class SpeedrunConfig:
         if not isinstance(self.shape, TransformerShape):
             raise ValueError(f"Invalid shape: {self.shape!r} (expected a TransformerShape)")
         _check_choice("optimizer", self.optimizer, OPTIMIZERS)
+        _check_choice("muon_ns_dtype", self.muon_ns_dtype, ("bfloat16", "float32"))
         _check_choice("schedule", self.schedule, SCHEDULES)
         _check_choice("precision", self.precision, PRECISIONS)
         _check_choice("attention", self.attention, ("manual", "sdpa"))
@@ -180,6 +183,7 @@ def _optimizer(config: SpeedrunConfig, model: Transformer) -> torch.optim.Optimi
             adamw_lr=config.lr,
             adamw_betas=config.betas,
             adamw_weight_decay=config.weight_decay,
+            ns_dtype=getattr(torch, config.muon_ns_dtype),
         )
     return AdamW(
         model.parameters(), lr=config.lr, betas=config.betas, weight_decay=config.weight_decay

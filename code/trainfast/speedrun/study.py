@@ -261,32 +261,44 @@ def speedrun_record(device: torch.device, quick: bool) -> Record:
     return run_study(chosen, entries(chosen, parts=parts), device=device)
 
 
-def merge_records(first: Record, second: Record) -> Record:
-    """One record of two studies of the same preset and corpus run side by side on one machine:
-    ``first``'s rows, then ``second``'s rows of the entries ``first`` lacks (``first`` wins
-    where both ran an entry), both commands, the later date. The description names the entries
-    taken from ``second``, since they ran in another process at other moments of the machine's
-    load. ``ValueError`` if the presets, corpora, targets or machines differ."""
-    for key in ("preset", "corpus_sha256", "target_loss"):
-        a, b = {r[key] for r in first.rows}, {r[key] for r in second.rows}
-        if a != b or len(a) != 1:
-            raise ValueError(f"Cannot merge records with different {key}: {a} and {b}")
-    if first.environment != second.environment:
-        raise ValueError("Cannot merge records measured in different environments")
-    have = {r["entry"] for r in first.rows}
-    added = [r for r in second.rows if r["entry"] not in have]
-    names = list(dict.fromkeys(r["entry"] for r in added))
-    note = (
-        f" Taken from a second process run beside the first: {', '.join(names)}." if names else ""
-    )
+def merge_records(first: Record, *others: Record) -> Record:
+    """One record of studies of the same preset and corpus run as processes side by side on one
+    machine: ``first``'s rows, then each of ``others``' rows of the entries no record before it
+    has (the earlier record wins where two ran an entry), every command, the latest date. The
+    description names the entries each later process gave, since they ran at other moments of
+    the machine's load. ``ValueError`` if the presets, corpora, targets or machines differ."""
+    rows, commands, parts = list(first.rows), [first.command], []
+    for other in others:
+        for key in ("preset", "corpus_sha256", "target_loss"):
+            a, b = {r[key] for r in first.rows}, {r[key] for r in other.rows}
+            if a != b or len(a) != 1:
+                raise ValueError(f"Cannot merge records with different {key}: {a} and {b}")
+        if first.environment != other.environment:
+            raise ValueError("Cannot merge records measured in different environments")
+        have = {r["entry"] for r in rows}
+        added = [r for r in other.rows if r["entry"] not in have]
+        rows += added
+        commands.append(other.command)
+        parts.append(", ".join(dict.fromkeys(r["entry"] for r in added)))
+    parts = [p for p in parts if p]
+    if len(parts) == 1:
+        note = f" Taken from a second process run beside the first: {parts[0]}."
+    elif parts:
+        note = (
+            " Taken from further processes, each run beside another: "
+            + "; ".join(f"({i}) {p}" for i, p in enumerate(parts, 2))
+            + "."
+        )
+    else:
+        note = ""
     return Record(
         name=first.name,
         description=first.description + note,
         columns=first.columns,
-        rows=[*first.rows, *added],
+        rows=rows,
         environment=first.environment,
-        created=max(first.created, second.created),
-        command=f"{first.command} & {second.command}",
+        created=max(r.created for r in (first, *others)),
+        command=" & ".join(commands),
         units=first.units,
         trainfast_version=first.trainfast_version,
     )

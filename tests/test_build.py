@@ -444,7 +444,7 @@ def test_each_exclusive_group_reaches_xdist(request):
     # its own collection hook; conftest must mark the groups before that, or they are ignored.
     from conftest import exclusive_group
 
-    if not request.config.getvalue("loadgroup"):
+    if not getattr(request.config.option, "loadgroup", False):  # set in xdist's workers only
         pytest.skip("not running under pytest-xdist's --dist loadgroup")
     grouped = [(i, exclusive_group(i)) for i in request.session.items]
     lost = [i.nodeid for i, group in grouped if group and not i.nodeid.endswith(f"@{group}")]

@@ -537,6 +537,12 @@ def test_muon_in_float32_steps_like_muon_in_bfloat16() -> None:
     model = _split_model()
     with pytest.raises(ValueError, match=r"Invalid ns_dtype: torch.float64"):
         Muon(muon_param_groups(model), ns_dtype=torch.float64)
+    # a state dict saved before ns_dtype existed loads with the original's format
+    optimizer = Muon(muon_param_groups(model), ns_dtype=torch.float32)
+    saved = optimizer.state_dict()
+    del saved["param_groups"][0]["ns_dtype"]
+    optimizer.load_state_dict(saved)
+    assert optimizer.param_groups[0]["ns_dtype"] == torch.bfloat16
     groups = muon_param_groups(model)
     groups[0]["ns_dtype"] = "fp32"
     with pytest.raises(ValueError, match=r"Invalid ns_dtype: 'fp32'"):

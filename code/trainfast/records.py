@@ -243,8 +243,8 @@ def provenance(record: Record) -> str:
 
 def _shown_command(record: Record) -> str:
     """The record's command with an absolute ``--out`` folder shown as ``DIR``: where the
-    measuring machine wrote the file says nothing about the measurement. Commands run side by
-    side (joined by `` & ``) are shown each in turn."""
+    measuring machine wrote the file says nothing about the measurement. Commands joined by
+    `` & `` (studies run side by side) are each shown so, joined again by `` & ``."""
     shown = []
     for command in record.command.split(" & "):
         try:

@@ -274,13 +274,14 @@ class Muon(CheckedOptimizer):
     """Muon for 2-D hidden weights and AdamW for everything else, in one optimizer.
 
     Each parameter group has ``use_muon`` (default ``True``). Groups with ``use_muon=True`` take
-    Muon steps with settings ``lr``, ``momentum``, ``nesterov``, ``ns_steps`` and
-    ``weight_decay`` (decoupled); their parameters must be 2-D. Groups with ``use_muon=False``
-    take AdamW steps with ``lr``, ``betas``, ``eps`` and ``weight_decay``. A setting missing
-    from a group comes from the matching constructor argument: ``lr`` etc. for Muon groups,
+    Muon steps with settings ``lr``, ``momentum``, ``nesterov``, ``ns_steps``, ``ns_dtype``,
+    ``adjust_lr_fn`` and ``weight_decay`` (decoupled); their parameters must be 2-D. Groups
+    with ``use_muon=False`` take AdamW steps with ``lr``, ``betas``, ``eps`` and
+    ``weight_decay``. A setting missing from a group comes from the matching constructor
+    argument: ``lr`` etc. for Muon groups,
     ``adamw_lr``, ``adamw_betas``, ``adamw_eps``, ``adamw_weight_decay`` for AdamW groups.
     ``ns_dtype`` is the Newton–Schulz iteration's format (bfloat16, as the original; float32
-    where bfloat16 products are slower, as on a CPU without bfloat16 units).
+    where bfloat16 products are slower, as on a CPU without bfloat16 units; float16 is allowed).
     Defaults are Keller Jordan's ``MuonWithAuxAdam`` (Muon lr 0.02, momentum 0.95, Nesterov;
     AdamW lr 3e-4, betas (0.9, 0.95), eps 1e-10; no weight decay). Build the groups with
     :func:`muon_param_groups`::
@@ -341,6 +342,12 @@ class Muon(CheckedOptimizer):
         check_hyperparameters(self.muon_defaults)
         check_hyperparameters(self.adamw_defaults)
         super().__init__(params, {"use_muon": True, "foreach": foreach})
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)  # load_state_dict comes here too, with the saved groups
+        for group in self.param_groups:  # saved before ns_dtype existed: the original's format
+            if group.get("use_muon"):
+                group.setdefault("ns_dtype", torch.bfloat16)
 
     def __getstate__(self) -> dict[str, Any]:
         # torch.optim.Optimizer pickles only defaults, state and groups; keep ours for copies

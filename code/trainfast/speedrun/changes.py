@@ -17,21 +17,22 @@ entry, one at a time.
   build machine under the load of other jobs (load average about 6), one thread, with the
   training files in a fixed shuffled order): the baseline, seed 0, evaluated every 20 steps on
   8,192 validation tokens, was at 5.60 after 200 steps (about 2,600 training tokens/s alone,
-  0.4 s a step); the log's last entry, seed 0, at the same time, was at 5.49 after 80 steps.
+  0.4 s a step); the then last entry of the log (WSD decay), seed 0, at the same time, was at
+  5.49 after 80 steps.
   The target is fixed at 5.5, evaluated on 4,096 tokens to halve the evaluation time, and is
   not moved afterwards: a target chosen after seeing the later entries would flatter them. An
   earlier calibration moved Muon from the log to :data:`TRIED`: with its Newton-Schulz
   iteration in bf16 a step took several times as long on this CPU. It came back as the last
-  change of the log with the iteration in float32 (on 2026-11-26, on a quiet machine: 3 seeds
-  at about 5,400 training tokens/s against 1,600 in bf16, and 40,960 tokens to the target
-  against about 100,000 for the entry before it); the bf16 iteration is tried on top.
-* ``h100``: a 12-layer, width-768 model (GPT-2 small's shape) on the whole corpus, 8
-  sequences of 1,024 tokens a step; the baseline and the final entry only (with the tried
-  changes too: Muon's iteration, autocast in bf16, and compilation, which a GPU is expected to
-  reward), 2 seeds, sized to fit the GPU pass's
-  limit of a benchmark (400 steps use about 3.3M of the corpus's training tokens). Its target
-  (3.5) was not calibrated on a GPU (none was at hand); ``max_steps`` bounds a run that cannot
-  reach it, and the record says so.
+  change of the log with the iteration in float32 (on 2026-11-26, on a quiet machine, in the
+  record: 3 seeds at a median of about 4,800 training tokens/s against about 1,600 with the
+  iteration in bf16, and 40,960 tokens to the target against 102,400 for the entry before
+  it); the bf16 iteration is tried on top.
+* ``h100``: a 12-layer, width-768 model (GPT-2 small's shape) on the whole corpus, 8 sequences
+  of 1,024 tokens a step; the baseline and the final entry only (with the tried changes too:
+  Muon's iteration in bf16, autocast in bf16, and compilation, which a GPU is expected to
+  reward), 2 seeds, sized to fit the GPU pass's limit of a benchmark (400 steps use about 3.3M
+  of the corpus's training tokens). Its target (3.5) was not calibrated on a GPU (none was at
+  hand); ``max_steps`` bounds a run that cannot reach it, and the record says so.
 * ``tiny``: seconds, for tests and the command line's smoke test.
 """
 

@@ -266,7 +266,8 @@ def merge_records(first: Record, *others: Record) -> Record:
     machine: ``first``'s rows, then each of ``others``' rows of the entries no record before it
     has (the earlier record wins where two ran an entry), every command, the latest date. The
     description names the entries each later process gave, since they ran at other moments of
-    the machine's load. ``ValueError`` if the presets, corpora, targets or machines differ."""
+    the machine's load. ``ValueError`` if the presets, corpora or targets differ, or the
+    environments (machine, torch, Python)."""
     rows, commands, parts = list(first.rows), [first.command], []
     for other in others:
         for key in ("preset", "corpus_sha256", "target_loss"):

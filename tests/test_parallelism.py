@@ -293,6 +293,19 @@ def test_deadlock_ends_in_an_error_not_a_hang():
         assert [t.tolist() for t in received] == [[1.0] * 4, [0.0] * 4]
 
 
+def hang_in_teardown_worker(rank: int, world_size: int) -> int:
+    dist.all_reduce(torch.ones(1))
+    # in this process only: leaving the group never returns, as torch 2.4's gloo can hang there
+    dist.destroy_process_group = lambda *args, **kwargs: time.sleep(3600)
+    return rank
+
+
+def test_a_rank_hanging_in_teardown_after_returning_does_not_hang_the_launch():
+    start = time.perf_counter()
+    assert spawn(hang_in_teardown_worker, 2, timeout=120) == [0, 1]
+    assert time.perf_counter() - start < 60
+
+
 def test_spawn_rejects_bad_arguments():
     with pytest.raises(ValueError, match="world_size: 0"):
         spawn(swap_worker, 0)

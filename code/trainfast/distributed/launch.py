@@ -70,6 +70,8 @@ DEFAULT_PRELOAD = ("torch", "torch.distributed", "torch._dynamo", "trainfast.dis
 
 #: Seconds the other ranks get to report after the first failure, to find the root cause.
 _GRACE_S = 1.0
+#: Seconds a rank may take to leave once every rank has returned its result; then it is stopped.
+_TEARDOWN_S = 5.0
 #: Error messages that only say a peer went away: consequences of another rank's failure.
 _PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
 
@@ -179,9 +181,15 @@ def _run_rank(
         with open(os.path.join(config.folder, f"error-{rank}"), "wb") as file:
             pickle.dump(report, file)
         os._exit(1)  # peers may be stuck in a collective with us: leave without a goodbye
-    with open(os.path.join(config.folder, f"result-{rank}"), "wb") as file:
+    path = os.path.join(config.folder, f"result-{rank}")
+    with open(path + ".part", "wb") as file:
         pickle.dump(result, file)
+    os.replace(path + ".part", path)  # the parent sees a result whole or not at all
     dist.destroy_process_group()
+
+
+def _all_returned(folder: str, world_size: int) -> bool:
+    return all(os.path.exists(os.path.join(folder, f"result-{r}")) for r in range(world_size))
 
 
 def _spawn_error(folder: str, rank: int, world_size: int, exitcode: int | None) -> SpawnError:
@@ -276,8 +284,16 @@ def spawn(
         deadline = None if timeout is None else time.monotonic() + timeout
         # the grace period (SIGTERM, then SIGKILL) is newer than torch 2.4, whose join kills at once
         grace = {"grace_period": _GRACE_S} if _joins_with_grace(context) else {}
+        returned_at = None
         try:
             while not context.join(timeout=0.05, **grace):
+                if returned_at is None and _all_returned(folder, world_size):
+                    returned_at = time.monotonic()
+                # every rank has returned its result, and one still hangs in the group's
+                # teardown (torch 2.4's gloo destroy_process_group can, once its peers have
+                # gone): the results are whole, and the `finally` below stops it
+                if returned_at is not None and time.monotonic() - returned_at > _TEARDOWN_S:
+                    break
                 if deadline is not None and time.monotonic() > deadline:
                     ranks = [r for r, p in enumerate(context.processes) if p.is_alive()]
                     raise TimeoutError(

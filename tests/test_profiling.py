@@ -951,12 +951,10 @@ def test_check_find_sync(capsys):
     assert "All 4 cases passed." in capsys.readouterr().out
     with pytest.raises(AssertionError, match="boolean-mask indexing planted in 'prepare'"):
         check_find_sync(lambda profile: _find_sync(profile, ("aten::_local_scalar_dense",)))
-    with pytest.raises(AssertionError, match="planted in 'log'"):  # the busiest part: 'compute'
-        check_find_sync(
-            lambda profile: max(
-                ("prepare", "compute", "log"), key=lambda part: profile.operator(part).self_cpu_s
-            )
-        )
+    # always the same part: the first case planted elsewhere fails (an answer read from the
+    # parts' CPU times, as this test once used, depends on the machine's load)
+    with pytest.raises(AssertionError, match="planted in 'log': answered 'compute'"):
+        check_find_sync(lambda profile: "compute")
     with pytest.raises(ValueError, match="how: 'print'"):
         planted_sync_step("log", "print")
     with pytest.raises(ValueError, match="part: 'data'"):

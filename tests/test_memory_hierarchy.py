@@ -566,7 +566,8 @@ def test_interpreter_works_even_after_torch_imported_triton():
     Triton afresh so that our kernels, which call it, still run in the interpreter."""
     result = _run_python("""
         import os, sys, torch
-        from torch.utils.flop_counter import FlopCounterMode  # imports triton
+        from torch.utils.flop_counter import FlopCounterMode  # imports triton (recent torch)
+        import triton  # as recent torch does above; torch 2.4 did not
         assert "triton" in sys.modules and "TRITON_INTERPRET" not in os.environ
         from trainfast.kernels import flash_attention, matmul
         from trainfast.kernels.triton_runtime import interpreter_repaired
@@ -1226,26 +1227,8 @@ def test_exercise_checks_pass_right_answers_and_catch_wrong_ones(capsys):
 
 
 def test_triton_exercise_check_passes_a_kernel_and_catches_a_missing_mask():
+    from axpb_kernel import launcher  # a module as a reader's notebook has it (Triton 3.0)
     from trainfast.kernels.exercises import check_triton_axpb
-    from trainfast.kernels.triton_runtime import tl, triton
-
-    @triton.jit
-    def axpb_kernel(x_ptr, y_ptr, n, a, b, BLOCK: tl.constexpr, MASKED: tl.constexpr):
-        offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        if MASKED:
-            x = tl.load(x_ptr + offsets, mask=offsets < n)
-            tl.store(y_ptr + offsets, (a * x.to(tl.float32) + b).to(x.dtype), mask=offsets < n)
-        else:
-            x = tl.load(x_ptr + offsets)
-            tl.store(y_ptr + offsets, (a * x.to(tl.float32) + b).to(x.dtype))
-
-    def launcher(masked):
-        def axpb(x, a, b, out):
-            axpb_kernel[(triton.cdiv(x.numel(), 256),)](
-                x, out, x.numel(), a, b, BLOCK=256, MASKED=masked
-            )
-
-        return axpb
 
     check_triton_axpb(launcher(True))
     with pytest.raises(

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -34,6 +35,7 @@ from trainfast.distributed.pipeline import (
     pipeline_worker,
 )
 from trainfast.distributed.tensor_parallel import ColumnParallelLinear, RowParallelLinear
+from trainfast.versions import parse_version
 
 __all__ = ["torch_apis_worker", "torch_fully_shard", "torch_pipelining", "torch_tensor_parallel"]
 
@@ -48,6 +50,12 @@ def _loss(output: Tensor, target: Tensor) -> Tensor:
 
 def torch_tensor_parallel(model: nn.Sequential, world_size: int) -> nn.Sequential:
     """Megatron pairs with ``parallelize_module``: linears 1, 3, ... by column, the next by row."""
+    if parse_version(torch.__version__) < (2, 5):
+        raise RuntimeError(
+            f"torch {torch.__version__}'s tensor-parallel API cannot shard these linears (its plan "
+            "walk applies ColwiseParallel to a Sequential, and DTensor's addmm sharding raises an "
+            "IndexError); this was run on torch 2.11 and 2.14"
+        )
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,

@@ -124,11 +124,13 @@ def cudagraph_skip_reasons(call: Callable[[], object]) -> list[CudagraphSkip]:
                 skips.append(_skip_from_message(record.getMessage()))
 
     handler = Collect()
-    cudagraph_utils.cudagraphs_log.addHandler(handler)
+    # older torch (2.4) wrote the skips to the perf-hints log; there is no cudagraphs log there
+    log = getattr(cudagraph_utils, "cudagraphs_log", None) or cudagraph_utils.perf_hint_log
+    log.addHandler(handler)
     try:
         call()
     finally:
-        cudagraph_utils.cudagraphs_log.removeHandler(handler)
+        log.removeHandler(handler)
     return skips
 
 

@@ -320,6 +320,30 @@ def test_the_summary_judges_each_change_against_the_one_before():
     assert "| b | 3/3 | 5.5 | 1.0 | 100 | 2.00x vs a | beats the noise |" in summary_table(record)
 
 
+def test_the_ablation_is_read_backwards_against_the_final_entry():
+    from trainfast.speedrun.study import Summary, read_ablation
+
+    def summary(part, entry, verdict):
+        return Summary(part, entry, "x", 3, 3, 1.0, 0.1, 100.0, 1.0, 0.05, verdict)
+
+    reading = read_ablation(
+        [
+            summary("log", "warmup", "did not pay"),  # added at a loss ...
+            summary("log", "rope", "beats the noise"),
+            summary("log", "qk-norm", "within noise"),
+            summary("ablation", "without warmup", "did not pay"),  # ... yet needed at the end
+            summary("ablation", "without rope", "did not pay"),
+            summary("ablation", "without qk-norm", "beats the noise"),  # faster without it
+            summary("ablation", "without sdpa", "within noise"),
+            summary("tried", "without nothing", "did not pay"),  # not an ablation entry
+        ]
+    )
+    assert reading.still_pays == ("warmup", "rope")
+    assert reading.turned == ("warmup",)
+    assert reading.costs == ("qk-norm",)
+    assert reading.within_noise == ("sdpa",)
+
+
 # ------------------------------------------------------------------ the chapter's exercises
 from trainfast.speedrun import exercises  # noqa: E402
 

@@ -35,10 +35,12 @@ from trainfast.speedrun.harness import RunResult, compare, run_to_target
 __all__ = [
     "ALPHA",
     "RECORD_NAME",
+    "AblationReading",
     "Summary",
     "cache_folder",
     "merge_records",
     "prepared",
+    "read_ablation",
     "results_of",
     "run_study",
     "speedrun_record",
@@ -214,6 +216,39 @@ def summarize(record: Record, alpha: float = ALPHA) -> list[Summary]:
             )
         )
     return out
+
+
+@dataclass(frozen=True)
+class AblationReading:
+    """What the leave-one-out ablation says about each change of the final entry.
+
+    An ablation entry ``"without X"`` is the final entry with ``X`` taken out, compared with the
+    final entry, so its verdict reads backwards: "did not pay" (slower without ``X``) means ``X``
+    still pays at the end of the log, "beats the noise" (faster without it) means ``X`` now costs
+    more than it saves. ``turned`` are the changes that still pay at the end although the log's
+    own verdict, where they were added, was "did not pay".
+    """
+
+    still_pays: tuple[str, ...]
+    turned: tuple[str, ...]
+    costs: tuple[str, ...]
+    within_noise: tuple[str, ...]
+
+
+def read_ablation(summaries: list[Summary]) -> AblationReading:
+    """Group the changes of ``summarize(record)``'s ablation entries by what taking them out did."""
+    by_verdict: dict[str, list[str]] = {}
+    for s in summaries:
+        if s.part == "ablation":
+            by_verdict.setdefault(s.verdict, []).append(s.entry.removeprefix("without "))
+    log_verdict = {s.entry: s.verdict for s in summaries if s.part == "log"}
+    still_pays = tuple(by_verdict.get("did not pay", []))
+    return AblationReading(
+        still_pays=still_pays,
+        turned=tuple(name for name in still_pays if log_verdict.get(name) == "did not pay"),
+        costs=tuple(by_verdict.get("beats the noise", [])),
+        within_noise=tuple(by_verdict.get("within noise", [])),
+    )
 
 
 def _seconds(value: float) -> str:

@@ -284,6 +284,32 @@ def test_gpu_flash_attention_op_runs_under_torch_compile_fullgraph():
     torch.testing.assert_close(compiled(q, k, v), expected, atol=2e-2, rtol=2e-2)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.skipif(
+    not hasattr(torch.library, "triton_op"), reason="torch.library.triton_op needs torch 2.6"
+)
+def test_gpu_flash_attention_op_trains_under_torch_compile_with_its_registered_backward():
+    from trainfast.kernels.attention_triton import register_flash_attention_op
+
+    op = register_flash_attention_op()
+    torch.manual_seed(0)
+    q, k, v = (
+        torch.randn(2, 4, 256, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        for _ in range(3)
+    )
+    grad_out = torch.randn_like(q)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda q, k, v: op(q, k, v, True)[0], fullgraph=True)
+    grads = torch.autograd.grad(compiled(q, k, v), (q, k, v), grad_out)
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        *(t.float() for t in (q, k, v)), is_causal=True
+    )
+    expected_grads = torch.autograd.grad(expected, (q, k, v), grad_out.float())
+    for name, grad, reference in zip("qkv", grads, expected_grads, strict=True):
+        torch.testing.assert_close(grad.float(), reference.float(), atol=5e-2, rtol=5e-2, msg=name)
+
+
 def test_trim_loop_keeps_the_loop_and_collapses_repeats():
     from trainfast.kernels.compile_report import trim_loop
 

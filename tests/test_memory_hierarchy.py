@@ -321,6 +321,68 @@ def test_triton_backward_delta_rejects_mismatched_shapes():
         attention_backward_delta(torch.zeros(2, 3), torch.zeros(2, 4))
 
 
+class _OpContext:
+    """What ``torch.library.register_autograd`` hands the setup and backward functions."""
+
+    def save_for_backward(self, *tensors):
+        self.saved_tensors = tensors
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize("n_kv_heads", [4, 2])
+def test_registered_op_backward_matches_autograd_of_out_and_lse(is_causal, n_kv_heads):
+    """The backward registered on ``trainfast_kernels::flash_attention_forward``, called as
+    autograd calls it, against float64 autograd through SDPA and logsumexp, for a loss that
+    reads both outputs (O and L), with and without grouped-query attention."""
+    from trainfast.kernels.attention_triton import (
+        flash_attention_op_backward,
+        flash_attention_op_setup_context,
+        flash_attention_triton_forward,
+    )
+
+    q, k, v = _qkv((2, 4, 37, 16), (2, n_kv_heads, 45, 16), torch.float32)
+    with torch.no_grad():
+        out, lse = flash_attention_triton_forward(q, k, v, is_causal, enable_gqa=n_kv_heads < 4)
+    ctx = _OpContext()
+    flash_attention_op_setup_context(ctx, (q, k, v, is_causal), (out, lse))
+    generator = torch.Generator().manual_seed(1)
+    grad_out = torch.randn(out.shape, generator=generator)
+    grad_lse = torch.randn(lse.shape, generator=generator)
+    grads = flash_attention_op_backward(ctx, grad_out, grad_lse)
+    assert grads[3] is None  # is_causal has no gradient
+
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    group = 4 // n_kv_heads
+    k_rep, v_rep = (t.repeat_interleave(group, dim=1) for t in (k64, v64))
+    scores = q64 @ k_rep.transpose(-2, -1) * 16**-0.5
+    if is_causal:
+        mask = torch.ones(37, 45, dtype=torch.bool).tril()
+        scores = scores.masked_fill(~mask, float("-inf"))
+    expected_lse = torch.logsumexp(scores, dim=-1)
+    expected = torch.softmax(scores, dim=-1) @ v_rep
+    torch.testing.assert_close(lse.double(), expected_lse, atol=2e-5, rtol=2e-5)
+    loss = (expected * grad_out.double()).sum() + (expected_lse * grad_lse.double()).sum()
+    expected_grads = torch.autograd.grad(loss, (q64, k64, v64))
+    for name, grad, reference in zip("qkv", grads[:3], expected_grads, strict=True):
+        torch.testing.assert_close(grad.double(), reference, atol=1e-4, rtol=1e-4, msg=name)
+    # the same gradients with grad_lse left out are those of O alone: L's term is not a no-op
+    without_lse = flash_attention_op_backward(ctx, grad_out, None)
+    assert not torch.allclose(without_lse[0], grads[0], atol=1e-3)
+
+
+def test_triton_backward_names_a_grad_lse_of_the_wrong_shape():
+    from trainfast.kernels.attention_triton import (
+        flash_attention_triton_backward,
+        flash_attention_triton_forward,
+    )
+
+    q, k, v = _qkv((1, 2, 16, 16), (1, 2, 16, 16), torch.float32)
+    with torch.no_grad():
+        out, lse = flash_attention_triton_forward(q, k, v)
+    with pytest.raises(ValueError, match=r"grad_lse must have L's shape \(1, 2, 16\)"):
+        flash_attention_triton_backward(out, q, k, v, out, lse, grad_lse=torch.zeros(1, 16))
+
+
 def test_triton_flash_attention_saves_the_same_tensors_as_the_tiled_one():
     q, k, v = _qkv((1, 2, 40, 16), (1, 2, 24, 16), torch.float32)
     triton_out = flash_attention(q, k, v, implementation="triton")

@@ -5,7 +5,7 @@ lives in on-chip memory (registers and shared memory), never writing an ``n_quer
 matrix to main memory: the forward kernel in :mod:`trainfast.kernels.attention_triton_forward`,
 the backward kernels in :mod:`trainfast.kernels.attention_triton_backward`. This module launches
 them (:func:`flash_attention_triton_forward`, :func:`flash_attention_triton_backward`), wraps
-them as :class:`FlashAttentionTriton`, and registers the forward with ``torch.library``.
+them as :class:`FlashAttentionTriton`, and registers them as one operator with ``torch.library``.
 
 Head dimensions that are not powers of two (24, 80, 96, ...) are padded to the next power of two
 inside the kernel (masked loads read zeros), so any head dimension from 16 to 128 works. Pointer
@@ -64,6 +64,8 @@ __all__ = [
     "attention_grid",
     "dkdv_query_tiles",
     "dq_key_tiles",
+    "flash_attention_op_backward",
+    "flash_attention_op_setup_context",
     "flash_attention_triton_backward",
     "flash_attention_triton_forward",
     "flash_backward_dkdv_kernel",
@@ -193,11 +195,14 @@ def flash_attention_triton_backward(
     lse: Tensor,
     is_causal: bool = False,
     tiles: AttentionTiles | None = None,
+    grad_lse: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Run the two backward kernels: ``(dq, dk, dv)`` in the inputs' dtype.
 
     ``tiles`` (both kernels) defaults to :func:`attention_dkdv_tiles` and
-    :func:`attention_dq_tiles` for the tensors' device.
+    :func:`attention_dq_tiles` for the tensors' device. ``grad_lse`` (L's shape), the gradient
+    of a loss that also reads L: since ``dL_i/dS_ij = P_ij``, it enters as ``D - grad_lse`` in
+    ``dS = P ∘ (dP - D)``, so the kernels are unchanged.
     """
     *_, n_queries, head_dim = q.shape
     n_keys = k.shape[-2]
@@ -207,6 +212,12 @@ def flash_attention_triton_backward(
     # One layout for all: contiguous (batch·heads, n, d), so q and k share their strides.
     q3, do3 = (t.reshape(-1, n_queries, head_dim).contiguous() for t in (q, grad_out.to(q.dtype)))
     delta = attention_backward_delta(out, grad_out.to(q.dtype))  # D = rowsum(dO ∘ O)
+    if grad_lse is not None:
+        if grad_lse.shape != lse.shape:
+            raise ValueError(
+                f"grad_lse must have L's shape {tuple(lse.shape)}, got {tuple(grad_lse.shape)}"
+            )
+        delta = delta - grad_lse.float()
     k3, v3 = (t.reshape(-1, n_keys, head_dim).contiguous() for t in (k, v))
     lse2, delta2 = lse.reshape(-1, n_queries).contiguous(), delta.reshape(-1, n_queries)
     dq = torch.empty_like(q3)
@@ -275,6 +286,33 @@ def attention_dq_launch(
 _OPS: dict[str, Any] = {}
 
 
+def flash_attention_op_setup_context(
+    ctx: Any, inputs: tuple[Tensor, Tensor, Tensor, bool], output: tuple[Tensor, Tensor]
+) -> None:
+    """Save what :func:`flash_attention_op_backward` needs: q, k, v, O, L and the mask flag."""
+    q, k, v, is_causal = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.is_causal = is_causal
+
+
+def flash_attention_op_backward(
+    ctx: Any, grad_out: Tensor | None, grad_lse: Tensor | None
+) -> tuple[Tensor, Tensor, Tensor, None]:
+    """The registered operator's backward: ``(dq, dk, dv, None)`` for ``(q, k, v, is_causal)``.
+
+    The operator returns L as well as O, so a loss may read both;
+    :func:`flash_attention_triton_backward` folds ``grad_lse`` into D. A missing ``grad_out``
+    (a loss of L alone) is zeros."""
+    q, k, v, out, lse = ctx.saved_tensors
+    if grad_out is None:
+        grad_out = torch.zeros_like(out)
+    dq, dk, dv = flash_attention_triton_backward(
+        grad_out, q, k, v, out, lse, ctx.is_causal, grad_lse=grad_lse
+    )
+    return dq, dk, dv, None
+
+
 def register_flash_attention_op() -> Any:
     """Register the Triton forward as ``torch.ops.trainfast_kernels.flash_attention_forward``.
 
@@ -286,10 +324,10 @@ def register_flash_attention_op() -> Any:
     per process; ``None`` where it cannot work: a PyTorch without ``triton_op``, or our kernels
     decorated for Triton's CPU interpreter (``wrap_triton`` accepts only a ``triton.jit`` or
     ``triton.autotune`` kernel, and under ``TRITON_INTERPRET=1`` ``@triton.jit`` returns an
-    ``InterpretedFunction``). The operator is forward-only, for inference
-    and for code that calls attention by operator name; :class:`FlashAttentionTriton` does not
-    use it. Training needs the backward registered as well (``torch.library.register_autograd``
-    with :func:`flash_attention_triton_backward`), which this operator does not do.
+    ``InterpretedFunction``). Its backward is registered with
+    ``torch.library.register_autograd`` (:func:`flash_attention_op_setup_context` saves what
+    :func:`flash_attention_op_backward` reads), so autograd, and ``torch.compile`` tracing a
+    training step, differentiate it with our backward kernels.
     """
     if "forward" in _OPS:
         return _OPS["forward"]
@@ -311,6 +349,11 @@ def register_flash_attention_op() -> Any:
         wrap_triton(flash_forward_kernel)[grid](*args, **kwargs)
         return out.reshape(q.shape), lse.reshape(*batch_shape, n_queries)
 
+    torch.library.register_autograd(
+        "trainfast_kernels::flash_attention_forward",
+        flash_attention_op_backward,
+        setup_context=flash_attention_op_setup_context,
+    )
     _OPS["forward"] = flash_attention_forward
     return flash_attention_forward
 

@@ -1265,6 +1265,20 @@ def test_mean_interval_matches_scipy_student_t() -> None:
         mean_interval([0.9])
 
 
+def test_student_t_975_matches_scipy_and_names_a_bad_value() -> None:
+    stats = pytest.importorskip("scipy.stats")
+    from trainfast.optim.comparison import student_t_975
+
+    for dof in (1, 2, 5, 30):
+        assert student_t_975(dof) == pytest.approx(stats.t.ppf(0.975, dof), rel=1e-3)
+    assert student_t_975(200) == pytest.approx(stats.t.ppf(0.975, 200), rel=0.01)
+    assert student_t_975(2) > 4  # "2 SE" at 2 degrees of freedom is an 82% interval, not 95%
+    with pytest.raises(ValueError, match="degrees_of_freedom: 0"):
+        student_t_975(0)
+    with pytest.raises(TypeError, match="degrees_of_freedom: 2.0"):
+        student_t_975(2.0)
+
+
 def test_verdict_says_inside_the_noise_only_when_the_interval_holds_zero() -> None:
     from trainfast.optim.comparison import verdict
 

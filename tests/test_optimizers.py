@@ -1265,6 +1265,20 @@ def test_mean_interval_matches_scipy_student_t() -> None:
         mean_interval([0.9])
 
 
+def test_student_t_975_matches_scipy_and_names_a_bad_value() -> None:
+    stats = pytest.importorskip("scipy.stats")
+    from trainfast.optim.comparison import student_t_975
+
+    for dof in (1, 2, 5, 30):
+        assert student_t_975(dof) == pytest.approx(stats.t.ppf(0.975, dof), rel=1e-3)
+    assert student_t_975(200) == pytest.approx(stats.t.ppf(0.975, 200), rel=0.01)
+    assert student_t_975(2) > 4  # "2 SE" at 2 degrees of freedom is an 82% interval, not 95%
+    with pytest.raises(ValueError, match="degrees_of_freedom: 0"):
+        student_t_975(0)
+    with pytest.raises(TypeError, match="degrees_of_freedom: 2.0"):
+        student_t_975(2.0)
+
+
 def test_verdict_says_inside_the_noise_only_when_the_interval_holds_zero() -> None:
     from trainfast.optim.comparison import verdict
 
@@ -1445,3 +1459,66 @@ def test_chapter_five_optimizer_rates_are_interior_to_their_grids() -> None:
 
     notebook = chapters.executed_notebook("optimizers")
     assert _glued(notebook, "mlp_edges") == "0"
+
+
+def _docstring_free_lines(obj: object) -> str:
+    """The ``:lines:`` spec that shows ``obj``'s source (as Sphinx counts it: from the decorator,
+    as ``inspect.getsource``) whole except its docstring."""
+    import ast
+    import inspect
+    import textwrap
+
+    source = textwrap.dedent(inspect.getsource(obj))
+    node = ast.parse(source).body[0]
+    doc = node.body[0]
+    assert isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant), obj
+    last = len(source.rstrip("\n").splitlines())
+    return f"1-{doc.lineno - 1},{doc.end_lineno + 1}-{last}"
+
+
+@pytest.mark.parametrize(
+    "name", ["train", "tune_then_repeat", "weight_decay_groups", "clip_grad_norm_"]
+)
+def test_listings_without_docstrings_show_the_rest_of_the_object(name: str) -> None:
+    """These listings leave out the docstring (the prose says it; the API reference has it) and
+    nothing else; an edit that shifts the lines fails here."""
+    import re
+    from pathlib import Path
+
+    from trainfast import loop, stability
+    from trainfast.optim import comparison, groups
+
+    objects = {
+        "train": loop.train,
+        "tune_then_repeat": comparison.tune_then_repeat,
+        "weight_decay_groups": groups.weight_decay_groups,
+        "clip_grad_norm_": stability.clip_grad_norm_,
+    }
+    page = (Path(__file__).parents[1] / "book" / "optimizers.md").read_text()
+    spec = re.search(rf":pyobject: {name}\n:lines: ([\d,-]+)\n", page).group(1)
+    assert spec == _docstring_free_lines(objects[name])
+
+
+def test_train_listing_emphasises_the_four_lines_of_a_step() -> None:
+    import inspect
+    import re
+    from pathlib import Path
+
+    from trainfast import loop
+
+    page = (Path(__file__).parents[1] / "book" / "optimizers.md").read_text()
+    spec, start, end = re.search(
+        r":pyobject: train\n:lines: ([\d,-]+)\n:emphasize-lines: (\d+)-(\d+)\n", page
+    ).groups()
+    source = inspect.getsource(loop.train).splitlines()
+    shown = []
+    for part in spec.split(","):
+        first, _, last = part.partition("-")
+        shown += source[int(first) - 1 : int(last or first)]
+    marked = [line.strip() for line in shown[int(start) - 1 : int(end)]]
+    assert marked[1:] == [
+        "optimizer.zero_grad(set_to_none=True)",
+        "loss = loss_fn(model(inputs), targets)",
+        "loss.backward()",
+        "optimizer.step()",
+    ]

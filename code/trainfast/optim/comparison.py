@@ -40,6 +40,7 @@ __all__ = [
     "muon_vs_adamw_record",
     "paired_difference",
     "require_interior",
+    "student_t_975",
     "train_and_score",
     "tune_then_repeat",
     "verdict",
@@ -51,6 +52,20 @@ _T975 = [
     *(2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086),  # 11..20
     *(2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042),  # 21..30
 ]
+
+
+def student_t_975(degrees_of_freedom: int) -> float:
+    """The two-sided 95% quantile of Student's t: an interval is ``estimate ± this · SE``.
+
+    From a table for 1 to 30 degrees of freedom; beyond, the normal's 1.96 (t is within 2% of
+    it there). The one rule behind every interval the chapters compute from a few repeats or a
+    fit with few points: ``2 · SE`` would be an 82% interval at 2 degrees of freedom.
+    """
+    if isinstance(degrees_of_freedom, bool) or not isinstance(degrees_of_freedom, int):
+        raise TypeError(f"Invalid degrees_of_freedom: {degrees_of_freedom!r} (expected an int)")
+    if degrees_of_freedom < 1:
+        raise ValueError(f"Invalid degrees_of_freedom: {degrees_of_freedom} (need at least 1)")
+    return _T975[degrees_of_freedom - 1] if degrees_of_freedom <= len(_T975) else 1.96
 
 
 @dataclass(frozen=True)
@@ -81,8 +96,7 @@ def mean_interval(values: Sequence[float]) -> Interval:
     if not all(math.isfinite(v) for v in values):
         raise ValueError(f"Invalid values: {list(values)} (not all finite)")
     mean = statistics.fmean(values)
-    t = _T975[n - 2] if n - 1 <= len(_T975) else 1.96
-    half = t * statistics.stdev(values) / math.sqrt(n)
+    half = student_t_975(n - 1) * statistics.stdev(values) / math.sqrt(n)
     return Interval(mean, mean - half, mean + half, n)
 
 

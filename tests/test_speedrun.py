@@ -105,6 +105,18 @@ def test_a_run_stops_at_the_first_evaluation_at_or_below_the_target(data):
     assert "validation loss" in lines[-1] and "(target 5.5)" in lines[-1]
 
 
+def test_a_run_can_be_judged_on_the_tuning_split_instead(data):
+    target = Target(loss=0.0, eval_every=5, eval_tokens=2_048, max_steps=5)
+    judged = {
+        split: run_to_target(_config(), data, target, split=split, progress=None).final_loss
+        for split in ("validation", "tune")
+    }
+    # the same model after the same 5 steps, evaluated on two different texts
+    assert judged["validation"] != judged["tune"], judged
+    with pytest.raises(ValueError, match="Invalid split: 'train'"):
+        run_to_target(_config(), data, target, split="train", progress=None)
+
+
 def test_a_run_that_cannot_reach_the_target_stops_at_the_budget(data):
     lines = []
     target = Target(loss=0.01, eval_every=2, eval_tokens=1_024, max_steps=4)

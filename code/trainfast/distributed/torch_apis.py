@@ -48,14 +48,19 @@ def _loss(output: Tensor, target: Tensor) -> Tensor:
     return F.mse_loss(output, target)  # mean over the batch: the pipeline chapter's loss
 
 
-def torch_tensor_parallel(model: nn.Sequential, world_size: int) -> nn.Sequential:
-    """Megatron pairs with ``parallelize_module``: linears 1, 3, ... by column, the next by row."""
+def _require_tensor_parallel_api() -> None:
+    """Refuse torch 2.4, whose tensor-parallel API fails on the pipeline model's linears."""
     if parse_version(torch.__version__) < (2, 5):
         raise RuntimeError(
             f"torch {torch.__version__}'s tensor-parallel API cannot shard these linears (its plan "
             "walk applies ColwiseParallel to a Sequential, and DTensor's addmm sharding raises an "
-            "IndexError); this was run on torch 2.11 and 2.14"
+            "IndexError); the package's tests run it on torch 2.11 and 2.14"
         )
+
+
+def torch_tensor_parallel(model: nn.Sequential, world_size: int) -> nn.Sequential:
+    """Megatron pairs with ``parallelize_module``: linears 1, 3, ... by column, the next by row."""
+    _require_tensor_parallel_api()
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,

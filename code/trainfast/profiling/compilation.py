@@ -107,8 +107,9 @@ def cudagraph_skip_reasons(call: Callable[[], object]) -> list[CudagraphSkip]:
     default: it records one more graph for that shape (and warns past
     ``torch._inductor.config.triton.cudagraph_dynamic_shape_warn_limit``, 8), unless
     ``cudagraph_skip_dynamic_graphs`` is set. A skip does not raise: it writes a warning,
-    ``skipping cudagraphs due to ...``, to the ``cudagraphs`` log (stderr, easy to miss in a
-    job's output) and adds one to ``torch._dynamo.utils.counters["inductor"]["cudagraph_skips"]``.
+    ``skipping cudagraphs due to ...``, to the ``cudagraphs`` log (in torch 2.4 the perf-hints
+    log; stderr, easy to miss in a job's output) and adds one to
+    ``torch._dynamo.utils.counters["inductor"]["cudagraph_skips"]``.
     This collects those warnings while ``call`` runs, and not the log's other records (the
     warning about many shapes, or what ``TORCH_LOGS="cudagraphs"`` adds).
     ``torch._inductor.config.triton.cudagraph_or_error = True`` turns them into errors.

@@ -215,15 +215,20 @@ def run_to_target(
     seed: int = 0,
     device: torch.device | str | None = None,
     progress: Callable[[str], None] | None = print,
+    split: str = "validation",
 ) -> RunResult:
     """Train ``config`` from seed ``seed`` until the validation loss reaches ``target``.
 
     Every seed trains on the same token stream from its start (so seeds differ in their
     initialisation only) and is evaluated on the same validation windows. ``progress`` gets
     one line per evaluation: the loss against the target and the training tokens per second.
+    ``split="tune"`` evaluates on the tuning split instead, for choosing a setting without
+    looking at the validation split that records are judged on.
     """
     if not isinstance(config, SpeedrunConfig):
         raise ValueError(f"Invalid config: {config!r} (expected a SpeedrunConfig)")
+    if split not in ("validation", "tune"):
+        raise ValueError(f"Invalid split: {split!r} (expected 'validation' or 'tune')")
     if config.shape.vocab_size < data.vocab_size:
         raise ValueError(
             f"Invalid vocab_size: {config.shape.vocab_size} (the data's tokenizer has "
@@ -232,12 +237,12 @@ def run_to_target(
     device = device if isinstance(device, torch.device) else pick_device(device)
     shape = config.shape
     seq = shape.seq_len
-    validation = np.asarray(data.tokens_of("validation")[: target.eval_tokens + 1], np.int64)
+    validation = np.asarray(data.tokens_of(split)[: target.eval_tokens + 1], np.int64)
     n_windows = (len(validation) - 1) // seq
     if n_windows < 1:
         raise ValueError(
             f"Invalid eval_tokens: {target.eval_tokens} (fewer than one window of {seq} tokens "
-            f"in the validation split of {len(data.tokens_of('validation'))} tokens)"
+            f"in the {split} split of {len(data.tokens_of(split))} tokens)"
         )
     starts = torch.arange(n_windows) * seq
     windows = torch.from_numpy(validation)[starts[:, None] + torch.arange(seq + 1)].to(device)

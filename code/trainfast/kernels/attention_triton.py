@@ -352,8 +352,8 @@ def register_flash_attention_op() -> Any:
     kernels it generates. The forward operator is ``(q, k, v, is_causal) -> (out, lse)``. Its
     backward (``torch.library.register_autograd``: :func:`flash_attention_op_setup_context`
     saves what :func:`flash_attention_op_backward` reads) calls a second operator,
-    ``flash_attention_backward``, since a backward must be traceable and only an operator's
-    body may launch kernels through ``wrap_triton``.
+    ``flash_attention_backward``: a registered backward must be traceable, and
+    ``register_autograd``'s docstring puts one that is not into a custom operator of its own.
 
     Returns the forward operator, once per process; ``None`` on a PyTorch without
     ``triton_op``, or one whose ``wrap_triton`` refuses our kernels. Under Triton's CPU

@@ -288,6 +288,74 @@ def test_torch_compile_cannot_trace_the_op_under_the_interpreter():
         compiled(q)
 
 
+#: AOT autograd (torch.compile's tracer of forward and backward) on meta tensors, with the
+#: kernels compiled rather than interpreted. Only a GPU's Triton driver can lower a kernel to find
+#: which arguments it writes, so the trace is told: the outputs each kernel stores to.
+_AOT_TRACE = """
+import json, os, sys
+os.environ["TRITON_INTERPRET"] = "0"
+from unittest import mock
+import torch
+import torch._higher_order_ops.triton_kernel_wrap as wrap
+from torch._functorch.aot_autograd import aot_function
+import trainfast.kernels.attention_triton as attention
+from trainfast.gpus import GPUS
+
+WRITES = {
+    "flash_forward_kernel": ["o_ptr", "lse_ptr"],
+    "flash_backward_preprocess_kernel": ["delta_ptr"],
+    "flash_backward_dkdv_kernel": ["dk_ptr", "dv_ptr"],
+    "flash_backward_dq_kernel": ["dq_ptr"],
+}
+def name(index):
+    return wrap.kernel_side_table.get_kernel(index).fn.__name__
+wrap.get_mutated_tensors = lambda index, *_: WRITES[name(index)]
+op = attention.register_flash_attention_op()
+graphs = []
+def keep(graph, _):
+    graphs.append(graph)
+    return graph
+def kernels(graph):
+    return [
+        name(node.kwargs["kernel_idx"])
+        for node in graph.graph.nodes
+        if node.target is torch.ops.higher_order.triton_kernel_wrapper_functional
+    ]
+with mock.patch.object(attention, "launch_target", lambda device: GPUS["H100 SXM 80GB"]):
+    q = torch.empty(1, 4, 128, 64, device="meta", dtype=torch.bfloat16, requires_grad=True)
+    k, v = (torch.empty(1, 2, 128, 64, device="meta", dtype=torch.bfloat16, requires_grad=True)
+            for _ in "kv")
+    traced = aot_function(lambda q, k, v: op(q, k, v, True)[0], fw_compiler=keep, bw_compiler=keep)
+    traced(q, k, v).sum().backward()
+print(json.dumps({"forward": kernels(graphs[0]), "backward": kernels(graphs[1]),
+                  "grads": [list(t.grad.shape) for t in (q, k, v)]}))
+"""
+
+
+@pytest.mark.skipif(
+    not hasattr(torch.library, "triton_op"), reason="torch.library.triton_op needs torch 2.6"
+)
+def test_torch_compile_traces_the_registered_backward_into_its_kernels():
+    """The registered backward calls an operator whose body AOT autograd traces kernel by
+    kernel, as torch.compile would on a GPU, not an opaque call it cannot trace."""
+    import json
+    import os
+    import sys
+
+    environment = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    command = [sys.executable, "-c", _AOT_TRACE]
+    result = subprocess.run(command, capture_output=True, text=True, env=environment, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    trace = json.loads(result.stdout.strip().splitlines()[-1])
+    assert trace["forward"] == ["flash_forward_kernel"]
+    assert trace["backward"] == [
+        "flash_backward_preprocess_kernel",
+        "flash_backward_dkdv_kernel",
+        "flash_backward_dq_kernel",
+    ]
+    assert trace["grads"] == [[1, 4, 128, 64], [1, 2, 128, 64], [1, 2, 128, 64]]  # GQA summed
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.skipif(

@@ -333,7 +333,8 @@ print(json.dumps({"forward": kernels(graphs[0]), "backward": kernels(graphs[1]),
 
 
 @pytest.mark.skipif(
-    not hasattr(torch.library, "triton_op"), reason="torch.library.triton_op needs torch 2.6"
+    not hasattr(torch.library, "triton_op"),
+    reason=f"torch.library.triton_op needs torch 2.6; this is {torch.__version__}",
 )
 def test_torch_compile_traces_the_registered_backward_into_its_kernels():
     """The registered backward calls an operator whose body AOT autograd traces kernel by

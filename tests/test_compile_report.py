@@ -255,16 +255,106 @@ def test_gpu_live_launch_matches_the_ahead_of_time_report():
         assert tensor_core_class(compiled.asm["ptx"]) == rows[name].tensor_cores, name
 
 
-def test_flash_attention_op_is_registered_only_where_it_can_be_traced():
+def test_flash_attention_op_is_registered_where_wrap_triton_takes_the_kernels():
     from trainfast.kernels.attention_triton import flash_forward_kernel, register_flash_attention_op
-    from trainfast.kernels.triton_runtime import is_interpreted
 
     op = register_flash_attention_op()
-    if is_interpreted(flash_forward_kernel) or not hasattr(torch.library, "triton_op"):
-        assert op is None  # wrap_triton cannot trace an interpreted kernel
+    if not hasattr(torch.library, "triton_op"):  # torch 2.4 and 2.5
+        assert op is None
+        return
+    try:  # a compiled kernel always; an interpreted one in PyTorch 2.14 (returned unchanged)
+        torch.library.wrap_triton(flash_forward_kernel)
+    except RuntimeError:
+        assert op is None
     else:
         assert op is register_flash_attention_op()  # registered once per process
         assert hasattr(torch.ops.trainfast_kernels, "flash_attention_forward")
+        assert hasattr(torch.ops.trainfast_kernels, "flash_attention_backward")
+
+
+def test_torch_compile_cannot_trace_the_op_under_the_interpreter():
+    """Registered on a CPU, the operator runs eagerly (tests/test_memory_hierarchy.py), but
+    tracing its body with fake tensors reaches the interpreted launch, which reads data."""
+    from trainfast.kernels.attention_triton import flash_forward_kernel, register_flash_attention_op
+    from trainfast.kernels.triton_runtime import is_interpreted
+
+    op = register_flash_attention_op() if is_interpreted(flash_forward_kernel) else None
+    if op is None:
+        pytest.skip("needs the operator registered over interpreted kernels (PyTorch 2.14, CPU)")
+    q = torch.randn(1, 1, 16, 16)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda q: op(q, q, q, False)[0], backend="eager", fullgraph=True)
+    with pytest.raises(Exception, match="Cannot access data pointer"):
+        compiled(q)
+
+
+#: AOT autograd (torch.compile's tracer of forward and backward) on meta tensors, with the
+#: kernels compiled rather than interpreted. Only a GPU's Triton driver can lower a kernel to find
+#: which arguments it writes, so the trace is told: the outputs each kernel stores to.
+_AOT_TRACE = """
+import json, os, sys
+os.environ["TRITON_INTERPRET"] = "0"
+from unittest import mock
+import torch
+import torch._higher_order_ops.triton_kernel_wrap as wrap
+from torch._functorch.aot_autograd import aot_function
+import trainfast.kernels.attention_triton as attention
+from trainfast.gpus import GPUS
+
+WRITES = {
+    "flash_forward_kernel": ["o_ptr", "lse_ptr"],
+    "flash_backward_preprocess_kernel": ["delta_ptr"],
+    "flash_backward_dkdv_kernel": ["dk_ptr", "dv_ptr"],
+    "flash_backward_dq_kernel": ["dq_ptr"],
+}
+def name(index):
+    return wrap.kernel_side_table.get_kernel(index).fn.__name__
+wrap.get_mutated_tensors = lambda index, *_: WRITES[name(index)]
+op = attention.register_flash_attention_op()
+graphs = []
+def keep(graph, _):
+    graphs.append(graph)
+    return graph
+def kernels(graph):
+    return [
+        name(node.kwargs["kernel_idx"])
+        for node in graph.graph.nodes
+        if node.target is torch.ops.higher_order.triton_kernel_wrapper_functional
+    ]
+with mock.patch.object(attention, "launch_target", lambda device: GPUS["H100 SXM 80GB"]):
+    q = torch.empty(1, 4, 128, 64, device="meta", dtype=torch.bfloat16, requires_grad=True)
+    k, v = (torch.empty(1, 2, 128, 64, device="meta", dtype=torch.bfloat16, requires_grad=True)
+            for _ in "kv")
+    traced = aot_function(lambda q, k, v: op(q, k, v, True)[0], fw_compiler=keep, bw_compiler=keep)
+    traced(q, k, v).sum().backward()
+print(json.dumps({"forward": kernels(graphs[0]), "backward": kernels(graphs[1]),
+                  "grads": [list(t.grad.shape) for t in (q, k, v)]}))
+"""
+
+
+@pytest.mark.skipif(
+    not hasattr(torch.library, "triton_op"),
+    reason=f"torch.library.triton_op needs torch 2.6; this is {torch.__version__}",
+)
+def test_torch_compile_traces_the_registered_backward_into_its_kernels():
+    """The registered backward calls an operator whose body AOT autograd traces kernel by
+    kernel, as torch.compile would on a GPU, not an opaque call it cannot trace."""
+    import json
+    import os
+    import sys
+
+    environment = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    command = [sys.executable, "-c", _AOT_TRACE]
+    result = subprocess.run(command, capture_output=True, text=True, env=environment, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    trace = json.loads(result.stdout.strip().splitlines()[-1])
+    assert trace["forward"] == ["flash_forward_kernel"]
+    assert trace["backward"] == [
+        "flash_backward_preprocess_kernel",
+        "flash_backward_dkdv_kernel",
+        "flash_backward_dq_kernel",
+    ]
+    assert trace["grads"] == [[1, 4, 128, 64], [1, 2, 128, 64], [1, 2, 128, 64]]  # GQA summed
 
 
 @pytest.mark.gpu

@@ -328,46 +328,104 @@ class _OpContext:
         self.saved_tensors = tensors
 
 
+def _explicit_attention64(q, k, v, is_causal):
+    """O and L in float64 from an explicit softmax and logsumexp, k and v repeated per group."""
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    group = q.shape[1] // k.shape[1]
+    k_rep, v_rep = (t.repeat_interleave(group, dim=1) for t in (k64, v64))
+    scores = q64 @ k_rep.transpose(-2, -1) * q.shape[-1] ** -0.5
+    if is_causal:  # aligned at the top-left, as SDPA's
+        mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril()
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return (q64, k64, v64), torch.softmax(scores, dim=-1) @ v_rep, torch.logsumexp(scores, dim=-1)
+
+
+def _expected_grads(q, k, v, is_causal, grad_out, grad_lse):
+    """Float64 autograd of ``Σ O·grad_out + Σ L·grad_lse`` (a None term left out; L alone
+    does not read v, whose gradient is then zeros)."""
+    inputs, out, lse = _explicit_attention64(q, k, v, is_causal)
+    loss = sum(
+        (o * g.double()).sum() for o, g in ((out, grad_out), (lse, grad_lse)) if g is not None
+    )
+    return torch.autograd.grad(loss, inputs, allow_unused=True, materialize_grads=True)
+
+
 @pytest.mark.parametrize("is_causal", [False, True])
 @pytest.mark.parametrize("n_kv_heads", [4, 2])
-def test_registered_op_backward_matches_autograd_of_out_and_lse(is_causal, n_kv_heads):
-    """The backward registered on ``trainfast_kernels::flash_attention_forward``, called as
-    autograd calls it, against float64 autograd through SDPA and logsumexp, for a loss that
-    reads both outputs (O and L), with and without grouped-query attention."""
+def test_triton_backward_with_grad_lse_matches_autograd_of_out_and_lse(is_causal, n_kv_heads):
+    """``flash_attention_triton_backward`` with L's gradient folded into D, against float64
+    autograd of an explicit softmax and logsumexp, for a loss that reads both outputs (O and
+    L), with and without grouped-query attention."""
     from trainfast.kernels.attention_triton import (
-        flash_attention_op_backward,
-        flash_attention_op_setup_context,
+        flash_attention_triton_backward,
         flash_attention_triton_forward,
     )
 
     q, k, v = _qkv((2, 4, 37, 16), (2, n_kv_heads, 45, 16), torch.float32)
     with torch.no_grad():
         out, lse = flash_attention_triton_forward(q, k, v, is_causal, enable_gqa=n_kv_heads < 4)
-    ctx = _OpContext()
-    flash_attention_op_setup_context(ctx, (q, k, v, is_causal), (out, lse))
     generator = torch.Generator().manual_seed(1)
     grad_out = torch.randn(out.shape, generator=generator)
     grad_lse = torch.randn(lse.shape, generator=generator)
-    grads = flash_attention_op_backward(ctx, grad_out, grad_lse)
-    assert grads[3] is None  # is_causal has no gradient
+    grads = flash_attention_triton_backward(grad_out, q, k, v, out, lse, is_causal, None, grad_lse)
 
-    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
-    group = 4 // n_kv_heads
-    k_rep, v_rep = (t.repeat_interleave(group, dim=1) for t in (k64, v64))
-    scores = q64 @ k_rep.transpose(-2, -1) * 16**-0.5
-    if is_causal:
-        mask = torch.ones(37, 45, dtype=torch.bool).tril()
-        scores = scores.masked_fill(~mask, float("-inf"))
-    expected_lse = torch.logsumexp(scores, dim=-1)
-    expected = torch.softmax(scores, dim=-1) @ v_rep
+    _, _, expected_lse = _explicit_attention64(q, k, v, is_causal)
     torch.testing.assert_close(lse.double(), expected_lse, atol=2e-5, rtol=2e-5)
-    loss = (expected * grad_out.double()).sum() + (expected_lse * grad_lse.double()).sum()
-    expected_grads = torch.autograd.grad(loss, (q64, k64, v64))
-    for name, grad, reference in zip("qkv", grads[:3], expected_grads, strict=True):
+    expected_grads = _expected_grads(q, k, v, is_causal, grad_out, grad_lse)
+    for name, grad, reference in zip("qkv", grads, expected_grads, strict=True):
         torch.testing.assert_close(grad.double(), reference, atol=1e-4, rtol=1e-4, msg=name)
     # the same gradients with grad_lse left out are those of O alone: L's term is not a no-op
-    without_lse = flash_attention_op_backward(ctx, grad_out, None)
+    without_lse = flash_attention_triton_backward(grad_out, q, k, v, out, lse, is_causal)
     assert not torch.allclose(without_lse[0], grads[0], atol=1e-3)
+
+
+def _registered_flash_attention_op():
+    """The registered forward operator, or a skip that names the PyTorch version lacking it."""
+    if not hasattr(torch.library, "triton_op"):
+        pytest.skip(f"torch.library.triton_op needs torch 2.6; this is {torch.__version__}")
+    from trainfast.kernels.attention_triton import register_flash_attention_op
+
+    op = register_flash_attention_op()
+    if op is None:
+        pytest.skip(f"torch {torch.__version__}'s wrap_triton refuses these kernels")
+    return op
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize("n_kv_heads", [4, 2])
+def test_registered_op_differentiates_like_explicit_softmax_and_logsumexp(is_causal, n_kv_heads):
+    """Autograd through ``torch.ops.trainfast_kernels.flash_attention_forward`` (the operators
+    that ``register_flash_attention_op`` registers, eagerly), against float64 autograd of an
+    explicit softmax and logsumexp: a loss of O and L, and the backward called with ``None`` for
+    the output a loss does not read (with and without grouped-query attention)."""
+    from trainfast.kernels.attention_triton import (
+        flash_attention_op_backward,
+        flash_attention_op_setup_context,
+    )
+
+    _registered_flash_attention_op()
+    q, k, v = _qkv((1, 4, 37, 16), (1, n_kv_heads, 45, 16), torch.float32)
+    out, lse = torch.ops.trainfast_kernels.flash_attention_forward(q, k, v, is_causal)
+    _, expected_out, expected_lse = _explicit_attention64(q, k, v, is_causal)
+    torch.testing.assert_close(out.double(), expected_out, atol=2e-5, rtol=2e-5)
+    torch.testing.assert_close(lse.double(), expected_lse, atol=2e-5, rtol=2e-5)
+
+    generator = torch.Generator().manual_seed(1)
+    grad_out = torch.randn(out.shape, generator=generator)
+    grad_lse = torch.randn(lse.shape, generator=generator)
+    grads = torch.autograd.grad((out, lse), (q, k, v), (grad_out, grad_lse))
+    expected = _expected_grads(q, k, v, is_causal, grad_out, grad_lse)
+    for name, grad, reference in zip("qkv", grads, expected, strict=True):
+        torch.testing.assert_close(grad.double(), reference, atol=1e-4, rtol=1e-4, msg=name)
+
+    ctx = _OpContext()
+    flash_attention_op_setup_context(ctx, (q, k, v, is_causal), (out.detach(), lse.detach()))
+    for only_out, only_lse in ((grad_out, None), (None, grad_lse)):
+        grads = flash_attention_op_backward(ctx, only_out, only_lse)
+        assert grads[3] is None  # is_causal has no gradient
+        expected = _expected_grads(q, k, v, is_causal, only_out, only_lse)
+        for name, grad, reference in zip("qkv", grads[:3], expected, strict=True):
+            torch.testing.assert_close(grad.double(), reference, atol=1e-4, rtol=1e-4, msg=name)
 
 
 def test_triton_backward_names_a_grad_lse_of_the_wrong_shape():

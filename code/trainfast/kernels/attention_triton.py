@@ -21,6 +21,7 @@ memory per block, no asynchronous copies) gets tiles that fit it.
 """
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -111,7 +112,7 @@ def flash_attention_triton_forward(
     _check(q, k, v, enable_gqa)
     *batch_shape, n_queries, head_dim = q.shape
     if tiles is None:
-        tiles = attention_forward_tiles(_target(flash_forward_kernel, q), q.dtype, head_dim)
+        tiles = attention_forward_tiles(launch_target(q.device), q.dtype, head_dim)
     q3, k3, v3 = (t.reshape(-1, t.shape[-2], head_dim) for t in (q, k, v))  # (batch·heads, n, d)
     out = torch.empty_like(q3)
     # (batch·heads, n_queries)
@@ -155,13 +156,25 @@ def _padded(head_dim: int) -> int:
     return max(16, 1 << math.ceil(math.log2(head_dim)))
 
 
-def attention_backward_delta(out: Tensor, grad_out: Tensor, block_rows: int = 32) -> Tensor:
+def _as_is(kernel: Any) -> Any:
+    return kernel
+
+
+def attention_backward_delta(
+    out: Tensor,
+    grad_out: Tensor,
+    block_rows: int = 32,
+    *,
+    wrap_kernel: Callable[[Any], Any] = _as_is,
+) -> Tensor:
     """D = rowsum(dO ∘ O) by :func:`flash_backward_preprocess_kernel`: float32, ``out.shape[:-1]``.
 
     The term every backward kernel subtracts from dP (``dS = P ∘ (dP - D)``): since
     ``O_i = Σ_j P_ij V_j``, ``D_i = Σ_j P_ij dP_ij = dO_i · O_i``, one dot product of length
     head_dim per query instead of a sum over all keys. Computed once, before the two backward
-    kernels, as FlashAttention-2 does; ``block_rows`` rows per program.
+    kernels, as FlashAttention-2 does; ``block_rows`` rows per program. ``wrap_kernel`` is
+    applied to the kernel before its launch (``torch.library.wrap_triton`` inside a
+    ``triton_op``, so that ``torch.compile`` can trace the launch).
     """
     if out.shape != grad_out.shape:
         raise ValueError(
@@ -174,7 +187,7 @@ def attention_backward_delta(out: Tensor, grad_out: Tensor, block_rows: int = 32
     o2, do2 = (t.reshape(-1, head_dim).contiguous() for t in (out, grad_out))  # (rows, d)
     delta = torch.empty(o2.shape[0], dtype=torch.float32, device=out.device)
     grid = (-(-o2.shape[0] // block_rows),)
-    flash_backward_preprocess_kernel[grid](
+    wrap_kernel(flash_backward_preprocess_kernel)[grid](
         o2,
         do2,
         delta,
@@ -196,13 +209,16 @@ def flash_attention_triton_backward(
     is_causal: bool = False,
     tiles: AttentionTiles | None = None,
     grad_lse: Tensor | None = None,
+    *,
+    wrap_kernel: Callable[[Any], Any] = _as_is,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Run the two backward kernels: ``(dq, dk, dv)`` in the inputs' dtype.
 
     ``tiles`` (both kernels) defaults to :func:`attention_dkdv_tiles` and
     :func:`attention_dq_tiles` for the tensors' device. ``grad_lse`` (L's shape), the gradient
     of a loss that also reads L: since ``dL_i/dS_ij = P_ij``, it enters as ``D - grad_lse`` in
-    ``dS = P ∘ (dP - D)``, so the kernels are unchanged.
+    ``dS = P ∘ (dP - D)``, so the kernels are unchanged. ``wrap_kernel`` as in
+    :func:`attention_backward_delta`, for all three kernels.
     """
     *_, n_queries, head_dim = q.shape
     n_keys = k.shape[-2]
@@ -211,7 +227,8 @@ def flash_attention_triton_backward(
     dq_tiles = tiles or attention_dq_tiles(target, q.dtype, head_dim)
     # One layout for all: contiguous (batch·heads, n, d), so q and k share their strides.
     q3, do3 = (t.reshape(-1, n_queries, head_dim).contiguous() for t in (q, grad_out.to(q.dtype)))
-    delta = attention_backward_delta(out, grad_out.to(q.dtype))  # D = rowsum(dO ∘ O)
+    # D = rowsum(dO ∘ O)
+    delta = attention_backward_delta(out, grad_out.to(q.dtype), wrap_kernel=wrap_kernel)
     if grad_lse is not None:
         if grad_lse.shape != lse.shape:
             raise ValueError(
@@ -228,9 +245,9 @@ def flash_attention_triton_backward(
     grid, args, kwargs = attention_dkdv_launch(
         q3, k3, v3, do3, lse2, delta2, dk, dv, is_causal, dkdv_tiles
     )
-    flash_backward_dkdv_kernel[grid](*args, **kwargs)
+    wrap_kernel(flash_backward_dkdv_kernel)[grid](*args, **kwargs)
     grid, args, kwargs = attention_dq_launch(q3, k3, v3, do3, lse2, delta2, dq, is_causal, dq_tiles)
-    flash_backward_dq_kernel[grid](*args, **kwargs)
+    wrap_kernel(flash_backward_dq_kernel)[grid](*args, **kwargs)
     if k3.shape[0] != q3.shape[0]:  # grouped-query attention: (kv heads, group, n_keys, d)
         dk, dv = (t.float().unflatten(0, (k3.shape[0], -1)).sum(1).to(q.dtype) for t in (dk, dv))
     return dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape)
@@ -299,40 +316,56 @@ def flash_attention_op_setup_context(
 def flash_attention_op_backward(
     ctx: Any, grad_out: Tensor | None, grad_lse: Tensor | None
 ) -> tuple[Tensor, Tensor, Tensor, None]:
-    """The registered operator's backward: ``(dq, dk, dv, None)`` for ``(q, k, v, is_causal)``.
+    """The forward operator's backward: ``(dq, dk, dv, None)`` for ``(q, k, v, is_causal)``.
 
-    The operator returns L as well as O, so a loss may read both;
-    :func:`flash_attention_triton_backward` folds ``grad_lse`` into D. A missing ``grad_out``
-    (a loss of L alone) is zeros."""
+    ``torch.library.register_autograd`` needs a backward that ``torch.compile`` can trace, and
+    its docstring puts anything else into a custom operator of its own: the backward kernels
+    run inside ``trainfast_kernels::flash_attention_backward``, whose body launches them
+    through ``wrap_triton``. The forward returns L as well as O, so
+    a loss may read both; ``grad_lse`` is folded into D (:func:`flash_attention_triton_backward`).
+    A ``None`` for either gradient means zeros (eager autograd already passes zeros for an
+    output the loss does not read)."""
     q, k, v, out, lse = ctx.saved_tensors
     if grad_out is None:
         grad_out = torch.zeros_like(out)
-    dq, dk, dv = flash_attention_triton_backward(
-        grad_out, q, k, v, out, lse, ctx.is_causal, grad_lse=grad_lse
+    dq, dk, dv = torch.ops.trainfast_kernels.flash_attention_backward(
+        grad_out, q, k, v, out, lse, grad_lse, ctx.is_causal
     )
     return dq, dk, dv, None
 
 
+def _wrap_triton_accepts(kernel: object) -> bool:
+    try:
+        torch.library.wrap_triton(kernel)
+    except RuntimeError:  # "wrap_triton only works on functions annotated with triton.jit ..."
+        return False
+    return True
+
+
 def register_flash_attention_op() -> Any:
-    """Register the Triton forward as ``torch.ops.trainfast_kernels.flash_attention_forward``.
+    """Register the Triton kernels as ``torch.ops.trainfast_kernels.flash_attention_forward``.
 
     ``torch.library.triton_op`` (PyTorch 2.6 and later) makes a custom operator whose body
     launches Triton kernels through ``torch.library.wrap_triton``; ``torch.compile`` then traces
     *into* the kernel launch (its output shapes come from tracing the body, no fake
     implementation needed) instead of breaking the graph, and inductor can schedule it with the
-    kernels it generates. Returns the operator (``(q, k, v, is_causal) -> (out, lse)``), once
-    per process; ``None`` where it cannot work: a PyTorch without ``triton_op``, or our kernels
-    decorated for Triton's CPU interpreter (``wrap_triton`` accepts only a ``triton.jit`` or
-    ``triton.autotune`` kernel, and under ``TRITON_INTERPRET=1`` ``@triton.jit`` returns an
-    ``InterpretedFunction``). Its backward is registered with
-    ``torch.library.register_autograd`` (:func:`flash_attention_op_setup_context` saves what
-    :func:`flash_attention_op_backward` reads), so autograd, and ``torch.compile`` tracing a
-    training step, differentiate it with our backward kernels.
+    kernels it generates. The forward operator is ``(q, k, v, is_causal) -> (out, lse)``. Its
+    backward (``torch.library.register_autograd``: :func:`flash_attention_op_setup_context`
+    saves what :func:`flash_attention_op_backward` reads) calls a second operator,
+    ``flash_attention_backward``: a registered backward must be traceable, and
+    ``register_autograd``'s docstring puts one that is not into a custom operator of its own.
+
+    Returns the forward operator, once per process; ``None`` on a PyTorch without
+    ``triton_op``, or one whose ``wrap_triton`` refuses our kernels. Under Triton's CPU
+    interpreter (``TRITON_INTERPRET=1``) ``@triton.jit`` returns an ``InterpretedFunction``,
+    which PyTorch 2.14's ``wrap_triton`` returns unchanged: the operators run, and autograd
+    differentiates them, eagerly on CPU tensors, but ``torch.compile`` cannot trace the
+    interpreted launches.
     """
     if "forward" in _OPS:
         return _OPS["forward"]
     triton_op = getattr(torch.library, "triton_op", None)
-    if triton_op is None or is_interpreted(flash_forward_kernel):
+    if triton_op is None or not _wrap_triton_accepts(flash_forward_kernel):
         return None
     wrap_triton = torch.library.wrap_triton
 
@@ -348,6 +381,21 @@ def register_flash_attention_op() -> Any:
         grid, args, kwargs = attention_forward_launch(q3, k3, v3, out, lse, is_causal, tiles)
         wrap_triton(flash_forward_kernel)[grid](*args, **kwargs)
         return out.reshape(q.shape), lse.reshape(*batch_shape, n_queries)
+
+    @triton_op("trainfast_kernels::flash_attention_backward", mutates_args=())
+    def flash_attention_backward(
+        grad_out: Tensor,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        out: Tensor,
+        lse: Tensor,
+        grad_lse: Tensor | None,
+        is_causal: bool,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        return flash_attention_triton_backward(
+            grad_out, q, k, v, out, lse, is_causal, grad_lse=grad_lse, wrap_kernel=wrap_triton
+        )
 
     torch.library.register_autograd(
         "trainfast_kernels::flash_attention_forward",

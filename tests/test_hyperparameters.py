@@ -43,9 +43,11 @@ from trainfast.training.exercises import (
     check_wsd_schedule,
 )
 from trainfast.training.scaling import (
+    PowerLaw,
     ScalingCNN,
     ScalingRun,
     compute_frontier,
+    exponent_difference,
     fit_power_law,
     scaling_study,
     training_flops,
@@ -578,6 +580,22 @@ def test_fit_power_law_recovers_a_known_law():
     assert 0.0 < noisy.exponent_stderr < 0.05
     with pytest.raises(ValueError, match="positive"):
         fit_power_law([1.0, 2.0], [1.0, -1.0])
+
+
+def test_exponent_difference_states_the_interval_and_whether_it_holds_zero():
+    stats = pytest.importorskip("scipy.stats")
+    a, b = PowerLaw(1.0, 0.30, 0.01, 8), PowerLaw(1.0, 0.20, 0.02, 6)  # dof: min(8, 6) - 2
+    half = stats.t.ppf(0.975, 4) * math.hypot(0.01, 0.02)
+    assert exponent_difference(a, b) == (
+        f"+0.10 ± {half:.2f} (95%, Student's t with 4 degrees of freedom), "
+        "an interval that excludes zero"
+    )
+    assert exponent_difference(b, PowerLaw(1.0, 0.25, 0.03, 6)).endswith("contains zero")
+    # a two-point fit has no standard error: said, not a crash in student_t_975(0)
+    two = PowerLaw(1.0, 0.1, float("nan"), 2)
+    assert exponent_difference(a, two) == (
+        "+0.20, not testable: a fit of 2 points has no standard error"
+    )
 
 
 def test_compute_frontier_keeps_what_no_cheaper_run_beats():

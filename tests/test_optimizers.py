@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import math
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -1269,14 +1270,16 @@ def test_student_t_975_matches_scipy_and_names_a_bad_value() -> None:
     stats = pytest.importorskip("scipy.stats")
     from trainfast.optim.comparison import student_t_975
 
-    for dof in (1, 2, 5, 30):
-        assert student_t_975(dof) == pytest.approx(stats.t.ppf(0.975, dof), rel=1e-3)
-    assert student_t_975(200) == pytest.approx(stats.t.ppf(0.975, 200), rel=0.01)
+    # the table, the interpolated tail (31 is where 1.96 would be 4% short), the far tail
+    for dof in (1, 2, 5, 30, 31, 45, 60, 200, 10_000):
+        assert student_t_975(dof) == pytest.approx(stats.t.ppf(0.975, dof), rel=3e-4), dof
+    assert student_t_975(np.int64(31)) == student_t_975(31)  # numpy integers are integers
     assert student_t_975(2) > 4  # "2 SE" at 2 degrees of freedom is an 82% interval, not 95%
     with pytest.raises(ValueError, match="degrees_of_freedom: 0"):
         student_t_975(0)
-    with pytest.raises(TypeError, match="degrees_of_freedom: 2.0"):
-        student_t_975(2.0)
+    for bad in (2.0, True, np.float64(3.0)):
+        with pytest.raises(TypeError, match=re.escape(f"degrees_of_freedom: {bad!r}")):
+            student_t_975(bad)
 
 
 def test_verdict_says_inside_the_noise_only_when_the_interval_holds_zero() -> None:

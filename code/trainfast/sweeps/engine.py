@@ -194,7 +194,8 @@ class SharedSweep:
     Each agent calls :func:`run_locally` with ``shared=SharedSweep(path)``. A proposal is made
     from *every* agent's runs, finished and running, so a grid is never run twice and Bayesian
     search learns from all results; each proposal draws from a stream seeded by ``seed`` and
-    the number of runs before it. The lock is POSIX ``fcntl.flock``.
+    the number of runs before it. The lock is ``fcntl.flock``, i.e. BSD's ``flock(2)``
+    (POSIX's record locks are ``fcntl.lockf``), so it needs a Unix.
     """
 
     def __init__(self, path: str | Path, *, seed: int = 0) -> None:
@@ -203,7 +204,7 @@ class SharedSweep:
 
     @contextmanager
     def _locked(self) -> Iterator[list[dict[str, Any]]]:
-        import fcntl  # lazy: POSIX only
+        import fcntl  # lazy: Unix only
 
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path.with_suffix(".lock"), "a+") as lock:

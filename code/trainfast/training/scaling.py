@@ -22,6 +22,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from trainfast.accounting import counted_flops
+from trainfast.optim.comparison import student_t_975
 from trainfast.training.arguments import TrainingArguments
 from trainfast.training.data import ImageData, load_images, take_fraction
 from trainfast.training.trainer import Trainer
@@ -32,6 +33,7 @@ __all__ = [
     "ScalingRun",
     "SaturatingPowerLaw",
     "compute_frontier",
+    "exponent_difference",
     "fit_power_law",
     "fit_saturating_power_law",
     "scaling_study",
@@ -223,6 +225,28 @@ def fit_power_law(compute: Sequence[float], loss: Sequence[float]) -> PowerLaw:
         residuals = z - (slope * x + intercept)
         stderr = math.sqrt(residuals @ residuals / (c.size - 2) / ((x - x.mean()) ** 2).sum())
     return PowerLaw(float(np.exp(intercept)), float(-slope), stderr, int(c.size))
+
+
+def exponent_difference(a: PowerLaw, b: PowerLaw) -> str:
+    """``a.exponent - b.exponent`` with its 95% Student-t interval, and whether it excludes zero.
+
+    The combined standard error is ``hypot`` of the two; the degrees of freedom are the smaller
+    fit's ``points - 2`` (conservative, since the fits' residual variances need not be equal).
+    A fit of two points has no standard error, so the difference is then not testable.
+    """
+    difference = a.exponent - b.exponent
+    dof = min(a.points, b.points) - 2
+    if dof < 1:
+        return (
+            f"{difference:+.2f}, not testable: a fit of {min(a.points, b.points)} points "
+            "has no standard error"
+        )
+    noise = student_t_975(dof) * math.hypot(a.exponent_stderr, b.exponent_stderr)
+    excludes = abs(difference) > noise
+    return (
+        f"{difference:+.2f} ± {noise:.2f} (95%, Student's t with {dof} degrees of freedom), "
+        f"an interval that {'excludes' if excludes else 'contains'} zero"
+    )
 
 
 @dataclass(frozen=True)

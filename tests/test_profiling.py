@@ -844,6 +844,33 @@ def test_reduce_overhead_records_a_graph_per_shape_without_skipping():
     torch._dynamo.reset()
 
 
+def test_the_cold_compile_benchmark_leaves_the_process_able_to_compile(tmp_path):
+    """compile-by-width compiles in a fresh, deleted-afterwards Inductor cache; a compile after it
+    in the same process must still work (torch 2.4 kept a header path inside the deleted folder
+    and failed: the version floor's fused-linear-gelu record, measured after it, did)."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "after.py"
+    script.write_text(
+        "import torch\n"
+        "import trainfast.profiling.overhead as overhead\n"
+        "from trainfast.profiling.benchmarks import compile_by_width_record\n"
+        "def one_compile(widths, device, tokens, repeats):\n"
+        "    torch.compile(lambda x: (x * 2).sin())(torch.randn(8))\n"
+        "    return [dict(width=8, eager_us=1.0, compiled_us=1.0, eager_iqr_us=0.0,\n"
+        "                 compiled_iqr_us=0.0, ratio=1.0, compile_s=1.0)]\n"
+        "overhead.compile_speedup_by_width = one_compile\n"
+        "compile_by_width_record(torch.device('cpu'), quick=True)\n"
+        "print(torch.compile(lambda x: x.cos() + 1)(torch.randn(8)).shape)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().endswith("torch.Size([8])")
+
+
 def test_use_compile_cache_points_inductor_at_the_folder(tmp_path, monkeypatch):
     import os
 

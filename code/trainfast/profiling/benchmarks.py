@@ -20,8 +20,6 @@ its rows.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from dataclasses import replace
 
 import torch
@@ -168,7 +166,8 @@ def launch_overhead_record(device: torch.device, quick: bool = False) -> Record:
 def compile_by_width_record(device: torch.device, quick: bool = False) -> Record:
     """:func:`~trainfast.profiling.overhead.compile_speedup_by_width` at widths that fit
     ``device``; ``quick`` takes three small widths (it still compiles: a minute on a CPU)."""
-    from trainfast.profiling.compilation import use_compile_cache
+    from torch._inductor.utils import fresh_inductor_cache
+
     from trainfast.profiling.overhead import compile_speedup_by_width
 
     if device.type == "cpu":
@@ -177,18 +176,12 @@ def compile_by_width_record(device: torch.device, quick: bool = False) -> Record
     else:
         widths = [64, 256, 1024] if quick else [64, 128, 256, 512, 1024, 2048, 4096]
     tokens = 256 if device.type == "cpu" else 8192
-    previous = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    with tempfile.TemporaryDirectory() as cache:  # cold compiles: compile_s is a real compile
-        use_compile_cache(cache)
-        try:
-            rows = compile_speedup_by_width(
-                widths, device, tokens=tokens, repeats=5 if quick else 15
-            )
-        finally:
-            if previous is None:
-                os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
-            else:
-                os.environ["TORCHINDUCTOR_CACHE_DIR"] = previous
+    # cold compiles, so compile_s is a real compile: Inductor's own fresh-cache context (a
+    # temporary cache folder, and on leaving it the paths Inductor memoised inside it forgotten;
+    # pointing TORCHINDUCTOR_CACHE_DIR at a folder deleted afterwards left torch 2.4 including a
+    # deleted header in the next compile of the process)
+    with fresh_inductor_cache():
+        rows = compile_speedup_by_width(widths, device, tokens=tokens, repeats=5 if quick else 15)
     description = (
         f"A transformer feed-forward block (layer norm, width -> 4 x width, GELU, back to width, "
         f"residual add) on {tokens} float32 tokens, eager against torch.compile (Inductor, "

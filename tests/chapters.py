@@ -133,6 +133,26 @@ def _package_names() -> set[str]:
     return names - {"__version__"}
 
 
+def docstring_free_lines(obj: object) -> str:
+    """The ``:lines:`` spec that shows ``obj``'s source (as Sphinx counts it: from the decorator,
+    as ``inspect.getsource``) whole except its docstring."""
+    import inspect
+    import textwrap
+
+    source = textwrap.dedent(inspect.getsource(obj))
+    node = ast.parse(source).body[0]
+    doc = node.body[0]
+    assert isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant), obj
+    last = len(source.rstrip("\n").splitlines())
+    return f"1-{doc.lineno - 1},{doc.end_lineno + 1}-{last}"
+
+
+def listing_lines(chapter: str, name: str) -> str:
+    """The ``:lines:`` spec of chapter ``chapter``'s listing of ``:pyobject: name``."""
+    page = (BOOK / f"{chapter}.md").read_text()
+    return re.search(rf":pyobject: {name}\n:lines: ([\d,-]+)\n", page).group(1)
+
+
 def listing_problems(name: str) -> list[str]:
     """Every breach of rule 1 in chapter ``name``, as readable messages (empty if none)."""
     path = chapter_path(name)

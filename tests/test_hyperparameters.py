@@ -1074,21 +1074,6 @@ def test_excerpted_listings_show_the_lines_that_carry_the_idea(name: str) -> Non
         assert any(line in s for s in shown), f"{name}: the excerpt lacks {line!r}"
 
 
-def _docstring_free_lines(obj: object) -> str:
-    """The ``:lines:`` spec that shows ``obj``'s source (as Sphinx counts it: from the decorator,
-    as ``inspect.getsource``) whole except its docstring."""
-    import ast
-    import inspect
-    import textwrap
-
-    source = textwrap.dedent(inspect.getsource(obj))
-    node = ast.parse(source).body[0]
-    doc = node.body[0]
-    assert isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant), obj
-    last = len(source.rstrip("\n").splitlines())
-    return f"1-{doc.lineno - 1},{doc.end_lineno + 1}-{last}"
-
-
 @pytest.mark.parametrize(
     "name",
     [
@@ -1103,9 +1088,7 @@ def _docstring_free_lines(obj: object) -> str:
 def test_listings_without_docstrings_show_the_rest_of_the_object(name: str) -> None:
     """These listings leave out the docstring (the prose says it; the API reference has it) and
     nothing else; an edit that shifts the lines fails here."""
-    import re
-    from pathlib import Path
-
+    import chapters
     from trainfast.sweeps import engine
     from trainfast.training import noise_scale, scaling, schedules, tracking
 
@@ -1117,6 +1100,6 @@ def test_listings_without_docstrings_show_the_rest_of_the_object(name: str) -> N
         "gradient_noise_scale": noise_scale.gradient_noise_scale,
         "training_flops": scaling.training_flops,
     }
-    page = (Path(__file__).parents[1] / "book" / "hyperparameters.md").read_text()
-    spec = re.search(rf":pyobject: {name}\n:lines: ([\d,-]+)\n", page).group(1)
-    assert spec == _docstring_free_lines(objects[name])
+    assert chapters.listing_lines("hyperparameters", name) == chapters.docstring_free_lines(
+        objects[name]
+    )

@@ -1464,30 +1464,13 @@ def test_chapter_five_optimizer_rates_are_interior_to_their_grids() -> None:
     assert _glued(notebook, "mlp_edges") == "0"
 
 
-def _docstring_free_lines(obj: object) -> str:
-    """The ``:lines:`` spec that shows ``obj``'s source (as Sphinx counts it: from the decorator,
-    as ``inspect.getsource``) whole except its docstring."""
-    import ast
-    import inspect
-    import textwrap
-
-    source = textwrap.dedent(inspect.getsource(obj))
-    node = ast.parse(source).body[0]
-    doc = node.body[0]
-    assert isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant), obj
-    last = len(source.rstrip("\n").splitlines())
-    return f"1-{doc.lineno - 1},{doc.end_lineno + 1}-{last}"
-
-
 @pytest.mark.parametrize(
     "name", ["train", "tune_then_repeat", "weight_decay_groups", "clip_grad_norm_"]
 )
 def test_listings_without_docstrings_show_the_rest_of_the_object(name: str) -> None:
     """These listings leave out the docstring (the prose says it; the API reference has it) and
     nothing else; an edit that shifts the lines fails here."""
-    import re
-    from pathlib import Path
-
+    import chapters
     from trainfast import loop, stability
     from trainfast.optim import comparison, groups
 
@@ -1497,9 +1480,9 @@ def test_listings_without_docstrings_show_the_rest_of_the_object(name: str) -> N
         "weight_decay_groups": groups.weight_decay_groups,
         "clip_grad_norm_": stability.clip_grad_norm_,
     }
-    page = (Path(__file__).parents[1] / "book" / "optimizers.md").read_text()
-    spec = re.search(rf":pyobject: {name}\n:lines: ([\d,-]+)\n", page).group(1)
-    assert spec == _docstring_free_lines(objects[name])
+    assert chapters.listing_lines("optimizers", name) == chapters.docstring_free_lines(
+        objects[name]
+    )
 
 
 def test_train_listing_emphasises_the_four_lines_of_a_step() -> None:

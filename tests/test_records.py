@@ -166,6 +166,21 @@ def test_to_markdown_can_pick_columns():
         to_markdown(_record(), columns=["speed"])
 
 
+def test_to_markdown_sets_command_line_flags_in_code():
+    """Markdown's typography turns "--" into a dash: a flag in a cell or the description must
+    reach the page as code, copyable."""
+    record = make_record(
+        "flags",
+        "Runs of torchrun --standalone; a range 1--2 stays text.",
+        [{"launcher": "torchrun --max-restarts 1, rank 1 fails", "ms": 1.0}],
+        units={"ms": "ms"},
+        device="cpu",
+    )
+    text = to_markdown(record)
+    assert "| torchrun `--max-restarts` 1, rank 1 fails |" in text
+    assert "torchrun `--standalone`;" in text and "1--2" in text
+
+
 def test_load_records_filters_by_name_and_puts_gpu_records_first(tmp_path):
     write_record(_record("a"), tmp_path)
     gpu = _record("a", device="cuda")

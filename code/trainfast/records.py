@@ -302,8 +302,18 @@ def to_markdown(
     ]
     formats = {c: _column_format([row[c] for row in record.rows]) for c in columns}
     for row in record.rows:
-        lines.append("| " + " | ".join(formats[c](row[c]) for c in columns) + " |")
-    return "\n".join(lines) + f"\n\n*{record.description} {provenance(record)}*\n"
+        lines.append("| " + " | ".join(_flags_as_code(formats[c](row[c])) for c in columns) + " |")
+    description = _flags_as_code(record.description)
+    return "\n".join(lines) + f"\n\n*{description} {provenance(record)}*\n"
+
+
+_FLAG = re.compile(r"(?<![\w`-])(--[A-Za-z][\w-]*)")
+
+
+def _flags_as_code(text: str) -> str:
+    """``text`` with each command-line flag (``--max-restarts``) in a code span, where Markdown's
+    typography cannot turn its two hyphens into a dash and the reader can copy it."""
+    return _FLAG.sub(r"`\1`", text)
 
 
 @dataclass(frozen=True)

@@ -306,6 +306,18 @@ def test_a_rank_hanging_in_teardown_after_returning_does_not_hang_the_launch():
     assert time.perf_counter() - start < 60
 
 
+def affinity_worker(rank: int, world_size: int) -> list[int]:
+    return sorted(os.sched_getaffinity(0))
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="core affinity is Linux-only")
+def test_spawn_can_pin_each_rank_to_a_core():
+    cores = sorted(os.sched_getaffinity(0))
+    pinned = spawn(affinity_worker, 2, pin_cores=True, timeout=120)
+    assert pinned == [[cores[0]], [cores[1 % len(cores)]]]
+    assert spawn(affinity_worker, 2, timeout=120) == [cores, cores]  # by default, every core
+
+
 def test_spawn_rejects_bad_arguments():
     with pytest.raises(ValueError, match="world_size: 0"):
         spawn(swap_worker, 0)

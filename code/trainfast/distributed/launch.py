@@ -92,6 +92,7 @@ class _RankConfig:
     backend: str
     collective_timeout: float
     threads: int
+    pin_cores: bool = False
 
 
 class SpawnError(RuntimeError):
@@ -155,6 +156,9 @@ def _run_rank(
 ) -> None:
     """Body of one child process: join the group, run ``fn``, write the outcome to a file."""
     torch.set_num_threads(config.threads)
+    if config.pin_cores and hasattr(os, "sched_setaffinity"):
+        cores = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {cores[rank % len(cores)]})
     backend = config.backend
     if backend == "gloo" and "GLOO_SOCKET_IFNAME" not in os.environ:
         interface = _loopback_interface()  # one machine: talk over loopback, whatever DNS says
@@ -243,6 +247,7 @@ def spawn(
     collective_timeout: float = 60.0,
     threads_per_rank: int = 1,
     preload: Sequence[str] = DEFAULT_PRELOAD,
+    pin_cores: bool = False,
 ) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` in ``world_size`` processes; return results by rank.
 
@@ -252,6 +257,8 @@ def spawn(
     travel home pickled, so return tensors, numbers and dataclasses, not open files.
     ``preload`` names modules the forkserver imports once when it first starts (a module that
     is not installed is skipped); later calls cannot change what a running server preloaded.
+    ``pin_cores`` binds rank ``r`` to the ``r``-th core this process may use (modulo their
+    number; Linux only), so that ranks timed side by side do not trade cores.
 
     Raises :class:`SpawnError` with the failing rank's traceback as soon as one rank raises or
     dies, and ``TimeoutError`` when ``timeout`` passes, after stopping every child.
@@ -271,7 +278,7 @@ def spawn(
     if method == "forkserver":  # takes effect when the server first starts
         mp.get_context(method).set_forkserver_preload(list(preload))
     folder = tempfile.mkdtemp(prefix="trainfast-spawn-")
-    config = _RankConfig(folder, backend, collective_timeout, threads_per_rank)
+    config = _RankConfig(folder, backend, collective_timeout, threads_per_rank, pin_cores)
     context = None
     try:
         context = torch_mp.start_processes(

@@ -85,10 +85,17 @@ def test_a_token_stream_never_repeats_a_token_and_says_when_it_is_used_up():
     for _ in range(5):
         inputs, targets = stream.next_batch()
         assert torch.equal(targets[:, :-1], inputs[:, 1:])
+        assert torch.equal(targets[:, -1], inputs[:, -1] + 1)  # each row is a window of the text
+        assert all(int(row[0]) % 10 == 0 for row in inputs)  # on the grid of windows
         seen.extend(inputs.flatten().tolist())
-    assert seen == list(range(100))
+    assert sorted(seen) == list(range(100))  # every input token once
+    assert seen != list(range(100))  # in a shuffled order of windows...
+    again = TokenStream(tokens, batch=2, seq_len=10)
+    assert torch.equal(again.next_batch()[0], torch.tensor([seen[:10], seen[10:20]]))  # ...fixed
     with pytest.raises(RuntimeError, match="used up: 100 tokens"):
         stream.next_batch()
+    with pytest.raises(ValueError, match="seq_len: 200"):
+        TokenStream(tokens, batch=1, seq_len=200)
 
 
 def test_a_run_stops_at_the_first_evaluation_at_or_below_the_target(data):
@@ -134,6 +141,24 @@ def test_muon_bf16_and_a_schedule_run(data):
     assert [config.lr_factor(s) for s in (0, 1)] == [0.5, 1.0]
 
 
+def test_data_parallel_trains_the_same_model_over_two_processes(data):
+    """Two gloo ranks, each with half of every batch, averaged by the book's DDP: the same
+    tokens and, up to the order of additions, the same losses as one process."""
+    target = Target(loss=0.0, eval_every=3, eval_tokens=1_024, max_steps=6)
+    config = _config(optimizer="muon", muon_ns_dtype="float32")
+    one = run_to_target(config, data, target, progress=None)
+    two = run_to_target(replace(config, data_parallel=2), data, target, progress=None)
+    assert (two.steps, two.tokens) == (one.steps, one.tokens) == (6, 6 * 8 * 32)
+    assert [s for s, _ in two.history] == [s for s, _ in one.history] == [3, 6]
+    for (_, a), (_, b) in zip(one.history, two.history, strict=True):
+        assert abs(a - b) < 1e-4, (one.history, two.history)
+    # a rank that averaged nothing would train on half the batch: its losses drift apart
+    half = run_to_target(
+        replace(config, shape=replace(config.shape, batch_size=4)), data, target, progress=None
+    )
+    assert abs(half.history[-1][1] - one.history[-1][1]) > 1e-3
+
+
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
@@ -146,6 +171,8 @@ def test_muon_bf16_and_a_schedule_run(data):
         ({"betas": (0.9, 1.0)}, "betas: 1.0"),
         ({"compile": "yes"}, "compile: 'yes'"),
         ({"muon_ns_dtype": "fp8"}, "muon_ns_dtype: 'fp8'"),
+        ({"data_parallel": 0}, "data_parallel: 0"),
+        ({"data_parallel": 3}, "data_parallel: 3 (the batch of 8 sequences"),
     ],
 )
 def test_bad_configurations_name_the_value(changes, message):
@@ -218,6 +245,64 @@ def test_the_log_applies_each_change_to_the_entry_before_it():
     without_rope = next(e for e in ablation if e.name == "without RoPE")
     assert without_rope.config.shape.positions == "learned"
     assert without_rope.config.shape.mlp == final.shape.mlp  # only RoPE is taken out
+
+
+def test_a_change_that_is_not_kept_is_left_out_of_every_entry_after_it():
+    chosen = log_module.preset("cpu")
+    dropped = {"RMSNorm", "QK-norm"}
+    chain = {e.name: e for e in log_module.log(chosen, dropped) if e.part == "log"}
+    # each change is measured on the last kept entry, and a dropped one is skipped after it
+    assert chain["RMSNorm"].compared_to == "zero-init projections"
+    assert chain["ReLU²"].compared_to == "zero-init projections"
+    assert chain["Muon"].compared_to == "ReLU²"
+    final = chain[log_module.final_entry(chosen, dropped)].config
+    assert final.shape.norm == "layernorm" and not final.shape.qk_norm
+    assert final.shape.mlp == "relu2" and final.data_parallel == 2
+    tried = [e for e in log_module.log(chosen, dropped) if e.part == "tried"]
+    assert {e.config.shape.qk_norm for e in tried} == {False}
+    ablation = log_module.ablation(chosen, dropped)
+    assert {e.name for e in ablation} == {
+        f"without {c.name}" for c in log_module.LOG if c.name not in dropped
+    }
+    assert all(e.config.shape.norm == "layernorm" for e in ablation)
+    with pytest.raises(ValueError, match=r"Invalid dropped: \['Adam-X'\]"):
+        log_module.log(chosen, {"Adam-X"})
+
+
+def test_the_study_keeps_only_the_changes_that_beat_the_noise(monkeypatch):
+    """run_log on a planted harness: a change that beats the entry it was measured on is kept,
+    in time or in tokens (with a time not slower beyond the noise), one within the noise or
+    slower is dropped, and later entries build on the kept ones."""
+    from trainfast.speedrun import study as study_module
+
+    chosen = log_module.preset("tiny")
+    gains = {"RoPE": 0.5, "untied head": 1.0, "RMSNorm": 0.7, "Muon": 1.5, "SDPA": 0.9}
+    fewer_tokens = {"zero-init projections": 0.5, "QK-norm": 0.5}  # QK-norm: but slower
+    gains["QK-norm"] = 1.2
+
+    def planted(config, data, target, *, seed, device=None, progress=None):
+        seconds, tokens = 10.0, 2560.0
+        for change in log_module.LOG:  # the product of the kept changes' factors
+            if change.apply(config, name=config.name) == config:
+                seconds *= gains.get(change.name, 1.0)
+                tokens *= fewer_tokens.get(change.name, 1.0)
+        return RunResult(config.name, seed, True, seconds + 0.01 * seed, 0.1, 10, tokens, 5.9)
+
+    monkeypatch.setattr(study_module, "run_to_target", planted)
+    record = study_module.run_log(chosen, seeds=3, progress=None)
+    kept = {"RoPE", "zero-init projections", "RMSNorm", "SDPA"}
+    assert study_module.dropped_changes(record) == {c.name for c in log_module.LOG} - kept
+    rows = {(r["entry"], r["seed"]): r for r in record.rows}
+    assert rows[("untied head", 0)]["compared_to"] == "RoPE"
+    assert rows[("zero-init projections", 0)]["compared_to"] == "RoPE"  # untied head: dropped
+    assert rows[("SDPA", 0)]["train_seconds"] == pytest.approx(10 * 0.5 * 0.7 * 0.9)
+    assert rows[("SDPA", 0)]["tokens"] == 2560 * 0.5  # zero-init projections kept, QK-norm not
+    final = log_module.final_entry(chosen, study_module.dropped_changes(record))
+    assert final == "SDPA" and rows[("without RoPE", 0)]["compared_to"] == "SDPA"
+    assert {r["entry"] for r in record.rows if r["part"] == "ablation"} == {
+        f"without {name}" for name in kept
+    }
+    assert all(r["complete"] for r in record.rows)
 
 
 def test_bad_names_and_settings_name_the_value():

@@ -6,6 +6,10 @@ Examples::
     python -m trainfast.speedrun --preset cpu --entry baseline SDPA --seeds 2
     python -m trainfast.speedrun --preset cpu --ablation --compare-to book
 
+The whole log (``--log``, the default) keeps each change only if it beats the noise
+(:func:`~trainfast.speedrun.study.run_log`). ``--entry`` and ``--ablation`` alone build their
+entries with the changes the book's record did not keep left out, so that they are the book's.
+
 Each evaluation prints a line (step, validation loss against the target, training tokens per
 second); the end prints one line per entry: median time to the target, spread, tokens, the
 speed-up over the entry it is compared with, and the rank-sum verdict. ``--compare-to book``
@@ -26,7 +30,13 @@ from trainfast.device import environment_line, pick_device
 from trainfast.files import read_json
 from trainfast.records import Record, records_for, write_record
 from trainfast.speedrun.changes import PRESETS, entries, preset
-from trainfast.speedrun.study import RECORD_NAME, run_study, summary_table
+from trainfast.speedrun.study import (
+    RECORD_NAME,
+    dropped_changes,
+    run_log,
+    run_study,
+    summary_table,
+)
 
 
 def _positive_int(text: str) -> int:
@@ -74,22 +84,29 @@ def main(argv: list[str] | None = None) -> int:
     try:
         chosen = preset(args.preset)
         parts = ("log",) * (args.log or not args.ablation) + ("ablation",) * args.ablation
-        planned = entries(chosen, args.entry, parts=parts)
+        whole_log = args.entry is None and "log" in parts and chosen.full_log
+        try:  # the changes the book's own log did not keep
+            dropped = dropped_changes(book_record(chosen.name, "book"))
+        except ValueError:  # the book has no record of this preset
+            dropped = set()
+        planned = entries(chosen, args.entry, parts=parts, dropped=dropped)
         book = None if args.compare_to is None else book_record(chosen.name, args.compare_to)
         device = pick_device(args.device)
     except ValueError as error:
         parser.error(str(error))
     torch.set_num_threads(args.threads)
     print(environment_line(device), f"load average {os.getloadavg()[0]:.2f}", flush=True)
-    record = run_study(
-        chosen,
-        planned,
-        seeds=args.seeds,
-        device=device,
-        out=args.out,
-        progress=None if args.quiet else lambda line: print(line, flush=True),
-        command=shlex.join(["python", "-m", "trainfast.speedrun", *(argv or sys.argv[1:])]),
-    )
+    options = {
+        "seeds": args.seeds,
+        "device": device,
+        "out": args.out,
+        "progress": None if args.quiet else lambda line: print(line, flush=True),
+        "command": shlex.join(["python", "-m", "trainfast.speedrun", *(argv or sys.argv[1:])]),
+    }
+    if whole_log:
+        record = run_log(chosen, ablation=args.ablation, **options)
+    else:
+        record = run_study(chosen, planned, **options)
     if args.out:
         print(f"wrote {write_record(record, args.out)}")
     print(summary_table(record, book))

@@ -201,33 +201,40 @@ def prepare(
 
 
 class TokenStream:
-    """Consecutive, non-overlapping ``(inputs, targets)`` windows of a token array.
+    """Non-overlapping ``(inputs, targets)`` windows of a token array, in a fixed shuffled order.
 
-    Each call of :meth:`next_batch` takes ``batch * seq_len`` new tokens (plus one, for the last
-    target) from where the previous call stopped: no token is trained on twice. When the array
-    runs out it raises, naming how many tokens were used, instead of silently wrapping around.
-    ``offset`` starts the stream elsewhere (a different seed sees different text).
+    The array is cut into windows of ``seq_len`` input tokens (window ``i`` starts at token
+    ``i * seq_len``; its targets are the same tokens shifted by one). Each call of
+    :meth:`next_batch` takes the next ``batch`` windows of one permutation of them, fixed by
+    ``order_seed`` and the same for every run, so no input token is trained on twice and a
+    batch mixes text from across the split: a run does not meet the corpus file by file, whose
+    changes of style would show as bumps in every loss curve (the files of one package differ
+    more than the pages of a web crawl). When the windows run out it raises, naming how many
+    tokens were used, instead of silently wrapping around.
     """
 
-    def __init__(self, tokens: np.ndarray, batch: int, seq_len: int, offset: int = 0) -> None:
+    def __init__(self, tokens: np.ndarray, batch: int, seq_len: int, order_seed: int = 0) -> None:
         check_positive("batch", batch)
         check_positive("seq_len", seq_len)
-        if not 0 <= offset < len(tokens):
-            raise ValueError(f"Invalid offset: {offset} (the stream has {len(tokens)} tokens)")
-        self.tokens, self.batch, self.seq_len, self.position = tokens, batch, seq_len, offset
-        self.used = 0
+        windows = (len(tokens) - 1) // seq_len
+        if windows < 1:
+            raise ValueError(
+                f"Invalid seq_len: {seq_len} (the stream has {len(tokens)} tokens: no window)"
+            )
+        self.tokens, self.batch, self.seq_len = tokens, batch, seq_len
+        self.order = np.random.default_rng(order_seed).permutation(windows)
+        self.position = 0  # windows handed out so far
+        self.used = 0  # input tokens handed out so far
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        size = self.batch * self.seq_len
-        if self.position + size + 1 > len(self.tokens):
+        if self.position + self.batch > len(self.order):
             raise RuntimeError(
                 f"The token stream is used up: {self.used:,} tokens trained on of "
                 f"{len(self.tokens):,}; a longer run needs a bigger corpus"
             )
-        window = np.asarray(self.tokens[self.position : self.position + size + 1], np.int64)
-        self.position += size
-        self.used += size
-        window = torch.from_numpy(window)
-        inputs = window[:-1].view(self.batch, self.seq_len)  # (batch, seq)
-        targets = window[1:].view(self.batch, self.seq_len)  # (batch, seq), shifted by one
-        return inputs, targets
+        starts = self.order[self.position : self.position + self.batch] * self.seq_len
+        self.position += self.batch
+        self.used += self.batch * self.seq_len
+        rows = np.stack([self.tokens[i : i + self.seq_len + 1] for i in starts]).astype(np.int64)
+        window = torch.from_numpy(rows)  # (batch, seq + 1)
+        return window[:, :-1], window[:, 1:]  # inputs, and targets shifted by one

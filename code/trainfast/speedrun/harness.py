@@ -16,6 +16,7 @@ spread (the book's rank-sum test).
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 from collections.abc import Callable, Sequence
@@ -26,6 +27,7 @@ import numpy as np
 import torch
 
 from trainfast.device import pick_device
+from trainfast.distributed.ddp import DDP
 from trainfast.optim import AdamW
 from trainfast.optim.muon import Muon, muon_param_groups
 from trainfast.speedrun.data import PreparedData, TokenStream
@@ -59,7 +61,11 @@ class SpeedrunConfig:
 
     ``lr`` is AdamW's (for the AdamW groups under Muon); ``muon_lr`` Muon's, in its own units
     (spectral norm per update), not comparable to AdamW's; ``muon_ns_dtype`` the format of its
-    Newton–Schulz iteration. The schedule is a linear warmup of
+    Newton–Schulz iteration. ``data_parallel`` processes (gloo, one thread each) each take
+    ``shape.batch_size / data_parallel`` of a step's sequences, and the book's
+    :class:`~trainfast.distributed.ddp.DDP` averages their gradients, bucketed and overlapped
+    with the backward pass: the same tokens and the same arithmetic as one process, spread over
+    the cores. The schedule is a linear warmup of
     ``warmup_steps``, then constant, a cosine to 0 over ``schedule_steps``, or WSD (constant,
     then a linear decay over the last ``decay_fraction`` of ``schedule_steps``).
     """
@@ -81,6 +87,7 @@ class SpeedrunConfig:
     compile: bool = False
     zero_init_projections: bool = False
     grad_clip: float | None = None
+    data_parallel: int = 1
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -116,6 +123,14 @@ class SpeedrunConfig:
                 raise ValueError(f"Invalid {name}: {getattr(self, name)!r} (expected a bool)")
         if self.grad_clip is not None:
             _check_number("grad_clip", self.grad_clip, 0.0)
+        ranks = self.data_parallel
+        if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 1:
+            raise ValueError(f"Invalid data_parallel: {ranks!r} (expected an int >= 1)")
+        if self.shape.batch_size % ranks:
+            raise ValueError(
+                f"Invalid data_parallel: {ranks} (the batch of {self.shape.batch_size} "
+                "sequences does not divide among that many processes)"
+            )
 
     def lr_factor(self, step: int) -> float:
         """The schedule's multiplier of every group's learning rate at ``step`` (0-based)."""
@@ -191,15 +206,23 @@ def _optimizer(config: SpeedrunConfig, model: Transformer) -> torch.optim.Optimi
 
 
 @torch.no_grad()
-def _validation_loss(model, windows: torch.Tensor, batch: int, config: SpeedrunConfig) -> float:
+def _validation_loss(
+    model, windows: torch.Tensor, batch: int, config: SpeedrunConfig, rank: int, ranks: int
+) -> float:
+    """The mean loss over ``windows``; with several ranks each takes every ``ranks``-th
+    window and the sums are all-reduced, so every rank gets the same number."""
     model.eval()
-    losses = []
-    for start in range(0, len(windows), batch):
-        chunk = windows[start : start + batch]  # (batch, seq + 1)
+    total = torch.zeros(2, dtype=torch.float64, device=windows.device)  # (loss sum, windows)
+    mine = windows[rank::ranks]
+    for start in range(0, len(mine), batch):
+        chunk = mine[start : start + batch]  # (batch, seq + 1)
         with _autocast(config, chunk.device):
-            losses.append(float(model.loss(chunk[:, :-1], chunk[:, 1:])) * len(chunk))
+            total[0] += float(model.loss(chunk[:, :-1], chunk[:, 1:])) * len(chunk)
+        total[1] += len(chunk)
+    if ranks > 1:
+        torch.distributed.all_reduce(total)
     model.train()
-    return sum(losses) / len(windows)
+    return float(total[0] / total[1])
 
 
 def _autocast(config: SpeedrunConfig, device: torch.device):
@@ -224,6 +247,11 @@ def run_to_target(
     one line per evaluation: the loss against the target and the training tokens per second.
     ``split="tune"`` evaluates on the tuning split instead, for choosing a setting without
     looking at the validation split that records are judged on.
+
+    With ``config.data_parallel`` > 1 it starts that many processes
+    (:func:`trainfast.distributed.spawn`: gloo, one thread each) and returns rank 0's result;
+    the start-up is off the clock, and rank 0 prints the progress lines (to the terminal,
+    not to a notebook cell). Inside a process group of that size it runs as one of the ranks.
     """
     if not isinstance(config, SpeedrunConfig):
         raise ValueError(f"Invalid config: {config!r} (expected a SpeedrunConfig)")
@@ -235,6 +263,33 @@ def run_to_target(
             f"{data.vocab_size} tokens)"
         )
     device = device if isinstance(device, torch.device) else pick_device(device)
+    rank, ranks = _rank_of(config)
+    if ranks == 0:  # not inside the process group yet: start it, one rank per process
+        from trainfast.distributed.launch import spawn
+
+        if device.type == "cuda" and torch.cuda.device_count() < config.data_parallel:
+            raise ValueError(
+                f"Invalid data_parallel: {config.data_parallel} (one process per GPU, and this "
+                f"machine has {torch.cuda.device_count()})"
+            )
+        verbose, backend = progress is not None, "nccl" if device.type == "cuda" else "gloo"
+        run = spawn(
+            _rank_main,
+            config.data_parallel,
+            config,
+            data,
+            target,
+            seed,
+            split,
+            verbose,
+            backend=backend,
+            pin_cores=True,  # one core per rank: fewer migrations, steadier times
+        )
+        return run[0]
+    if ranks > 1:
+        from trainfast.distributed.launch import rank_device
+
+        device = rank_device()  # its own GPU under NCCL, else the CPU
     shape = config.shape
     seq = shape.seq_len
     validation = np.asarray(data.tokens_of(split)[: target.eval_tokens + 1], np.int64)
@@ -250,6 +305,7 @@ def run_to_target(
     model = Transformer(
         shape, attention=config.attention, zero_init_projections=config.zero_init_projections
     ).to(device)
+    ddp = DDP(model, bucket_cap_mb=1.0) if ranks > 1 else None  # broadcasts rank 0's weights
     optimizer = _optimizer(config, model)
     base_lrs = [group["lr"] for group in optimizer.param_groups]
     step_fn = model.loss
@@ -261,11 +317,15 @@ def run_to_target(
         factor = config.lr_factor(step)
         for group, lr in zip(optimizer.param_groups, base_lrs, strict=True):
             group["lr"] = lr * factor
-        inputs, targets = (t.to(device, non_blocking=True) for t in stream.next_batch())
+        inputs, targets = (
+            t.chunk(ranks)[rank].to(device, non_blocking=True) for t in stream.next_batch()
+        )
         start = timestamp(device)
         with _autocast(config, device):
             loss = step_fn(inputs, targets)
         loss.backward()
+        if ddp is not None:
+            ddp.finish_gradient_synchronization()
         if config.grad_clip is not None:
             torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
         optimizer.step()
@@ -275,7 +335,7 @@ def run_to_target(
         if (step + 1) % target.eval_every and step + 1 != target.max_steps:
             continue
         start = timestamp(device)
-        val = _validation_loss(model, windows, shape.batch_size, config)
+        val = _validation_loss(model, windows, shape.batch_size, config, rank, ranks)
         result.eval_seconds += timestamp(device) - start
         result.final_loss = val
         result.history.append((step + 1, val))
@@ -299,6 +359,27 @@ def run_to_target(
     if progress is not None:
         progress(result.message)
     return result
+
+
+def _rank_of(config: SpeedrunConfig) -> tuple[int, int]:
+    """(rank, ranks) of this process for ``config``: (0, 1) for one process, (0, 0) where the
+    processes are still to be started, else the rank in the process group of that size."""
+    if config.data_parallel == 1:
+        return 0, 1
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return 0, 0
+    rank, ranks = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    if ranks != config.data_parallel:
+        raise ValueError(
+            f"Invalid data_parallel: {config.data_parallel} (this process group has {ranks} ranks)"
+        )
+    return rank, ranks
+
+
+def _rank_main(rank, ranks, config, data, target, seed, split, verbose) -> RunResult:
+    """One rank of a data-parallel run (started by :func:`run_to_target`)."""
+    progress = functools.partial(print, flush=True) if verbose and rank == 0 else None
+    return run_to_target(config, data, target, seed=seed, progress=progress, split=split)
 
 
 @dataclass(frozen=True)

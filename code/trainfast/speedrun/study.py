@@ -31,6 +31,7 @@ from trainfast.records import Record, make_record, write_record
 from trainfast.speedrun.changes import Entry, Preset
 from trainfast.speedrun.data import PreparedData, prepare
 from trainfast.speedrun.harness import RunResult, compare, run_to_target
+from trainfast.timing import rank_sum_test
 
 __all__ = [
     "ALPHA",
@@ -38,10 +39,12 @@ __all__ = [
     "AblationReading",
     "Summary",
     "cache_folder",
+    "dropped_changes",
     "merge_records",
     "prepared",
     "read_ablation",
     "results_of",
+    "run_log",
     "run_study",
     "speedrun_record",
     "summarize",
@@ -106,33 +109,113 @@ def run_study(
     With ``out``, the record is written there after each entry (``complete`` false until the
     last), so a study stopped by a time limit keeps what it finished.
     """
-    seeds = chosen.seeds if seeds is None else seeds
-    if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
-        raise ValueError(f"Invalid seeds: {seeds!r} (expected an int >= 1)")
     if not planned:
         raise ValueError("run_study needs at least one entry")
-    data = prepared(chosen)
-    text = description or (
-        f"Time to a validation loss of {chosen.target.loss} on the '{chosen.name}' preset, "
-        f"{seeds} seeds per entry; the clock counts training only."
-    )
-    rows: list[dict[str, Any]] = []
-    record = None
+    study = _Study(chosen, seeds, device, out, progress, description, command)
     for entry in planned:
-        for seed in range(seeds):
+        study.measure(entry, last=entry is planned[-1])
+    return study.record
+
+
+def run_log(
+    chosen: Preset,
+    *,
+    ablation: bool = True,
+    seeds: int | None = None,
+    device: torch.device | None = None,
+    out: str | Path | None = None,
+    progress: Callable[[str], None] | None = print,
+    command: str | None = None,
+) -> Record:
+    """The log as a speedrun keeps one: each change of :data:`~trainfast.speedrun.LOG` is
+    measured on top of the last entry that was kept, and kept only if it beats that entry
+    beyond the noise (:attr:`Summary.kept`); then the tried changes on the final entry and,
+    with ``ablation``, the final entry without each kept change. What was dropped can be read
+    back from the record (:func:`dropped_changes`)."""
+    from trainfast.speedrun.changes import LOG, log
+    from trainfast.speedrun.changes import ablation as ablation_entries
+
+    text = (
+        f"Time to a validation loss of {chosen.target.loss} on the '{chosen.name}' preset, "
+        f"{chosen.seeds if seeds is None else seeds} seeds per entry, one run at a time; the "
+        "clock counts training only. Each change of the log was measured on the last entry "
+        "kept and kept only if it beat the noise, in time or in tokens."
+    )
+    study = _Study(chosen, seeds, device, out, progress, text, command)
+    dropped: set[str] = set()
+    for i in range(len(LOG) + 1):
+        entry = log(chosen, dropped)[i]
+        study.measure(entry, last=False)
+        if i and entry.name in dropped_changes(study.record):
+            dropped.add(entry.name)
+    rest = log(chosen, dropped)[len(LOG) + 1 :]
+    rest += ablation_entries(chosen, dropped) if ablation else []
+    for entry in rest:
+        study.measure(entry, last=entry is rest[-1])
+    if not rest:
+        study.finish()
+    return study.record
+
+
+def dropped_changes(record: Record, alpha: float = ALPHA) -> set[str]:
+    """The changes of the log that ``record``'s study did not keep (:attr:`Summary.kept`)."""
+    from trainfast.speedrun.changes import LOG
+
+    names = {change.name for change in LOG}
+    return {
+        s.entry
+        for s in summarize(record, alpha)
+        if s.part == "log" and s.entry in names and not s.kept
+    }
+
+
+class _Study:
+    """Rows of a study so far, written as a record after every entry."""
+
+    def __init__(self, chosen, seeds, device, out, progress, description, command) -> None:
+        seeds = chosen.seeds if seeds is None else seeds
+        if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
+            raise ValueError(f"Invalid seeds: {seeds!r} (expected an int >= 1)")
+        self.chosen, self.seeds, self.device, self.out = chosen, seeds, device, out
+        self.progress, self.command = progress, command
+        self.data = prepared(chosen)
+        self.text = description or (
+            f"Time to a validation loss of {chosen.target.loss} on the '{chosen.name}' preset, "
+            f"{seeds} seeds per entry; the clock counts training only."
+        )
+        self.rows: list[dict[str, Any]] = []
+        self.record: Record
+
+    def measure(self, entry: Entry, last: bool) -> None:
+        for seed in range(self.seeds):
             before = os.getloadavg()[0]
             result = run_to_target(
-                entry.config, data, chosen.target, seed=seed, device=device, progress=progress
+                entry.config,
+                self.data,
+                self.chosen.target,
+                seed=seed,
+                device=self.device,
+                progress=self.progress,
             )
-            rows.append(_row(entry, result, chosen, data, before))
-        if entry is planned[-1]:
-            for row in rows:
-                row["complete"] = True
-        record = make_record(RECORD_NAME, text, rows, units=_UNITS, device=device, command=command)
-        if out is not None:
-            write_record(record, out)
-    assert record is not None
-    return record
+            self.rows.append(_row(entry, result, self.chosen, self.data, before))
+        self.finish() if last else self._write()
+
+    def finish(self) -> None:
+        for row in self.rows:
+            row["complete"] = True
+        self._write()
+
+    def _write(self) -> None:
+        self.record = make_record(
+            RECORD_NAME,
+            self.text,
+            self.rows,
+            units=_UNITS,
+            device=self.device,
+            command=self.command,
+        )
+        if self.out is not None:
+            write_record(self.record, self.out)
 
 
 def results_of(record: Record) -> dict[str, list[RunResult]]:
@@ -169,6 +252,17 @@ class Summary:
     ratio: float  # median time of compared_to / this one's (> 1: faster)
     p_value: float
     verdict: str
+    fewer_tokens: bool = False  # fewer tokens to the target than compared_to, beyond the noise
+
+    @property
+    def kept(self) -> bool:
+        """Whether a change of the log is kept (:func:`run_log`): its time beats the entry it
+        was measured on beyond the noise; or it needed fewer tokens beyond the noise (tokens,
+        unlike seconds, do not depend on the machine's load) and its time is not slower
+        beyond the noise."""
+        return self.verdict == "beats the noise" or (
+            self.fewer_tokens and self.verdict != "did not pay"
+        )
 
 
 def summarize(record: Record, alpha: float = ALPHA) -> list[Summary]:
@@ -188,8 +282,10 @@ def summarize(record: Record, alpha: float = ALPHA) -> list[Summary]:
         reached = [r for r in results if r.reached]
         spread = max(t for t in times if t != float("inf")) - min(times) if reached else 0.0
         other = runs.get(row["compared_to"])
-        ratio, p_value, verdict = float("nan"), float("nan"), "–"
+        ratio, p_value, verdict, fewer_tokens = float("nan"), float("nan"), "–", False
         if other:
+            share, tokens_p = rank_sum_test(_tokens(other), _tokens(results))
+            fewer_tokens = tokens_p <= alpha and share > 0.5
             faster = compare(other, results, alpha=alpha)
             slower = compare(results, other, alpha=alpha)
             ratio, p_value = faster.speedup, faster.p_value
@@ -213,9 +309,14 @@ def summarize(record: Record, alpha: float = ALPHA) -> list[Summary]:
                 ratio,
                 p_value,
                 verdict,
+                fewer_tokens,
             )
         )
     return out
+
+
+def _tokens(results: Sequence[RunResult]) -> list[float]:
+    return [r.tokens if r.reached else float("inf") for r in results]
 
 
 @dataclass(frozen=True)
@@ -279,8 +380,9 @@ def speedrun_record(device: torch.device, quick: bool) -> Record:
     """The ``speedrun`` benchmark of ``python -m trainfast.measure``.
 
     On a CUDA device: the ``h100`` preset (baseline and final entry, 2 seeds). Elsewhere: the
-    ``cpu`` preset's whole log and ablation, one thread (``python -m trainfast.speedrun
-    --preset cpu --log --ablation --out DIR`` does the same and writes after every entry).
+    ``cpu`` preset's whole log (:func:`run_log`) and ablation, one thread (``python -m
+    trainfast.speedrun --preset cpu --log --ablation --out DIR`` does the same and writes after
+    every entry).
     ``quick``: the ``tiny`` preset's baseline and last entry of the log, one seed, for a smoke
     test.
     """
@@ -291,9 +393,10 @@ def speedrun_record(device: torch.device, quick: bool) -> Record:
     if quick:
         tiny = preset("tiny")
         return run_study(tiny, entries(tiny, ["baseline", LOG[-1].name]), seeds=1, device=device)
-    chosen = preset("h100" if device.type == "cuda" else "cpu")
-    parts = ("log",) if device.type == "cuda" else ("log", "ablation")
-    return run_study(chosen, entries(chosen, parts=parts), device=device)
+    if device.type == "cuda":
+        h100 = preset("h100")
+        return run_study(h100, entries(h100), device=device)
+    return run_log(preset("cpu"), device=device)
 
 
 def merge_records(first: Record, *others: Record) -> Record:

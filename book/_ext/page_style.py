@@ -20,10 +20,10 @@
 3. **A numbered figure glued from another page.** myst-nb's ``{glue:figure}`` (caption, name,
    alt text) reads only the page's own glue; its ``{glue}`` reads another page's but gives no
    caption, and alt text that is the file's path. ``{glued-figure} key`` with ``:doc:``,
-   ``:name:`` and ``:alt:`` does both: the intro opens with the profiling chapter's figure::
+   ``:name:`` and ``:alt:`` does both: the intro opens with the speedrun chapter's figure::
 
-       ```{glued-figure} intro_waterfall
-       :doc: profiling.md
+       ```{glued-figure} log_waterfall
+       :doc: speedrun.md
        :name: fig-intro-waterfall
        :alt: What the figure shows, in words.
 

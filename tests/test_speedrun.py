@@ -211,6 +211,7 @@ def test_an_interrupted_preparation_is_not_taken_for_a_finished_one(data, tmp_pa
 from trainfast.speedrun import changes as log_module  # noqa: E402
 from trainfast.speedrun.study import (  # noqa: E402
     RECORD_NAME,
+    run_log,
     run_study,
     summarize,
     summary_table,
@@ -314,6 +315,8 @@ def test_bad_names_and_settings_name_the_value():
         log_module.Change("x", "y", {"colour": 1})
     with pytest.raises(ValueError, match="seeds: 0"):
         run_study(log_module.preset("tiny"), log_module.entries(log_module.preset("tiny")), seeds=0)
+    with pytest.raises(ValueError, match="seeds: 2 \\(the log needs at least 3"):
+        run_log(log_module.preset("tiny"), seeds=2, progress=None)
 
 
 @pytest.fixture(scope="module")
@@ -362,6 +365,7 @@ def test_the_command_line_runs_a_tiny_preset_and_writes_its_record(tiny_cache, t
         (["--preset", "tiny", "--entry", "nope"], "Unknown entries: ['nope']"),
         (["--seeds", "0"], "invalid value '0'"),
         (["--preset", "tiny", "--compare-to", "/no/such.json"], "no such record file"),
+        (["--preset", "tiny", "--seeds", "2"], "--seeds 2: the whole log needs at least 3"),
     ],
 )
 def test_the_command_line_names_a_bad_value(argv, message, capsys):

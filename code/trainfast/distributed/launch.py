@@ -41,6 +41,7 @@ import socket
 import tempfile
 import time
 import traceback
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
@@ -156,7 +157,7 @@ def _run_rank(
 ) -> None:
     """Body of one child process: join the group, run ``fn``, write the outcome to a file."""
     torch.set_num_threads(config.threads)
-    if config.pin_cores and hasattr(os, "sched_setaffinity"):
+    if config.pin_cores and hasattr(os, "sched_setaffinity"):  # spawn warned if ranks > cores
         cores = sorted(os.sched_getaffinity(0))
         os.sched_setaffinity(0, {cores[rank % len(cores)]})
     backend = config.backend
@@ -271,6 +272,14 @@ def spawn(
         check_number("timeout", timeout, above=0.0)
     check_number("collective_timeout", collective_timeout, above=0.0)
     check_int("threads_per_rank", threads_per_rank, minimum=1)
+    if pin_cores and hasattr(os, "sched_getaffinity"):
+        cores = len(os.sched_getaffinity(0))
+        if world_size > cores:
+            warnings.warn(
+                f"spawn: pin_cores with {world_size} ranks on {cores} usable cores: some ranks "
+                "share a core",
+                stacklevel=2,
+            )
     backend = backend or default_backend(world_size)
     if backend not in ("gloo", "nccl", "mpi"):
         raise ValueError(f"Unknown backend: {backend!r} (expected 'gloo', 'nccl' or 'mpi')")

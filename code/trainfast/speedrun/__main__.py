@@ -90,6 +90,11 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError:  # the book has no record of this preset
             dropped = set()
         planned = entries(chosen, args.entry, parts=parts, dropped=dropped)
+        if whole_log and (args.seeds or chosen.seeds) < 3:
+            raise ValueError(
+                f"--seeds {args.seeds}: the whole log needs at least 3 seeds per entry (with "
+                "fewer, no change could be kept); give --entry to run single entries"
+            )
         book = None if args.compare_to is None else book_record(chosen.name, args.compare_to)
         device = pick_device(args.device)
     except ValueError as error:

@@ -34,7 +34,8 @@ entry, one at a time.
   point of the stream, which decided many crossings of the target); the log was reordered
   (the model, then its optimizer, then the step's cost), each change kept only if it beats the
   noise; and the evaluation runs every 5 steps instead of 20, so that a gain of a few steps
-  can show. The shuffled stream made every entry faster, the baseline too.
+  can show. With both, the baseline's median tokens to the target fell from 184,320 to
+  102,400.
 * ``h100``: a 12-layer, width-768 model (GPT-2 small's shape) on the whole corpus, 8 sequences
   of 1,024 tokens a step; the baseline and the final entry only (with the tried changes too:
   Muon's iteration in bf16, autocast in bf16, and compilation, which a GPU is expected to
@@ -204,7 +205,7 @@ class Preset:
     baseline: dict[str, Any] = field(default_factory=dict)  # SpeedrunConfig settings
     horizon: int = 1_000  # schedule_steps: the steps a WSD schedule plans for
     full_log: bool = True  # False: baseline and final entry only
-    never: tuple[str, ...] = ()  # changes of LOG this preset never applies
+    never: tuple[str, ...] = ()  # changes of LOG or TRIED this preset never applies
 
 
 PRESETS: dict[str, Preset] = {
@@ -242,7 +243,7 @@ PRESETS: dict[str, Preset] = {
             d_model=32, n_layers=2, n_heads=4, seq_len=32, vocab_size=512, batch_size=8
         ),
         Target(loss=6.0, eval_every=5, eval_tokens=1_024, max_steps=40),
-        seeds=2,
+        seeds=3,  # the fewest with which a change can be kept
         baseline={"lr": 3e-3},
         horizon=40,
     ),
@@ -299,7 +300,13 @@ def log(chosen: Preset, dropped: Collection[str] = ()) -> list[Entry]:
         for change in tried:
             config = change.apply(config, name=name)
         return [chain[0], Entry("log", config, "baseline", "every change, the tried ones too")]
-    tried = [Entry("tried", t.apply(kept.config), kept.name, t.reason) for t in tried]
+    # a tried change that leaves the final entry as it is (Muon's format, where Muon was not
+    # kept) would measure nothing: it is left out
+    tried = [
+        Entry("tried", t.apply(kept.config), kept.name, t.reason)
+        for t in tried
+        if t.apply(kept.config, name=kept.name) != kept.config
+    ]
     return chain + tried
 
 

@@ -61,11 +61,11 @@ class SpeedrunConfig:
 
     ``lr`` is AdamW's (for the AdamW groups under Muon); ``muon_lr`` Muon's, in its own units
     (spectral norm per update), not comparable to AdamW's; ``muon_ns_dtype`` the format of its
-    Newton–Schulz iteration. ``data_parallel`` processes (gloo, one thread each) each take
-    ``shape.batch_size / data_parallel`` of a step's sequences, and the book's
-    :class:`~trainfast.distributed.ddp.DDP` averages their gradients, bucketed and overlapped
-    with the backward pass: the same tokens and the same arithmetic as one process, spread over
-    the cores. The schedule is a linear warmup of
+    Newton–Schulz iteration. ``data_parallel`` processes (gloo on a CPU, one core and one
+    thread each; NCCL on GPUs, one GPU each) each take ``shape.batch_size / data_parallel`` of
+    a step's sequences, and the book's :class:`~trainfast.distributed.ddp.DDP` averages their
+    gradients, bucketed and overlapped with the backward pass: the same tokens and the same
+    update as one process, up to the order of additions. The schedule is a linear warmup of
     ``warmup_steps``, then constant, a cosine to 0 over ``schedule_steps``, or WSD (constant,
     then a linear decay over the last ``decay_fraction`` of ``schedule_steps``).
     """
@@ -249,7 +249,8 @@ def run_to_target(
     looking at the validation split that records are judged on.
 
     With ``config.data_parallel`` > 1 it starts that many processes
-    (:func:`trainfast.distributed.spawn`: gloo, one thread each) and returns rank 0's result;
+    (:func:`trainfast.distributed.spawn`: gloo or NCCL, one thread each) and returns rank 0's
+    result;
     the start-up is off the clock, and rank 0 prints the progress lines (to the terminal,
     not to a notebook cell). Inside a process group of that size it runs as one of the ranks.
     """

@@ -129,7 +129,8 @@ def run_log(
 ) -> Record:
     """The log as a speedrun keeps one: each change of :data:`~trainfast.speedrun.LOG` is
     measured on top of the last entry that was kept, and kept only if it beats that entry
-    beyond the noise (:attr:`Summary.kept`); then the tried changes on the final entry and,
+    beyond the noise, in time, or in tokens without a time slower beyond the noise
+    (:attr:`Summary.kept`); then the tried changes on the final entry and,
     with ``ablation``, the final entry without each kept change. What was dropped can be read
     back from the record (:func:`dropped_changes`)."""
     from trainfast.speedrun.changes import LOG, log
@@ -142,6 +143,11 @@ def run_log(
         "kept and kept only if it beat the noise, in time or in tokens."
     )
     study = _Study(chosen, seeds, device, out, progress, text, command)
+    if study.seeds < 3:  # 2 against 2 cannot reach p <= 0.1: every change would be dropped
+        raise ValueError(
+            f"Invalid seeds: {study.seeds} (the log needs at least 3 per entry: with fewer, "
+            f"no rank-sum p-value reaches {ALPHA} and no change could be kept)"
+        )
     dropped: set[str] = set()
     for i in range(len(LOG) + 1):
         entry = log(chosen, dropped)[i]

@@ -69,9 +69,24 @@ def hand_written_citations(markdown: str) -> list[str]:
 RAW_LATEX = re.compile(r"\$|\\(?![_&%#{}]|url\b)[A-Za-z]+")
 
 
+#: A word with a capital after its first letter: an acronym (``GPU``), an identifier
+#: (``InterpretedFunction``), a constant (``TRITON_INTERPRET``).
+INNER_CAPITAL = re.compile(r"\w+[A-Z]\w*")
+
+
+def unbraced(title: str) -> str:
+    """The parts of a BibTeX title outside braces: the words the style sets in sentence case."""
+    kept, depth = [], 0
+    for char in title:
+        depth += (char == "{") - (char == "}")
+        kept.append(char if depth == 0 and char not in "{}" else " ")
+    return "".join(kept)
+
+
 def field_problems(bibtex: str) -> list[str]:
-    """Fields that would render raw LaTeX, and titles that start with a lowercase name (a
-    package, ``torch.optim.AdamW``) without braces, which the style would capitalise."""
+    """Fields that would render raw LaTeX; titles that start with a lowercase name (a package,
+    ``torch.optim.AdamW``) without braces, which the style would capitalise; and unbraced title
+    words with inner capitals (``BFLOAT16``, ``InterpretedFunction``), which it would lowercase."""
     problems = []
     for key, entry in parse_string(bibtex, "bibtex").entries.items():
         for name, value in entry.fields.items():
@@ -80,6 +95,10 @@ def field_problems(bibtex: str) -> list[str]:
         title = entry.fields.get("title", "")
         if title[:1].islower():
             problems.append(f"{key}.title: {title[:40]!r} would print as {title[:1].upper()!r}...")
+        lowered = INNER_CAPITAL.findall(unbraced(title).replace("\\_", "_"))
+        if lowered:
+            words = ", ".join(lowered)
+            problems.append(f"{key}.title: would print {words} in lowercase (brace it)")
     return problems
 
 
@@ -100,6 +119,10 @@ PLANTED_BIB = r"""
 @misc{e, title = {{nanoGPT}}, author = {Karpathy, Andrej}, year = {2022}}
 @misc{f, title = {Zeta}, author = {Zhang, Biao and Sennrich, Rico and Smith, Ann}, year = {2019}}
 @misc{g, title = {Herd}, author = {Dubey, Abhimanyu and others}, year = {2024}}
+@misc{h, title = {Under TRITON\_INTERPRET=1 the {InterpretedFunction}, not the {JITFunction}},
+      author = {{PyTorch Contributors}}, year = {2025}}
+@misc{i, title = {A Study of BFLOAT16 and {FP8} for {Deep} Learning}, author = {{NVIDIA}},
+      year = {2025}}
 """
 
 
@@ -119,8 +142,11 @@ def test_the_reference_checks_see_planted_mistakes():
     ]
     assert field_problems(PLANTED_BIB) == [
         "a.title: 'torch.optim.AdamW' would print as 'T'...",
+        "a.title: would print AdamW in lowercase (brace it)",
         "c.title: raw LaTeX in 'A Proof for the Queuing Formula: {$L = \\\\lambda W$}'",
         "d.title: raw LaTeX in '{cuBLAS}: epilogues (\\\\texttt{cublasLtEpilogue\\\\_t})'",
+        "h.title: would print TRITON_INTERPRET in lowercase (brace it)",
+        "i.title: would print BFLOAT16 in lowercase (brace it)",
     ]
 
 
@@ -153,7 +179,9 @@ def test_reference_lists_are_sorted_and_labelled_by_author_and_year():
         "Little, 1961",
         "NVIDIA, 2024a",
         "NVIDIA, 2024b",
+        "NVIDIA, 2025",
         "PyTorch Contributors, 2024",
+        "PyTorch Contributors, 2025",
         "Zhang et al., 2019",
     ]
 

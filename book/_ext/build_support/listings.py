@@ -45,7 +45,8 @@ def docstring_spans(source: str) -> list[tuple[int, int]]:
         raise ValueError(f"its source does not parse once dedented ({error.msg})") from None
     definitions = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
     if not tree.body or not isinstance(tree.body[0], definitions):
-        raise ValueError(f"its source is not a def or class: {text.lstrip()[:40]!r}")
+        first_line = (text.strip().splitlines() or [""])[0]
+        raise ValueError(f"its source is not a def or class: {first_line[:40]!r}")
     lines = [line.encode() for line in text.splitlines()]  # ast's columns count UTF-8 bytes
     spans = []
     for node in ast.walk(tree.body[0]):

@@ -9,8 +9,8 @@
   readable signatures and its index of modules with the chapter that teaches each;
 - :mod:`build_support.page_assets`: the theme's settings, a local MathJax, the calculator
   widget's data, one copy of each inline script;
-- :mod:`build_support.listings`: a ``literalinclude`` of a ``:pyobject:`` leaves out the
-  object's docstring.
+- :mod:`build_support.listings`: a ``literalinclude`` of a ``:pyobject:`` shows its code
+  without docstrings.
 
 The names the tests use are importable from here as well.
 """

@@ -5,7 +5,8 @@ least 9 pt), has a numbered caption and alt text in words, and nothing is wider 
 (code, tables, equations); no page logs a console error. On a phone no page is wider than the
 screen and no figure's text shrinks below 7 pt. In what a reader reads: no visible ``glue(``
 line, no machine path (a temporary folder, PyTorch CI's ``/__w/``), no ``nan`` table cell, no
-raw logs, no empty table column, and no prose line that MyST swallows as a comment (``%``).
+raw logs, no empty table column, no prose line that MyST swallows as a comment (``%``), no
+reStructuredText role in a code block (a docstring's ``:func:``), and no "1 block(s)".
 
 Every check is one function run on the real pages and, first, on a tiny planted page with the
 defect it exists to catch and on a clean one without it, so a check that can no longer see its

@@ -327,6 +327,41 @@ def test_to_markdown_uses_one_number_format_per_column_and_the_given_labels():
         to_markdown(record, labels={"nope": "x"})
 
 
+def _times(seconds: list, unit: str = "s") -> Record:
+    rows = [{"way": str(i), "t": value} for i, value in enumerate(seconds)]
+    return make_record("times", "d.", rows, units={"t": unit}, device="cpu")
+
+
+def _column(table: str, index: int = 1) -> list[str]:
+    """The header and cells of column ``index`` of ``to_markdown``'s table."""
+    rows = [line for line in table.splitlines() if line.startswith("| ")]
+    return [row.split(" | ")[index].strip(" |") for row in rows]
+
+
+def test_to_markdown_shows_times_under_a_second_in_ms_or_us():
+    assert _column(to_markdown(_times([4.19e-4, 2.1e-3]))) == ["t (ms)", "0.419", "2.100"]
+    assert _column(to_markdown(_times([4e-6, 9e-5]))) == ["t (µs)", "4", "90"]
+    assert _column(to_markdown(_times([4e-9, 9e-8])))[0] == "t (ns)"
+    # a label that ends in (s) gets the new unit; the values are the same times
+    labelled = to_markdown(_times([0.353, 0.449]), labels={"t": "synchronous (s)"})
+    assert _column(labelled) == ["synchronous (ms)", "353", "449"]
+
+
+def test_to_markdown_shows_times_from_microseconds_to_seconds_each_in_its_unit():
+    """One unit would need 7.52e-04 beside 6.30 (seconds) or 6,301 beside 0.752 (ms)."""
+    table = to_markdown(_times([7.5157e-4, 6.3014, float("nan")]), labels={"t": "first (s)"})
+    assert _column(table) == ["first", "752 µs", "6.3 s", "nan"]
+
+
+def test_to_markdown_leaves_other_time_columns_as_they_were():
+    assert _column(to_markdown(_times([1.5, 20.25]))) == ["t (s)", "1.50", "20.25"]
+    assert _column(to_markdown(_times([4.19e-4, 2.1e-3], unit="ms")))[0] == "t (ms)"
+    # a label without (s) says nothing of the unit: the seconds stay
+    kept = to_markdown(_times([4.19e-4, 2.1e-3]), labels={"t": "time"})
+    assert _column(kept) == ["time", "4.19e-04", "2.10e-03"]
+    assert _column(to_markdown(_times([0.0, 0.0]))) == ["t (s)", "0", "0"]
+
+
 def test_gpu_figures_table_keeps_measured_predicted_and_published_apart():
     record = _record()
     figures = [

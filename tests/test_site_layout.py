@@ -5,7 +5,8 @@ least 9 pt), has a numbered caption and alt text in words, and nothing is wider 
 (code, tables, equations); no page logs a console error. On a phone no page is wider than the
 screen and no figure's text shrinks below 7 pt. In what a reader reads: no visible ``glue(``
 line, no machine path (a temporary folder, PyTorch CI's ``/__w/``), no ``nan`` table cell, no
-raw logs, no empty table column, and no prose line that MyST swallows as a comment (``%``).
+raw logs, no empty table column, no prose line that MyST swallows as a comment (``%``), no
+reStructuredText role in a code block (a docstring's ``:func:``), and no "1 block(s)".
 
 Every check is one function run on the real pages and, first, on a tiny planted page with the
 defect it exists to catch and on a clean one without it, so a check that can no longer see its
@@ -17,6 +18,7 @@ defect, or that sees defects where there are none, fails too. The real pages nee
 from __future__ import annotations
 
 import base64
+import html as html_text
 import json
 import re
 import sys
@@ -665,6 +667,101 @@ def test_no_executed_chapter_shows_raw_logs(site, name):
     notebook = site.parent / "jupyter_execute" / "book" / f"{name}.ipynb"
     found = raw_logs(json.loads(notebook.read_text()))
     assert not found, f"{name}: log lines in outputs:\n" + "\n".join(found[:20])
+
+
+# --- code blocks and template phrases ----------------------------------------------------------
+
+#: A reStructuredText role as a docstring writes it (``:func:`train```, ``:py:class:``,
+#: ``:math:``): a code block shows it verbatim. Listings leave docstrings out
+#: (``book/_ext/build_support/listings.py``); this catches one that comes back another way.
+RST_ROLE = re.compile(r":(?:py:)?(?:func|class|meth|mod|attr|data|exc|obj|math|ref|doc):`")
+#: A count written by a template that did not know it: "1 block(s)" (``trainfast.validation.plural``
+#: writes "1 block", "2 blocks").
+TEMPLATE_PLURAL = re.compile(r"\b\d+ \w+\(s\)")
+#: The same in source, before a build: ``f"{n} block(s)"``, ``f"{n} pass(es)"``.
+TEMPLATE_PLURAL_SOURCE = re.compile(r"\}[ \w]*\w\((?:s|es)\)")
+
+
+def _text(markup: str) -> str:
+    return html_text.unescape(re.sub(r"<[^>]+>", "", markup))
+
+
+def code_block_markup(page: str) -> list[str]:
+    """Lines of the page's code blocks (listings, code cells, outputs: every ``<pre>``) that show
+    a reStructuredText role."""
+    return [
+        line.strip()[:100]
+        for block in re.findall(r"<pre\b.*?</pre>", page, flags=re.S)
+        for line in _text(block).splitlines()
+        if RST_ROLE.search(line)
+    ]
+
+
+def template_plurals(page: str) -> list[str]:
+    """Each "1 block(s)" in the page's text (scripts and styles aside), with its context."""
+    text = _text(re.sub(r"<(script|style)\b.*?</\1>", "", page, flags=re.S))
+    return [
+        " ".join(text[max(0, m.start() - 30) : m.end() + 30].split())
+        for m in TEMPLATE_PLURAL.finditer(text)
+    ]
+
+
+def test_the_page_text_checks_see_planted_markup_and_template_plurals():
+    planted = (
+        '<div class="highlight"><pre><span></span><span class="k">def</span> <span class="nf">'
+        'step</span>():\n    <span class="sd">&quot;&quot;&quot;One step of :func:`train`.'
+        '&quot;&quot;&quot;</span>\n    <span class="n">y</span> = <span class="mi">1</span>'
+        "</pre></div>"
+        '<p>One SM holds <span class="pasted-text">1</span> block(s), limited by registers.</p>'
+        '<pre>2 stage(s): 64 KiB</pre><script>const s = "3 call(s)";</script>'
+    )
+    clean = (
+        '<div class="highlight"><pre><span class="k">def</span> step():\n    y = 1  # see train'
+        "</pre></div><p>:func:`train` in prose is not a code block.</p>"
+        "<p>One SM holds 1 block, 2 stages fit; the block(s) syntax in prose is no count.</p>"
+    )
+    assert code_block_markup(planted) == ['"""One step of :func:`train`."""']
+    assert code_block_markup(clean) == []
+    found = template_plurals(planted)
+    assert len(found) == 2 and "1 block(s)" in found[0] and "2 stage(s)" in found[1], found
+    assert template_plurals(clean) == []
+
+
+def template_plural_sources(source: str) -> list[str]:
+    return [
+        f"line {number}: {line.strip()[:90]}"
+        for number, line in enumerate(source.splitlines(), 1)
+        if TEMPLATE_PLURAL_SOURCE.search(line)
+    ]
+
+
+def test_the_source_scan_sees_planted_template_plurals():
+    source = 'print(f"{n} block(s)")\nx = f"{k} pass(es) over {m}"\ny = f"{plural(n, \'block\')}"\n'
+    assert [line[:6] for line in template_plural_sources(source)] == ["line 1", "line 2"]
+    assert template_plural_sources('ax.set_xlabel("time (s)")\nf"{t:.2f} s (s)"') == []
+
+
+def test_no_source_writes_a_template_plural():
+    sources = sorted((book_site.ROOT / "book").rglob("*.md"))
+    sources += sorted((book_site.ROOT / "code" / "trainfast").rglob("*.py"))
+    found = [
+        f"{path.relative_to(book_site.ROOT)} {line}"
+        for path in sources
+        for line in template_plural_sources(path.read_text())
+    ]
+    assert not found, "write counts with trainfast.validation.plural:\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize("name", CHAPTERS)
+def test_no_code_block_shows_restructuredtext_markup(site, name):
+    found = code_block_markup((site / "book" / f"{name}.html").read_text())
+    assert not found, f"{name}: {len(found)} code lines with reST markup:\n" + "\n".join(found[:20])
+
+
+@pytest.mark.parametrize("name", CHAPTERS)
+def test_no_page_counts_with_a_template_plural(site, name):
+    found = template_plurals((site / "book" / f"{name}.html").read_text())
+    assert not found, f"{name}: {len(found)} template plurals:\n" + "\n".join(found[:20])
 
 
 # --- tables ------------------------------------------------------------------------------------

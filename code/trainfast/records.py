@@ -23,6 +23,7 @@ import torch
 
 from trainfast.device import Environment, describe_environment, pick_device
 from trainfast.files import read_json, write_json_atomically
+from trainfast.timing import readable_seconds
 
 __all__ = [
     "GPUFigure",
@@ -287,24 +288,60 @@ def to_markdown(
     ``ValueError`` naming it. ``labels`` gives a column the header a reader should see
     (``{"ratio": "ours / torch"}``); a column without one shows its name and its unit. Each
     column has one number format (:func:`_column_format`).
+
+    Times are shown in a unit a person reads (:func:`_readable_times`): a column in seconds
+    (unit ``"s"``) whose values are all under a second is shown in ms, µs or ns, its header's
+    ``(s)`` changed to match; one whose values span from under a millisecond to seconds shows
+    each value in its own unit (``752 µs``, ``6.3 s``), its header without a unit. A column
+    whose label does not end in ``(s)`` keeps its seconds, since its header's unit is unknown.
     """
     columns = list(columns or record.columns)
     labels = labels or {}
     unknown = [c for c in [*columns, *labels] if c not in record.columns]
     if unknown:
         raise ValueError(f"Record {record.name!r} has no columns {unknown}")
-    header = [
-        labels.get(c, f"{c} ({record.units[c]})" if c in record.units else c) for c in columns
-    ]
+    header, cells = [], {}
+    for c in columns:
+        name = labels.get(c, f"{c} ({record.units[c]})" if c in record.units else c)
+        values = [row[c] for row in record.rows]
+        if record.units.get(c) == "s" and name.endswith(" (s)"):
+            name, cells[c] = _readable_times(name.removesuffix(" (s)"), values)
+        else:
+            cells[c] = list(map(_column_format(values), values))
+        header.append(name)
     lines = [
         "| " + " | ".join(header) + " |",
         "|" + "---|" * len(header),
     ]
-    formats = {c: _column_format([row[c] for row in record.rows]) for c in columns}
-    for row in record.rows:
-        lines.append("| " + " | ".join(_flags_as_code(formats[c](row[c])) for c in columns) + " |")
+    for i in range(len(record.rows)):
+        lines.append("| " + " | ".join(_flags_as_code(cells[c][i]) for c in columns) + " |")
     description = _flags_as_code(record.description)
     return "\n".join(lines) + f"\n\n*{description} {provenance(record)}*\n"
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _readable_times(name: str, seconds: list[Any]) -> tuple[str, list[str]]:
+    """The header (``name`` and a unit) and cells of a column of times in ``seconds``.
+
+    All under a second: in ms, µs or ns, the largest unit in which the longest time is at
+    least 1 (``4.19e-04`` s reads ``0.419`` ms beside ``2.1`` ms). From under a millisecond to a
+    second or more (one unit would need ``1.23e-05``): each value in its own unit
+    (:func:`~trainfast.timing.readable_seconds`: ``752 µs``, ``6.3 s``), the header without
+    one. Otherwise in seconds. Values that are not finite numbers show as they are."""
+    nonzero = [abs(v) for v in seconds if _is_number(v) and v != 0]
+    longest, shortest = max(nonzero, default=1.0), min(nonzero, default=1.0)
+    unit, scale = "s", 1.0
+    if longest < 1:
+        unit, scale = next(
+            ((u, f) for u, f in (("ms", 1e-3), ("µs", 1e-6)) if longest >= f), ("ns", 1e-9)
+        )
+    if shortest / scale >= 1e-3:
+        scaled = [v / scale if _is_number(v) and scale != 1 else v for v in seconds]
+        return f"{name} ({unit})", list(map(_column_format(scaled), scaled))
+    return name, [readable_seconds(v) if _is_number(v) else str(v) for v in seconds]
 
 
 _FLAG = re.compile(r"(?<![\w`-])(--[A-Za-z][\w-]*)")

@@ -39,7 +39,7 @@ from typing import Any
 import torch
 
 from trainfast.device import device_name, nvidia_smi_query, pick_device
-from trainfast.validation import check_flag, check_int
+from trainfast.validation import check_flag, check_int, plural
 
 __all__ = [
     "Timing",
@@ -49,6 +49,7 @@ __all__ = [
     "host_clock_samples",
     "paired_sign_test",
     "rank_sum_test",
+    "readable_seconds",
     "timestamp",
 ]
 
@@ -107,17 +108,23 @@ class Timing:
 
     def __str__(self) -> str:
         return (
-            f"{_seconds(self.median)} median, IQR {_seconds(self.iqr)} "
-            f"({len(self.samples)} samples of {self.number} call(s) on {self.device}, "
-            f"{self.threads} thread(s))"
+            f"{readable_seconds(self.median)} median, IQR {readable_seconds(self.iqr)} "
+            f"({plural(len(self.samples), 'sample')} of {plural(self.number, 'call')} on "
+            f"{self.device}, {plural(self.threads, 'thread')})"
         )
 
 
-def _seconds(value: float) -> str:
-    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6)):
-        if abs(value) >= scale:
-            return f"{value / scale:.3g} {unit}"
-    return f"{value / 1e-9:.3g} ns"
+def readable_seconds(value: float) -> str:
+    """``value`` seconds in the unit that reads best, to three significant digits (whole
+    numbers from 100 on): ``6.3 s``, ``752 µs``, ``12.5 ms``, ``40 ns``, ``1,234 s``, ``0 s``."""
+    if value == 0:
+        return "0 s"
+    unit, scale = next(
+        ((u, f) for u, f in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6)) if abs(value) >= f),
+        ("ns", 1e-9),
+    )
+    number = value / scale
+    return f"{number:,.0f} {unit}" if abs(number) >= 100 else f"{number:.3g} {unit}"
 
 
 def timestamp(device: torch.device | str = "cpu") -> float:

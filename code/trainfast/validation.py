@@ -13,6 +13,9 @@ Three rules hold in every check, because each let a bad value through somewhere 
   is refused here, not later inside ``range()``.
 - **A string is not a number or a flag** (``is_causal='no'`` would be truthy). Strings from
   config files go through :func:`number_from_config`, the one rule that converts them.
+
+It also has :func:`plural`, the one way the package writes a count into a sentence ("1 block",
+"2 blocks", never "1 block(s)").
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ __all__ = [
     "check_positive",
     "check_positive_number",
     "number_from_config",
+    "plural",
 ]
 
 
@@ -162,3 +166,12 @@ def number_from_config(name: str, value: Any, *, integer: bool = False) -> Any:
         f"Invalid {name}: {value!r} (expected {expected}; a string from a config file is "
         f"converted only when it is a plain decimal {'integer' if integer else 'number'})"
     )
+
+
+def plural(count: int, noun: str, plural_noun: str | None = None) -> str:
+    """``count`` and ``noun``, as a sentence reads them: ``plural(1, "block")`` is ``"1 block"``,
+    ``plural(3, "graph break")`` is ``"3 graph breaks"`` (thousands separated, ``"1,024
+    blocks"``). ``plural_noun`` is the plural where adding "s" does not make it
+    (``plural(2, "matrix", "matrices")``). ``count`` must be a non-negative integer."""
+    count = check_int("count", count, minimum=0)
+    return f"{count:,} {noun if count == 1 else plural_noun or noun + 's'}"

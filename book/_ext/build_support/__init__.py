@@ -8,7 +8,9 @@
 - :mod:`build_support.api_reference`: the API reference's cross-references, linked listings,
   readable signatures and its index of modules with the chapter that teaches each;
 - :mod:`build_support.page_assets`: the theme's settings, a local MathJax, the calculator
-  widget's data, one copy of each inline script.
+  widget's data, one copy of each inline script;
+- :mod:`build_support.listings`: a ``literalinclude`` of a ``:pyobject:`` shows its code
+  without docstrings.
 
 The names the tests use are importable from here as well.
 """
@@ -17,7 +19,7 @@ from __future__ import annotations
 
 from sphinx.application import Sphinx
 
-from build_support import api_reference, execution_cache, notebooks, page_assets
+from build_support import api_reference, execution_cache, listings, notebooks, page_assets
 from build_support.api_reference import (
     defined_at,
     listing_module,
@@ -70,6 +72,6 @@ __all__ = [
 
 
 def setup(app: Sphinx) -> dict:
-    for part in (page_assets, execution_cache, api_reference, notebooks):
+    for part in (page_assets, execution_cache, api_reference, notebooks, listings):
         part.setup(app)
     return {"version": "1.0", "parallel_read_safe": True, "parallel_write_safe": True}

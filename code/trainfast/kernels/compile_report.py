@@ -35,6 +35,7 @@ import torch
 from trainfast.gpus import GPUSpec
 from trainfast.kernels.compile_jobs import run_compile_jobs, tensor_core_class
 from trainfast.kernels.occupancy import occupancy
+from trainfast.validation import plural
 
 __all__ = [
     "KERNELS",
@@ -93,7 +94,7 @@ class KernelReport:
         limit = f"{self.shared_limit_bytes / 1024:.0f} KiB per block on the {self.gpu}"
         if not self.fits:
             return f"{self.kernel} does not fit: {shared} > {limit}"
-        blocks = f"{self.blocks_per_sm} block(s) per SM ({self.limited_by})"
+        blocks = f"{plural(self.blocks_per_sm, 'block')} per SM ({self.limited_by})"
         return f"{self.kernel} fits: {shared} <= {limit}; {blocks}"
 
 

@@ -22,6 +22,7 @@ from trainfast.kernels.roofline import Roofline, matmul_cost
 from trainfast.kernels.tiled_matmul import MatmulTiles, epilogue_traffic_bytes, tile_traffic_bytes
 from trainfast.records import Prediction, Record
 from trainfast.timing import benchmark
+from trainfast.validation import plural
 
 __all__ = [
     "FUSED_LINEAR_GELU_SHAPE",
@@ -191,7 +192,8 @@ def fused_linear_gelu_record(device: torch.device, quick: bool) -> Record:
     contenders = {
         "eager": ("3 kernels", lambda: _gelu_linear(a, b, bias)),
         "torch.compile": (
-            f"Inductor: {kernels} generated kernel(s), {library_calls} library call(s)",
+            f"Inductor: {plural(kernels, 'generated kernel')}, "
+            f"{plural(library_calls, 'library call')}",
             lambda: compiled(a, b, bias),
         ),
     }

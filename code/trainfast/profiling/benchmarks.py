@@ -26,6 +26,7 @@ import torch
 
 from trainfast.records import Record, make_record
 from trainfast.transformer import TransformerShape
+from trainfast.validation import plural
 
 __all__ = [
     "case_study_record",
@@ -101,9 +102,10 @@ def case_study_record(device: torch.device, quick: bool = False) -> Record:
         f"{shape.n_layers} layers, d_model {shape.d_model}, {shape.n_heads} heads of which "
         f"{shape.kv_heads} key/value heads, d_ff {shape.d_ff}, vocabulary "
         f"{shape.vocab_size}, {shape.batch_size} x {shape.seq_len} tokens per step; word-level "
-        f"tokens of Python's docs, {config.workers} loader worker(s) when on) with each fix "
+        f"tokens of Python's docs, {plural(config.workers, 'loader worker')} when on) with "
+        "each fix "
         "added to the ones before, each run built, timed and torn down in turn, "
-        f"{passes} pass(es) over all of them (median of the samples); speedup is "
+        f"{plural(passes, 'pass', 'passes')} over all of them (median of the samples); speedup is "
         "over the baseline; loss_deviation is the largest relative difference from the "
         f"baseline's loss over the first {LOSS_HORIZON} steps."
         + (" Quick smoke test: compile left out, tiny model." if quick else "")

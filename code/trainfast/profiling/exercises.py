@@ -25,6 +25,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from trainfast.checks import Case, report
 from trainfast.profiling.compilation import CountingBackend
 from trainfast.profiling.traces import StepProfile, profile_steps
+from trainfast.validation import plural
 
 __all__ = [
     "SYNC_STEP_PARTS",
@@ -110,7 +111,7 @@ def check_no_graph_break(clip: Callable[[torch.Tensor, float], torch.Tensor]) ->
     problem = None
     if explanation.graph_break_count:
         reasons = "; ".join(str(r.reason).splitlines()[0] for r in explanation.break_reasons)
-        problem = f"{explanation.graph_break_count} graph break(s): {reasons}"
+        problem = f"{plural(explanation.graph_break_count, 'graph break')}: {reasons}"
     results.append(("torch.compile captures it as one graph", problem))
     report(results)
 

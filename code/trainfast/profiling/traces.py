@@ -42,6 +42,8 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
+from trainfast.validation import plural
+
 __all__ = [
     "OperatorTime",
     "StepProfile",
@@ -357,7 +359,8 @@ def allocated_bytes_timeline(snapshot: dict[str, Any], device_index: int = 0) ->
     traces = snapshot.get("device_traces", [])
     if not 0 <= device_index < len(traces):
         raise ValueError(
-            f"Invalid device_index: {device_index} (the snapshot has {len(traces)} device(s))"
+            f"Invalid device_index: {device_index} "
+            f"(the snapshot has {plural(len(traces), 'device')})"
         )
     allocated, timeline = 0, []
     for event in traces[device_index]:

@@ -127,7 +127,7 @@ def run_log(
     progress: Callable[[str], None] | None = print,
     command: str | None = None,
 ) -> Record:
-    """The log as a speedrun keeps one: each change of :data:`~trainfast.speedrun.LOG` is
+    """The log as a speedrun keeps one: each change of :data:`~trainfast.speedrun.changes.LOG` is
     measured on top of the last entry that was kept, and kept only if it beats that entry
     beyond the noise, in time, or in tokens without a time slower beyond the noise
     (:attr:`Summary.kept`); then the tried changes on the final entry and,

@@ -14,7 +14,6 @@ from trainfast.records import (
     Prediction,
     Published,
     Record,
-    figure_markdown,
     gpu_figures_table,
     load_records,
     make_record,
@@ -105,45 +104,6 @@ def test_records_for_finds_the_books_records_from_the_repository_root(monkeypatc
 
 _PREDICTION = Prediction(2.0, "ms", "two bytes over the bandwidth")
 _PUBLISHED = Published(1.5, "ms", "a datasheet", "nvidia2022h100")
-
-
-def test_figure_markdown_with_a_record_shows_the_measurement_and_its_ratio_to_the_prediction():
-    record = _record(device="cuda")
-    text = figure_markdown(
-        "demo step", [record], measured=lambda r: max(r.column("ms")), prediction=_PREDICTION
-    )
-    assert "demo step: **1.25 ms**, measured." in text and provenance(record) in text
-    assert "Predicted by the book's model (two bytes over the bandwidth): 2 ms" in text
-    assert "measured / predicted = 0.62" in text
-
-
-def test_figure_markdown_with_a_record_and_no_extractor_shows_its_table():
-    text = figure_markdown("demo", [_record()], columns=["ms"], published=_PUBLISHED)
-    assert text.startswith("| ms (ms) |") and "A demo." in text
-    assert "*Published by a datasheet {cite}`nvidia2022h100`: 1.5 ms.*" in text
-    assert "measured / predicted" not in text
-
-
-def test_figure_markdown_without_a_record_labels_prediction_and_published_figure():
-    text = figure_markdown("demo step", [], prediction=_PREDICTION, benchmark="demo")
-    assert "not measured here (`python -m trainfast.measure --only demo` on a GPU" in text
-    assert "- *predicted by the book's model* (two bytes over the bandwidth): 2 ms" in text
-    assert "**" not in text and "published" not in text
-    text = figure_markdown("demo step", [], published=_PUBLISHED)
-    assert "- *published by a datasheet {cite}`nvidia2022h100`: 1.5 ms*" in text
-    assert "predicted" not in text and "**" not in text
-
-
-def test_figure_markdown_writes_large_figures_with_thousands_separators():
-    text = figure_markdown("copy", [], prediction=Prediction(3350.0, "GB/s", "HBM"))
-    assert "3,350 GB/s" in text and "e+03" not in text
-
-
-def test_figure_markdown_with_nothing_is_one_short_line():
-    text = figure_markdown("demo step", [], benchmark="demo")
-    assert text.count("\n") == 1 and text.startswith("demo step: not measured")
-    with pytest.raises(ValueError, match="description of the figure, got ''"):
-        figure_markdown("", [])
 
 
 def test_records_round_trip_with_provenance(tmp_path):
@@ -285,7 +245,8 @@ def test_the_placeholder_pattern_catches_the_old_lines():
         "No GPU record of the DDP overlap exists yet.",
     ]
     assert all(PLACEHOLDER.search(line) for line in old)
-    assert not PLACEHOLDER.search(figure_markdown("x", [], benchmark="roofline"))
+    unmeasured = GPUFigure("x", "ms", (), published=_PUBLISHED, benchmark="roofline")
+    assert not PLACEHOLDER.search(gpu_figures_table([unmeasured]))
 
 
 @pytest.mark.parametrize("name", CHAPTERS)

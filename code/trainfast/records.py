@@ -30,7 +30,6 @@ __all__ = [
     "Prediction",
     "Published",
     "Record",
-    "figure_markdown",
     "gpu_figures_table",
     "load_records",
     "make_record",
@@ -384,67 +383,6 @@ def _number(value: float, unit: str) -> str:
     value = float(value)
     text = f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
     return f"{text} {unit}".strip()
-
-
-def _published(published: Published) -> str:
-    cite = f" {{cite}}`{published.citation}`" if published.citation else ""
-    return f"published by {published.source}{cite}: {_number(published.value, published.unit)}"
-
-
-def figure_markdown(
-    what: str,
-    records: Sequence[Record],
-    *,
-    measured: Callable[[Record], float] | None = None,
-    prediction: Prediction | None = None,
-    published: Published | None = None,
-    columns: list[str] | None = None,
-    benchmark: str | None = None,
-) -> str:
-    """Markdown for one figure: measured where a record exists, else predicted and/or published.
-
-    With a record (the first of ``records``, which :func:`records_for` sorts newest first),
-    ``measured(record)`` is the figure, shown in bold with the record's provenance and, given a
-    ``prediction``, the ratio measured / predicted; without ``measured`` the record's table is
-    shown (``columns`` as in :func:`to_markdown`). Without a record the prediction and the
-    published figure are shown, each labelled, in italics so that neither reads as a
-    measurement; with neither, one short line. ``benchmark`` (default: the record name if
-    any) names the ``python -m trainfast.measure`` benchmark that would measure it.
-    """
-    if not what:
-        raise ValueError(f"figure_markdown needs a description of the figure, got {what!r}")
-    unit = prediction.unit if prediction else published.unit if published else ""
-    lines = []
-    if records:
-        record = records[0]
-        if measured is None:
-            lines.append(to_markdown(record, columns=columns))
-            value = None
-        else:
-            value = float(measured(record))
-            lines.append(f"{what}: **{_number(value, unit)}**, measured. {provenance(record)}")
-        if prediction is not None:
-            line = (
-                f"Predicted by the book's model ({prediction.model}): "
-                f"{_number(prediction.value, prediction.unit)}"
-            )
-            if value is not None and prediction.value:
-                line += f"; measured / predicted = {value / prediction.value:.2f}"
-            lines.append(f"*{line}.*")
-        if published is not None:
-            text = _published(published)
-            lines.append(f"*{text[0].upper()}{text[1:]}.*")
-        return "\n\n".join(lines) + "\n"
-    how = f"`python -m trainfast.measure --only {benchmark}` on a GPU" if benchmark else "a GPU run"
-    if prediction is None and published is None:
-        return f"{what}: not measured; {how} would measure it.\n"
-    lines.append(f"{what}, not measured here ({how} would measure it):\n")
-    if prediction is not None:
-        number = _number(prediction.value, prediction.unit)
-        lines.append(f"- *predicted by the book's model* ({prediction.model}): {number}")
-    if published is not None:
-        lines.append(f"- *{_published(published)}*")
-    return "\n".join(lines) + "\n"
 
 
 @dataclass(frozen=True)

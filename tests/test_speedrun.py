@@ -273,26 +273,32 @@ def test_a_change_that_is_not_kept_is_left_out_of_every_entry_after_it():
 def test_the_study_keeps_only_the_changes_that_beat_the_noise(monkeypatch):
     """run_log on a planted harness: a change that beats the entry it was measured on is kept,
     in time or in tokens (with a time not slower beyond the noise), one within the noise or
-    slower is dropped, and later entries build on the kept ones."""
+    slower is dropped, one that trained alike (the same final loss on every seed) is dropped
+    however fast, and later entries build on the kept ones."""
     from trainfast.speedrun import study as study_module
 
     chosen = log_module.preset("tiny")
     gains = {"RoPE": 0.5, "untied head": 1.0, "RMSNorm": 0.7, "Muon": 1.5, "SDPA": 0.9}
     fewer_tokens = {"zero-init projections": 0.5, "QK-norm": 0.5}  # QK-norm: but slower
     gains["QK-norm"] = 1.2
+    gains["WSD decay"] = 0.5  # faster (the load fell), but it trained alike
+    alike = {"WSD decay"}
 
     def planted(config, data, target, *, seed, device=None, progress=None):
-        seconds, tokens = 10.0, 2560.0
+        seconds, tokens, loss = 10.0, 2560.0, 5.9
         for change in log_module.LOG:  # the product of the kept changes' factors
             if change.apply(config, name=config.name) == config:
                 seconds *= gains.get(change.name, 1.0)
                 tokens *= fewer_tokens.get(change.name, 1.0)
-        return RunResult(config.name, seed, True, seconds + 0.01 * seed, 0.1, 10, tokens, 5.9)
+                loss -= 0.0 if change.name in alike else 0.01
+        return RunResult(config.name, seed, True, seconds + 0.01 * seed, 0.1, 10, tokens, loss)
 
     monkeypatch.setattr(study_module, "run_to_target", planted)
     record = study_module.run_log(chosen, seeds=3, progress=None)
     kept = {"RoPE", "zero-init projections", "RMSNorm", "SDPA"}
     assert study_module.dropped_changes(record) == {c.name for c in log_module.LOG} - kept
+    wsd = next(s for s in study_module.summarize(record) if s.entry == "WSD decay")
+    assert wsd.verdict == "beats the noise" and wsd.trained_alike and not wsd.kept
     rows = {(r["entry"], r["seed"]): r for r in record.rows}
     assert rows[("untied head", 0)]["compared_to"] == "RoPE"
     assert rows[("zero-init projections", 0)]["compared_to"] == "RoPE"  # untied head: dropped

@@ -259,13 +259,21 @@ class Summary:
     p_value: float
     verdict: str
     fewer_tokens: bool = False  # fewer tokens to the target than compared_to, beyond the noise
+    trained_alike: bool = False  # every seed: the same steps and final loss as compared_to's
 
     @property
     def kept(self) -> bool:
         """Whether a change of the log is kept (:func:`run_log`): its time beats the entry it
         was measured on beyond the noise; or it needed fewer tokens beyond the noise (tokens,
         unlike seconds, do not depend on the machine's load) and its time is not slower
-        beyond the noise."""
+        beyond the noise. Never when it *trained alike*: every seed took the same steps to the
+        same final loss, bit for bit, as the entry it was measured on, so the change did not
+        touch the arithmetic before the target (a schedule whose decay starts later, say) and a
+        faster time can only be the machine's load. (A change that makes a step cheaper with
+        the very same arithmetic would be refused too; the log has none: a fused kernel or a
+        second process adds in another order.)"""
+        if self.trained_alike:
+            return False
         return self.verdict == "beats the noise" or (
             self.fewer_tokens and self.verdict != "did not pay"
         )
@@ -289,7 +297,9 @@ def summarize(record: Record, alpha: float = ALPHA) -> list[Summary]:
         spread = max(t for t in times if t != float("inf")) - min(times) if reached else 0.0
         other = runs.get(row["compared_to"])
         ratio, p_value, verdict, fewer_tokens = float("nan"), float("nan"), "–", False
+        alike = False
         if other:
+            alike = _trained_alike(results, other)
             share, tokens_p = rank_sum_test(_tokens(other), _tokens(results))
             fewer_tokens = tokens_p <= alpha and share > 0.5
             faster = compare(other, results, alpha=alpha)
@@ -316,9 +326,21 @@ def summarize(record: Record, alpha: float = ALPHA) -> list[Summary]:
                 p_value,
                 verdict,
                 fewer_tokens,
+                alike,
             )
         )
     return out
+
+
+def _trained_alike(results: Sequence[RunResult], other: Sequence[RunResult]) -> bool:
+    """Every seed of ``results`` took the same steps to the same final loss as ``other``'s."""
+    by_seed = {r.seed: r for r in other}
+    return all(
+        r.seed in by_seed
+        and (r.reached, r.steps, r.final_loss)
+        == (by_seed[r.seed].reached, by_seed[r.seed].steps, by_seed[r.seed].final_loss)
+        for r in results
+    )
 
 
 def _tokens(results: Sequence[RunResult]) -> list[float]:

@@ -248,6 +248,25 @@ def test_the_log_applies_each_change_to_the_entry_before_it():
     assert without_rope.config.shape.mlp == final.shape.mlp  # only RoPE is taken out
 
 
+def test_the_batch_changes_halve_the_entry_they_apply_to_and_never_run_on_the_gpu_preset():
+    cpu = log_module.preset("cpu")
+    sizes = {e.name: e.config.shape.batch_size for e in log_module.entries(cpu)}
+    kept = sizes["data parallel"]  # the final entry when every change is kept
+    assert sizes["WSD decay"] == cpu.shape.batch_size and kept == cpu.shape.batch_size // 2
+    assert (sizes["half the batch"], sizes["double the batch"]) == (kept // 2, kept * 2)
+    # with the smaller batch dropped, the tried batches are half and double the preset's
+    dropped = log_module.entries(cpu, dropped={"smaller batch"})
+    sizes = {e.name: e.config.shape.batch_size for e in dropped}
+    assert (sizes["half the batch"], sizes["double the batch"]) == (
+        cpu.shape.batch_size // 2,
+        cpu.shape.batch_size * 2,
+    )
+    h100 = log_module.preset("h100")
+    assert {
+        e.config.shape.batch_size for e in log_module.entries(h100, parts=("log", "ablation"))
+    } == {h100.shape.batch_size}
+
+
 def test_a_change_that_is_not_kept_is_left_out_of_every_entry_after_it():
     chosen = log_module.preset("cpu")
     dropped = {"RMSNorm", "QK-norm"}

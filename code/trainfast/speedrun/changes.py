@@ -8,9 +8,9 @@ one-line reason, so the log reads as the argument of the chapter, in order; the 
 (:func:`~trainfast.speedrun.study.run_log`) keeps a change only if it beat that entry beyond
 the noise, and :func:`log` takes the names of the changes that were not kept. :data:`TRIED`
 are changes tried on top of the final entry: those expected to pay on a GPU, not on a CPU
-(measured all the same), and the final entry's batch halved and doubled. :data:`NOT_RUN` names what the CPU log leaves out, and why.
-The leave-one-out *ablation* (:func:`ablation`) takes each kept change back out of the final
-entry, one at a time.
+(measured all the same), and the final entry's batch halved and doubled. :data:`NOT_RUN`
+names what the CPU log leaves out, and why. The leave-one-out *ablation* (:func:`ablation`)
+takes each kept change back out of the final entry, one at a time.
 
 **Presets** (:data:`PRESETS`) fix the corpus, the model's sizes, the target and the seeds.
 

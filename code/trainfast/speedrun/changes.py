@@ -103,6 +103,14 @@ class Change:
         return replace(config, name=name or self.name, shape=replace(config.shape, **shape), **rest)
 
 
+def _half_the_batch(config: SpeedrunConfig) -> int:
+    return config.shape.batch_size // 2
+
+
+def _double_the_batch(config: SpeedrunConfig) -> int:
+    return config.shape.batch_size * 2
+
+
 #: The changes, in the order the chapter makes them: the model, then the optimizer for that
 #: model and the batch it steps on, then the cost of a step with the arithmetic unchanged.
 #: Each is measured on the last entry kept (:func:`log`); the study keeps it only if it beats
@@ -150,7 +158,7 @@ LOG: tuple[Change, ...] = (
         "smaller batch",
         "half the sequences a step: below the critical batch size, the same tokens buy twice "
         "the steps (the tried rows halve and double the batch again)",
-        {"batch_size": lambda config: config.shape.batch_size // 2},
+        {"batch_size": _half_the_batch},
     ),
     Change(
         "SDPA",
@@ -188,13 +196,13 @@ TRIED: tuple[Change, ...] = (
         "half the batch",
         "half the final entry's sequences a step: below the critical batch size, the same "
         "tokens in twice the steps; above it, fewer tokens",
-        {"batch_size": lambda config: config.shape.batch_size // 2},
+        {"batch_size": _half_the_batch},
     ),
     Change(
         "double the batch",
         "twice the final entry's sequences a step: below the critical batch size, the same "
         "tokens in half the steps; above it, more tokens",
-        {"batch_size": lambda config: config.shape.batch_size * 2},
+        {"batch_size": _double_the_batch},
     ),
 )
 

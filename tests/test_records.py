@@ -10,6 +10,7 @@ import torch
 from trainfast.device import describe_environment, environment_line, pick_device
 from trainfast.measure import BENCHMARKS, CUDA_ONLY, main
 from trainfast.records import (
+    OFF_BY,
     GPUFigure,
     Prediction,
     Published,
@@ -347,6 +348,28 @@ def test_gpu_figures_table_keeps_measured_predicted_and_published_apart():
     # each missing benchmark is named once, in one copyable command
     assert "`python -m trainfast.measure --only other` on a CUDA machine" in text
     assert text.count("other") == 1
+
+
+def test_gpu_figures_table_says_why_a_measurement_is_off_its_prediction():
+    """Past OFF_BY either way the table prints the figure's reason, computed from its record,
+    or says that none is given; within it, nothing."""
+    record = _record()
+
+    def figure(value, explain=None):
+        return GPUFigure(f"measured {value}", "ms", [record], lambda r: value, _PREDICTION,
+                         explain=explain)  # fmt: skip
+
+    reason = lambda r: f"the record {r.name} shows why"  # noqa: E731
+    off_high, off_low = 2 * OFF_BY * 1.01, 2 / OFF_BY * 0.99  # the prediction is 2 ms
+    text = gpu_figures_table(
+        [figure(3.0, reason), figure(off_high, reason), figure(off_low), figure(2.0, reason)]
+    )
+    notes = [line for line in text.splitlines() if line.startswith("**Off by")]
+    assert len(notes) == 2, text
+    assert notes[0].startswith(f"**Off by more than {OFF_BY:g}×:** measured {off_high}")
+    assert notes[0].endswith(f"(two bytes over the bandwidth). the record {record.name} shows why")
+    assert notes[1].startswith(f"**Off by more than {OFF_BY:g}×:** measured {off_low}")
+    assert "does not yet say which assumption" in notes[1]
 
 
 def test_gpu_figures_table_refuses_mismatched_units_and_missing_extractors():

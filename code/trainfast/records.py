@@ -26,6 +26,7 @@ from trainfast.files import read_json, write_json_atomically
 from trainfast.timing import readable_seconds
 
 __all__ = [
+    "OFF_BY",
     "GPUFigure",
     "Prediction",
     "Published",
@@ -392,7 +393,9 @@ class GPUFigure:
     ``records`` come from :func:`records_for` (newest first; empty where this kind of device has
     not measured it); ``measured(record)`` extracts the figure in ``unit``. ``prediction`` is the
     book's own model, ``published`` a primary source; either may be absent. ``benchmark`` names
-    the ``python -m trainfast.measure`` benchmark that measures it.
+    the ``python -m trainfast.measure`` benchmark that measures it. ``explain(record)`` says,
+    from the record, which assumption of the model failed; the table prints it when the
+    measurement is off the prediction by more than :data:`OFF_BY` either way.
     """
 
     what: str
@@ -402,6 +405,7 @@ class GPUFigure:
     prediction: Prediction | None = None
     published: Published | None = None
     benchmark: str | None = None
+    explain: Callable[[Record], str] | None = None
 
     def __post_init__(self) -> None:
         if not self.what:
@@ -416,14 +420,21 @@ class GPUFigure:
                 )
 
 
+#: How far a measurement may lie from the book's prediction, either way, before the table must say
+#: which assumption of the model failed (a GPUFigure's ``explain``).
+OFF_BY = 1.5
+
+
 def gpu_figures_table(figures: Sequence[GPUFigure]) -> str:
     """One Markdown table for a section's GPU figures: measured, predicted and published apart.
 
     Each row is one :class:`GPUFigure`. "Measured" comes from its newest record (a footnote-like
     line under the table gives each record's provenance once); "predicted" is labelled with the
     book's model; "published" names and cites its source; "measured / predicted" appears where
-    both exist. One closing line says which benchmarks a GPU run would add for the rows that have
-    no measurement. The three kinds never share a cell, so none reads as another.
+    both exist. Under the table, each row whose measurement is off its prediction by more than
+    :data:`OFF_BY` either way gets a line with the figure's ``explain`` (or says that no reason is
+    given). One closing line says which benchmarks a GPU run would add for the rows that have no
+    measurement. The three kinds never share a cell, so none reads as another.
     """
     if not figures:
         raise ValueError("gpu_figures_table needs at least one GPUFigure")
@@ -431,6 +442,7 @@ def gpu_figures_table(figures: Sequence[GPUFigure]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     sources: list[Record] = []
     missing: list[str] = []
+    off: list[str] = []
     for figure in figures:
         measured, ratio = "–", "–"
         if figure.records:
@@ -441,6 +453,17 @@ def gpu_figures_table(figures: Sequence[GPUFigure]) -> str:
             measured = f"{_number(value, figure.unit)} [{sources.index(record) + 1}]"
             if figure.prediction is not None and figure.prediction.value:
                 ratio = f"{value / figure.prediction.value:.2f}"
+                factor = value / figure.prediction.value
+                if not 1 / OFF_BY <= factor <= OFF_BY:
+                    reason = (
+                        figure.explain(record)
+                        if figure.explain is not None
+                        else "The book does not yet say which assumption of its model failed."
+                    )
+                    off.append(
+                        f"**Off by more than {OFF_BY:g}×:** {figure.what}, measured / predicted "
+                        f"{factor:.2f} ({figure.prediction.model}). {reason}"
+                    )
         elif figure.benchmark and figure.benchmark not in missing:
             missing.append(figure.benchmark)
         predicted = (
@@ -458,6 +481,8 @@ def gpu_figures_table(figures: Sequence[GPUFigure]) -> str:
     text = "\n".join(lines) + "\n"
     for number, record in enumerate(sources, start=1):
         text += f"\n[{number}] {provenance(record)}\n"
+    for line in off:
+        text += f"\n{line}\n"
     if missing:
         command = "python -m trainfast.measure --only " + " ".join(missing)
         text += f"\nRows without a measurement: `{command}` on a CUDA machine measures them.\n"

@@ -137,7 +137,7 @@ def launcher_record(device: torch.device, quick: bool = False) -> Record:
         "torch.multiprocessing.start_processes(start_method='forkserver').",
         rows,
         units={"median_seconds_after_raise": "s"},
-        device=device,
+        device=torch.device("cpu"),  # CPU processes, whatever GPU the machine has
     )
 
 
@@ -231,7 +231,7 @@ def restart_record(device: torch.device, quick: bool = False) -> Record:
         "instead of torchrun's rendezvous store.",
         rows,
         units={"median_seconds": "s"},
-        device=device,
+        device=torch.device("cpu"),  # CPU processes, whatever GPU the machine has
     )
 
 

@@ -252,7 +252,7 @@ def _step_row(
         model_flops_utilization(training_flops(shape), timing.median, peak) if peak else None
     )
     predicted = training_memory(shape, recipe=recipe, optimizer="adamw", attention="sdpa")
-    row["predicted_gb"] = predicted.total / 1e9
+    row["predicted_gb"] = predicted.peak / 1e9
     row["peak_memory_gb"] = (
         torch.cuda.max_memory_allocated(device) / 1e9 if device.type == "cuda" else None
     )
@@ -281,7 +281,7 @@ def step_memory_prediction(recipe_name: str, quick: bool = False) -> Prediction:
     recipe = RECIPES[recipe_name]
     memory = training_memory(shape, recipe=recipe, optimizer="adamw", attention="sdpa")
     return Prediction(
-        memory.total / 1e9,
+        memory.peak / 1e9,
         "GB",
         f"trainfast.accounting.training_memory, {recipe_name}, AdamW, GPT-2 small "
         f"({shape.n_layers} layers), batch {shape.batch_size} × {shape.seq_len} tokens",

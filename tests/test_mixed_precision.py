@@ -981,11 +981,11 @@ def test_step_memory_peak_is_within_one_and_a_half_of_every_gpu_record():
     import dataclasses
 
     from trainfast.accounting import training_memory
-    from trainfast.precision.benchmarks import _gpu_step_shape
+    from trainfast.precision.benchmarks import gpu_step_shape
     from trainfast.recipes import RECIPES
     from trainfast.records import records_for
 
-    shape = _gpu_step_shape(quick=False)
+    shape = gpu_step_shape(quick=False)
     fields = ", ".join(f"{f.name}={getattr(shape, f.name)}" for f in dataclasses.fields(shape))
     records = [r for r in records_for("precision-step-time", "cuda") if fields in r.description]
     if not records:

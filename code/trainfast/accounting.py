@@ -15,9 +15,10 @@ Conventions:
   counted; attention's ``QK^T`` and ``PV`` are, in full, with no discount for the causal mask;
   recomputation by activation checkpointing is not (it is work the hardware does, not the model).
 * **Memory** of a training step is model state (weights, gradients, fp32 master weights,
-  optimizer moments) plus activations, the tensors the forward pass saves for backward. Not
-  counted: the CUDA context, the caching allocator's rounding and fragmentation, temporary
-  buffers of single kernels, communication buckets.
+  optimizer moments) plus activations, the tensors the forward pass saves for backward; its
+  peak adds the loss's float32 buffers alive with them at the start of backward. Not counted:
+  the CUDA context, the caching allocator's rounding and fragmentation, temporary buffers of
+  single kernels, communication buckets.
 * **Utilisation** (MFU, with the book's one denominator) and the length of a run are in
   :mod:`trainfast.utilization`, the measuring side
   (:func:`~trainfast.counters.counted_flops`, :func:`~trainfast.counters.saved_tensor_bytes`)
@@ -34,6 +35,7 @@ from dataclasses import dataclass, fields
 
 # re-exported for callers of the older names; documented where they live
 from trainfast.counters import counted_flops as counted_flops
+from trainfast.counters import peak_allocated_bytes as peak_allocated_bytes
 from trainfast.counters import saved_tensor_bytes as saved_tensor_bytes
 from trainfast.recipes import RECIPES, Recipe
 from trainfast.transformer import Attention, TransformerShape
@@ -48,12 +50,14 @@ from trainfast.validation import (
 )
 
 __all__ = [
+    "LOSS_BYTES_PER_LOGIT",
     "OPTIMIZER_MOMENTS",
     "MemoryBreakdown",
     "activation_bytes",
     "bytes_per_parameter",
     "checkpointed_layer_bytes",
     "linear_training_flops",
+    "loss_buffer_bytes",
     "matmul_flops",
     "matmul_parameter_count",
     "mlp_parameter_count",
@@ -340,6 +344,32 @@ def model_activation_bytes(
     return layers + shape.tokens * per_token
 
 
+#: Bytes per logit value of the book's float32 cross-entropy at the start of backward: the
+#: float32 logits the step keeps, the log-probabilities log_softmax saves, and the gradients of
+#: both that backward's first two operators allocate.
+LOSS_BYTES_PER_LOGIT = 4 + 4 + 4 + 4
+
+
+def loss_buffer_bytes(
+    shape: TransformerShape, tensor: int = 1, *, value_bytes: float = 2.0
+) -> float:
+    """Bytes the loss holds at the peak of a step besides the log-probabilities counted as
+    activations (at ``value_bytes``): the saved activations are not the peak.
+
+    The book's step (:func:`trainfast.precision.recipes.training_step`) computes the
+    cross-entropy in float32 in every recipe. At the start of backward, while every activation
+    is still alive, it holds :data:`LOSS_BYTES_PER_LOGIT` bytes per logit value: the float32
+    logits it keeps, log_softmax's float32 log-probabilities, and the float32 gradients of the
+    log-probabilities (nll_loss's, dense) and of the logits (log_softmax's). ``V / t`` logits per
+    token with the head's columns split over ``t`` tensor-parallel ranks. Measured by
+    :func:`~trainfast.counters.peak_allocated_bytes` in the tests.
+    """
+    check_positive("tensor", tensor)
+    check_positive_number("value_bytes", value_bytes)
+    logits = shape.tokens * shape.vocab_size / tensor
+    return logits * (LOSS_BYTES_PER_LOGIT - value_bytes)
+
+
 # ----------------------------------------------------------------------------- model state
 
 
@@ -382,10 +412,18 @@ class MemoryBreakdown:
     master_weights: float
     optimizer_state: float
     activations: float = 0.0
+    loss_buffers: float = 0.0  # not in total: alive only at the start of backward
 
     @property
     def total(self) -> float:
-        return sum(getattr(self, part.name) for part in fields(self))
+        """Model state and saved activations: what stays allocated through the forward."""
+        return sum(getattr(self, f.name) for f in fields(self) if f.name != "loss_buffers")
+
+    @property
+    def peak(self) -> float:
+        """The peak of a step: :attr:`total` and the loss's float32 buffers at the start of
+        backward (:func:`loss_buffer_bytes`), what ``torch.cuda.max_memory_allocated`` measures."""
+        return self.total + self.loss_buffers
 
 
 def bytes_per_parameter(recipe: str | Recipe, optimizer: str) -> MemoryBreakdown:
@@ -467,9 +505,10 @@ def training_memory(
     per_param = bytes_per_parameter(recipe, optimizer)
     weights, grads, state = _zero_shards(zero_stage, world_size)
     n = parameter_count(shape)
+    value_bytes = _recipe(recipe).activation_bytes_per_value
     activations = model_activation_bytes(
         shape,
-        value_bytes=_recipe(recipe).activation_bytes_per_value,
+        value_bytes=value_bytes,
         dropout=dropout,
         attention=attention,
         checkpointing=checkpointing,
@@ -480,4 +519,5 @@ def training_memory(
         master_weights=n * per_param.master_weights * state,
         optimizer_state=n * per_param.optimizer_state * state,
         activations=activations,
+        loss_buffers=loss_buffer_bytes(shape, value_bytes=value_bytes),
     )

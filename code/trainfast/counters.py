@@ -1,7 +1,8 @@
 """What PyTorch counts while a step runs: the measurements :mod:`trainfast.accounting` is tested
-against (FLOPs by ``FlopCounterMode``, activation bytes by autograd's saved-tensor hooks).
+against (FLOPs by ``FlopCounterMode``, activation bytes by autograd's saved-tensor hooks, the
+peak of allocated bytes by the profiler's allocation events).
 
-Both are re-exported by :mod:`trainfast.accounting`, which is where a reader meets them.
+All three are re-exported by :mod:`trainfast.accounting`, which is where a reader meets them.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from collections.abc import Callable, Iterable
 
 import torch
 
-__all__ = ["counted_flops", "saved_tensor_bytes"]
+__all__ = ["counted_flops", "peak_allocated_bytes", "saved_tensor_bytes"]
 
 
 def counted_flops(fn: Callable[[], object]) -> int:
@@ -50,3 +51,36 @@ def saved_tensor_bytes(fn: Callable[[], object], *, exclude: Iterable[torch.Tens
         fn()
     alive.clear()
     return sum(sizes.values())
+
+
+def peak_allocated_bytes(fn: Callable[[], object], device: torch.device | str = "cpu") -> int:
+    """The most bytes ``fn()`` had allocated on ``device`` at once beyond what was live before.
+
+    On any device what ``torch.cuda.max_memory_allocated`` is on a GPU, less the bytes live
+    before: every allocation and free of the device's allocator, in the order they happened,
+    from ``torch.profiler`` with ``profile_memory=True`` (the allocation events of its event
+    tree; ``profile().events()`` folds those inside an operator into the operator). Frees of
+    tensors allocated before ``fn`` count, so the running sum can go below zero; the peak is at
+    least 0. Kernels' own scratch buffers count, as they do on a GPU; the caching allocator's
+    rounding does not. Slow: use it on small models, in tests.
+    """
+    from torch._C._profiler import _EventType
+    from torch.profiler import ProfilerActivity, profile
+
+    device = torch.device(device)
+    activities = [ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    with profile(activities=activities, profile_memory=True) as profiler:
+        fn()
+    events, stack = [], list(profiler.profiler.kineto_results.experimental_event_tree())
+    while stack:
+        event = stack.pop()
+        stack.extend(event.children)
+        if event.tag == _EventType.Allocation and event.extra_fields.device.type == device.type:
+            events.append((event.start_time_ns, event.extra_fields.alloc_size))
+    live = peak = 0
+    for _, size in sorted(events):
+        live += size
+        peak = max(peak, live)
+    return peak

@@ -50,6 +50,8 @@ def plot_memory(
     names = ["\n".join(textwrap.wrap(label.replace("\n", " "), 16)) for label in labels]
     tops = [0.0] * len(labels)
     for part in fields(MemoryBreakdown):
+        if part.name == "loss_buffers":  # not in the total: only at the start of backward
+            continue
         values = [getattr(breakdowns[label], part.name) / 1e9 for label in labels]
         if any(values):
             ax.bar(names, values, bottom=tops, label=part.name.replace("_", " "))

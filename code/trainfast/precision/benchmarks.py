@@ -51,6 +51,7 @@ __all__ = [
     "matmul_throughput",
     "matmul_throughput_record",
     "published_cuda_autocast_policy",
+    "gpu_step_shape",
     "step_memory_prediction",
     "step_time_record",
 ]
@@ -252,7 +253,7 @@ def _step_row(
         model_flops_utilization(training_flops(shape), timing.median, peak) if peak else None
     )
     predicted = training_memory(shape, recipe=recipe, optimizer="adamw", attention="sdpa")
-    row["predicted_gb"] = predicted.total / 1e9
+    row["predicted_gb"] = predicted.peak / 1e9
     row["peak_memory_gb"] = (
         torch.cuda.max_memory_allocated(device) / 1e9 if device.type == "cuda" else None
     )
@@ -260,7 +261,7 @@ def _step_row(
     return row
 
 
-def _gpu_step_shape(quick: bool) -> TransformerShape:
+def gpu_step_shape(quick: bool) -> TransformerShape:
     """The transformer ``precision-step-time`` trains on a GPU: GPT-2 small (2 layers quick)."""
     return TransformerShape.gpt_like(
         d_model=768, n_layers=2 if quick else 12, n_heads=12, seq_len=1024, batch_size=8
@@ -277,11 +278,11 @@ def step_memory_prediction(recipe_name: str, quick: bool = False) -> Prediction:
     """
     if recipe_name not in RECIPES:
         raise ValueError(f"Unknown recipe: {recipe_name!r} (expected one of {sorted(RECIPES)})")
-    shape = _gpu_step_shape(quick)
+    shape = gpu_step_shape(quick)
     recipe = RECIPES[recipe_name]
     memory = training_memory(shape, recipe=recipe, optimizer="adamw", attention="sdpa")
     return Prediction(
-        memory.total / 1e9,
+        memory.peak / 1e9,
         "GB",
         f"trainfast.accounting.training_memory, {recipe_name}, AdamW, GPT-2 small "
         f"({shape.n_layers} layers), batch {shape.batch_size} × {shape.seq_len} tokens",
@@ -291,7 +292,7 @@ def step_memory_prediction(recipe_name: str, quick: bool = False) -> Prediction:
 def step_time_record(device: torch.device, quick: bool) -> Record:
     """``precision-step-time``: one AdamW training step of the transformer under each recipe."""
     if device.type == "cuda":
-        shape = _gpu_step_shape(quick)
+        shape = gpu_step_shape(quick)
         recipes = ["fp32", "tf32", "bf16 autocast", "fp16 autocast + scaler", "pure bf16"]
         repeats = 3 if quick else 10
     else:

@@ -370,6 +370,20 @@ def test_gpu_figures_table_says_why_a_measurement_is_off_its_prediction():
     assert notes[0].endswith(f"(two bytes over the bandwidth). the record {record.name} shows why")
     assert notes[1].startswith(f"**Off by more than {OFF_BY:g}×:** measured {off_low}")
     assert "does not yet say which assumption" in notes[1]
+    tiny = gpu_figures_table([figure(2 * 0.0052)])  # two significant digits, not 0.01
+    assert "| 0.0052 |" in tiny and "predicted 0.0052 (" in tiny
+
+
+def test_gpu_figures_table_names_the_machine_each_missing_benchmark_needs():
+    many = "a machine with a GPU per rank (NCCL)"
+    text = gpu_figures_table(
+        [
+            GPUFigure("one GPU", "ms", benchmark="single"),
+            GPUFigure("ranks", "ms", benchmark="ranks", machine=many),
+        ]
+    )
+    assert "`python -m trainfast.measure --only single` on a CUDA machine" in text
+    assert f"`python -m trainfast.measure --only ranks` on {many}" in text
 
 
 def test_gpu_figures_table_refuses_mismatched_units_and_missing_extractors():

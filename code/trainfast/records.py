@@ -395,7 +395,8 @@ class GPUFigure:
     book's own model, ``published`` a primary source; either may be absent. ``benchmark`` names
     the ``python -m trainfast.measure`` benchmark that measures it. ``explain(record)`` says,
     from the record, which assumption of the model failed; the table prints it when the
-    measurement is off the prediction by more than :data:`OFF_BY` either way.
+    measurement is off the prediction by more than :data:`OFF_BY` either way. ``machine`` is
+    what the benchmark needs to measure it (``"a machine with 2 or more GPUs"``, say).
     """
 
     what: str
@@ -406,6 +407,7 @@ class GPUFigure:
     published: Published | None = None
     benchmark: str | None = None
     explain: Callable[[Record], str] | None = None
+    machine: str = "a CUDA machine"
 
     def __post_init__(self) -> None:
         if not self.what:
@@ -418,6 +420,11 @@ class GPUFigure:
                     f"GPUFigure {self.what!r}: the {label} is in {given.unit!r}, "
                     f"the figure in {self.unit!r}"
                 )
+
+
+def _ratio_text(ratio: float) -> str:
+    """Two decimals, or two significant digits under 0.1 (0.0052, not 0.01)."""
+    return f"{ratio:.2f}" if abs(ratio) >= 0.1 else f"{ratio:.2g}"
 
 
 #: How far a measurement may lie from the book's prediction, either way, before the table must say
@@ -441,7 +448,7 @@ def gpu_figures_table(figures: Sequence[GPUFigure]) -> str:
     header = ["Figure", "Measured", "Predicted (book's model)", "Published", "Measured / predicted"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     sources: list[Record] = []
-    missing: list[str] = []
+    missing: dict[str, list[str]] = {}  # machine -> benchmarks it would measure
     off: list[str] = []
     for figure in figures:
         measured, ratio = "–", "–"
@@ -452,8 +459,8 @@ def gpu_figures_table(figures: Sequence[GPUFigure]) -> str:
                 sources.append(record)
             measured = f"{_number(value, figure.unit)} [{sources.index(record) + 1}]"
             if figure.prediction is not None and figure.prediction.value:
-                ratio = f"{value / figure.prediction.value:.2f}"
                 factor = value / figure.prediction.value
+                ratio = _ratio_text(factor)
                 if not 1 / OFF_BY <= factor <= OFF_BY:
                     reason = (
                         figure.explain(record)
@@ -462,10 +469,10 @@ def gpu_figures_table(figures: Sequence[GPUFigure]) -> str:
                     )
                     off.append(
                         f"**Off by more than {OFF_BY:g}×:** {figure.what}, measured / predicted "
-                        f"{factor:.2f} ({figure.prediction.model}). {reason}"
+                        f"{ratio} ({figure.prediction.model}). {reason}"
                     )
-        elif figure.benchmark and figure.benchmark not in missing:
-            missing.append(figure.benchmark)
+        elif figure.benchmark and figure.benchmark not in missing.get(figure.machine, []):
+            missing.setdefault(figure.machine, []).append(figure.benchmark)
         predicted = (
             f"{_number(figure.prediction.value, figure.unit)} ({figure.prediction.model})"
             if figure.prediction is not None
@@ -483,7 +490,7 @@ def gpu_figures_table(figures: Sequence[GPUFigure]) -> str:
         text += f"\n[{number}] {provenance(record)}\n"
     for line in off:
         text += f"\n{line}\n"
-    if missing:
-        command = "python -m trainfast.measure --only " + " ".join(missing)
-        text += f"\nRows without a measurement: `{command}` on a CUDA machine measures them.\n"
+    for machine, benchmarks in missing.items():
+        command = "python -m trainfast.measure --only " + " ".join(benchmarks)
+        text += f"\nRows without a measurement: `{command}` on {machine} measures them.\n"
     return text

@@ -363,7 +363,7 @@ def streamed_elements(
 
 def _cache_text(cache: str) -> str:
     if cache == "none":
-        return "no cache (the most traffic: a pessimistic estimate)"
+        return "no cache (the most traffic; the products at the peak)"
     return "L2 reuse (each head's tensors read from HBM once)"
 
 

@@ -259,6 +259,18 @@ def test_steps_are_chosen_by_name_or_kind_and_limits_set_per_step(tmp_path):
         Step("x", ["true"], 0)
 
 
+def test_only_runs_the_steps_in_the_order_named(tmp_path):
+    steps = default_steps(tmp_path, "cpu", quick=True)
+    first = ["measure:speedrun", "measure:scaling-study"]
+    chosen = [s.name for s in select_steps(steps, [*first, "compile-report", "measure"])]
+    rest = [f"measure:{n}" for n in BENCHMARKS if f"measure:{n}" not in first]
+    assert chosen == [*first, "compile-report", *rest]  # a step goes where it is first named
+    kinds = [s.kind for s in select_steps(steps, ["compile-report", "chapter", "pytest-gpu"])]
+    chapters, tests = (sum(s.kind == kind for s in steps) for kind in ("chapter", "pytest-gpu"))
+    assert kinds == ["compile-report", *["chapter"] * chapters, *["pytest-gpu"] * tests]
+    assert chapters > 1 and tests > 0
+
+
 def test_a_failing_chapter_is_reported_with_its_cell_traceback(tmp_path):
     chapter = tmp_path / "broken.md"
     chapter.write_text(

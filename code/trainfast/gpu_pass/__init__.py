@@ -17,7 +17,8 @@ reported with the end of its output (the traceback), and the pass goes on. ``OUT
 and ``OUT/summary.md`` say per step what passed, failed, timed out or was not available, how long
 it took, and why; ``OUT/logs/<step>.log`` keeps each step's whole output. A second pass into the
 same ``OUT`` keeps the steps it does not re-run, so a pass split with ``--only`` (the device tool
-allows 10 minutes a command) adds up to one summary.
+allows 10 minutes a command) adds up to one summary. ``--only`` runs the steps in the order it
+names them (a kind's steps in pass order), so the most wanted go first when time is short.
 
 The package's modules: :mod:`~trainfast.gpu_pass.steps` (one step under its limit),
 :mod:`~trainfast.gpu_pass.plan` (which steps, their limits), :mod:`~trainfast.gpu_pass.summary`

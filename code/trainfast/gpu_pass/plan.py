@@ -103,9 +103,12 @@ def _matches(step: Step, pattern: str) -> bool:
 
 
 def select_steps(steps: Sequence[Step], only: Sequence[str] | None) -> list[Step]:
-    """The steps named by ``only`` (a step's full name or its kind), in pass order.
+    """The steps named by ``only`` (a step's full name or its kind), in the order named.
 
-    A pattern that names no step raises ``ValueError`` naming it, before anything runs.
+    Each step is placed by the first pattern that matches it, so ``["measure:speedrun",
+    "measure"]`` runs the speedrun first, then the other benchmarks; the steps one kind matches
+    keep their pass order. Without ``only``, every step in pass order. A pattern that names no
+    step raises ``ValueError`` naming it, before anything runs.
     """
     if not only:
         return list(steps)
@@ -113,7 +116,12 @@ def select_steps(steps: Sequence[Step], only: Sequence[str] | None) -> list[Step
     if unknown:
         known = sorted({s.kind for s in steps} | {s.name for s in steps})
         raise ValueError(f"No step named {unknown} (steps: {known})")
-    return [s for s in steps if any(_matches(s, p) for p in only)]
+    chosen: dict[str, Step] = {}
+    for pattern in only:
+        for step in steps:
+            if _matches(step, pattern):
+                chosen.setdefault(step.name, step)
+    return list(chosen.values())
 
 
 def parse_timeout(setting: str) -> tuple[str, float]:

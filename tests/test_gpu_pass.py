@@ -23,7 +23,10 @@ from trainfast.gpu_pass import (
     apply_timeouts,
     compile_report_rows,
     default_steps,
+    gpu_test_files,
+    pytest_command,
     run_pass,
+    run_step,
     select_steps,
     write_summary,
 )
@@ -239,19 +242,21 @@ def test_steps_are_chosen_by_name_or_kind_and_limits_set_per_step(tmp_path):
     steps = default_steps(tmp_path, "cpu", quick=True)
     names = [s.name for s in steps]
     assert names[: len(BENCHMARKS)] == [f"measure:{n}" for n in BENCHMARKS]
-    assert "chapter:optimizers" in names and names[-2:] == ["pytest-gpu", "compile-report"]
+    modules = [Path(m).stem for m in gpu_test_files()]
+    assert "chapter:optimizers" in names and names[-1] == "compile-report"
+    assert names[-1 - len(modules) : -1] == [f"pytest-gpu:{m}" for m in modules]
     assert all(s.timeout < 600 for s in steps)  # each fits one 10-minute device call
     assert [s.name for s in select_steps(steps, ["chapter:optimizers", "pytest-gpu"])] == [
         "chapter:optimizers",
-        "pytest-gpu",
+        *(f"pytest-gpu:{m}" for m in modules),
     ]
     assert len(select_steps(steps, ["measure"])) == len(BENCHMARKS)
     with pytest.raises(ValueError, match=r"\['chapter:nope'\]"):
         select_steps(steps, ["chapter", "chapter:nope"])
-    apply_timeouts(steps, ["100", "chapter=200", "chapter:optimizers=7"])
+    apply_timeouts(steps, ["100", "chapter=200", "chapter:optimizers=7", "pytest-gpu=90"])
     limits = {s.name: s.timeout for s in steps}
     assert limits["measure:roofline"] == 100 and limits["chapter:profiling"] == 200
-    assert limits["chapter:optimizers"] == 7
+    assert limits["chapter:optimizers"] == 7 and limits[f"pytest-gpu:{modules[0]}"] == 90
     for bad in ["soon", "chapter=-1", "nothing=5"]:
         with pytest.raises(ValueError, match=bad):
             apply_timeouts(steps, [bad])
@@ -269,6 +274,71 @@ def test_only_runs_the_steps_in_the_order_named(tmp_path):
     chapters, tests = (sum(s.kind == kind for s in steps) for kind in ("chapter", "pytest-gpu"))
     assert kinds == ["compile-report", *["chapter"] * chapters, *["pytest-gpu"] * tests]
     assert chapters > 1 and tests > 0
+
+
+FAKE_GPU_TESTS = """
+import os, signal
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+def test_passes():
+    pass
+
+def test_fails():
+    answer = 41
+    assert answer == 42, "the answer was 41"
+
+def test_killed():  # what the step's time limit does to a hung test: the whole run dies here
+    os.kill(os.getpid(), signal.SIGKILL)
+
+def test_never_reached():
+    pass
+"""
+
+
+def test_a_pytest_step_killed_midway_has_each_test_named_and_the_tracebacks_so_far(tmp_path):
+    root = tmp_path / "repo"
+    (root / "tests").mkdir(parents=True)
+    (root / "book").mkdir()
+    for name in ("conftest.py", "chapters.py"):  # the project's own pytest set-up
+        (root / "tests" / name).symlink_to(ROOT / "tests" / name)
+    (root / "tests" / "test_fake_gpu.py").write_text(FAKE_GPU_TESTS)
+    steps = default_steps(tmp_path / "out", "cpu", root=root)
+    (step,) = [s for s in steps if s.kind == "pytest-gpu"]
+    assert step.name == "pytest-gpu:test_fake_gpu"
+    junit = tmp_path / "out" / "pytest-gpu" / "test_fake_gpu.xml"
+    assert f"--junitxml={junit}" in step.command and step.command[-1] == "tests/test_fake_gpu.py"
+    result = run_step(step, tmp_path / "logs")
+    assert result.status is Status.FAILED and result.returncode == -9
+    log = Path(result.log).read_text()
+    assert "test_fake_gpu.py::test_passes PASSED" in log
+    assert "test_fake_gpu.py::test_fails FAILED" in log
+    # the traceback, printed when the test failed, before the run was killed in the next one
+    assert "AssertionError: the answer was 41" in log and "assert 41 == 42" in log
+    assert log.index("the answer was 41") < log.index("test_fake_gpu.py::test_killed")
+    assert "test_never_reached" not in log
+
+
+def test_pytest_steps_stop_a_hung_test_where_pytest_timeout_is_installed(monkeypatch):
+    import importlib.util
+
+    from trainfast.gpu_pass.plan import PYTEST_TEST_TIMEOUT
+
+    real = importlib.util.find_spec
+    for installed in (False, True):
+
+        def find_spec(name, *args, installed=installed):
+            if name == "pytest_timeout":
+                return object() if installed else None
+            return real(name, *args)
+
+        monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+        command = pytest_command("tests/test_x.py", Path("x.xml"))
+        assert "-v" in command and "-rfE" in command and "--tb=short" in command
+        timeouts = [word for word in command if word.startswith("--timeout")]
+        assert timeouts == ([f"--timeout={PYTEST_TEST_TIMEOUT:g}"] if installed else [])
+        assert command[-1] == "tests/test_x.py"
 
 
 def test_a_failing_chapter_is_reported_with_its_cell_traceback(tmp_path):

@@ -7,7 +7,9 @@ On a CUDA machine one pass runs, each as its own step:
 * ``chapter:<name>``: every chapter in ``book/`` converted from MyST Markdown with jupytext and
   executed as a notebook with nbclient, saved as ``OUT/notebooks/<name>.ipynb``, with the
   environment line its first cell printed;
-* ``pytest-gpu``: ``pytest -m gpu`` on the test modules that have GPU tests;
+* ``pytest-gpu:<module>``: ``pytest -m gpu`` on each test module that has GPU tests, naming
+  each test as it finishes and printing a failure's traceback at once (a step killed at its
+  limit keeps them in its log);
 * ``compile-report``: the live compile report beside the ahead-of-time one
   (``trainfast.kernels.compile_report``), or "not available" where the package lacks it.
 
@@ -36,6 +38,7 @@ from trainfast.gpu_pass.plan import (
     chapters,
     default_steps,
     gpu_test_files,
+    pytest_command,
     select_steps,
 )
 from trainfast.gpu_pass.run import main, run_pass
@@ -56,6 +59,7 @@ __all__ = [
     "execute_chapter",
     "gpu_test_files",
     "main",
+    "pytest_command",
     "read_summary",
     "run_pass",
     "run_step",

@@ -306,6 +306,7 @@ def test_a_pytest_step_killed_midway_has_each_test_named_and_the_tracebacks_so_f
     (root / "tests" / "test_fake_gpu.py").write_text(FAKE_GPU_TESTS)
     steps = default_steps(tmp_path / "out", "cpu", root=root)
     (step,) = [s for s in steps if s.kind == "pytest-gpu"]
+    assert "tests/test_gpu_pass.py" not in gpu_test_files()  # it has the mark in a string only
     assert step.name == "pytest-gpu:test_fake_gpu"
     junit = tmp_path / "out" / "pytest-gpu" / "test_fake_gpu.xml"
     assert f"--junitxml={junit}" in step.command and step.command[-1] == "tests/test_fake_gpu.py"

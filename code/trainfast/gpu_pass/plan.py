@@ -19,6 +19,7 @@ from trainfast.gpu_pass.steps import ROOT, Step
 
 __all__ = [
     "DEFAULT_TIMEOUTS",
+    "PYTEST_TEST_TIMEOUT",
     "apply_timeouts",
     "chapters",
     "default_steps",

@@ -58,7 +58,10 @@ gpu-pass:
 	PYTHONPATH="$(CURDIR)/code:$$PYTHONPATH" PYTHONUNBUFFERED=1 \
 	  $(PYTHON) -m trainfast.gpu_pass --out $(GPU_PASS_OUT) $(GPU_PASS_ARGS)
 
-# The wheels the GPU machine lacks for the pass (.ci/gpu-wheels.txt), into .whl/.
+# The wheels the GPU machine lacks for the pass (.ci/gpu-wheels.txt), into .whl/, and the commit
+# of this checkout into .whl/COMMIT, marked +dirty as trainfast.records.source_commit marks it
+# (the copy there has no .git; .ci/gpu-call.sh exports it as TRAINFAST_COMMIT for the records).
+# Run it again after the last commit before a device call.
 WHEEL_PYTHON ?= 3.12
 WHEELHOUSE   ?= .whl
 gpu-wheels:
@@ -67,6 +70,8 @@ gpu-wheels:
 	  --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
 	  --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
 	  --platform manylinux1_x86_64 -d $(WHEELHOUSE) -r .ci/gpu-wheels.txt
+	echo "$$(git rev-parse HEAD)$$(git status --porcelain --untracked-files=no -- code | \
+	  grep -q . && echo +dirty)" > $(WHEELHOUSE)/COMMIT
 	@du -ch $(WHEELHOUSE)/*.whl | tail -1
 
 clean:

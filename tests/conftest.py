@@ -49,6 +49,36 @@ def pytest_runtest_logreport(report):
             _WORKER_TIMES.append(tuple(value))
 
 
+class FailuresAtOnce:
+    """Print a failing test's report (its traceback) the moment it fails, not at the end.
+
+    pytest prints tracebacks after the last test, so a run killed at a time limit (a step of
+    ``python -m trainfast.gpu_pass``, which sets ``TRAINFAST_REPORT_FAILURES_AT_ONCE=1``) would
+    leave only the names of the failures. Registered by :func:`pytest_configure` when that
+    variable is ``1``.
+    """
+
+    def __init__(self, config) -> None:
+        self.config = config
+
+    @pytest.hookimpl(trylast=True)  # after the reporter's own "FAILED" for the test
+    def pytest_runtest_logreport(self, report) -> None:
+        if not report.failed:
+            return
+        terminal = self.config.pluginmanager.get_plugin("terminalreporter")
+        if terminal is None:
+            return
+        terminal.ensure_newline()
+        terminal.write_sep("-", f"{report.nodeid} failed ({report.when})", red=True)
+        terminal.write_line(report.longreprtext)
+        terminal.write_sep("-", f"end of {report.nodeid}")
+
+
+def pytest_configure(config):
+    if os.environ.get("TRAINFAST_REPORT_FAILURES_AT_ONCE") == "1":
+        config.pluginmanager.register(FailuresAtOnce(config), "trainfast-failures-at-once")
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config):  # noqa: ARG001
     from chapters import EXECUTION_TIMES
 

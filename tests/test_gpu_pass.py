@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -23,7 +24,10 @@ from trainfast.gpu_pass import (
     apply_timeouts,
     compile_report_rows,
     default_steps,
+    gpu_test_files,
+    pytest_command,
     run_pass,
+    run_step,
     select_steps,
     write_summary,
 )
@@ -239,24 +243,104 @@ def test_steps_are_chosen_by_name_or_kind_and_limits_set_per_step(tmp_path):
     steps = default_steps(tmp_path, "cpu", quick=True)
     names = [s.name for s in steps]
     assert names[: len(BENCHMARKS)] == [f"measure:{n}" for n in BENCHMARKS]
-    assert "chapter:optimizers" in names and names[-2:] == ["pytest-gpu", "compile-report"]
+    modules = [Path(m).stem for m in gpu_test_files()]
+    assert "chapter:optimizers" in names and names[-1] == "compile-report"
+    assert names[-1 - len(modules) : -1] == [f"pytest-gpu:{m}" for m in modules]
     assert all(s.timeout < 600 for s in steps)  # each fits one 10-minute device call
     assert [s.name for s in select_steps(steps, ["chapter:optimizers", "pytest-gpu"])] == [
         "chapter:optimizers",
-        "pytest-gpu",
+        *(f"pytest-gpu:{m}" for m in modules),
     ]
     assert len(select_steps(steps, ["measure"])) == len(BENCHMARKS)
     with pytest.raises(ValueError, match=r"\['chapter:nope'\]"):
         select_steps(steps, ["chapter", "chapter:nope"])
-    apply_timeouts(steps, ["100", "chapter=200", "chapter:optimizers=7"])
+    apply_timeouts(steps, ["100", "chapter=200", "chapter:optimizers=7", "pytest-gpu=90"])
     limits = {s.name: s.timeout for s in steps}
     assert limits["measure:roofline"] == 100 and limits["chapter:profiling"] == 200
-    assert limits["chapter:optimizers"] == 7
+    assert limits["chapter:optimizers"] == 7 and limits[f"pytest-gpu:{modules[0]}"] == 90
     for bad in ["soon", "chapter=-1", "nothing=5"]:
         with pytest.raises(ValueError, match=bad):
             apply_timeouts(steps, [bad])
     with pytest.raises(ValueError, match="timeout must be positive, got 0"):
         Step("x", ["true"], 0)
+
+
+def test_only_runs_the_steps_in_the_order_named(tmp_path):
+    steps = default_steps(tmp_path, "cpu", quick=True)
+    first = ["measure:speedrun", "measure:scaling-study"]
+    chosen = [s.name for s in select_steps(steps, [*first, "compile-report", "measure"])]
+    rest = [f"measure:{n}" for n in BENCHMARKS if f"measure:{n}" not in first]
+    assert chosen == [*first, "compile-report", *rest]  # a step goes where it is first named
+    kinds = [s.kind for s in select_steps(steps, ["compile-report", "chapter", "pytest-gpu"])]
+    chapters, tests = (sum(s.kind == kind for s in steps) for kind in ("chapter", "pytest-gpu"))
+    assert kinds == ["compile-report", *["chapter"] * chapters, *["pytest-gpu"] * tests]
+    assert chapters > 1 and tests > 0
+
+
+FAKE_GPU_TESTS = """
+import os, signal
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+def test_passes():
+    pass
+
+def test_fails():
+    answer = 41
+    assert answer == 42, "the answer was 41"
+
+def test_killed():  # what the step's time limit does to a hung test: the whole run dies here
+    os.kill(os.getpid(), signal.SIGKILL)
+
+def test_never_reached():
+    pass
+"""
+
+
+def test_a_pytest_step_killed_midway_has_each_test_named_and_the_tracebacks_so_far(tmp_path):
+    root = tmp_path / "repo"
+    (root / "tests").mkdir(parents=True)
+    (root / "book").mkdir()
+    for name in ("conftest.py", "chapters.py"):  # the project's own pytest set-up
+        (root / "tests" / name).symlink_to(ROOT / "tests" / name)
+    (root / "tests" / "test_fake_gpu.py").write_text(FAKE_GPU_TESTS)
+    steps = default_steps(tmp_path / "out", "cpu", root=root)
+    (step,) = [s for s in steps if s.kind == "pytest-gpu"]
+    assert "tests/test_gpu_pass.py" not in gpu_test_files()  # it has the mark in a string only
+    assert step.name == "pytest-gpu:test_fake_gpu"
+    junit = tmp_path / "out" / "pytest-gpu" / "test_fake_gpu.xml"
+    assert f"--junitxml={junit}" in step.command and step.command[-1] == "tests/test_fake_gpu.py"
+    result = run_step(step, tmp_path / "logs")
+    assert result.status is Status.FAILED and result.returncode == -9
+    log = Path(result.log).read_text()
+    assert "test_fake_gpu.py::test_passes PASSED" in log
+    assert "test_fake_gpu.py::test_fails FAILED" in log
+    # the traceback, printed when the test failed, before the run was killed in the next one
+    assert "AssertionError: the answer was 41" in log and "assert 41 == 42" in log
+    assert log.index("the answer was 41") < log.index("test_fake_gpu.py::test_killed")
+    assert "test_never_reached" not in log
+
+
+def test_pytest_steps_stop_a_hung_test_where_pytest_timeout_is_installed(monkeypatch):
+    import importlib.util
+
+    from trainfast.gpu_pass.plan import PYTEST_TEST_TIMEOUT
+
+    real = importlib.util.find_spec
+    for installed in (False, True):
+
+        def find_spec(name, *args, installed=installed):
+            if name == "pytest_timeout":
+                return object() if installed else None
+            return real(name, *args)
+
+        monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+        command = pytest_command("tests/test_x.py", Path("x.xml"))
+        assert "-v" in command and "-rfE" in command and "--tb=short" in command
+        timeouts = [word for word in command if word.startswith("--timeout")]
+        assert timeouts == ([f"--timeout={PYTEST_TEST_TIMEOUT:g}"] if installed else [])
+        assert command[-1] == "tests/test_x.py"
 
 
 def test_a_failing_chapter_is_reported_with_its_cell_traceback(tmp_path):
@@ -379,3 +463,32 @@ def test_the_gpu_wheels_are_pinned_as_the_book_pins_them():
     assert not differ, f".ci/gpu-wheels.txt and requirements.txt differ: {differ}"
     assert {"nbclient", "ipykernel", "jupytext", "myst-nb", "wandb", "sweeps"} <= set(gpu)
     assert ".whl/" in (ROOT / ".gitignore").read_text().split()
+
+
+def test_the_device_call_script_plans_its_parts_in_order_with_valid_limits(tmp_path):
+    """``.ci/gpu-call.sh`` with ``--list``: every invocation is accepted (a bad --timeout or
+    --only would be a usage error, found only on the GPU machine) and the steps come in the
+    order the README gives."""
+    (tmp_path / "site").mkdir()  # the wheels count as installed
+    env = {**ENV, "OUT": str(tmp_path / "out"), "SITE": str(tmp_path / "site"), "PYTHON": PYTHON}
+    env.update(PASS_OUT=str(tmp_path / "pass"), GPU_CALL_EXTRA="--list")
+    script = [shutil.which("bash") or "bash", str(ROOT / ".ci" / "gpu-call.sh")]
+    run = subprocess.run(
+        [*script, "300"], capture_output=True, text=True, timeout=300, env=env, cwd=ROOT
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert run.stdout.count(" exited 0 with ") == 4
+    listed = [line.split("\t") for line in run.stdout.splitlines() if "\t" in line]
+    names, limits = [n for n, _ in listed], dict(listed)
+    first = [f"measure:{n}" for n in ("speedrun", "scaling-study", "profiling-case-study")]
+    first += [f"measure:{n}" for n in ("ddp-overlap", "launcher-failure", "launcher-restart")]
+    rest = [f"measure:{n}" for n in BENCHMARKS if f"measure:{n}" not in first]
+    tests = [f"pytest-gpu:{Path(m).stem}" for m in gpu_test_files()]
+    chapters = [s.name for s in default_steps(tmp_path, "cpu") if s.kind == "chapter"]
+    assert names == ["compile-report", *tests, *first, *rest, *chapters]
+    assert limits["compile-report"] == "60 s" and limits["measure:speedrun"] == "240 s"
+    assert all(float(limit.removesuffix(" s")) < 300 for limit in limits.values())
+    assert (tmp_path / "out" / "gp.tgz").exists()
+    for bad in (["soon"], ["60", "measure", "nothing"]):
+        run = subprocess.run([*script, *bad], capture_output=True, text=True, env=env, cwd=ROOT)
+        assert run.returncode == 2 and bad[-1] in run.stderr and "exited" not in run.stdout

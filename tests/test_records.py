@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+from dataclasses import asdict
+from pathlib import Path
 
 import pytest
 import torch
@@ -20,6 +23,7 @@ from trainfast.records import (
     make_record,
     provenance,
     records_for,
+    source_commit,
     to_markdown,
     write_record,
 )
@@ -403,3 +407,57 @@ def test_provenance_shows_an_absolute_out_folder_as_dir():
     assert "--out book/records" in provenance(record)
     record.command = "python -m a --out /tmp/x & python -m b --entry 'c d' --out /tmp/y"
     assert "by `python -m a --out DIR & python -m b --entry 'c d' --out DIR`." in provenance(record)
+
+
+def test_a_record_stores_the_commit_named_by_trainfast_commit(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRAINFAST_COMMIT", "0123abc")
+    record = _record()
+    assert record.source_commit == "0123abc"
+    write_record(record, tmp_path)
+    (loaded,) = load_records(tmp_path)
+    assert loaded.source_commit == "0123abc"
+
+
+def _git(repo: Path, *arguments: str) -> str:
+    identity = ["-c", "user.name=test", "-c", "user.email=test@example.com"]
+    command = ["git", *identity, "-C", str(repo), *arguments]
+    return subprocess.run(command, capture_output=True, text=True, check=True).stdout.strip()
+
+
+def test_source_commit_is_the_checkouts_head_marked_dirty_for_changes_under_code(
+    tmp_path, monkeypatch
+):
+    monkeypatch.delenv("TRAINFAST_COMMIT", raising=False)
+    assert source_commit(tmp_path) == ""  # no git repository: unknown, not an error
+    repo = tmp_path / "repo"
+    (repo / "code").mkdir(parents=True)
+    _git(repo, "init", "-q")
+    assert source_commit(repo) == ""  # no commit yet
+    (repo / "code" / "m.py").write_text("x = 1\n")
+    (repo / "README.md").write_text("hello\n")
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-q", "-m", "first")
+    head = _git(repo, "rev-parse", "HEAD")
+    assert source_commit(repo) == head
+    (repo / "README.md").write_text(
+        "changed\n"
+    )  # outside code/: the measuring code is as committed
+    (repo / "code" / "new.py").write_text("")  # untracked: imported by nothing committed
+    assert source_commit(repo) == head
+    (repo / "code" / "m.py").write_text("x = 2\n")
+    assert source_commit(repo) == f"{head}+dirty"
+    (repo / "code" / "inner").mkdir()  # a folder inside someone else's repository is not one
+    assert source_commit(repo / "code" / "inner") == ""
+    monkeypatch.setenv("TRAINFAST_COMMIT", "given")
+    assert source_commit(repo) == "given"  # the variable wins (a copy without .git)
+
+
+def test_records_without_a_source_commit_still_load(tmp_path):
+    data = {k: v for k, v in asdict(_record()).items() if k != "source_commit"}
+    (tmp_path / "old.json").write_text(json.dumps(data))
+    (old,) = load_records(tmp_path)
+    assert old.source_commit == ""
+    books = load_records(Path(__file__).resolve().parents[1] / "book" / "records")
+    assert books and all(isinstance(r.source_commit, str) for r in books)
+    with pytest.raises(ValueError, match=r"bad.json: invalid 'source_commit'"):
+        Record.from_dict({**data, "source_commit": 5}, source="bad.json")

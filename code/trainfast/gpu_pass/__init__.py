@@ -7,7 +7,9 @@ On a CUDA machine one pass runs, each as its own step:
 * ``chapter:<name>``: every chapter in ``book/`` converted from MyST Markdown with jupytext and
   executed as a notebook with nbclient, saved as ``OUT/notebooks/<name>.ipynb``, with the
   environment line its first cell printed;
-* ``pytest-gpu``: ``pytest -m gpu`` on the test modules that have GPU tests;
+* ``pytest-gpu:<module>``: ``pytest -m gpu`` on each test module that has GPU tests, naming
+  each test as it finishes and printing a failure's traceback at once (a step killed at its
+  limit keeps them in its log);
 * ``compile-report``: the live compile report beside the ahead-of-time one
   (``trainfast.kernels.compile_report``), or "not available" where the package lacks it.
 
@@ -17,7 +19,8 @@ reported with the end of its output (the traceback), and the pass goes on. ``OUT
 and ``OUT/summary.md`` say per step what passed, failed, timed out or was not available, how long
 it took, and why; ``OUT/logs/<step>.log`` keeps each step's whole output. A second pass into the
 same ``OUT`` keeps the steps it does not re-run, so a pass split with ``--only`` (the device tool
-allows 10 minutes a command) adds up to one summary.
+allows 10 minutes a command) adds up to one summary. ``--only`` runs the steps in the order it
+names them (a kind's steps in pass order), so the most wanted go first when time is short.
 
 The package's modules: :mod:`~trainfast.gpu_pass.steps` (one step under its limit),
 :mod:`~trainfast.gpu_pass.plan` (which steps, their limits), :mod:`~trainfast.gpu_pass.summary`
@@ -35,6 +38,7 @@ from trainfast.gpu_pass.plan import (
     chapters,
     default_steps,
     gpu_test_files,
+    pytest_command,
     select_steps,
 )
 from trainfast.gpu_pass.run import main, run_pass
@@ -55,6 +59,7 @@ __all__ = [
     "execute_chapter",
     "gpu_test_files",
     "main",
+    "pytest_command",
     "read_summary",
     "run_pass",
     "run_step",

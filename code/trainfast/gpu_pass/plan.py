@@ -7,6 +7,8 @@ report), each a ``python -m trainfast.gpu_pass`` call of its own (see
 
 from __future__ import annotations
 
+import ast
+import importlib.util
 import math
 import os
 import sys
@@ -17,21 +19,28 @@ from trainfast.gpu_pass.steps import ROOT, Step
 
 __all__ = [
     "DEFAULT_TIMEOUTS",
+    "PYTEST_TEST_TIMEOUT",
     "apply_timeouts",
     "chapters",
     "default_steps",
     "gpu_test_files",
     "parse_timeout",
+    "pytest_command",
     "select_steps",
 ]
 
 #: seconds each kind of step may run by default; each below the device tool's 10-minute cap
+#: (``pytest-gpu``: each test module's step)
 DEFAULT_TIMEOUTS: dict[str, float] = {
     "measure": 420,
     "chapter": 540,
     "pytest-gpu": 540,
     "compile-report": 300,
 }
+
+#: seconds one GPU test may run (``pytest --timeout``, where pytest-timeout is installed) before
+#: it fails as hung, so that it does not eat its module's step
+PYTEST_TEST_TIMEOUT = 60
 
 
 def chapters(root: Path = ROOT) -> list[str]:
@@ -44,11 +53,27 @@ def chapters(root: Path = ROOT) -> list[str]:
 
 
 def gpu_test_files(root: Path = ROOT) -> list[str]:
-    """Test modules with ``@pytest.mark.gpu`` tests (collecting only them keeps it cheap)."""
+    """Test modules with ``@pytest.mark.gpu`` tests (collecting only them keeps it cheap).
+
+    The mark must be in the code, not in a string (a test of this pass writes such a module).
+    """
     return sorted(
         str(path.relative_to(root))
         for path in (root / "tests").glob("test_*.py")
-        if "pytest.mark.gpu" in path.read_text()
+        if "pytest.mark.gpu" in (source := path.read_text()) and _marks_gpu(source)
+    )
+
+
+def _marks_gpu(source: str) -> bool:
+    """Whether ``source`` uses the attribute ``pytest.mark.gpu`` in its code."""
+    return any(
+        isinstance(node, ast.Attribute)
+        and node.attr == "gpu"
+        and isinstance(node.value, ast.Attribute)
+        and node.value.attr == "mark"
+        and isinstance(node.value.value, ast.Name)
+        and node.value.value.id == "pytest"
+        for node in ast.walk(ast.parse(source))
     )
 
 
@@ -59,7 +84,8 @@ def default_steps(
     records: Path | None = None,
     root: Path = ROOT,
 ) -> list[Step]:
-    """Every step of the pass, in order: benchmarks, chapters, GPU tests, compile report.
+    """Every step of the pass, in order: benchmarks, chapters, GPU tests (one step per test
+    module, ``pytest-gpu:<module's stem>``, its JUnit XML in ``OUT/pytest-gpu/``), compile report.
 
     Benchmarks come first so that the chapters executed after them render the new records.
     """
@@ -91,11 +117,29 @@ def default_steps(
         arguments = ["--execute-chapter", str(root / "book" / f"{name}.md")]
         arguments += ["--notebook", str(out / "notebooks" / f"{name}.ipynb")]
         steps.append(own(f"chapter:{name}", "chapter", arguments, cwd=root / "book"))
-    pytest = [python, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider"]
-    pytest += [f"--junitxml={out / 'pytest-gpu.xml'}", *gpu_test_files(root)]
-    steps.append(Step("pytest-gpu", pytest, DEFAULT_TIMEOUTS["pytest-gpu"], env=env, cwd=root))
+    pytest_env = {**env, "TRAINFAST_REPORT_FAILURES_AT_ONCE": "1"}  # see tests/conftest.py
+    for module in gpu_test_files(root):
+        stem = Path(module).stem
+        command = pytest_command(module, out / "pytest-gpu" / f"{stem}.xml")
+        timeout = DEFAULT_TIMEOUTS["pytest-gpu"]
+        steps.append(Step(f"pytest-gpu:{stem}", command, timeout, env=pytest_env, cwd=root))
     steps.append(own("compile-report", "compile-report", ["--compile-report"]))
     return steps
+
+
+def pytest_command(module: str, junit: Path) -> list[str]:
+    """The command of step ``pytest-gpu:<module's stem>``: ``pytest -m gpu`` on one module.
+
+    ``-v`` names each test as it finishes and ``-rfE --tb=short`` lists the failures at the end;
+    the step's environment makes ``tests/conftest.py`` print each failure's traceback at once,
+    so a step killed at its limit still has them in its log. Where ``pytest-timeout`` is
+    importable, ``--timeout`` stops one hung test after :data:`PYTEST_TEST_TIMEOUT` seconds.
+    """
+    command = [sys.executable, "-m", "pytest", "-m", "gpu", "-v", "-rfE", "--tb=short"]
+    command += ["-p", "no:cacheprovider", f"--junitxml={junit}"]
+    if importlib.util.find_spec("pytest_timeout") is not None:
+        command.append(f"--timeout={PYTEST_TEST_TIMEOUT:g}")
+    return [*command, module]
 
 
 def _matches(step: Step, pattern: str) -> bool:
@@ -103,9 +147,12 @@ def _matches(step: Step, pattern: str) -> bool:
 
 
 def select_steps(steps: Sequence[Step], only: Sequence[str] | None) -> list[Step]:
-    """The steps named by ``only`` (a step's full name or its kind), in pass order.
+    """The steps named by ``only`` (a step's full name or its kind), in the order named.
 
-    A pattern that names no step raises ``ValueError`` naming it, before anything runs.
+    Each step is placed by the first pattern that matches it, so ``["measure:speedrun",
+    "measure"]`` runs the speedrun first, then the other benchmarks; the steps one kind matches
+    keep their pass order. Without ``only``, every step in pass order. A pattern that names no
+    step raises ``ValueError`` naming it, before anything runs.
     """
     if not only:
         return list(steps)
@@ -113,7 +160,12 @@ def select_steps(steps: Sequence[Step], only: Sequence[str] | None) -> list[Step
     if unknown:
         known = sorted({s.kind for s in steps} | {s.name for s in steps})
         raise ValueError(f"No step named {unknown} (steps: {known})")
-    return [s for s in steps if any(_matches(s, p) for p in only)]
+    chosen: dict[str, Step] = {}
+    for pattern in only:
+        for step in steps:
+            if _matches(step, pattern):
+                chosen.setdefault(step.name, step)
+    return list(chosen.values())
 
 
 def parse_timeout(setting: str) -> tuple[str, float]:

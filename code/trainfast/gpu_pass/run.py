@@ -113,8 +113,9 @@ def main(argv: list[str] | None = None) -> int:
         "--only",
         nargs="+",
         metavar="STEP",
-        help="run only these steps: a name (chapter:optimizers) or a kind "
-        "(measure, chapter, pytest-gpu, compile-report)",
+        help="run only these steps, in the order named: a name (chapter:optimizers) or a kind "
+        "(measure, chapter, pytest-gpu, compile-report; its steps in pass order); a step "
+        "goes where the first pattern matching it stands",
     )
     parser.add_argument(
         "--timeout",

@@ -1,0 +1,75 @@
+#!/bin/bash
+# One device call of the GPU pass (README, "The GPU pass"), from the repository root on the GPU
+# machine, with .whl/ carried (make gpu-wheels):
+#
+#   bash .ci/gpu-call.sh SECONDS [PART...]
+#
+# SECONDS is the wall time this call may use; PARTs (default all, in this order) are
+#   compile-report  the live compile report
+#   pytest-gpu      pytest -m gpu, one step per test module
+#   measure         the benchmarks: PRIORITY first, then the others in pass order
+#   chapter         every chapter executed as a notebook
+# each one `python -m trainfast.gpu_pass --resume --budget <what is left>` into gpu-pass/.
+# After each, gpu-pass/ and book/records are tarred into $OUT/gp.tgz, so a call cut short still
+# returns what it finished. Extra arguments for every invocation: GPU_CALL_EXTRA (--list checks
+# the plan without running it).
+set -u
+total=${1:-}
+case $total in
+  '' | *[!0-9]*) echo "usage: bash .ci/gpu-call.sh SECONDS [PART...] (got SECONDS='$total')" >&2; exit 2 ;;
+esac
+shift
+parts=${*:-compile-report pytest-gpu measure chapter}
+for part in $parts; do
+  case $part in
+    compile-report | pytest-gpu | measure | chapter) ;;
+    *) echo "gpu-call: unknown part '$part' (compile-report pytest-gpu measure chapter)" >&2; exit 2 ;;
+  esac
+done
+end=$((SECONDS + total))
+OUT=${OUT:-/tmp/out}
+PYTHON=${PYTHON:-python3}
+SITE=${SITE:-/tmp/site}
+PASS_OUT=${PASS_OUT:-gpu-pass}
+mkdir -p "$OUT"
+
+# the benchmarks no GPU record has yet (2026-11-26: these six), before the ones to measure again
+PRIORITY="speedrun scaling-study profiling-case-study ddp-overlap launcher-failure launcher-restart"
+# limits in seconds. The H100 (2026-11-26) took 16 s for the compile report, 4-52 s per
+# benchmark, and ran 38 GPU tests in 170 s: 5 of test_accounting and test_compile_report, then 33
+# of test_memory_hierarchy's 39. The six above were not timed there.
+LIMITS=(--timeout compile-report=60 --timeout pytest-gpu=90
+  --timeout pytest-gpu:test_memory_hierarchy=210 --timeout measure=90
+  --timeout measure:speedrun=240 --timeout measure:scaling-study=150 --timeout chapter=200)
+
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1 | tee "$OUT/nvsmi.txt"
+if [ ! -d "$SITE" ]; then
+  "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$SITE" \
+    .whl/*.whl 2>&1 | tail -3
+fi
+# PYTHONDONTWRITEBYTECODE would make every step compile every module it imports again
+unset PYTHONDONTWRITEBYTECODE
+export PYTHONPATH=$SITE:$PWD/code PYTHONUNBUFFERED=1 WANDB_MODE=offline WANDB_SILENT=true
+export PYTEST_ADDOPTS="--durations=20"
+if [ -s .whl/COMMIT ]; then
+  export TRAINFAST_COMMIT=$(cat .whl/COMMIT)
+else
+  echo "gpu-call: no .whl/COMMIT (make gpu-wheels writes it): records get no source_commit" >&2
+fi
+echo "gpu-call: commit ${TRAINFAST_COMMIT:-unknown}, parts: $parts, $total s"
+
+left() { echo $((end - SECONDS - 20)); } # 20 s for the last tar and the summary
+for part in $parts; do
+  only=("$part")
+  [ "$part" = measure ] && only=($(printf 'measure:%s ' $PRIORITY) measure)
+  budget=$(left)
+  if [ "$budget" -le 0 ]; then
+    echo "gpu-call: $part: no time left"
+    continue
+  fi
+  "$PYTHON" -m trainfast.gpu_pass --out "$PASS_OUT" --device cuda --resume --budget "$budget" \
+    "${LIMITS[@]}" --only "${only[@]}" ${GPU_CALL_EXTRA:-}
+  echo "gpu-call: $part exited $? with $(left) s left"
+  tar czf "$OUT/gp.tgz" "$PASS_OUT" book/records 2>/dev/null
+done
+cut -c1-220 "$PASS_OUT/summary.md" 2>/dev/null | head -80

@@ -481,7 +481,6 @@ def test_the_device_call_script_plans_its_parts_in_order_with_valid_limits(tmp_p
     listed = [line.split("\t") for line in run.stdout.splitlines() if "\t" in line]
     names, limits = [n for n, _ in listed], dict(listed)
     first = [f"measure:{n}" for n in ("speedrun", "scaling-study", "profiling-case-study")]
-    first += [f"measure:{n}" for n in ("ddp-overlap", "launcher-failure", "launcher-restart")]
     rest = [f"measure:{n}" for n in BENCHMARKS if f"measure:{n}" not in first]
     tests = [f"pytest-gpu:{Path(m).stem}" for m in gpu_test_files()]
     chapters = [s.name for s in default_steps(tmp_path, "cpu") if s.kind == "chapter"]

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from trainfast.measure import BENCHMARKS, benchmark_function, main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -70,3 +71,29 @@ def test_cuda_only_benchmarks_are_refused_by_name_off_cuda(tmp_path):
     with pytest.raises(ValueError, match="need a CUDA device, got cpu"):
         measure.main(["--out", str(tmp_path), "--device", "cpu", "--only", "copy-compute-overlap"])
     assert not list(tmp_path.iterdir())  # refused before anything ran
+
+
+def test_a_one_gpu_machine_skips_the_benchmarks_whose_ranks_need_a_gpu_each(monkeypatch, tmp_path):
+    """On the first GPU pass (one H100) all-reduce-time fell back to gloo processes and wrote a
+    record under the GPU's name; a GPU pass now reports such benchmarks "not available"."""
+    import argparse
+
+    from trainfast.gpu_pass.step_commands import run_benchmark as pass_step
+    from trainfast.gpu_pass.steps import NOT_AVAILABLE_EXIT
+    from trainfast.measure import PROCESS_GROUPS, not_on_this_gpu
+
+    cuda = torch.device("cuda")
+    for count, expected in ((1, True), (2, False)):
+        monkeypatch.setattr(torch.cuda, "device_count", lambda count=count: count)
+        for name in PROCESS_GROUPS:
+            assert (not_on_this_gpu(name, cuda) is not None) is expected, (name, count)
+        assert not_on_this_gpu("copy-bandwidth", cuda) is None
+        assert not_on_this_gpu("all-reduce-time", torch.device("cpu")) is None
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    result = tmp_path / "result.json"
+    args = argparse.Namespace(
+        device="cuda", records=tmp_path, quick=True, copy_to=None, result=result
+    )
+    assert pass_step("ddp-overlap", args) == NOT_AVAILABLE_EXIT
+    assert "not available" in result.read_text()
+    assert not list(tmp_path.glob("ddp-overlap--*.json"))

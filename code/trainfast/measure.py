@@ -57,9 +57,11 @@ from trainfast.training.benchmarks import scaling_study_record
 __all__ = [
     "BENCHMARKS",
     "CUDA_ONLY",
+    "PROCESS_GROUPS",
     "Benchmark",
     "benchmark_function",
     "main",
+    "not_on_this_gpu",
     "output_folder_problem",
     "run_benchmark",
 ]
@@ -111,6 +113,27 @@ def benchmark_function(name: str) -> Benchmark:
 def run_benchmark(name: str, device: torch.device | None = None, quick: bool = False) -> Record:
     """Run one benchmark by name and return its record (without writing it)."""
     return benchmark_function(name)(device or pick_device(), quick)
+
+
+#: Benchmarks whose ranks are processes: with a GPU per rank they run on GPUs (NCCL), with fewer
+#: they are CPU processes (gloo) whatever GPU the machine has, and their records say CPU.
+PROCESS_GROUPS = frozenset(
+    {"all-reduce-time", "ddp-overlap", "launcher-failure", "launcher-restart"}
+)
+
+
+def not_on_this_gpu(name: str, device: torch.device) -> str | None:
+    """Why benchmark ``name`` measures nothing of ``device``'s GPUs here, or None.
+
+    On a CUDA machine with fewer than two GPUs a :data:`PROCESS_GROUPS` benchmark would time the
+    host's CPU (``make measure`` on the build machine records that): a GPU pass skips it.
+    """
+    if device.type == "cuda" and name in PROCESS_GROUPS and torch.cuda.device_count() < 2:
+        return (
+            f"{name} not available on this machine: it has {torch.cuda.device_count()} GPU, and "
+            "its ranks need one each (with fewer they are CPU processes)"
+        )
+    return None
 
 
 #: Benchmarks that measure something only a CUDA device has (a side stream's overlap); a run of

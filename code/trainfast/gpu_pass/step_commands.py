@@ -107,8 +107,15 @@ def _first_output_line(nb: object) -> str:
 
 def run_benchmark(name: str, args: argparse.Namespace) -> int:
     """Run benchmark ``name`` through ``trainfast.measure`` and copy the records it wrote."""
+    import torch
+
     from trainfast import measure
 
+    reason = measure.not_on_this_gpu(name, torch.device(args.device))
+    if reason is not None:  # "not available", not a failure: a one-GPU machine cannot run it
+        print(reason)
+        write_result(args.result, {"summary": reason})
+        return NOT_AVAILABLE_EXIT
     before = time.time()
     argv = ["--out", str(args.records), "--only", name, "--device", args.device]
     status = measure.main(argv + (["--quick"] if args.quick else []))

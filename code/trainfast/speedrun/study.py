@@ -468,4 +468,5 @@ def merge_records(first: Record, *others: Record) -> Record:
         command=" & ".join(commands),
         units=first.units,
         trainfast_version=first.trainfast_version,
+        source_commit=first.source_commit,
     )

@@ -393,6 +393,49 @@ def test_training_step_refuses_recipes_it_cannot_run_as_stated():
     assert len(train_recipe("tf32", x, y, sgd, steps=2).losses) == 2  # TF32: no effect on CPU
 
 
+def test_a_tf32_step_runs_its_backward_matmuls_in_tf32_too():
+    """The H100's first record timed the "tf32" recipe 1.28x fp32 against 7.6x for its matmuls:
+    the step set TF32 around the forward only, and backward (two thirds of the FLOPs) ran in
+    IEEE float32. The setting is a global flag, so CPU can check what backward sees."""
+    from trainfast.precision.recipes import training_step
+    from trainfast.precision.tf32 import has_fp32_precision_api
+    from trainfast.recipes import RECIPES
+
+    def tf32_on() -> bool:
+        matmul = torch.backends.cuda.matmul
+        return matmul.fp32_precision == "tf32" if has_fp32_precision_api() else matmul.allow_tf32
+
+    seen: list[tuple[str, bool]] = []
+
+    class Spy(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            seen.append(("forward", tf32_on()))
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, grad):
+            seen.append(("backward", tf32_on()))
+            return grad
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = nn.Linear(4, 3)
+
+        def forward(self, x):
+            return Spy.apply(self.linear(x))
+
+    model = Model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    inputs, targets = torch.randn(5, 4), torch.tensor([0, 1, 2, 0, 1])
+    for name, expected in (("tf32", True), ("fp32", False)):
+        seen.clear()
+        training_step(model, optimizer, inputs, targets, RECIPES[name])
+        assert seen == [("forward", expected), ("backward", expected)], name
+    assert not tf32_on()  # restored after the step
+
+
 # --- FP8 and numerics ---------------------------------------------------------------------------
 
 

@@ -65,7 +65,7 @@ def test_attention_forward_prediction_uses_the_launchers_tiles():
     expected = min(989.4e12, 4 * seq * seq * head_dim / moved * 3.35e12) / 1e12
     prediction = attention_forward_prediction(H100, seq, head_dim)
     assert prediction.value == pytest.approx(expected)
-    assert "128×64" in prediction.model and "pessimistic" in prediction.model
+    assert "128×64" in prediction.model and "no cache (the most traffic" in prediction.model
     with pytest.raises(ValueError, match="seq=0"):
         attention_forward_prediction(H100, 0, 64)
     with pytest.raises(ValueError, match="'disk'"):

@@ -235,7 +235,10 @@ def figure_scale_problems(layout: dict, min_pt: float, site=None, base=None) -> 
 
 
 def path_like(alt: str) -> bool:
-    return bool(re.search(r"[/\\]|\.(png|svg|jpe?g|gif)$", alt.strip(), re.I))
+    """A file name or path (one word with a slash or an image suffix), not a sentence that
+    happens to hold a slash, such as "FLOP/s"."""
+    alt = alt.strip()
+    return not re.search(r"\s", alt) and bool(re.search(r"[/\\]|\.(png|svg|jpe?g|gif)$", alt, re.I))
 
 
 def uncaptioned_figures(layout: dict) -> list[str]:

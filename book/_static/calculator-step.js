@@ -162,6 +162,8 @@
       master_weights: state[2],
       optimizer_state: state[3],
       activations: Math.max(first * one, last * one + head) + working,
+      // loss_buffer_bytes: the loss's float32 buffers at the start of backward (in the peak only)
+      loss_buffers: localTokens * local.vocab_size / t * (data.loss_bytes_per_logit - valueBytes),
     };
     memory.total = 0 + memory.parameters + memory.gradients + memory.master_weights + memory.optimizer_state + memory.activations;
 

@@ -225,6 +225,8 @@
       const memoryRows = MEMORY_PARTS.map(([key, label], i) =>
         row(label, "memory." + key, r.memory[key], gb(r.memory[key]) + " GB", el("td", {}, [el("span", { class: `tfc-swatch tfc-part-${i}` })])));
       memoryRows.push(row("total per GPU", "memory.total", r.memory.total, gb(r.memory.total) + " GB"));
+      memoryRows.push(row("loss buffers at the start of backward (in the step's peak, not in the total)",
+        "memory.loss_buffers", r.memory.loss_buffers, gb(r.memory.loss_buffers) + " GB"));
       const timeRows = TIME_PARTS.map(([key, label]) => row(label, "time." + key, r.time[key], seconds(r.time[key])));
       timeRows.push(row("step", "time.step", r.time.step, seconds(r.time.step)));
       const percent = (f) => (100 * f).toFixed(0) + " %";

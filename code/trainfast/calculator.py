@@ -19,7 +19,7 @@ from dataclasses import asdict, fields, replace
 from pathlib import Path
 from typing import Any
 
-from trainfast.accounting import OPTIMIZER_MOMENTS
+from trainfast.accounting import LOSS_BYTES_PER_LOGIT, OPTIMIZER_MOMENTS
 from trainfast.distributed.step_time import (
     NVLINK_GPUS,
     RECOMPUTE,
@@ -199,6 +199,7 @@ def export() -> dict[str, Any]:
             for name, recipe in RECIPES.items()
         },
         "optimizer_moments": dict(OPTIMIZER_MOMENTS),
+        "loss_bytes_per_logit": LOSS_BYTES_PER_LOGIT,
         "recompute": list(RECOMPUTE),
         "gpus": {
             name: {

@@ -57,6 +57,7 @@ from trainfast.accounting import (
     checkpointed_layer_bytes,
     head_activation_values,
     linear_training_flops,
+    loss_buffer_bytes,
     mlp_parameter_count,
     parameter_count,
     training_flops,
@@ -284,7 +285,10 @@ def estimate(setup: TrainingSetup) -> StepEstimate:
         )
     head = local.tokens * head_activation_values(shape, t) * value_bytes  # on the last stage
     activations = max(first * one, last * one + head) + working
-    memory = MemoryBreakdown(*state, activations=activations)
+    # the loss's float32 buffers at the start of backward, on the last stage: in the peak, not
+    # in the total that places the stages
+    loss = loss_buffer_bytes(local, t, value_bytes=value_bytes)
+    memory = MemoryBreakdown(*state, activations=activations, loss_buffers=loss)
 
     # compute at mfu, the bubble, then communication
     step = replace(routed, batch_size=setup.global_batch)

@@ -39,8 +39,10 @@ DEFAULT_TIMEOUTS: dict[str, float] = {
 }
 
 #: seconds one GPU test may run (``pytest --timeout``, where pytest-timeout is installed) before
-#: it fails as hung, so that it does not eat its module's step
-PYTEST_TEST_TIMEOUT = 60
+#: it fails as hung, so that it does not eat its module's step. Above the first build of the
+#: CUDA extension (``trainfast.kernels.custom_ops``), which its first test pays: compiling its
+#: two sources for sm_90 took 50 s on the 2-core build machine (2026-11-26)
+PYTEST_TEST_TIMEOUT = 120
 
 
 def chapters(root: Path = ROOT) -> list[str]:

@@ -141,6 +141,8 @@ def test_without_model_parallelism_memory_is_training_memory(recipe, stage, reco
         world_size=4,
     )
     assert estimate(setup).memory.total == pytest.approx(expected.total, rel=1e-12)
+    # and the loss's float32 buffers at the start of backward: the same peak
+    assert estimate(setup).memory.peak == pytest.approx(expected.peak, rel=1e-12)
     assert estimate(setup).memory.master_weights == pytest.approx(
         expected.master_weights, rel=1e-12
     )

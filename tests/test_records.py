@@ -23,10 +23,10 @@ from trainfast.records import (
     make_record,
     provenance,
     records_for,
-    source_commit,
     to_markdown,
     write_record,
 )
+from trainfast.versions import source_commit
 
 
 @pytest.mark.parametrize(

@@ -10,10 +10,8 @@ are produced by the script, never typed in by hand.
 from __future__ import annotations
 
 import math
-import os
 import re
 import shlex
-import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -26,6 +24,7 @@ import torch
 from trainfast.device import Environment, describe_environment, pick_device
 from trainfast.files import read_json, write_json_atomically
 from trainfast.timing import readable_seconds
+from trainfast.versions import source_commit
 
 __all__ = [
     "OFF_BY",
@@ -38,7 +37,6 @@ __all__ = [
     "make_record",
     "provenance",
     "records_for",
-    "source_commit",
     "to_markdown",
     "write_record",
 ]
@@ -66,7 +64,8 @@ class Record:
 
     ``rows`` are dicts keyed by ``columns`` (in that order when rendered); ``units`` maps a
     column to its unit, shown in the table header. ``source_commit`` is the commit of the code
-    that measured it (:func:`source_commit`; empty where unknown and in records older than it).
+    that measured it (:func:`trainfast.versions.source_commit`; empty where unknown and in
+    records older than it).
     """
 
     name: str
@@ -161,44 +160,6 @@ def make_record(
         trainfast_version=__version__,
         source_commit=source_commit(),
     )
-
-
-#: the repository this package was imported from, when it runs from a checkout
-_CHECKOUT = Path(__file__).resolve().parents[2]
-
-
-def source_commit(checkout: Path = _CHECKOUT) -> str:
-    """The commit of the code that is running, for a record's provenance.
-
-    In order: the ``TRAINFAST_COMMIT`` environment variable (set where the code is a copy
-    without its git history, e.g. on the GPU machine: ``.ci/gpu-call.sh`` reads it from
-    ``.whl/COMMIT``); else ``git rev-parse HEAD`` of ``checkout`` when it is the top of a git
-    repository, with ``+dirty`` appended when ``git status`` shows tracked files under ``code/``
-    changed; else ``""``. ``trainfast.__version__`` cannot say this: from a source tree that
-    was not installed it is ``0.0.0+unknown``.
-    """
-    given = os.environ.get("TRAINFAST_COMMIT", "").strip()
-    if given:
-        return given
-
-    def git(*arguments: str) -> str:
-        run = subprocess.run(
-            ["git", "-C", str(checkout), *arguments],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=True,
-        )
-        return run.stdout.strip()
-
-    try:
-        top, head = git("rev-parse", "--show-toplevel", "HEAD").splitlines()
-        if Path(top).resolve() != checkout.resolve():
-            return ""  # a repository around this folder (a venv inside a project), not ours
-        changed = git("status", "--porcelain", "--untracked-files=no", "--", "code")
-    except (OSError, ValueError, subprocess.SubprocessError):
-        return ""  # no git, not a repository, or no commit yet
-    return head + ("+dirty" if changed else "")
 
 
 def _slug(text: str) -> str:

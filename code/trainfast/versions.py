@@ -16,9 +16,15 @@ The compile report (:mod:`trainfast.kernels.compile_report`) drives Triton's lau
 ``create_function_from_signature``), which are private and change between releases: Triton 3.0
 (torch 2.4's) has none of them. :func:`compile_report_problem` names a Triton older than the
 oldest one the report was run with.
+
+A record's provenance names the code that measured it: :func:`source_commit`.
 """
 
 from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
 
 __all__ = [
     "COMPILE_REPORT_TRITON_FLOOR",
@@ -26,6 +32,7 @@ __all__ = [
     "compile_report_problem",
     "interpreter_problem",
     "parse_version",
+    "source_commit",
 ]
 
 #: The oldest torch the package supports (``pyproject.toml``'s ``torch>=2.4``).
@@ -74,3 +81,41 @@ def compile_report_problem(triton_version: str) -> str | None:
             "Supported versions: README.md."
         )
     return None
+
+
+#: the repository this package was imported from, when it runs from a checkout
+_CHECKOUT = Path(__file__).resolve().parents[2]
+
+
+def source_commit(checkout: Path = _CHECKOUT) -> str:
+    """The commit of the code that is running, for a record's provenance.
+
+    In order: the ``TRAINFAST_COMMIT`` environment variable (set where the code is a copy
+    without its git history, e.g. on the GPU machine: ``.ci/gpu-call.sh`` reads it from
+    ``.whl/COMMIT``); else ``git rev-parse HEAD`` of ``checkout`` when it is the top of a git
+    repository, with ``+dirty`` appended when ``git status`` shows tracked files under ``code/``
+    changed; else ``""``. ``trainfast.__version__`` cannot say this: from a source tree that
+    was not installed it is ``0.0.0+unknown``.
+    """
+    given = os.environ.get("TRAINFAST_COMMIT", "").strip()
+    if given:
+        return given
+
+    def git(*arguments: str) -> str:
+        run = subprocess.run(
+            ["git", "-C", str(checkout), *arguments],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        )
+        return run.stdout.strip()
+
+    try:
+        top, head = git("rev-parse", "--show-toplevel", "HEAD").splitlines()
+        if Path(top).resolve() != checkout.resolve():
+            return ""  # a repository around this folder (a venv inside a project), not ours
+        changed = git("status", "--porcelain", "--untracked-files=no", "--", "code")
+    except (OSError, ValueError, subprocess.SubprocessError):
+        return ""  # no git, not a repository, or no commit yet
+    return head + ("+dirty" if changed else "")

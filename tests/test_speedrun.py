@@ -26,7 +26,7 @@ from trainfast.speedrun import (  # noqa: E402
     run_to_target,
 )
 from trainfast.speedrun.data import SPLITS, corpus_files, split_of, torch_sources
-from trainfast.transformer import PRESET_SHAPES
+from trainfast.transformer import PRESET_SHAPES, Transformer
 
 SMALL_CORPUS = 600_000  # bytes of torch's sources: enough for every split, fast to tokenize
 
@@ -159,12 +159,35 @@ def test_data_parallel_trains_the_same_model_over_two_processes(data):
     assert abs(half.history[-1][1] - one.history[-1][1]) > 1e-3
 
 
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_the_embedding_lr_moves_the_embedding_alone(optimizer):
+    """With ``embedding_lr`` the token table is in a group of its own at that lr, under AdamW
+    and under Muon (on AdamW's side); every other parameter keeps its group and lr."""
+    from trainfast.speedrun.harness import _optimizer
+
+    config = _config(optimizer=optimizer, muon_ns_dtype="float32")
+    model = Transformer(config.shape)
+    before = _optimizer(config, model).param_groups
+    after = _optimizer(replace(config, embedding_lr=0.5), model).param_groups
+    embedding = model.token_embedding.weight
+
+    def lr_of(groups):
+        return {id(p): (g["lr"], g.get("use_muon", False)) for g in groups for p in g["params"]}
+
+    old, new = lr_of(before), lr_of(after)
+    assert new.keys() == old.keys() == {id(p) for p in model.parameters()}
+    assert new.pop(id(embedding)) == (0.5, False) != old.pop(id(embedding))
+    assert new == old
+
+
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
         ({"optimizer": "lion"}, "optimizer: 'lion'"),
         ({"lr": float("inf")}, "lr: inf"),
         ({"lr": 0}, "lr: 0"),
+        ({"embedding_lr": -1e-2}, "embedding_lr: -0.01"),
+        ({"embedding_lr": 0}, "embedding_lr: 0"),
         ({"precision": "fp8"}, "precision: 'fp8'"),
         ({"warmup_steps": 1.5}, "warmup_steps: 1.5"),
         ({"schedule": "cosine", "warmup_steps": 10, "schedule_steps": 5}, "warmup_steps: 10"),

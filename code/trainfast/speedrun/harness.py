@@ -59,7 +59,8 @@ def _check_choice(name: str, value: object, allowed: tuple[str, ...]) -> None:
 class SpeedrunConfig:
     """Everything one speedrun entry does. ``shape.batch_size`` sequences per step.
 
-    ``lr`` is AdamW's (for the AdamW groups under Muon); ``muon_lr`` Muon's, in its own units
+    ``lr`` is AdamW's (for the AdamW groups under Muon); ``embedding_lr`` AdamW's for the token
+    embedding alone (None: ``lr``); ``muon_lr`` Muon's, in its own units
     (spectral norm per update), not comparable to AdamW's; ``muon_ns_dtype`` the format of its
     Newton–Schulz iteration. ``data_parallel`` processes (gloo on a CPU, one core and one
     thread each; NCCL on GPUs, one GPU each) each take ``shape.batch_size / data_parallel`` of
@@ -74,6 +75,7 @@ class SpeedrunConfig:
     shape: TransformerShape
     optimizer: Literal["adamw", "muon"] = "adamw"
     lr: float = 1e-3
+    embedding_lr: float | None = None
     muon_lr: float = 0.02
     muon_ns_dtype: Literal["bfloat16", "float32"] = "bfloat16"
     weight_decay: float = 0.0
@@ -99,7 +101,9 @@ class SpeedrunConfig:
         _check_choice("schedule", self.schedule, SCHEDULES)
         _check_choice("precision", self.precision, PRECISIONS)
         _check_choice("attention", self.attention, ("manual", "sdpa"))
-        for name in ("lr", "muon_lr"):
+        for name in ("lr", "muon_lr", "embedding_lr"):
+            if name == "embedding_lr" and self.embedding_lr is None:
+                continue
             _check_number(name, getattr(self, name), 0.0)
             if getattr(self, name) == 0:
                 raise ValueError(f"Invalid {name}: 0 (expected > 0)")
@@ -190,9 +194,18 @@ class RunResult:
 
 
 def _optimizer(config: SpeedrunConfig, model: Transformer) -> torch.optim.Optimizer:
+    embedding = model.token_embedding.weight
     if config.optimizer == "muon":  # the hidden matrices; embeddings, head, gains on AdamW
+        groups = muon_param_groups(model, output_layer=model.lm_head)
+    else:
+        groups = [{"params": list(model.parameters())}]
+    if config.embedding_lr is not None:  # the embedding in a group of its own
+        for group in groups:
+            group["params"] = [p for p in group["params"] if p is not embedding]
+        groups.append({"params": [embedding], "lr": config.embedding_lr, "use_muon": False})
+    if config.optimizer == "muon":
         return Muon(
-            muon_param_groups(model, output_layer=model.lm_head),
+            groups,
             lr=config.muon_lr,
             weight_decay=config.weight_decay,
             adamw_lr=config.lr,
@@ -200,9 +213,9 @@ def _optimizer(config: SpeedrunConfig, model: Transformer) -> torch.optim.Optimi
             adamw_weight_decay=config.weight_decay,
             ns_dtype=getattr(torch, config.muon_ns_dtype),
         )
-    return AdamW(
-        model.parameters(), lr=config.lr, betas=config.betas, weight_decay=config.weight_decay
-    )
+    for group in groups:
+        group.pop("use_muon", None)
+    return AdamW(groups, lr=config.lr, betas=config.betas, weight_decay=config.weight_decay)
 
 
 @torch.no_grad()

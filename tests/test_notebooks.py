@@ -174,27 +174,54 @@ def _imports(notebook: nbformat.NotebookNode) -> str:
     return "\n".join(dict.fromkeys(found))
 
 
-def stub_errors(exercises: nbformat.NotebookNode) -> list[str | None]:
-    """Run each stubbed exercise cell of ``exercises`` after the chapter's imports, in one
-    kernel in ``book/``; return, per cell, the name of the exception it raised (None if none).
+@pytest.fixture(scope="module")
+def stub_kernel():
+    """One kernel, in ``book/``, for this module's stub runs: :func:`stub_errors` empties its
+    namespace before each run, and each kernel start and ``import torch`` cost seconds."""
+    starter = NotebookClient(
+        nbformat.v4.new_notebook(),
+        kernel_name="python3",
+        resources={"metadata": {"path": str(chapters.BOOK)}},
+    )
+    kernel = starter.create_kernel_manager()
+    starter.start_new_kernel()
+    try:
+        yield kernel
+    finally:
+        starter._cleanup_kernel()  # noqa: SLF001 (nbclient's own shutdown of the kernel it started)
+
+
+def stub_errors(exercises: nbformat.NotebookNode, kernel) -> list[str | None]:
+    """Run each stubbed exercise cell of ``exercises`` after the chapter's imports in ``kernel``
+    (``stub_kernel``), its namespace emptied first (``%reset -f``: what an earlier run defined is
+    gone, modules stay imported); return, per cell, the name of the exception it raised (None if
+    none).
 
     The rest of the chapter is not executed: an exercise uses only what its cell imports, the
     chapter's imports, and the check. A cell that needs more raises NameError, which the test
     below does not accept as a caught stub.
     """
-    prelude = "import torch\ntorch.set_num_threads(1)\n" + _imports(exercises)
+    # %reset also drops the module attributes a fresh kernel's namespace has (None there), and
+    # multiprocessing reads __spec__ to start a rank (trainfast.distributed.spawn)
+    reset = "%reset -f\n__spec__ = __loader__ = __package__ = None\n"
+    prelude = reset + "import torch\ntorch.set_num_threads(1)\n" + _imports(exercises)
     stubs = _tagged(exercises, build_support.EXERCISE_TAG)
     notebook = nbformat.v4.new_notebook(
         cells=[nbformat.v4.new_code_cell(prelude), *stubs], metadata=exercises.metadata
     )
     client = NotebookClient(
         notebook,
+        km=kernel,
         timeout=600,
         kernel_name="python3",
         allow_errors=True,
         resources={"metadata": {"path": str(chapters.BOOK)}},
     )
-    client.execute()
+    try:
+        client.execute()
+    finally:
+        if client.kc is not None:
+            client.kc.stop_channels()
     assert not chapters.cell_errors(nbformat.v4.new_notebook(cells=notebook.cells[:1]))
     return [
         next((o.ename for o in cell.outputs if o.output_type == "error"), None)
@@ -206,19 +233,20 @@ CAUGHT = {"AssertionError", "NotImplementedError"}
 
 
 @pytest.mark.parametrize("name", CHAPTERS)
-def test_the_checks_fail_on_the_exercise_stubs(name):
+def test_the_checks_fail_on_the_exercise_stubs(stub_kernel, name):
     """Every stubbed exercise must raise the check's AssertionError or the stub's
     NotImplementedError, so a check catches a missing solution."""
     exercises = build_support.exercise_notebook(_clean(name))
     stubs = _tagged(exercises, build_support.EXERCISE_TAG)
     if not stubs:
         pytest.skip(f"{name} has no cell tagged solution yet (test_exercises.py reports it)")
-    for number, (cell, error) in enumerate(zip(stubs, stub_errors(exercises), strict=True), 1):
+    errors = stub_errors(exercises, stub_kernel)
+    for number, (cell, error) in enumerate(zip(stubs, errors, strict=True), 1):
         assert error is not None, f"{name}: exercise {number} passed with a stub:\n{cell.source}"
         assert error in CAUGHT, f"{name}: exercise {number} failed for another reason: {error}"
 
 
-def test_the_stub_test_sees_a_check_that_does_not_check():
+def test_the_stub_test_sees_a_check_that_does_not_check(stub_kernel):
     """A "check" that never calls the reader's function passes with the stub (None), which the
     test above rejects; one that calls it raises the stub's NotImplementedError."""
     solutions = [
@@ -234,7 +262,33 @@ def test_the_stub_test_sees_a_check_that_does_not_check():
             for s in solutions
         ]
     )
-    assert stub_errors(build_support.exercise_notebook(notebook)) == [None, "NotImplementedError"]
+    assert stub_errors(build_support.exercise_notebook(notebook), stub_kernel) == [
+        None,
+        "NotImplementedError",
+    ]
+
+
+def test_a_stub_run_does_not_see_what_an_earlier_run_in_its_kernel_defined(stub_kernel):
+    """The chapters' stub runs share a kernel: a name one of them defined (``answer``) must be a
+    NameError in the next, as it would be in a kernel of its own."""
+    defines = nbformat.v4.new_notebook(
+        cells=[
+            nbformat.v4.new_code_cell(
+                "from builtins import print as check_nothing\n\n\nanswer = 42\n\n\n"
+                "check_nothing(answer)\n",
+                metadata={"tags": [build_support.EXERCISE_TAG]},
+            )
+        ]
+    )
+    uses = nbformat.v4.new_notebook(
+        cells=[
+            nbformat.v4.new_code_cell(
+                "print(answer)\n", metadata={"tags": [build_support.EXERCISE_TAG]}
+            )
+        ]
+    )
+    assert stub_errors(defines, stub_kernel) == [None]
+    assert stub_errors(uses, stub_kernel) == ["NameError"]
 
 
 # --- what the build produced -------------------------------------------------------------------

@@ -332,6 +332,7 @@ from torch import nn
 from trainfast.distributed import spawn
 from trainfast.distributed.parity.collectives import Case, parity_worker
 cases = [Case("ring_all_reduce", (100,), torch.float32, "sum")] * 20
+print("launching", flush=True)
 for ours, theirs in spawn(parity_worker, 3, cases, 0, timeout=120)[0]:
     torch.testing.assert_close(ours, theirs)
 print("ok")
@@ -349,13 +350,16 @@ def test_two_launches_at_once_do_not_collide():
         env=env,
     )
     cases = [Case("ring_all_reduce", (100,), torch.float32, "sum")] * 20
+    # from when the other has imported torch and is about to launch (before, there is nothing to
+    # collide with: launching then cost CPU the other's imports needed) until it is done
+    started = other.stdout.readline().strip()
     launches = 0
-    while other.poll() is None or launches == 0:  # keep launching until the other one is done
+    while other.poll() is None or launches == 0:
         for ours, theirs in spawn(parity_worker, 3, cases, launches, timeout=120)[0]:
             torch.testing.assert_close(ours, theirs)
         launches += 1
     out, err = other.communicate(timeout=240)
-    assert other.returncode == 0 and out.strip() == "ok", err[-2000:]
+    assert other.returncode == 0 and (started, out.strip()) == ("launching", "ok"), err[-2000:]
 
 
 # ------------------------------------------------------------------------- data parallel

@@ -186,6 +186,14 @@ def test_measure_writes_a_record_per_benchmark(tmp_path, monkeypatch, name):
     monkeypatch.setattr(
         "trainfast.optim.benchmarks.transformer_shapes", lambda w, d: [(8, 8), (8,)]
     )
+    # compile-by-width compiles each width cold (seconds each): one width here; its whole quick
+    # run is test_profiling's test of the cold-compile benchmark.
+    from trainfast.profiling import overhead
+
+    by_width = overhead.compile_speedup_by_width
+    monkeypatch.setattr(
+        overhead, "compile_speedup_by_width", lambda widths, *a, **k: by_width(widths[:1], *a, **k)
+    )
     assert main(["--out", str(tmp_path), "--only", name, "--quick", "--device", "cpu"]) == 0
     (record,) = load_records(tmp_path, name)
     assert record.command.startswith(f"python -m trainfast.measure --out {tmp_path}")

@@ -162,15 +162,29 @@ def open_page(tab, url: str, settle_ms: int = 200, then: str | None = None):
     raise AssertionError("unreachable")
 
 
-def visit(browser, url: str, viewport: dict = WIDE) -> tuple[dict, list[str]]:
-    """Open ``url`` at ``viewport`` in a fresh tab; its layout (``MEASURE``) and its console
-    errors."""
+def visit_all(
+    browser, urls: dict[str, str], viewport: dict = WIDE, measure: bool = True, settle_ms: int = 200
+) -> dict[str, tuple[dict | None, list[str]]]:
+    """Open each of ``urls`` (key: url) in turn at ``viewport``; each page's layout (``MEASURE``,
+    or None without ``measure``) and the console errors it logged. One tab for them all: the pages
+    share its HTTP cache, so each loads the theme's scripts from it (a fresh tab per page took
+    over twice as long)."""
     tab = browser.new_page(viewport=viewport)
     errors = listen(tab)
+    found = {}
     try:
-        return open_page(tab, url, then=MEASURE), errors
+        for key, url in urls.items():
+            errors.clear()
+            layout = open_page(tab, url, settle_ms, then=MEASURE if measure else None)
+            found[key] = (layout, list(errors))
     finally:
         tab.close()
+    return found
+
+
+def visit(browser, url: str, viewport: dict = WIDE) -> tuple[dict, list[str]]:
+    """Open ``url`` at ``viewport``; its layout (``MEASURE``) and its console errors."""
+    return visit_all(browser, {url: url}, viewport)[url]
 
 
 # --- figures -------------------------------------------------------------------------------------
@@ -478,12 +492,15 @@ def test_the_source_checks_see_planted_lines():
 
 @pytest.fixture(scope="module")
 def chapter_layouts(site, server, browser) -> dict[str, tuple[dict, list[str]]]:
-    return {name: visit(browser, f"{server}/book/{name}.html") for name in PAGES}
+    """Each chapter page loaded once at 1400 px: its layout and console errors (the console-error
+    test takes these errors instead of loading the chapters again)."""
+    return visit_all(browser, {name: f"{server}/book/{name}.html" for name in PAGES})
 
 
 @pytest.fixture(scope="module")
-def phone_layouts(site, server, browser) -> dict[str, dict]:
-    return {name: visit(browser, f"{server}/book/{name}.html", PHONE)[0] for name in PAGES}
+def phone_layouts(site, server, browser) -> dict[str, tuple[dict, list[str]]]:
+    """Each chapter page loaded once on the phone: its layout and console errors."""
+    return visit_all(browser, {name: f"{server}/book/{name}.html" for name in PAGES}, PHONE)
 
 
 @pytest.mark.parametrize("name", PAGES)
@@ -525,7 +542,7 @@ def test_glued_values_take_the_bodys_weight(chapter_layouts, name):
 
 @pytest.mark.parametrize("name", PAGES)
 def test_no_page_is_wider_than_a_phone(phone_layouts, site, server, name):
-    layout = phone_layouts[name]
+    layout, _ = phone_layouts[name]
     found = too_wide_for_a_phone(layout) + figure_scale_problems(
         layout, MIN_PHONE_TEXT_PT, site, server
     )
@@ -567,10 +584,15 @@ def test_the_column_checks_see_planted_wide_code_and_tables(browser, tmp_path):
             "<script>const X = 1;</script><script>const X = 2;</script>"
         )
     )
-    layout, errors = visit(browser, page.as_uri())
+    fine = tmp_path / "fine.html"
+    fine.write_text(_page("<p>No script, no error.</p>"))
+    # One tab for several pages (as the real pages are opened): each page's errors are its own.
+    visits = visit_all(browser, {"wide": page.as_uri(), "fine": fine.as_uri()})
+    layout, errors = visits["wide"]
     assert any(w.startswith("div.highlight pre") for w in layout["wide"]), layout["wide"]
     assert any(w.startswith("table") for w in layout["wide"]), layout["wide"]
     assert any("X" in e for e in errors), f"a redeclared const must be an error: {errors}"
+    assert visits["fine"][1] == [], visits["fine"]
 
 
 def console_scan_pages(site: Path) -> list[Path]:
@@ -584,21 +606,23 @@ def console_scan_pages(site: Path) -> list[Path]:
     return [p for p in pages if sources not in p.parents] + kept_sources
 
 
-def test_no_page_logs_a_console_error(site, server, browser):
+def test_no_page_logs_a_console_error(site, server, browser, chapter_layouts, phone_layouts):
+    """Every page, opened at 1400 px; the chapter pages' errors come from the layout fixtures'
+    loads (at 1400 px and on the phone), the other pages are opened here."""
     pages = console_scan_pages(site)
     assert len(pages) > 40 and any("_modules" in p.parts for p in pages), pages
-    found = []
-    # One tab for the pages: they share its HTTP cache, so each loads the theme's scripts
-    # from it (a fresh tab per page took over twice as long).
-    tab = browser.new_page(viewport=WIDE)
-    errors = listen(tab)
-    try:
-        for path in pages:
-            errors.clear()
-            open_page(tab, f"{server}/{path.relative_to(site).as_posix()}", settle_ms=100)
-            found += [f"{path.relative_to(site)}: {error}" for error in errors]
-    finally:
-        tab.close()
+    chapters = {f"book/{name}.html": name for name in PAGES}
+    assert set(chapters) <= {p.relative_to(site).as_posix() for p in pages}
+    others = {
+        path.relative_to(site).as_posix(): f"{server}/{path.relative_to(site).as_posix()}"
+        for path in pages
+        if path.relative_to(site).as_posix() not in chapters
+    }
+    visits = visit_all(browser, others, measure=False, settle_ms=100)
+    for page, name in chapters.items():
+        visits[page] = (None, chapter_layouts[name][1])
+        visits[f"{page} on the phone"] = (None, phone_layouts[name][1])
+    found = [f"{page}: {error}" for page, (_, errors) in visits.items() for error in errors]
     assert not found, f"{len(found)} console errors:\n" + "\n".join(found[:25])
 
 

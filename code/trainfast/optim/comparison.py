@@ -300,7 +300,7 @@ def muon_vs_adamw_record(device: torch.device, quick: bool) -> Record:
     the network's width, the split sizes and the numbers of Muon and AdamW parameters. Full
     size: 4 repeats of 200 steps of batch 64 on width 128 (minutes on one CPU thread, most of
     them Muon's: Newton–Schulz's bfloat16 products are slow on a CPU without bfloat16 units);
-    ``quick``: 2 repeats of 30 steps.
+    ``quick``: 2 repeats of 30 steps on width 32 (a smoke test of the study, seconds on a CPU).
     """
     from functools import partial
 
@@ -308,7 +308,7 @@ def muon_vs_adamw_record(device: torch.device, quick: bool) -> Record:
     from trainfast.records import make_record
 
     steps, seeds = (30, (1, 2)) if quick else (200, (1, 2, 3, 4))
-    width = 128
+    width = 32 if quick else 128
     data = digits_splits()
     names = ("train_examples", "validation_examples", "test_examples")
     split = dict(zip(names, map(len, data), strict=True))

@@ -259,11 +259,11 @@ def check_all_reduce(candidate: Callable[[torch.Tensor], None]) -> None:
 
 
 def evaluation_exercise_worker(
-    rank: int, world_size: int, source: str, name: str
+    rank: int, world_size: int, source: str, name: str, test_set: Any
 ) -> tuple[int, int, int]:
-    """In each rank: the reader's ``(correct, total)`` for the chapter's digits model, and how
-    many examples the model saw on this rank."""
-    from trainfast.datasets import digits
+    """In each rank: the reader's ``(correct, total)`` for the chapter's digits model on
+    ``test_set`` (the digits test split, sent by the check: loading it costs each rank seconds),
+    and how many examples the model saw on this rank."""
     from trainfast.distributed.data_parallel import DataParallelConfig, make_model
 
     candidate = _define(source, name)
@@ -272,7 +272,7 @@ def evaluation_exercise_worker(
     model.register_forward_pre_hook(
         lambda module, args: seen.__setitem__(0, seen[0] + len(args[0]))
     )
-    correct, total = candidate(model, digits("test"), rank, world_size)
+    correct, total = candidate(model, test_set, rank, world_size)
     return int(correct), int(total), seen[0]
 
 
@@ -290,7 +290,8 @@ def check_distributed_evaluation(
     from trainfast.distributed.launch import SpawnError, spawn
 
     source, name = _source(candidate)
-    expected = evaluate_distributed(make_model(DataParallelConfig(), seed=0), digits("test"), 0, 1)
+    test_set = digits("test")
+    expected = evaluate_distributed(make_model(DataParallelConfig(), seed=0), test_set, 0, 1)
     results: list[Case] = []
     for world_size in (2, 3, 4):
         case = f"{name} on {world_size} ranks"
@@ -300,6 +301,7 @@ def check_distributed_evaluation(
                 world_size,
                 source,
                 name,
+                test_set,
                 timeout=120,
                 collective_timeout=20,
             )

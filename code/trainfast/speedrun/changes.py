@@ -151,8 +151,8 @@ LOG: tuple[Change, ...] = (
     ),
     Change(
         "embedding lr",
-        "the token table gets its own AdamW lr, 30 times the rest: a row moves only in the "
-        "steps whose batch holds its token",
+        "the token table gets its own AdamW lr, 30 times AdamW's then: a row's gradient is "
+        "nonzero only in the steps whose batch holds its token",
         {"embedding_lr": 3e-2},
     ),
     Change(

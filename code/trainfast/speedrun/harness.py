@@ -60,8 +60,9 @@ class SpeedrunConfig:
     """Everything one speedrun entry does. ``shape.batch_size`` sequences per step.
 
     ``lr`` is AdamW's (for the AdamW groups under Muon); ``embedding_lr`` AdamW's for the token
-    embedding's matrix (with a tied head, the head's too; None: ``lr``); ``muon_lr`` Muon's, in its own units
-    (spectral norm per update), not comparable to AdamW's; ``muon_ns_dtype`` the format of its
+    embedding's matrix (with a tied head, the head's too; None: ``lr``); ``muon_lr`` Muon's, in
+    its own units (spectral norm per update), not comparable to AdamW's; ``muon_ns_dtype`` the
+    format of its
     Newton–Schulz iteration. ``data_parallel`` processes (gloo on a CPU, one core and one
     thread each; NCCL on GPUs, one GPU each) each take ``shape.batch_size / data_parallel`` of
     a step's sequences, and the book's :class:`~trainfast.distributed.ddp.DDP` averages their

@@ -62,14 +62,14 @@ class SpeedrunConfig:
     ``lr`` is AdamW's (for the AdamW groups under Muon); ``embedding_lr`` AdamW's for the token
     embedding's matrix (with a tied head, the head's too; None: ``lr``); ``muon_lr`` Muon's, in
     its own units (spectral norm per update), not comparable to AdamW's; ``muon_ns_dtype`` the
-    format of its
-    Newton–Schulz iteration. ``data_parallel`` processes (gloo on a CPU, one core and one
-    thread each; NCCL on GPUs, one GPU each) each take ``shape.batch_size / data_parallel`` of
-    a step's sequences, and the book's :class:`~trainfast.distributed.ddp.DDP` averages their
-    gradients, bucketed and overlapped with the backward pass: the same tokens and the same
-    update as one process, up to the order of additions. The schedule is a linear warmup of
-    ``warmup_steps``, then constant, a cosine to 0 over ``schedule_steps``, or WSD (constant,
-    then a linear decay over the last ``decay_fraction`` of ``schedule_steps``).
+    format of its Newton–Schulz iteration. ``data_parallel`` processes (gloo on a CPU, one core
+    and one thread each; NCCL on GPUs, one GPU each) each take ``shape.batch_size /
+    data_parallel`` of a step's sequences, and the book's
+    :class:`~trainfast.distributed.ddp.DDP` averages their gradients, bucketed and overlapped
+    with the backward pass: the same tokens and the same update as one process, up to the order
+    of additions. The schedule is a linear warmup of ``warmup_steps``, then constant, a cosine
+    to 0 over ``schedule_steps``, or WSD (constant, then a linear decay over the last
+    ``decay_fraction`` of ``schedule_steps``).
     """
 
     name: str

@@ -49,7 +49,8 @@ takes each kept change back out of the final entry, one at a time.
 * ``h100``: a 12-layer, width-768 model (GPT-2 small's shape) on the whole corpus, 8 sequences
   of 1,024 tokens a step; the baseline and the final entry only (with the tried changes too:
   Muon's iteration in bf16, autocast in bf16, and compilation, which a GPU is expected to
-  reward), 2 seeds, sized to fit the GPU pass's limit of a benchmark (400 steps use about 3.3M
+  reward; the learning rates, the embedding's too, are the CPU log's, not tuned at this
+  width), 2 seeds, sized to fit the GPU pass's limit of a benchmark (400 steps use about 3.3M
   of the corpus's training tokens). Its target (3.5) was not calibrated on a GPU (none was at
   hand); ``max_steps`` bounds a run that cannot reach it, and the record says so.
 * ``tiny``: seconds, for tests and the command line's smoke test.

@@ -11,6 +11,8 @@
   widget's data, one copy of each inline script;
 - :mod:`build_support.navigation`: the sidebar's tree built once per folder for the pages
   outside the book's toctree (viewcode's source pages, the indices);
+- :mod:`build_support.code_links`: sphinx-codeautolink's links written into the finished
+  pages by every core;
 - :mod:`build_support.listings`: a ``literalinclude`` of a ``:pyobject:`` shows its code
   without docstrings.
 
@@ -23,6 +25,7 @@ from sphinx.application import Sphinx
 
 from build_support import (
     api_reference,
+    code_links,
     execution_cache,
     listings,
     navigation,
@@ -81,6 +84,15 @@ __all__ = [
 
 
 def setup(app: Sphinx) -> dict:
-    for part in (page_assets, execution_cache, api_reference, notebooks, listings, navigation):
+    parts = (
+        page_assets,
+        execution_cache,
+        api_reference,
+        notebooks,
+        listings,
+        navigation,
+        code_links,
+    )
+    for part in parts:
         part.setup(app)
     return {"version": "1.0", "parallel_read_safe": True, "parallel_write_safe": True}

@@ -448,3 +448,41 @@ def test_each_exclusive_group_reaches_xdist(request):
     grouped = [(i, exclusive_group(i)) for i in request.session.items]
     lost = [i.nodeid for i, group in grouped if group and not i.nodeid.endswith(f"@{group}")]
     assert grouped and not lost, f"{len(lost)} items lost their group, e.g. {lost[:3]}"
+
+
+def test_code_links_worker_warnings_reach_the_build(tmp_path, monkeypatch):
+    """codeautolink's pages are linked in forked workers (build_support.code_links); a warning a
+    worker gives (here: a code block the page does not have) must reach the build's logger, or
+    ``-W`` would no longer fail on it."""
+    from types import SimpleNamespace
+
+    from build_support import code_links
+    from sphinx_codeautolink.extension import block
+    from sphinx_codeautolink.extension.backref import CodeExample
+
+    pages = ["one", "two"]
+    for page in pages:
+        (tmp_path / f"{page}.html").write_text("<html><body><p>no code here</p></body></html>")
+    transforms = {
+        page: [block.SourceTransform("x = 1", [], CodeExample(page, "id", []), 1)] for page in pages
+    }
+    written = []
+    state = SimpleNamespace(
+        cache=SimpleNamespace(transforms=transforms, write=lambda: written.append(True)),
+        outdated_docs=set(pages),
+        inventory={},
+        custom_blocks={},
+        search_css_classes=[],
+        disable_link_titles=False,
+    )
+    app = SimpleNamespace(
+        outdir=str(tmp_path),
+        builder=SimpleNamespace(name="html"),
+        config=SimpleNamespace(build_support_jobs=2),
+    )
+    given = []
+    recorder = SimpleNamespace(warning=lambda msg, **kwargs: given.append(kwargs["location"]))
+    monkeypatch.setattr(block, "logger", recorder)
+    code_links.link_pages(app, state)
+    assert sorted(given) == pages
+    assert written == [True]

@@ -9,6 +9,10 @@
   readable signatures and its index of modules with the chapter that teaches each;
 - :mod:`build_support.page_assets`: the theme's settings, a local MathJax, the calculator
   widget's data, one copy of each inline script;
+- :mod:`build_support.navigation`: the sidebar's tree built once per folder for the pages
+  outside the book's toctree (viewcode's source pages, the indices);
+- :mod:`build_support.code_links`: sphinx-codeautolink's links written into the finished
+  pages by every core;
 - :mod:`build_support.listings`: a ``literalinclude`` of a ``:pyobject:`` shows its code
   without docstrings.
 
@@ -19,7 +23,15 @@ from __future__ import annotations
 
 from sphinx.application import Sphinx
 
-from build_support import api_reference, execution_cache, listings, notebooks, page_assets
+from build_support import (
+    api_reference,
+    code_links,
+    execution_cache,
+    listings,
+    navigation,
+    notebooks,
+    page_assets,
+)
 from build_support.api_reference import (
     defined_at,
     listing_module,
@@ -72,6 +84,15 @@ __all__ = [
 
 
 def setup(app: Sphinx) -> dict:
-    for part in (page_assets, execution_cache, api_reference, notebooks, listings):
+    parts = (
+        page_assets,
+        execution_cache,
+        api_reference,
+        notebooks,
+        listings,
+        navigation,
+        code_links,
+    )
+    for part in parts:
         part.setup(app)
     return {"version": "1.0", "parallel_read_safe": True, "parallel_write_safe": True}

@@ -8,7 +8,10 @@
 #   compile-report  the live compile report
 #   pytest-gpu      pytest -m gpu, one step per test module
 #   measure         the benchmarks: PRIORITY first, then the others in pass order
+#   measure-new     the PRIORITY benchmarks alone
 #   chapter         every chapter executed as a notebook
+# or one step (`chapter:profiling`, `pytest-gpu:test_profiling`, `measure:roofline`); several
+# calls with their own PASS_OUT and OUT can run side by side where timings do not matter.
 # each one `python -m trainfast.gpu_pass --resume --budget <what is left>` into gpu-pass/.
 # After each, gpu-pass/ and book/records are tarred into $OUT/gp.tgz, so a call cut short still
 # returns what it finished. Extra arguments for every invocation: GPU_CALL_EXTRA (--list checks
@@ -22,8 +25,13 @@ shift
 parts=${*:-compile-report pytest-gpu measure chapter}
 for part in $parts; do
   case $part in
-    compile-report | pytest-gpu | measure | chapter) ;;
-    *) echo "gpu-call: unknown part '$part' (compile-report pytest-gpu measure chapter)" >&2; exit 2 ;;
+    compile-report | pytest-gpu | measure | measure-new | chapter) ;;
+    chapter:* | pytest-gpu:* | measure:*) ;;
+    *)
+      echo "gpu-call: unknown part '$part' (compile-report pytest-gpu measure measure-new" \
+        "chapter, or one step such as chapter:profiling)" >&2
+      exit 2
+      ;;
   esac
 done
 end=$((SECONDS + total))
@@ -63,6 +71,7 @@ left() { echo $((end - SECONDS - 20)); } # 20 s for the last tar and the summary
 for part in $parts; do
   only=("$part")
   [ "$part" = measure ] && only=($(printf 'measure:%s ' $PRIORITY) measure)
+  [ "$part" = measure-new ] && only=($(printf 'measure:%s ' $PRIORITY))
   budget=$(left)
   if [ "$budget" -le 0 ]; then
     echo "gpu-call: $part: no time left"

@@ -580,3 +580,21 @@ def test_two_studies_of_one_preset_merge_into_one_record():
     other = copy(b, rows=[{**r, "corpus_sha256": "1" * 64} for r in b.rows])
     with pytest.raises(ValueError, match="different corpus_sha256"):
         merge_records(a, other)
+
+
+def test_the_chapter_trains_on_the_device_it_printed():
+    # on the H100 the chapter printed "device: cpu" and its live study, given no device, picked
+    # CUDA, where the final entry's two data-parallel processes need two GPUs
+    import ast
+
+    from chapters import read_chapter
+
+    calls = []
+    for cell in read_chapter("speedrun").cells:
+        if cell.cell_type == "code":
+            for node in ast.walk(ast.parse(cell.source)):
+                name = getattr(getattr(node, "func", None), "id", None)
+                if name in {"run_study", "run_log", "run_to_target"}:
+                    calls.append((name, {k.arg for k in node.keywords}))
+    assert calls, "the chapter trains nothing live"
+    assert all("device" in keywords for _, keywords in calls), calls

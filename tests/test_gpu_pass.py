@@ -430,6 +430,39 @@ def test_list_and_a_missing_cuda_device(tmp_path):
 
 
 @pytest.mark.chapter
+@pytest.mark.parametrize(
+    ("stem", "device", "passes"),
+    [
+        ("opens_with_a_table", "cpu", True),
+        ("opens_with_a_table", "cuda", False),
+        ("speedrun", "cuda", True),
+    ],
+)
+def test_the_environment_line_is_found_in_any_cell_and_cpu_chapters_expect_the_cpu(
+    tmp_path, stem, device, passes
+):
+    # mixed_precision opens with a datasheet table: on the H100 its chapter ran without error and
+    # was failed for "no environment line"; the speedrun chapter runs on the CPU by design
+    chapter = tmp_path / f"{stem}.md"
+    chapter.write_text(
+        "---\njupytext:\n  text_representation:\n    extension: .md\n    format_name: myst\n"
+        "kernelspec:\n  display_name: Python 3\n  language: python\n  name: python3\n---\n\n"
+        "# Table first\n\n```{code-cell} ipython3\nprint('| GPU | SMs |')\n```\n\n"
+        "```{code-cell} ipython3\nprint('device: cpu (test) | torch')\n```\n"
+    )
+    result = tmp_path / "result.json"
+    command = [PYTHON, "-m", "trainfast.gpu_pass", "--execute-chapter", str(chapter)]
+    command += ["--notebook", str(tmp_path / "nb.ipynb"), "--device", device]
+    run = subprocess.run(
+        command + ["--result", str(result)], capture_output=True, text=True, timeout=300, env=ENV
+    )
+    facts = json.loads(result.read_text())
+    assert facts["environment"] == "device: cpu (test) | torch", facts
+    assert (run.returncode == 0) is passes, run.stderr[-2000:]
+    if not passes:
+        assert "expected 'cuda'" in facts["problem"], facts
+
+
 def test_a_real_chapter_executes_and_its_environment_line_is_in_the_summary(tmp_path):
     command = [
         PYTHON,

@@ -598,3 +598,29 @@ def test_the_chapter_trains_on_the_device_it_printed():
                     calls.append((name, {k.arg for k in node.keywords}))
     assert calls, "the chapter trains nothing live"
     assert all("device" in keywords for _, keywords in calls), calls
+
+
+def test_the_benchmark_keeps_the_entries_it_finished_when_stopped(
+    tiny_cache, tmp_path, monkeypatch
+):
+    # on the H100 the speedrun benchmark was killed at its time limit after the baseline's two
+    # seeds and wrote nothing: measure's --out now receives each entry as it finishes
+    from trainfast import measure
+    from trainfast.records import load_records
+    from trainfast.speedrun import harness, study
+
+    finished = []
+
+    def run_then_stop(config, *args, **kwargs):
+        if finished and config.name != finished[0]:
+            raise KeyboardInterrupt  # the time limit, at the second entry
+        finished.append(config.name)
+        return run_to_target(config, *args, **kwargs)
+
+    run_to_target = harness.run_to_target
+    monkeypatch.setattr(study, "run_to_target", run_then_stop)
+    with pytest.raises(KeyboardInterrupt):
+        measure.main(["--out", str(tmp_path), "--only", "speedrun", "--quick", "--device", "cpu"])
+    (record,) = load_records(tmp_path, RECORD_NAME)
+    assert [r["entry"] for r in record.rows] == ["baseline"]
+    assert not record.rows[0]["complete"]

@@ -15,6 +15,7 @@ so ``--list`` stays cheap.
 from __future__ import annotations
 
 import argparse
+import inspect
 import shlex
 import sys
 import tempfile
@@ -194,7 +195,10 @@ def main(argv: list[str] | None = None) -> int:
     command = shlex.join(["python", "-m", "trainfast.measure", *(argv or sys.argv[1:])])
     print(environment_line(device), flush=True)
     for name in names:
-        record = BENCHMARKS[name](device, args.quick)
+        function = BENCHMARKS[name]
+        # a benchmark that takes ``out`` writes its record as it goes (a long study)
+        writes_as_it_goes = "out" in inspect.signature(function).parameters
+        record = function(device, args.quick, **({"out": args.out} if writes_as_it_goes else {}))
         record.command = command
         path = write_record(record, args.out)
         print(f"{name}: wrote {path}", flush=True)

@@ -404,7 +404,7 @@ def summary_table(record: Record, book: Record | None = None, alpha: float = ALP
     return "\n".join(lines)
 
 
-def speedrun_record(device: torch.device, quick: bool) -> Record:
+def speedrun_record(device: torch.device, quick: bool, out: str | Path | None = None) -> Record:
     """The ``speedrun`` benchmark of ``python -m trainfast.measure``.
 
     On a CUDA device: the ``h100`` preset (baseline and final entry, 2 seeds). Elsewhere: the
@@ -412,7 +412,8 @@ def speedrun_record(device: torch.device, quick: bool) -> Record:
     trainfast.speedrun --preset cpu --log --ablation --out DIR`` does the same and writes after
     every entry).
     ``quick``: the ``tiny`` preset's baseline and last entry of the log, one seed, for a smoke
-    test.
+    test. With ``out`` (``measure --out``), the record is written there after each entry, so a
+    study stopped at its time limit keeps what it finished.
     """
     from trainfast.speedrun.changes import LOG, entries, preset
 
@@ -420,11 +421,12 @@ def speedrun_record(device: torch.device, quick: bool) -> Record:
         torch.set_num_threads(1)
     if quick:
         tiny = preset("tiny")
-        return run_study(tiny, entries(tiny, ["baseline", LOG[-1].name]), seeds=1, device=device)
+        chosen = entries(tiny, ["baseline", LOG[-1].name])
+        return run_study(tiny, chosen, seeds=1, device=device, out=out)
     if device.type == "cuda":
         h100 = preset("h100")
-        return run_study(h100, entries(h100), device=device)
-    return run_log(preset("cpu"), device=device)
+        return run_study(h100, entries(h100), device=device, out=out)
+    return run_log(preset("cpu"), device=device, out=out)
 
 
 def merge_records(first: Record, *others: Record) -> Record:

@@ -50,9 +50,11 @@ takes each kept change back out of the final entry, one at a time.
   of 1,024 tokens a step; the baseline and the final entry only (with the tried changes too:
   Muon's iteration in bf16, autocast in bf16, and compilation, which a GPU is expected to
   reward; the learning rates, the embedding's too, are the CPU log's, not tuned at this
-  width), 2 seeds, sized to fit the GPU pass's limit of a benchmark (400 steps use about 3.3M
-  of the corpus's training tokens). Its target (3.5) was not calibrated on a GPU (none was at
-  hand); ``max_steps`` bounds a run that cannot reach it, and the record says so.
+  width), 2 seeds, sized to fit the GPU pass's limit of a benchmark (800 steps use about 6.6M
+  of the corpus's training tokens). Its first target, 3.5, was set before any GPU run; on an
+  H100 neither seed of the baseline reached it in 400 steps, so it is now 5.0, which the
+  baseline's validation loss was still falling towards at step 400, within 800 steps;
+  ``max_steps`` bounds a run that cannot reach it, and the record says so.
 * ``tiny``: seconds, for tests and the command line's smoke test.
 """
 
@@ -264,7 +266,9 @@ PRESETS: dict[str, Preset] = {
         TransformerShape.gpt_like(
             d_model=768, n_layers=12, n_heads=12, seq_len=1_024, vocab_size=8_192, batch_size=8
         ),
-        Target(loss=3.5, eval_every=25, eval_tokens=65_536, max_steps=400),
+        # a loss the baseline reaches within max_steps: on an H100 (2026-11-26) neither seed
+        # of the baseline reached 3.5 in 400 steps, so that study measured no time to target
+        Target(loss=5.0, eval_every=25, eval_tokens=65_536, max_steps=800),
         seeds=2,
         baseline={"lr": 6e-4},
         horizon=300,

@@ -18,6 +18,7 @@ import triton
 from trainfast.gpus import GPUS
 from trainfast.kernels.compile_report import (
     KERNELS,
+    VARIANTS,
     compile_kernel,
     compile_reports,
     kernel_assembly,
@@ -398,6 +399,35 @@ def test_gpu_flash_attention_op_trains_under_torch_compile_with_its_registered_b
     expected_grads = torch.autograd.grad(expected, (q, k, v), grad_out.float())
     for name, grad, reference in zip("qkv", grads, expected_grads, strict=True):
         torch.testing.assert_close(grad.float(), reference.float(), atol=5e-2, rtol=5e-2, msg=name)
+
+
+#: the Python-float arguments of each kernel (the softmax scale, and the backward's scale of dK, dQ)
+FLOAT_ARGUMENTS = {"attention_forward": 1, "attention_dkdv": 2, "attention_dq": 2}
+
+
+@compiles
+@pytest.mark.parametrize("kernel", KERNELS + VARIANTS)
+def test_kernels_compute_in_float32_when_torch_compile_passes_float64_scalars(kernel):
+    """Inductor types a Python float argument of a user-defined Triton kernel as fp64, where a
+    direct launch types it fp32. Compiled so for an H100, every kernel still compiles (the
+    forward did not: its accumulator, carried through the key loop, turned float64) and does no
+    float64 arithmetic: each float argument is truncated to float32 once, and nothing else in
+    its Triton IR is float64 (the backward kernels had computed scores and exp2 in float64)."""
+    ttir = kernel_assembly(kernel, H100, torch.bfloat16, head_dim=64, float_scalars="fp64")["ttir"]
+    f64 = [line.strip() for line in ttir.splitlines() if "f64" in line]
+    truncations = [line for line in f64 if re.search(r"arith\.truncf %\w+ : f64 to f32", line)]
+    arithmetic = [line for line in f64 if line not in truncations and "tt.func" not in line]
+    assert not arithmetic, arithmetic
+    assert len(truncations) == FLOAT_ARGUMENTS.get(kernel, 0), f64
+
+
+def test_a_compile_job_refuses_an_unknown_float_type():
+    from trainfast.kernels.compile_jobs import run_compile_jobs
+
+    if TOO_OLD:
+        pytest.skip(TOO_OLD)
+    with pytest.raises(ValueError, match="float_scalars: 'fp16'"):
+        run_compile_jobs([dict(kernel="copy", float_scalars="fp16")])
 
 
 def test_trim_loop_keeps_the_loop_and_collapses_repeats():

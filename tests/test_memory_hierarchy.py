@@ -1125,27 +1125,87 @@ def test_rms_norm_dispatches_six_operations_and_eager_saves_about_twice_the_byte
     assert saved_tensor_bytes(lambda: rms_norm(x, weight)) == 4 * (2 * 8 * 16 + 8 + 16)
 
 
-ALLOCATOR_CASES = [  # (request, block, segment), from CUDACachingAllocator.cpp's rules
+ALLOCATOR_CASES = [  # (request, block, segment) on an empty cache, from CUDACachingAllocator.cpp
     (0, 0, 0),
     (1, 512, 2 << 20),
     (512, 512, 2 << 20),
     (513, 1024, 2 << 20),
-    (1 << 20, 1 << 20, 2 << 20),
+    (1 << 20, 1 << 20, 2 << 20),  # small pool: split, 1 MiB >= 512 bytes left
     ((1 << 20) + 1, (1 << 20) + 512, 20 << 20),
     ((10 << 20) - 1, 10 << 20, 10 << 20),
     (10 << 20, 10 << 20, 10 << 20),
-    ((10 << 20) + 1, (10 << 20) + 512, 12 << 20),
-    (50_000_000, 50_000_384, 24 * (2 << 20)),
+    ((10 << 20) + 1, (10 << 20) + 512, 12 << 20),  # split: 2 MiB - 512 bytes left
+    ((11 << 20) - 512, (11 << 20) - 512, 12 << 20),  # split: 1 MiB + 512 bytes left
+    (11 << 20, 12 << 20, 12 << 20),  # not split: exactly 1 MiB would be left
+    (50_000_000, 24 * (2 << 20), 24 * (2 << 20)),  # not split: 331,264 bytes would be left
 ]
 
 
 def test_allocator_rounding_rules():
-    from trainfast.kernels.allocator import block_bytes, segment_bytes
+    from trainfast.kernels.allocator import block_bytes, rounded_bytes, segment_bytes
 
     for nbytes, block, segment in ALLOCATOR_CASES:
         assert (block_bytes(nbytes), segment_bytes(nbytes)) == (block, segment), nbytes
-    with pytest.raises(ValueError, match="Invalid nbytes: -1"):
-        block_bytes(-1)
+    assert rounded_bytes(50_000_000) == 50_000_384 and rounded_bytes(513) == 1024
+    for function in (block_bytes, rounded_bytes, segment_bytes):
+        with pytest.raises(ValueError, match="Invalid nbytes: -1"):
+            function(-1)
+
+
+def test_a_new_large_segment_is_split_only_if_more_than_1_mib_would_be_left():
+    """should_split: a large-pool block (a new segment too) is split only when more than
+    kSmallSize (1 MiB) would remain; otherwise the request occupies, and memory_allocated
+    counts, the whole segment."""
+    from trainfast.kernels.allocator import (
+        K_SMALL_SIZE,
+        block_bytes,
+        cached_block_use,
+        rounded_bytes,
+        segment_bytes,
+    )
+
+    for nbytes in (50_000_000, 11 << 20, (11 << 20) - 512, (10 << 20) + 1, 5 << 20, 100 << 20):
+        left = segment_bytes(nbytes) - rounded_bytes(nbytes)
+        expected = rounded_bytes(nbytes) if left > K_SMALL_SIZE else segment_bytes(nbytes)
+        assert block_bytes(nbytes) == expected, nbytes
+        assert cached_block_use(nbytes, segment_bytes(nbytes), pool="large") == expected, nbytes
+    assert block_bytes(50_000_000) == 50_331_648  # the H100's memory_allocated, not 50,000,384
+    assert block_bytes((10 << 20) + 1) == (10 << 20) + 512  # 2 MiB - 512 bytes left: split
+
+
+def test_allocator_model_matches_every_measured_record():
+    """The model against the caching allocator's own numbers: each GPU record's allocated and
+    reserved bytes for one request on an empty cache."""
+    from trainfast.kernels.allocator import block_bytes, segment_bytes
+    from trainfast.records import records_for
+
+    records = records_for("caching-allocator", "cuda")
+    if not records:
+        pytest.skip("no caching-allocator record from a CUDA device in book/records")
+    for record in records:
+        for row in record.rows:
+            nbytes = row["requested_bytes"]
+            measured = (row["allocated_bytes"], row["reserved_bytes"])
+            assert (block_bytes(nbytes), segment_bytes(nbytes)) == measured, (
+                record.device_name,
+                row,
+            )
+
+
+def test_expandable_segments_switch_uses_the_setter_torch_does_not_deprecate(monkeypatch):
+    import warnings
+
+    from trainfast.kernels import allocator
+
+    if not hasattr(torch._C, "_accelerator_setAllocatorSettings"):
+        pytest.skip(f"torch {torch.__version__} has only torch.cuda.memory's setter")
+    settings = []
+    monkeypatch.setattr(torch._C, "_accelerator_setAllocatorSettings", settings.append)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # torch.cuda.memory._set_allocator_settings warns
+        allocator._set_expandable_segments(True)
+        allocator._set_expandable_segments(False)
+    assert settings == ["expandable_segments:True", "expandable_segments:False"]
 
 
 def _fake_snapshot():

@@ -9,7 +9,8 @@ place, for the next request. ``torch.cuda.empty_cache()`` returns unused segment
 (for other processes; it does not make this process's memory go further).
 
 The rules, from ``c10/cuda/CUDACachingAllocator.cpp`` (constants unchanged from PyTorch 1.x to
-2.x), are :func:`block_bytes` and :func:`segment_bytes`:
+2.x; ``round_size``, ``get_allocation_size`` and ``should_split`` there), are
+:func:`rounded_bytes`, :func:`segment_bytes`, :func:`cached_block_use` and :func:`block_bytes`:
 
 * every request is rounded up to a multiple of 512 bytes (``kMinBlockSize``);
 * requests up to 1 MiB (``kSmallSize``) come from 2 MiB segments of a *small* pool, larger ones
@@ -19,7 +20,9 @@ The rules, from ``c10/cuda/CUDACachingAllocator.cpp`` (constants unchanged from 
 * a request takes the smallest cached block of its pool (and stream) that is large enough:
   *best fit*, with no upper limit by default. :func:`cached_block_use` says what it occupies:
   the block is *split* only if the rest is worth keeping (at least 512 bytes in the small pool,
-  more than 1 MiB in the large one); otherwise the request takes the whole block;
+  more than 1 MiB in the large one); otherwise the request takes the whole block. A new segment
+  is such a block too, so a request of its own segment takes all of it when at most 1 MiB would
+  be left: 50,000,000 bytes occupy the whole 48 MiB segment (:func:`block_bytes`);
 * ``max_split_size_mb`` (``PYTORCH_CUDA_ALLOC_CONF``; unlimited by default) stops that for big
   blocks: a block at least that large is never split and serves only requests at least that
   large and within 20 MiB of its size (``max_non_split_rounding_mb``).
@@ -58,6 +61,7 @@ __all__ = [
     "memory_timeline",
     "plot_memory_timeline",
     "record_snapshot",
+    "rounded_bytes",
     "segment_bytes",
     "segment_summary",
     "trim_snapshot",
@@ -71,11 +75,9 @@ K_LARGE_BUFFER = 20 << 20  # the segment for them
 K_ROUND_LARGE = 2 << 20  # larger allocations are rounded up to 2 MiB
 
 
-def block_bytes(nbytes: int) -> int:
-    """The block the allocator hands out for a request of ``nbytes``: a multiple of 512 bytes.
-
-    This is what ``torch.cuda.memory_allocated()`` grows by (0 for an empty tensor).
-    """
+def rounded_bytes(nbytes: int) -> int:
+    """A request of ``nbytes`` rounded up to a multiple of 512 bytes (``round_size``), the least
+    block it can occupy (0 for an empty tensor)."""
     if nbytes < 0:
         raise ValueError(f"Invalid nbytes: {nbytes} (need 0 or more)")
     if nbytes == 0:
@@ -83,12 +85,32 @@ def block_bytes(nbytes: int) -> int:
     return K_MIN_BLOCK_SIZE * -(-nbytes // K_MIN_BLOCK_SIZE)
 
 
+def _pool(size: int) -> str:
+    """The pool a request of ``size`` rounded bytes comes from (``get_pool``)."""
+    return "small" if size <= K_SMALL_SIZE else "large"
+
+
+def block_bytes(nbytes: int) -> int:
+    """The block a request of ``nbytes`` occupies when no cached block fits it, with the default
+    settings: what ``torch.cuda.memory_allocated()`` grows by on an empty cache.
+
+    The request gets a new segment (:func:`segment_bytes`) and splits it as it would a cached
+    block (:func:`cached_block_use`): it occupies :func:`rounded_bytes`, unless the rest of a
+    large-pool segment would be 1 MiB or less, when it occupies the whole segment (50,000,000
+    bytes: 48 MiB, not 50,000,384 bytes). 0 for an empty tensor.
+    """
+    size = rounded_bytes(nbytes)
+    if size == 0:
+        return 0
+    return cached_block_use(nbytes, segment_bytes(nbytes), pool=_pool(size))
+
+
 def segment_bytes(nbytes: int) -> int:
     """The segment ``cudaMalloc``'d when no cached block fits a request of ``nbytes``.
 
     This is what ``torch.cuda.memory_reserved()`` grows by when the cache is empty.
     """
-    size = block_bytes(nbytes)
+    size = rounded_bytes(nbytes)
     if size == 0:
         return 0
     if size <= K_SMALL_SIZE:
@@ -112,15 +134,15 @@ def cached_block_use(
 
     ``pool`` is the block's pool (``"small"``: blocks of 2 MiB segments, ``"large"``: the rest);
     a request uses only the pool of its own size. If the block is split, the request occupies
-    its rounded size (:func:`block_bytes`) and the rest stays free; if not, the whole block.
+    its rounded size (:func:`rounded_bytes`) and the rest stays free; if not, the whole block.
     ``max_split_size_bytes`` is ``max_split_size_mb`` in bytes (None: unlimited, the default).
     """
     if pool not in ("small", "large"):
         raise ValueError(f"Invalid pool: {pool!r} (expected 'small' or 'large')")
     if nbytes <= 0 or free_block_bytes <= 0:
         raise ValueError(f"Invalid sizes: {nbytes}, {free_block_bytes} (both must be positive)")
-    size = block_bytes(nbytes)
-    if ("small" if size <= K_SMALL_SIZE else "large") != pool or free_block_bytes < size:
+    size = rounded_bytes(nbytes)
+    if _pool(size) != pool or free_block_bytes < size:
         return None
     limit = max_split_size_bytes if max_split_size_bytes is not None else float("inf")
     if size < limit <= free_block_bytes:  # do not hand an oversized block to a smaller request
@@ -408,9 +430,15 @@ def allocator_snapshot_record(device: torch.device, quick: bool) -> Record:
 
 def _set_expandable_segments(enabled: bool) -> None:
     """Switch ``expandable_segments`` in this process (a private setter; the public way is the
-    ``PYTORCH_CUDA_ALLOC_CONF`` environment variable, read at the first CUDA allocation)."""
+    ``PYTORCH_CUDA_ALLOC_CONF`` environment variable, read at the first CUDA allocation).
+
+    ``torch._C._accelerator_setAllocatorSettings`` where torch has it (2.11 and 2.14 do, and
+    there ``torch.cuda.memory._set_allocator_settings`` only calls it, with a ``FutureWarning``),
+    else the older ``torch.cuda.memory._set_allocator_settings``."""
     setting = f"expandable_segments:{'True' if enabled else 'False'}"
-    setter = getattr(torch.cuda.memory, "_set_allocator_settings", None)
+    setter = getattr(torch._C, "_accelerator_setAllocatorSettings", None) or getattr(
+        torch.cuda.memory, "_set_allocator_settings", None
+    )
     if setter is None:  # pragma: no cover - torch without the setter
         raise ValueError(f"This torch ({torch.__version__}) cannot change {setting} at run time")
     setter(setting)

@@ -176,7 +176,10 @@ def flash_backward_dkdv_kernel(
 
     Query tiles in three runs, as the forward splits its key tiles: with the causal mask, the
     tiles that straddle the diagonal (masked); then the full tiles below it (unmasked); then
-    the last, partial tile of the sequence (masked)."""
+    the last, partial tile of the sequence (masked). The scales are cast to float32 first, as
+    in :func:`~trainfast.kernels.attention_triton_forward.flash_forward_kernel` (``torch.compile``
+    passes them as float64)."""
+    scale, qk_scale = tl.cast(scale, tl.float32), tl.cast(qk_scale, tl.float32)
     pid = tl.program_id(0)  # (batch·head) × tiles + tile, see attention_grid
     n_tiles = tl.cdiv(n_keys, BLOCK_K)
     k_start = (pid % n_tiles) * BLOCK_K
@@ -347,7 +350,9 @@ def flash_backward_dq_kernel(
     """dQ of one tile of queries, recomputing the probabilities of every key tile it sees.
 
     Key tiles split as in the forward: the full tiles that no mask touches, then (masked) the
-    tiles on the causal diagonal and the last, partial tile."""
+    tiles on the causal diagonal and the last, partial tile. The scales are cast to float32
+    first, as in the forward (``torch.compile`` passes them as float64)."""
+    scale, qk_scale = tl.cast(scale, tl.float32), tl.cast(qk_scale, tl.float32)
     pid = tl.program_id(0)  # (batch·head) × tiles + tile, see attention_grid
     n_tiles = tl.cdiv(n_queries, BLOCK_Q)
     q_start = (pid % n_tiles) * BLOCK_Q

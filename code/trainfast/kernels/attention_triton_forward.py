@@ -189,7 +189,10 @@ def flash_forward_kernel(
     """One tile of BLOCK_Q queries of one (batch, head): O and L = logsumexp of its scores.
 
     Query head ``batch`` reads K and V head ``batch // group`` (grouped-query attention;
-    ``group`` is 1 without it)."""
+    ``group`` is 1 without it). ``qk_scale`` is cast to float32 first: a direct launch passes it
+    as float32, but ``torch.compile`` as float64, which would turn the scores, and the
+    accumulator carried through the key loop, into float64 (a compile error)."""
+    qk_scale = tl.cast(qk_scale, tl.float32)
     pid = tl.program_id(0)  # (batch·head) × tiles + tile, see attention_grid
     n_tiles = tl.cdiv(n_queries, BLOCK_Q)
     q_start = (pid % n_tiles) * BLOCK_Q

@@ -6,6 +6,11 @@ spilled bytes, the tensor-core instruction class, and on request its PTX). Jobs 
 Triton's own launch path (bind, specialise, pack) with stand-ins that have the tensors' dtype,
 shape and strides, and ``ptxas -v`` reads off the registers.
 
+A job may also say how the kernel's Python-float arguments are typed (``float_scalars``):
+``"fp32"``, as a direct launch types them, or ``"fp64"``, as ``torch.compile`` (Inductor)
+types a Python float it passes to a user-defined Triton kernel (``signature_of`` in
+``torch/_inductor/codegen/triton_utils.py``: "Python floats are natively fp64").
+
 Our kernels are decorated for the interpreter on a CPU (see
 :mod:`~trainfast.kernels.triton_runtime`), and an interpreted kernel cannot be compiled. So on a
 CPU the jobs run in a child process (``python -m trainfast.kernels.compile_jobs``) started with
@@ -29,10 +34,12 @@ import torch
 
 from trainfast.timing import timestamp
 
-__all__ = ["DTYPES", "run_compile_jobs", "tensor_core_class"]
+__all__ = ["DTYPES", "FLOAT_SCALARS", "run_compile_jobs", "tensor_core_class"]
 
 #: the dtypes a job may name
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+#: the types a job may give the kernel's Python-float arguments (default: a direct launch's)
+FLOAT_SCALARS = ("fp32", "fp64")
 
 
 def tensor_core_class(ptx: str) -> str:
@@ -74,7 +81,8 @@ def _digest(job: dict[str, Any]) -> str:
 def run_compile_jobs(jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Results from the disk cache where present; the rest compiled (and stored).
 
-    ``RuntimeError`` naming the version if this Triton is too old for the report.
+    ``RuntimeError`` naming the version if this Triton is too old for the report;
+    ``ValueError`` naming a job's ``float_scalars`` if it is not one of :data:`FLOAT_SCALARS`.
     """
     import triton
 
@@ -83,6 +91,11 @@ def run_compile_jobs(jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     problem = compile_report_problem(triton.__version__)
     if problem:
         raise RuntimeError(problem)
+    for job in jobs:
+        if job.get("float_scalars", "fp32") not in FLOAT_SCALARS:
+            raise ValueError(
+                f"Invalid float_scalars: {job['float_scalars']!r} (expected one of {FLOAT_SCALARS})"
+            )
     files = [_disk_cache() / f"{_digest(job)}.json" for job in jobs]
     results = [json.loads(f.read_text()) if f.exists() else None for f in files]
     todo = [n for n, result in enumerate(results) if result is None]
@@ -211,6 +224,12 @@ def _compile_job(job: dict[str, Any]) -> dict[str, Any]:
     options, signature, constexprs, attrs = fn._pack_args(
         backend, kwargs, bound, specialization, options
     )
+    # Python floats: fp32 from a direct launch, fp64 from Inductor (see the module's docstring)
+    float_type = job.get("float_scalars", "fp32")
+    signature = {
+        name: float_type if isinstance(bound[name], float) else kind
+        for name, kind in signature.items()
+    }
     compiled = triton.compile(
         ASTSource(fn, signature, constexprs, attrs), target=target, options=options.__dict__
     )

@@ -192,10 +192,16 @@ def kernel_assembly(
     *,
     head_dim: int = 128,
     tiles: Any = None,
+    float_scalars: str = "fp32",
 ) -> dict[str, str]:
-    """The Triton IR (``"ttir"``) and PTX (``"ptx"``) of one kernel compiled for ``target``."""
+    """The Triton IR (``"ttir"``) and PTX (``"ptx"``) of one kernel compiled for ``target``.
+
+    ``float_scalars`` types the kernel's Python-float arguments: ``"fp32"`` as a direct launch
+    does, ``"fp64"`` as ``torch.compile`` does (:mod:`~trainfast.kernels.compile_jobs`).
+    """
     tiles = tiles if tiles is not None else kernel_tiles(kernel, target, dtype, head_dim)
-    (result,) = _results([(kernel, tiles, target, dtype)], head_dim, want_asm=True)
+    request = (kernel, tiles, target, dtype)
+    (result,) = _results([request], head_dim, want_asm=True, float_scalars=float_scalars)
     return {"ttir": result["ttir"], "ptx": result["ptx"]}
 
 
@@ -318,13 +324,21 @@ def attention_loop_pipeline(
     return loop_pipeline(ptx)
 
 
-def _key(kernel: str, tiles: Any, target: GPUSpec, dtype: torch.dtype, head_dim: int) -> tuple:
+def _key(
+    kernel: str,
+    tiles: Any,
+    target: GPUSpec,
+    dtype: torch.dtype,
+    head_dim: int,
+    float_scalars: str = "fp32",
+) -> tuple:
     return (
         kernel,
         repr(tiles),
         target.compute_capability,
         str(dtype),
         head_dim if "attention" in kernel else 0,
+        float_scalars,
     )
 
 
@@ -364,11 +378,15 @@ def _compile_many(
 
 
 def _results(
-    requests: list[tuple[str, Any, GPUSpec, torch.dtype]], head_dim: int, want_asm: bool
+    requests: list[tuple[str, Any, GPUSpec, torch.dtype]],
+    head_dim: int,
+    want_asm: bool,
+    float_scalars: str = "fp32",
 ) -> list[dict[str, Any]]:
     """Compile what is not cached (in one child process on a CPU); cached results after."""
     keys = [
-        _key(kernel, tiles, target, dtype, head_dim) for kernel, tiles, target, dtype in requests
+        _key(kernel, tiles, target, dtype, head_dim, float_scalars)
+        for kernel, tiles, target, dtype in requests
     ]
     missing = {
         key: (kernel, tiles, target, dtype)
@@ -384,6 +402,7 @@ def _results(
                 dtype=str(dtype).removeprefix("torch."),
                 head_dim=head_dim,
                 want_asm=want_asm,
+                float_scalars=float_scalars,
             )
             for kernel, tiles, target, dtype in missing.values()
         ]

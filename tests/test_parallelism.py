@@ -11,13 +11,15 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import ClassVar
 
 import chapters
 import pytest
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from torch import nn
 from trainfast.accounting import zero_memory
 from trainfast.distributed import OPS, SpawnError, ring_chunks, spawn
@@ -84,6 +86,8 @@ from trainfast.distributed.strategy import (
     train_sharded,
 )
 from trainfast.distributed.tensor_parallel import tensor_parallel_worker
+from trainfast.distributed.torch_apis import torch_fully_shard
+from trainfast.distributed.training_loop import OptimizerConfig, Strategy, train_with_strategy
 from trainfast.distributed.zero import Zero2Optimizer, ZeroOptimizer
 
 WORLD_SIZES = [1, 2, 3, 4]
@@ -514,6 +518,54 @@ def test_unknown_strategy_is_named():
     with pytest.raises(ValueError, match="strategy: 'zero4'"):
         make_strategy("zero4")
     assert set(STRATEGIES) == {"ddp", "zero1", "zero2", "fsdp", "torch-fsdp"}
+
+
+@pytest.fixture
+def one_rank_gloo_group(tmp_path):
+    """A gloo process group of this process alone, as a spawn rank sees it (rank_device(): CPU)."""
+    store = f"file://{tmp_path / 'store'}"
+    dist.init_process_group("gloo", init_method=store, rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+@pytest.mark.skipif(not FSDP_ON_CPU, reason="FSDP on CPU needs torch >= 2.9")
+def test_torch_fully_shard_builds_its_mesh_on_the_rank_device(monkeypatch, one_rank_gloo_group):
+    """Without a mesh, fully_shard builds one on the machine's accelerator and moves the
+    parameters there: on one H100, four gloo ranks got parameters on cuda:0 and targets on the
+    CPU. Every call must get a mesh on rank_device()."""
+    import torch.distributed.fsdp as torch_fsdp
+
+    real, meshes = torch_fsdp.fully_shard, []
+
+    def spy(module, **options):
+        meshes.append(options.get("mesh"))
+        return real(module, **options)
+
+    monkeypatch.setattr(torch_fsdp, "fully_shard", spy)
+    model = torch_fully_shard(nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 2)))
+    assert len(meshes) == 3  # each linear, then the whole model
+    assert [getattr(mesh, "device_type", None) for mesh in meshes] == ["cpu"] * 3
+    assert {p.device for p in model.parameters()} == {torch.device("cpu")}
+
+
+@dataclass(frozen=True)
+class _MovesTheModel(Strategy):
+    """A strategy that moves the model off the rank's device, as fully_shard without a mesh did."""
+
+    name: ClassVar[str] = "moves-the-model"
+
+    def wrap(self, model, optimizer):
+        model = model.to("meta")
+        return model, optimizer.build(model.parameters())
+
+
+def test_training_loop_refuses_a_strategy_that_moves_the_model():
+    batches = [(torch.randn(4, 3), torch.tensor([0, 1, 0, 1]))]
+    with pytest.raises(RuntimeError, match="'moves-the-model' moved parameter 'weight' to meta"):
+        train_with_strategy(
+            nn.Linear(3, 2), _MovesTheModel(), OptimizerConfig("sgd"), batches, F.cross_entropy
+        )
 
 
 @pytest.mark.parametrize("dtype, tolerance", [(torch.float16, 2e-3), (torch.bfloat16, 1e-2)])

@@ -22,6 +22,7 @@ from trainfast.profiling.case_study import (
     CaseStudy,
     CaseStudyConfig,
     Fixes,
+    case_study_dataset,
     compare_fixes,
     cumulative_fixes,
     loss_deviation,
@@ -523,6 +524,32 @@ def test_every_fix_this_cpu_runs_keeps_the_loss_curve_compile_included(baseline_
         tolerance = max(LOSS_TOLERANCE[fix] for fix in fixes.enabled)
         deviation = loss_deviation(train_with_fixes(fixes, STEPS), baseline_losses)
         assert deviation <= tolerance, (name, deviation, tolerance)
+
+
+def test_loader_workers_yield_the_baselines_batches_across_epochs_with_the_gpu_config():
+    """On an H100, '+ data_workers' strayed 16 % from the baseline's loss within the horizon.
+    The GPU's config has 13 batches an epoch, and the second epoch's order came from a generator
+    that the baseline's loader (a fresh iterator each epoch, which draws a worker seed from it)
+    had advanced once more than the persistent workers' loader had. The config is the GPU's;
+    the batches are made on this CPU, as on the GPU (in the loader, before the copy)."""
+    config = CaseStudyConfig.for_device("cuda")  # only a config: builds nothing on a GPU
+    epoch = len(case_study_dataset(config.shape.vocab_size, config.shape.seq_len))
+    epoch //= config.shape.batch_size
+    assert epoch < LOSS_HORIZON  # the chapter's curves cross an epoch boundary
+    steps = 2 * epoch + 1
+
+    def batches(fixes: Fixes) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        study = CaseStudy(fixes, config, device="cpu")
+        try:
+            return [next(study.batches) for _ in range(steps)]
+        finally:
+            study.close()
+
+    baseline, workers = batches(Fixes()), batches(Fixes(data_workers=True))
+    for step, ((tokens, targets), (w_tokens, w_targets)) in enumerate(
+        zip(baseline, workers, strict=True)
+    ):
+        assert torch.equal(tokens, w_tokens) and torch.equal(targets, w_targets), f"step {step}"
 
 
 def test_the_float32_tolerance_catches_a_one_percent_change_of_the_learning_rate(baseline_losses):

@@ -33,7 +33,6 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from trainfast.distributed.collectives import all_reduce, broadcast, ring_all_reduce
-from trainfast.distributed.launch import rank_device
 from trainfast.distributed.training_loop import OptimizerConfig, Strategy, train_with_strategy
 
 __all__ = [
@@ -261,7 +260,7 @@ def train_data_parallel(
     if wrapper not in strategies:
         raise ValueError(f"Unknown wrapper: {wrapper!r} (expected 'manual' or 'ddp')")
     strategy = strategies[wrapper]
-    model = make_model(config, config.seed + rank).to(rank_device())  # its own GPU under NCCL
+    model = make_model(config, config.seed + rank)  # the loop puts it on rank_device()
     batches = shard_batches(digits("train"), config, rank, world_size)
     trained = train_with_strategy(
         model, strategy, _optimizer(config), batches, nn.functional.cross_entropy

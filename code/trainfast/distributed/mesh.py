@@ -21,6 +21,7 @@ from torch import nn
 
 from trainfast.distributed.agreement import rank_and_world_size
 from trainfast.distributed.collectives import ring_all_reduce
+from trainfast.distributed.launch import rank_device
 from trainfast.distributed.tensor_parallel import TensorParallelMLP, shard_range
 
 __all__ = ["Mesh2D", "tensor_data_mesh", "tensor_data_parallel_worker"]
@@ -124,8 +125,9 @@ def tensor_data_parallel_worker(
     }
     from torch.distributed.device_mesh import init_device_mesh
 
-    device_type = "cuda" if dist.get_backend() == "nccl" else "cpu"
-    device_mesh = init_device_mesh(device_type, (data, tensor), mesh_dim_names=("data", "tensor"))
+    device_mesh = init_device_mesh(
+        rank_device().type, (data, tensor), mesh_dim_names=("data", "tensor")
+    )
     torch_groups = [device_mesh.get_group(axis) for axis in ("tensor", "data")]
     return {
         "losses": (losses, reference_losses),

@@ -38,7 +38,6 @@ from trainfast.distributed.data_parallel import (
 )
 from trainfast.distributed.ddp import DDP
 from trainfast.distributed.fsdp import FSDP
-from trainfast.distributed.launch import rank_device
 from trainfast.distributed.training_loop import (
     OptimizerConfig,
     Strategy,
@@ -192,7 +191,7 @@ def train_sharded(
     from trainfast.datasets import digits
 
     strategy = make_strategy(strategy)
-    model = make_model(config, config.seed + rank).to(rank_device())
+    model = make_model(config, config.seed + rank)  # the loop puts it on rank_device()
     batches = shard_batches(digits("train"), config, rank, world_size)
     optimizer = OptimizerConfig(config.optimizer, config.lr)
     return train_with_strategy(model, strategy, optimizer, batches, nn.functional.cross_entropy)

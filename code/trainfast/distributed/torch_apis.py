@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -88,14 +89,22 @@ def torch_pipelining(stage_module: nn.Module, rank: int, world_size: int, n_micr
 
 
 def torch_fully_shard(model: nn.Sequential) -> nn.Sequential:
-    """FSDP2: each linear its own unit (gathered just before use), then the whole model."""
+    """FSDP2: each linear its own unit (gathered just before use), then the whole model.
+
+    The mesh is explicit, on :func:`~trainfast.distributed.launch.rank_device`: without one,
+    ``fully_shard`` builds its own on the machine's accelerator and moves the parameters there,
+    even when the ranks are gloo processes on the CPU.
+    """
     try:  # torch >= 2.6
         from torch.distributed.fsdp import fully_shard
     except ImportError:  # torch 2.4 and 2.5
         from torch.distributed._composable.fsdp import fully_shard
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh(rank_device().type, (dist.get_world_size(),))
     for _, linear in _linears(model):
-        fully_shard(linear)
-    return fully_shard(model)
+        fully_shard(linear, mesh=mesh)
+    return fully_shard(model, mesh=mesh)
 
 
 def _full(t: Tensor) -> Tensor:

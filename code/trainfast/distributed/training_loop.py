@@ -25,6 +25,7 @@ import torch.distributed as dist
 from torch import nn
 
 from trainfast.accounting import MemoryBreakdown
+from trainfast.distributed.launch import rank_device
 from trainfast.distributed.zero import Zero2Optimizer
 from trainfast.optim.state import state_bytes
 from trainfast.training.arguments import build_optimizer
@@ -117,6 +118,18 @@ def held_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> MemoryBrea
     )
 
 
+def _check_device(model: nn.Module, device: torch.device, strategy: Strategy) -> None:
+    """Refuse a wrapped model whose parameters left ``device``: its outputs would meet the
+    batches on another device (PyTorch's ``fully_shard`` without a mesh picks the GPU)."""
+    for name, p in model.named_parameters():
+        local = p.to_local() if hasattr(p, "to_local") else p
+        if local.device != device:
+            raise RuntimeError(
+                f"Strategy {strategy.name!r} moved parameter {name!r} to {local.device}; "
+                f"this rank trains on {device} (rank_device())"
+            )
+
+
 @dataclass
 class StrategyResult:
     """What one rank reports: the loss over the whole batch per step, the full parameters at the
@@ -138,10 +151,14 @@ def train_with_strategy(
     """Train ``model`` on this rank's ``(inputs, targets)`` batches with ``strategy``.
 
     The one loop of the sharded strategies: wrap, then per step forward, backward, finish the
-    gradient synchronisation, step; the loss reported is the mean over ranks.
+    gradient synchronisation, step; the loss reported is the mean over ranks. The model (moved
+    in place), the batches and the loss live on :func:`~trainfast.distributed.launch.rank_device`:
+    the CPU under gloo, even on a machine with a GPU, and this rank's GPU under NCCL. A strategy
+    that moves the model elsewhere is an error.
     """
-    device = next(model.parameters()).device
-    model, optimizer = strategy.wrap(model, optimizer_config)
+    device = rank_device()
+    model, optimizer = strategy.wrap(model.to(device), optimizer_config)
+    _check_device(model, device, strategy)
     world_size = dist.get_world_size() if dist.is_initialized() else 1
     losses, held = [], None
     for inputs, targets in batches:

@@ -40,7 +40,7 @@ from functools import cache, partial
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, RandomSampler
 
 from trainfast.profiling.text import TokenWindows, WordTokenizer, python_docs_text
 from trainfast.profiling.traces import annotate
@@ -272,14 +272,20 @@ def case_study_optimizer(
 def case_study_loader(config: CaseStudyConfig, fixes: Fixes) -> DataLoader:
     """Shuffled batches of :func:`case_study_dataset`, tokenized in ``config.workers`` worker
     processes with ``fixes.data_workers`` (else between two steps), pinned with
-    ``fixes.pinned_memory``."""
+    ``fixes.pinned_memory``; the same batches in the same order either way, epoch after epoch.
+
+    The sampler shuffles with a generator of its own. The loader's generator also seeds the
+    workers, once per iterator: a loader without workers makes an iterator each epoch, persistent
+    workers keep theirs, so a shared generator would shuffle the second epoch differently.
+    """
     workers = config.workers if fixes.data_workers else 0
+    dataset = case_study_dataset(config.shape.vocab_size, config.shape.seq_len)
     return DataLoader(
-        case_study_dataset(config.shape.vocab_size, config.shape.seq_len),
+        dataset,
         batch_size=config.shape.batch_size,
-        shuffle=True,
+        sampler=RandomSampler(dataset, generator=torch.Generator().manual_seed(config.seed)),
         drop_last=True,
-        generator=torch.Generator().manual_seed(config.seed),
+        generator=torch.Generator().manual_seed(config.seed),  # worker seeds only
         num_workers=workers,
         persistent_workers=workers > 0,  # keep the workers between epochs
         pin_memory=fixes.pinned_memory,

@@ -18,7 +18,6 @@ import triton
 from trainfast.gpus import GPUS
 from trainfast.kernels.compile_report import (
     KERNELS,
-    VARIANTS,
     compile_kernel,
     compile_reports,
     kernel_assembly,
@@ -401,12 +400,13 @@ def test_gpu_flash_attention_op_trains_under_torch_compile_with_its_registered_b
         torch.testing.assert_close(grad.float(), reference.float(), atol=5e-2, rtol=5e-2, msg=name)
 
 
-#: the Python-float arguments of each kernel (the softmax scale, and the backward's scale of dK, dQ)
+#: the Python-float arguments of each kernel (the softmax scale, and the backward's scale of dK,
+#: dQ); the others (KERNELS + VARIANTS) take none
 FLOAT_ARGUMENTS = {"attention_forward": 1, "attention_dkdv": 2, "attention_dq": 2}
 
 
 @compiles
-@pytest.mark.parametrize("kernel", KERNELS + VARIANTS)
+@pytest.mark.parametrize("kernel", sorted(FLOAT_ARGUMENTS))
 def test_kernels_compute_in_float32_when_torch_compile_passes_float64_scalars(kernel):
     """Inductor types a Python float argument of a user-defined Triton kernel as fp64, where a
     direct launch types it fp32. Compiled so for an H100, every kernel still compiles (the
@@ -418,7 +418,7 @@ def test_kernels_compute_in_float32_when_torch_compile_passes_float64_scalars(ke
     truncations = [line for line in f64 if re.search(r"arith\.truncf %\w+ : f64 to f32", line)]
     arithmetic = [line for line in f64 if line not in truncations and "tt.func" not in line]
     assert not arithmetic, arithmetic
-    assert len(truncations) == FLOAT_ARGUMENTS.get(kernel, 0), f64
+    assert len(truncations) == FLOAT_ARGUMENTS[kernel], f64
 
 
 def test_a_compile_job_refuses_an_unknown_float_type():

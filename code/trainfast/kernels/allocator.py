@@ -8,8 +8,9 @@ CUDA). The gap is the cache, plus *fragmentation*: free pieces too small, or in 
 place, for the next request. ``torch.cuda.empty_cache()`` returns unused segments to CUDA
 (for other processes; it does not make this process's memory go further).
 
-The rules, from ``c10/cuda/CUDACachingAllocator.cpp`` (constants unchanged from PyTorch 1.x to
-2.x; ``round_size``, ``get_allocation_size`` and ``should_split`` there), are
+The rules, from ``c10/cuda/CUDACachingAllocator.cpp`` (``round_size``, ``get_allocation_size``
+and ``should_split`` there; the constants are in ``c10/core/AllocatorConfig.h`` in recent
+versions, where 20 MiB is the default of ``large_segment_size_mb``), are
 :func:`rounded_bytes`, :func:`segment_bytes`, :func:`cached_block_use` and :func:`block_bytes`:
 
 * every request is rounded up to a multiple of 512 bytes (``kMinBlockSize``);

@@ -515,3 +515,39 @@ def test_every_autotuning_candidate_of_the_fused_matmul_fits(gpu):
         assert row.shared_bytes <= gpu.shared_memory_per_block_bytes and row.blocks_per_sm >= 1
         if gpu.compute_capability >= (8, 0):
             assert row.tensor_cores == ("wgmma" if gpu is H100 else "mma"), row
+
+
+def test_two_processes_compiling_one_kernel_keep_their_own_ptx(monkeypatch, tmp_path):
+    # a fresh clone's make test: two xdist workers compiled the same kernel, both wrote its PTX
+    # to one file in Triton's cache, and the first to finish unlinked it under the other
+    # (FileNotFoundError in 16 compile-report tests)
+    import subprocess
+    import types
+
+    pytest.importorskip("triton")
+    import triton.runtime.cache
+    from trainfast.kernels import compile_jobs
+
+    shared = types.SimpleNamespace(
+        cache_dir=str(tmp_path), get_file=lambda name: None, put=lambda *args, **kwargs: None
+    )
+    monkeypatch.setattr(triton.runtime.cache, "get_cache_manager", lambda key: shared)
+    calls = []
+
+    run = subprocess.run
+
+    def ptxas(command, **kwargs):
+        if "-v" not in command:  # Triton asking ptxas for its version
+            return run(command, **kwargs)
+        ptx = Path(command[-3])
+        calls.append(ptx)
+        if len(calls) == 1:  # the other process compiles the same kernel meanwhile
+            compile_jobs._ptxas_resources("// ptx", [9, 0], "same-hash")
+        assert ptx.read_text() == "// ptx", ptx
+        log = "ptxas info: Used 40 registers, 0 bytes spill stores, 0 bytes spill loads"
+        return subprocess.CompletedProcess(command, 0, "", log)
+
+    monkeypatch.setattr(compile_jobs.subprocess, "run", ptxas)
+    resources = compile_jobs._ptxas_resources("// ptx", [9, 0], "same-hash")
+    assert resources == {"registers": 40, "spill_bytes": 0}
+    assert len(set(calls)) == 2

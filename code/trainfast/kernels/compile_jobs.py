@@ -27,6 +27,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -256,21 +257,22 @@ def _ptxas_resources(ptx: str, capability: list[int], kernel_hash: str) -> dict[
     if cached is not None:
         return json.loads(Path(cached).read_text())
     arch = f"sm_{capability[0]}{capability[1]}" + ("a" if capability[0] >= 9 else "")
-    ptx_file = Path(cache.cache_dir) / "trainfast_kernel.ptx"
-    ptx_file.parent.mkdir(parents=True, exist_ok=True)
-    ptx_file.write_text(ptx)
-    command = [
-        knobs.nvidia.ptxas.path,
-        "-lineinfo",
-        "-v",
-        "--regAllocOptLevel=2",
-        f"--gpu-name={arch}",
-        str(ptx_file),
-        "-o",
-        os.devnull,
-    ]
-    log = subprocess.run(command, capture_output=True, text=True, check=True).stderr
-    ptx_file.unlink()
+    # ptxas's input in a folder of this call's own: two processes compiling the same kernel
+    # (pytest-xdist workers) shared one file in Triton's cache, and one unlinked it under the other
+    with tempfile.TemporaryDirectory(prefix="trainfast-ptx-") as folder:
+        ptx_file = Path(folder) / "kernel.ptx"
+        ptx_file.write_text(ptx)
+        command = [
+            knobs.nvidia.ptxas.path,
+            "-lineinfo",
+            "-v",
+            "--regAllocOptLevel=2",
+            f"--gpu-name={arch}",
+            str(ptx_file),
+            "-o",
+            os.devnull,
+        ]
+        log = subprocess.run(command, capture_output=True, text=True, check=True).stderr
     resources = dict(
         registers=int(re.search(r"Used (\d+) registers", log).group(1)),
         spill_bytes=int(re.search(r"(\d+) bytes spill stores", log).group(1)),

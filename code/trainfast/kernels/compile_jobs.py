@@ -7,9 +7,10 @@ Triton's own launch path (bind, specialise, pack) with stand-ins that have the t
 shape and strides, and ``ptxas -v`` reads off the registers.
 
 A job may also say how the kernel's Python-float arguments are typed (``float_scalars``):
-``"fp32"``, as a direct launch types them, or ``"fp64"``, as ``torch.compile`` (Inductor)
-types a Python float it passes to a user-defined Triton kernel (``signature_of`` in
-``torch/_inductor/codegen/triton_utils.py``: "Python floats are natively fp64").
+``"fp32"``, as a direct launch types them, or ``"fp64"``, as ``torch.compile`` (Inductor) in
+recent PyTorch types a Python float it passes to a user-defined Triton kernel, with its
+defaults on a GPU with float64 (``signature_of`` in ``torch/_inductor/codegen/triton_utils.py``,
+under ``config._use_fp64_for_unbacked_floats``).
 
 Our kernels are decorated for the interpreter on a CPU (see
 :mod:`~trainfast.kernels.triton_runtime`), and an interpreted kernel cannot be compiled. So on a

@@ -26,10 +26,10 @@ $(STAMP): requirements.txt pyproject.toml
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $(STAMP)
 
-# Both use every core: the build executes the outdated chapters BOOK_JOBS at a time before
-# Sphinx reads them (book/_ext/build_support/execution_cache.py; empty = the CPU count), and the
-# tests run on TEST_JOBS pytest-xdist workers, tests that need something exclusive grouped
-# (tests/conftest.py). BOOK_JOBS=1 TEST_JOBS=0 is the serial build and test run.
+# Both use every core: the build executes the outdated chapters BOOK_JOBS at a time while
+# Sphinx reads the other pages (book/_ext/build_support/execution_cache.py; empty = the CPU
+# count), and the tests run on TEST_JOBS pytest-xdist workers, tests that need something
+# exclusive grouped (tests/conftest.py). BOOK_JOBS=1 TEST_JOBS=0 is the serial build and test run.
 BOOK_JOBS ?=
 TEST_JOBS ?= auto
 

@@ -321,16 +321,20 @@ def _timed_chapter(name: str, last_cell: str) -> str:
 
 
 def test_chapters_execute_in_parallel_once_and_a_cell_error_names_chapter_and_cell(tmp_path):
-    """Two chapters execute at the same time, before Sphinx reads them; the one whose second
-    cell raises fails the build, named with its cell; the other is cached and not run again."""
+    """Two chapters execute at the same time while Sphinx reads the other pages; the one whose
+    second cell raises fails the build, named with its cell; the other is cached and not run
+    again."""
     book = tmp_path / "book"
     (book / "pkg").mkdir(parents=True)
     (book / "_config.yml").write_text(
         TINY_CONFIG.format(ext=ROOT / "book" / "_ext") + "    build_support_jobs: 2\n"
     )
-    (book / "_toc.yml").write_text("format: jb-book\nroot: chapter\nchapters:\n  - file: broken\n")
+    (book / "_toc.yml").write_text(
+        "format: jb-book\nroot: chapter\nchapters:\n  - file: broken\n  - file: notes\n"
+    )
     (book / "chapter.md").write_text(_timed_chapter("chapter", "print('fine')"))
     (book / "broken.md").write_text(_timed_chapter("broken", "x = 1\n1 / 0"))
+    (book / "notes.md").write_text("# Notes\n\nNo code.\n")
     command = [_tool("jupyter-book"), "build", str(book), "-W", "-n", "--keep-going"]
     failed = subprocess.run(command, capture_output=True, text=True, cwd=book, timeout=600)
     output = failed.stdout + failed.stderr
@@ -345,6 +349,13 @@ def test_chapters_execute_in_parallel_once_and_a_cell_error_names_chapter_and_ce
     }
     (a_start, a_end), (b_start, b_end) = [map(float, runs[n]) for n in ("chapter", "broken")]
     assert max(a_start, b_start) < min(a_end, b_end), "the two chapters did not run at once"
+    # the page without code was read while the chapters ran (each takes 3 s), not after
+    lines = failed.stdout.splitlines()
+    read_notes = [
+        i for i, line in enumerate(lines) if "reading sources" in line and "notes" in line
+    ]
+    done = [i for i, line in enumerate(lines) if ": executed in" in line or ": failed in" in line]
+    assert read_notes and done and read_notes[0] < done[0], "\n".join(lines[-40:])
 
     (book / "broken.md").write_text(_timed_chapter("broken", "print('fixed')"))
     assert "fine" in _build_tiny(book)

@@ -1,8 +1,8 @@
 """Sphinx extension with what the book's build needs beyond Jupyter Book, one module per job.
 
 - :mod:`build_support.execution_cache`: chapters re-execute when the package or the records
-  change, and the outdated ones execute in parallel, into myst-nb's cache, before Sphinx reads
-  them (a cell that raises fails the build, naming the chapter and cell);
+  change, and the outdated ones execute in parallel, into myst-nb's cache, while Sphinx reads
+  the other pages (a cell that raises fails the build, naming the chapter and cell);
 - :mod:`build_support.notebooks`: the clean and exercise notebooks of every chapter, and the
   download, Colab and Binder buttons that open them;
 - :mod:`build_support.api_reference`: the API reference's cross-references, linked listings,

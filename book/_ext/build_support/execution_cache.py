@@ -8,17 +8,19 @@
    marked outdated, so every chapter runs again. Every chapter imports the package, so "every
    chapter" is the right granularity.
 
-2. **Execute the outdated chapters in parallel, before Sphinx reads them.** myst-nb executes a
-   chapter while Sphinx reads it, one after another (Jupyter Book never passes ``-j``), so one
-   of two cores sat idle for most of a build. Just before Sphinx reads the pages
-   (``env-before-read-docs``), :func:`execute_outdated` executes every notebook page that the
+2. **Execute the outdated chapters in parallel, while Sphinx reads the other pages.** myst-nb
+   executes a chapter while Sphinx reads it, one after another (Jupyter Book never passes
+   ``-j``), so one of two cores sat idle for most of a build. Just before Sphinx reads the pages
+   (``env-before-read-docs``), :class:`ChapterExecutions` starts every notebook page that the
    cache does not match, ``build_support_jobs`` at a time (default: the CPU count), each in its
    own process exactly as myst-nb would (jupyter-cache's ``single_nb_execution``, in the
-   chapter's folder), and stores each result in the same cache. myst-nb then finds every
-   chapter there and executes none, and the tests take the same executed notebooks
+   chapter's folder), and moves those pages to the end of Sphinx's reading order. Sphinx reads
+   the API reference and the other pages meanwhile; when it reaches a chapter (``source-read``)
+   it waits for that chapter's execution and stores the result in the same cache. myst-nb then
+   finds every chapter there and executes none, and the tests take the same executed notebooks
    (``tests/chapters.py``), so each chapter still executes once per CI run. A cell that raises
    fails the build with :class:`ChapterExecutionError`, which names the chapter, the cell and
-   its line; the chapters that succeeded are cached first.
+   its line, after every other chapter finished and the ones that succeeded were cached.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "STAMP_NAME",
     "ChapterExecutionError",
+    "ChapterExecutions",
     "ExecutedChapter",
     "cache_dir",
     "execute_chapters",
@@ -186,6 +189,87 @@ def execute_one(path: str, timeout: int | None, allow_errors: bool) -> ExecutedC
     return ExecutedChapter(path, nbformat.writes(notebook), result.time, error)
 
 
+def _store(cache: Path, outcome: ExecutedChapter) -> None:
+    """Put a successful ``outcome`` into jupyter-cache ``cache``, as myst-nb's would be."""
+    import nbformat
+    from jupyter_cache import get_cache
+    from jupyter_cache.base import CacheBundleIn
+
+    jcache = get_cache(cache)
+    record = jcache.add_nb_to_project(outcome.path)
+    jcache.cache_notebook_bundle(
+        CacheBundleIn(
+            nbformat.reads(outcome.notebook, as_version=4),
+            record.uri,
+            data={"execution_seconds": outcome.seconds},
+        ),
+        check_validity=False,
+        overwrite=True,
+    )
+
+
+class ChapterExecutions:
+    """Chapters executing ``jobs`` at a time in worker processes, collected one by one.
+
+    Workers only execute; this process writes the cache, one notebook at a time, as each
+    chapter is collected with :meth:`collect` (Sphinx: when it reaches the page). A failed
+    chapter is reported by :meth:`collect` only after every chapter finished, so the others are
+    cached first and every failure is named at once.
+    """
+
+    def __init__(
+        self,
+        pages: dict[str, Path],
+        cache: Path,
+        jobs: int,
+        timeout: int | None = None,
+        allow_errors: bool = False,
+    ) -> None:
+        self.cache = cache
+        self.outcomes: dict[str, ExecutedChapter] = {}
+        self._pool = ProcessPoolExecutor(
+            max(1, min(jobs, len(pages))), mp_context=get_context("spawn")
+        )
+        self._futures = {
+            name: self._pool.submit(execute_one, str(path), timeout, allow_errors)
+            for name, path in pages.items()
+        }
+
+    def collect(self, name: str) -> ExecutedChapter | None:
+        """Wait for chapter ``name`` and cache it; None if it is not one of these chapters.
+
+        Raises :class:`ChapterExecutionError` naming every failed chapter once all are done.
+        """
+        future = self._futures.pop(name, None)
+        if future is None:
+            return self.outcomes.get(name)
+        outcome = self.outcomes[name] = future.result()
+        state = "failed" if outcome.error else "executed"
+        logger.info(
+            f"[build_support] {Path(outcome.path).stem}: {state} in {outcome.seconds:.1f} s"
+        )
+        if outcome.error is None:
+            _store(self.cache, outcome)
+            return outcome
+        self.collect_all()
+        errors = [o.error for o in self.outcomes.values() if o.error]
+        raise ChapterExecutionError("\n".join(errors))
+
+    def collect_all(self) -> list[ExecutedChapter]:
+        """Wait for every chapter still running (caching each success); all outcomes, in order."""
+        for name in list(self._futures):
+            future = self._futures.pop(name)
+            outcome = self.outcomes[name] = future.result()
+            if outcome.error is None:
+                _store(self.cache, outcome)
+        self._pool.shutdown()
+        return list(self.outcomes.values())
+
+    def cancel(self) -> None:
+        """Start nothing more (the build stopped); chapters already running finish."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
 def execute_chapters(
     paths: Sequence[Path],
     cache: Path,
@@ -195,33 +279,13 @@ def execute_chapters(
 ) -> list[ExecutedChapter]:
     """Execute ``paths`` ``jobs`` at a time and store each success in jupyter-cache ``cache``.
 
-    Workers only execute; this process writes the cache, one notebook after another. Returns
-    every chapter's outcome, in the order of ``paths``; raises nothing for a failed chapter.
+    Returns every chapter's outcome, in the order of ``paths``; raises nothing for a failed
+    chapter.
     """
-    import nbformat
-    from jupyter_cache import get_cache
-    from jupyter_cache.base import CacheBundleIn
-
     if not paths:
         return []
-    jcache = get_cache(cache)
-    workers = max(1, min(jobs, len(paths)))
-    with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
-        futures = [pool.submit(execute_one, str(p), timeout, allow_errors) for p in paths]
-        outcomes = [future.result() for future in futures]
-    for outcome in outcomes:
-        if outcome.error is None:
-            record = jcache.add_nb_to_project(outcome.path)
-            jcache.cache_notebook_bundle(
-                CacheBundleIn(
-                    nbformat.reads(outcome.notebook, as_version=4),
-                    record.uri,
-                    data={"execution_seconds": outcome.seconds},
-                ),
-                check_validity=False,
-                overwrite=True,
-            )
-    return outcomes
+    pages = {str(path): path for path in paths}
+    return ChapterExecutions(pages, cache, jobs, timeout, allow_errors).collect_all()
 
 
 def outdated_notebooks(paths: Iterable[Path], cache: Path) -> list[Path]:
@@ -262,31 +326,60 @@ def _on_env_before_read_docs(app: Sphinx, env: BuildEnvironment, docnames: list[
     import fnmatch
 
     excluded = app.config.nb_execution_excludepatterns or []
-    pages = [Path(env.doc2path(name)) for name in sorted(docnames)]
-    pages = [
-        p
-        for p in pages
-        if is_notebook_page(p) and not any(fnmatch.fnmatch(str(p), x) for x in excluded)
-    ]
+    pages = {name: Path(env.doc2path(name)) for name in sorted(docnames)}
+    pages = {
+        name: path
+        for name, path in pages.items()
+        if is_notebook_page(path) and not any(fnmatch.fnmatch(str(path), x) for x in excluded)
+    }
     cache = cache_dir(app)
-    outdated = outdated_notebooks(pages, cache)
-    if not outdated:
+    outdated = set(outdated_notebooks(pages.values(), cache))
+    pages = {name: path for name, path in pages.items() if path in outdated}
+    if not pages:
         return
     jobs = jobs_for(app)
-    names = ", ".join(p.stem for p in outdated)
-    logger.info(f"[build_support] executing {len(outdated)} chapters, {jobs} at a time: {names}")
+    names = ", ".join(path.stem for path in pages.values())
+    logger.info(f"[build_support] executing {len(pages)} chapters, {jobs} at a time: {names}")
     timeout = app.config.nb_execution_timeout
-    outcomes = execute_chapters(
-        outdated, cache, jobs, timeout, bool(app.config.nb_execution_allow_errors)
+    executions = ChapterExecutions(
+        pages, cache, jobs, timeout, bool(app.config.nb_execution_allow_errors)
     )
-    for outcome in outcomes:
-        state = "failed" if outcome.error else "executed"
-        logger.info(
-            f"[build_support] {Path(outcome.path).stem}: {state} in {outcome.seconds:.1f} s"
-        )
-    errors = [o.error for o in outcomes if o.error]
-    if errors:
-        raise ChapterExecutionError("\n".join(errors))
+    if app.parallel > 1:  # Sphinx reads in forked processes, which cannot wait for these
+        executions.collect_all()
+        errors = [o.error for o in executions.outcomes.values() if o.error]
+        if errors:
+            raise ChapterExecutionError("\n".join(errors))
+        return
+    app.build_support_executions = executions  # type: ignore[attr-defined]
+    # read everything else while the chapters run, then the chapters in the order they started
+    docnames[:] = [n for n in docnames if n not in pages] + [n for n in docnames if n in pages]
+
+
+def _executions(app: Sphinx) -> ChapterExecutions | None:
+    return getattr(app, "build_support_executions", None)
+
+
+def _on_source_read(app: Sphinx, docname: str, source: list[str]) -> None:  # noqa: ARG001
+    """Sphinx reached a page: if it is a chapter still executing, wait for it and cache it."""
+    executions = _executions(app)
+    if executions is not None:
+        executions.collect(docname)
+
+
+def _on_env_updated(app: Sphinx, env: BuildEnvironment) -> list[str]:
+    """Every page was read: no chapter may still be running (one Sphinx did not read)."""
+    executions = _executions(app)
+    if executions is not None:
+        executions.collect_all()
+        app.build_support_executions = None  # type: ignore[attr-defined]
+    return []
+
+
+def _on_build_finished(app: Sphinx, exception: Exception | None) -> None:  # noqa: ARG001
+    executions = _executions(app)
+    if executions is not None:  # the build stopped before it read every page
+        executions.cancel()
+        app.build_support_executions = None  # type: ignore[attr-defined]
 
 
 def setup(app: Sphinx) -> None:
@@ -296,3 +389,6 @@ def setup(app: Sphinx) -> None:
     app.connect("builder-inited", _on_builder_inited)
     app.connect("env-get-outdated", _on_env_get_outdated)
     app.connect("env-before-read-docs", _on_env_before_read_docs)
+    app.connect("source-read", _on_source_read)
+    app.connect("env-updated", _on_env_updated)
+    app.connect("build-finished", _on_build_finished)

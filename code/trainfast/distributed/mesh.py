@@ -90,6 +90,8 @@ def tensor_data_parallel_worker(
     torch.manual_seed(seed)  # the same dense model and data on every rank
     dense = nn.Sequential(nn.Linear(d_model, d_hidden), nn.GELU(), nn.Linear(d_hidden, d_model))
     x, y = torch.randn(batch, d_model), torch.randn(batch, d_model)
+    device = rank_device()  # NCCL moves only CUDA tensors
+    dense, x, y = dense.to(device), x.to(device), y.to(device)
     reference = copy.deepcopy(dense)  # the one-process run
     reference_optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
     reference_losses = []
@@ -125,13 +127,11 @@ def tensor_data_parallel_worker(
     }
     from torch.distributed.device_mesh import init_device_mesh
 
-    device_mesh = init_device_mesh(
-        rank_device().type, (data, tensor), mesh_dim_names=("data", "tensor")
-    )
+    device_mesh = init_device_mesh(device.type, (data, tensor), mesh_dim_names=("data", "tensor"))
     torch_groups = [device_mesh.get_group(axis) for axis in ("tensor", "data")]
     return {
         "losses": (losses, reference_losses),
-        "parameters": {k: (a.detach().clone(), b.detach().clone()) for k, (a, b) in pairs.items()},
+        "parameters": {k: (a.detach().cpu(), b.detach().cpu()) for k, (a, b) in pairs.items()},
         "groups": (
             (mesh.tensor_ranks, mesh.data_ranks),
             tuple(tuple(dist.get_process_group_ranks(group)) for group in torch_groups),

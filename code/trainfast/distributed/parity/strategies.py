@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from trainfast.distributed.data_parallel import broadcast_parameters
+from trainfast.distributed.launch import rank_device
 from trainfast.distributed.strategy import (
     OptimizerConfig,
     Strategy,
@@ -141,9 +142,11 @@ def zero_resume_worker(
     if not isinstance(zero, Zero1Strategy):  # ZeRO-2's strategy is a ZeRO-1 strategy too
         raise ValueError(f"Unknown strategy: {strategy!r} (expected 'zero1' or 'zero2')")
 
+    device = rank_device()  # NCCL moves only CUDA tensors
+
     def build(seed: int) -> tuple[TiedModel, torch.optim.Optimizer]:
         torch.manual_seed(seed)
-        model = TiedModel(config)
+        model = TiedModel(config).to(device)
         broadcast_parameters(model, src=0)
         params = list(model.parameters())
         optimizer = zero.make_optimizer(params[:2], config.optimizer_config)
@@ -161,7 +164,7 @@ def zero_resume_worker(
             model, optimizer = build(config.seed + 100 + rank)  # fresh, different parameters
             model.load_state_dict(saved_model)
             optimizer.load_state_dict(saved_optimizer)
-        loss = _loss(model(tokens[mine]), targets[mine])
+        loss = _loss(model(tokens[mine].to(device)), targets[mine].to(device))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         zero.finish_gradient_synchronization(model)

@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT / "book" / "_ext"))
 
 import build_support  # noqa: E402
 
-CHAPTER = "memory_hierarchy"  # has a listing of trainfast.accounting and cells that import it
+CHAPTER = "memory_hierarchy"  # has a listing of trainfast.accounting.memory, cells that import it
 
 
 def test_reexported_names_resolve_where_they_are_defined():
@@ -46,8 +46,8 @@ def test_reexported_names_resolve_where_they_are_defined():
 
 def test_listings_of_package_files_get_their_module():
     code = ROOT / "code"
-    assert build_support.listing_module(str(code / "trainfast/accounting.py"), code) == (
-        "trainfast.accounting"
+    assert build_support.listing_module(str(code / "trainfast/accounting/memory.py"), code) == (
+        "trainfast.accounting.memory"
     )
     assert build_support.listing_module(str(code / "trainfast/optim/__init__.py"), code) == (
         "trainfast.optim"
@@ -198,13 +198,15 @@ def test_names_in_listings_and_cells_link_to_their_entries(small_build):
         for h in _links(listing)
     ), "the listing of training_memory does not link TransformerShape"
     cells = text[text.index("<h1") :]
-    assert any(h.endswith("#trainfast.accounting.parameter_count") for h in _links(cells))
+    assert any(
+        h.endswith("#trainfast.accounting.parameters.parameter_count") for h in _links(cells)
+    )
 
 
 def test_entries_list_the_sections_that_use_them(small_build):
     html, _ = small_build
     text = (html / "book" / "api" / "generated" / "trainfast.accounting.html").read_text()
-    entry = text[text.index('id="trainfast.accounting.parameter_count"') :]
+    entry = text[text.index('id="trainfast.accounting.parameters.parameter_count"') :]
     entry = entry[: entry.index('<dl class="py')]
     assert re.search(rf'href="\.\./\.\./{CHAPTER}\.html#[\w-]+"', entry), (
         "parameter_count's entry does not link back to the chapter that uses it"

@@ -129,6 +129,8 @@ def test_published_cuda_autocast_policy_follows_the_documentations_lists():
     assert policy["linear"] == policy["matmul"] == "lower precision"
     assert policy["softmax"] == policy["layer_norm"] == policy["cumsum"] == "float32"
     assert policy["gelu"] == policy["add"] == "input dtype"  # on neither list
+    assert policy["vector_norm"] == "float32"  # the documentation's `norm`
+    assert policy["scaled_dot_product_attention"] == "input dtype"  # not on its float16 list
     assert published_cuda_autocast_policy(["conv2d", "nll_loss"]) == {
         "conv2d": "lower precision",
         "nll_loss": "float32",

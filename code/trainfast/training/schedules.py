@@ -2,8 +2,8 @@
 
 :func:`lr_multiplier` is the trainer's (a multiplier of each group's peak rate);
 :func:`cosine_with_warmup` and :func:`wsd` are the two schedules LLM training uses, in
-nanoGPT's and CS336's convention (they return the learning rate itself); :func:`as_lambda`
-makes either a ``LambdaLR`` multiplier.
+Stanford CS336's convention (they return the learning rate itself, and warmup starts from 0);
+:func:`as_lambda` makes either a ``LambdaLR`` multiplier.
 
 Warmup ramps the learning rate up linearly from almost zero, which protects the first steps,
 when Adam's second-moment estimates are still poor and the weights are far from anywhere
@@ -57,8 +57,8 @@ def lr_multiplier(
 def cosine_with_warmup(
     it: int, *, max_lr: float, min_lr: float, warmup_iters: int, cosine_cycle_iters: int
 ) -> float:
-    """The learning rate at iteration ``it`` of linear warmup and cosine decay, as nanoGPT's
-    ``get_lr`` and Stanford CS336's ``get_lr_cosine_schedule`` define it.
+    """The learning rate at iteration ``it`` of linear warmup and cosine decay, as Stanford
+    CS336's ``get_lr_cosine_schedule`` defines it.
 
     * warmup, ``it < warmup_iters``: ``it / warmup_iters * max_lr`` (0 at ``it = 0``);
     * cosine, ``warmup_iters <= it <= cosine_cycle_iters``: from ``max_lr`` down to ``min_lr``,
@@ -67,7 +67,9 @@ def cosine_with_warmup(
     * after, ``it > cosine_cycle_iters``: ``min_lr``.
 
     Note the convention differs from :func:`lr_multiplier`, whose warmup starts above zero so
-    that the first update already moves the weights; both are common.
+    that the first update already moves the weights, as nanoGPT's ``get_lr`` does (its warmup
+    is ``(it + 1) / (warmup_iters + 1) * max_lr``; its cosine and ``min_lr`` phases are these);
+    both are common.
     """
     if not 0.0 <= min_lr <= max_lr:
         raise ValueError(f"Invalid min_lr, max_lr: {min_lr}, {max_lr} (expected 0 <= min <= max)")

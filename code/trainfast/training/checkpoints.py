@@ -2,12 +2,13 @@
 
 A checkpoint is :meth:`Trainer.state_dict <trainfast.training.trainer.Trainer.state_dict>`
 written with ``torch.save``. When the run is tracked by W&B, :func:`save_checkpoint` also logs
-the file as an *artifact* of type ``"model"``: a versioned file attached to the run
-(``model-<run>:v0``, ``:v1``, ..., and the alias ``latest``), with the progress as metadata, so
-that any later run, on any machine, can fetch exactly that checkpoint with
-``run.use_artifact(name).download()``. Offline, the artifact is recorded in the run's folder and
-uploaded by ``wandb sync``; W&B cannot *fetch* an artifact offline ("Cannot use artifact when in
-offline mode"), so :func:`load_checkpoint` then reads the file itself.
+the file as an *artifact* of type ``"model"``: a versioned file attached to the run, named by
+its ``name`` argument (``checkpoint:v0``, ``:v1``, ... under the default name, and the alias
+``latest``), with the progress as metadata, so that any later run, on any machine, can fetch
+exactly that checkpoint with ``run.use_artifact(name).download()``. Offline, the artifact is
+recorded in the run's folder and uploaded by ``wandb sync``; W&B cannot *fetch* an artifact
+offline ("Cannot use artifact when in offline mode"), so :func:`load_checkpoint` then reads the
+file itself.
 """
 
 from __future__ import annotations

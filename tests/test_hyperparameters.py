@@ -633,7 +633,7 @@ def test_check_power_law_fit_tells_right_from_wrong(capsys):
 # --------------------------------------------------------------------------- schedules, new checks
 
 
-def test_cosine_with_warmup_follows_the_nanogpt_convention():
+def test_cosine_with_warmup_follows_the_cs336_convention():
     from trainfast.training.schedules import cosine_with_warmup
 
     kw = {"max_lr": 1.0, "min_lr": 0.1, "warmup_iters": 10, "cosine_cycle_iters": 30}

@@ -44,9 +44,10 @@ mkdir -p "$OUT"
 # the benchmarks to measure first (2026-11-26): profiling-case-study again (its record's loader
 # with workers trained on other batches than the baseline's, since fixed), then speedrun, which
 # has no GPU record (killed at 240 s, its target unreachable, since lowered; it now writes each
-# entry as it finishes); the process-group benchmarks (measure.PROCESS_GROUPS) report "not
+# entry as it finishes), then timing-pitfalls (its record's warm and cold sums timed launches,
+# not the cache: cold_and_warm now hides them); the process-group benchmarks (measure.PROCESS_GROUPS) report "not
 # available" on one GPU
-PRIORITY="profiling-case-study speedrun"
+PRIORITY="profiling-case-study speedrun timing-pitfalls"
 # limits in seconds. The H100 (2026-11-26) took 16 s for the compile report, 4-98 s per
 # benchmark (profiling-case-study 75, scaling-study 98), and the GPU tests 8 s
 # (test_mixed_precision), 35 s (test_profiling), 194 s (test_memory_hierarchy); the chapters that

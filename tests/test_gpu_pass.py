@@ -508,7 +508,7 @@ def test_the_device_call_script_plans_its_parts_in_order_with_valid_limits(tmp_p
 
     run, names, limits = planned("540")
     assert run.stdout.count(" exited 0 with ") == 4
-    first = [f"measure:{n}" for n in ("profiling-case-study", "speedrun")]
+    first = [f"measure:{n}" for n in ("profiling-case-study", "speedrun", "timing-pitfalls")]
     rest = [f"measure:{n}" for n in BENCHMARKS if f"measure:{n}" not in first]
     tests = [f"pytest-gpu:{Path(m).stem}" for m in gpu_test_files()]
     chapters = [s.name for s in default_steps(tmp_path, "cpu") if s.kind == "chapter"]

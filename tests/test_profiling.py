@@ -159,6 +159,17 @@ def test_cuda_samples_start_and_end_on_an_idle_device(monkeypatch):
     one_round = "sync record a record sync sync record b b record sync".split()
     assert log == one_round * 2
     assert samples == {"gpu_bound": [2e-3, 2e-3], "host_bound": [1.5e-3, 1.5e-3]}
+    # before_sample's device work (a cache flush) is queued ahead of the start event with no
+    # wait in between, as do_bench does: the GPU is busy with it while the host launches fn
+    log.clear()
+    timing.cuda_event_samples(
+        {"a": lambda: log.append("a")},
+        {"a": 1},
+        torch.device("cuda", 0),
+        1,
+        lambda: log.append("flush"),
+    )
+    assert log == "sync flush record a record sync".split()
 
 
 def test_timestamp_is_the_host_clock_after_the_device_is_idle():
@@ -647,6 +658,31 @@ def test_timing_without_synchronize_is_flagged_and_the_pitfall_rows_are_complete
     assert len(rows) == 7 and all(set(row) == set(rows[0]) for row in rows)
     assert rows[2]["ratio"] == 1.0 and rows[3]["ratio"] == 1.0 and rows[6]["ratio"] == 1.0
     assert "GB/s" in rows[5]["note"]
+
+
+def test_cold_and_warm_hide_the_launch_of_their_one_call_a_sample(monkeypatch):
+    """Both ways time one call a sample behind queued device work (a flush, or a busy-wait
+    kernel on a GPU), so neither times a launch the other hides; on a GPU the rows say so."""
+    from trainfast.profiling import pitfalls
+
+    asked = []
+
+    def fake_benchmark(fn, **kwargs):
+        asked.append(kwargs)
+        return benchmark(fn, **{**kwargs, "device": "cpu"})
+
+    monkeypatch.setattr(pitfalls, "benchmark", fake_benchmark)
+    slept = []
+    monkeypatch.setattr(torch.cuda, "_sleep", slept.append)
+    monkeypatch.setattr(pitfalls, "flush_cache", lambda device: lambda: slept.append("flush"))
+    real_randn = torch.randn
+    monkeypatch.setattr(torch, "randn", lambda *shape, device=None: real_randn(*shape))
+    rows = pitfalls.cold_and_warm(torch.device("cuda"), 2**16, 2)
+    assert [kw.get("number", 1) for kw in asked] == [1, 1]
+    assert all(kw["before_sample"] is not None for kw in asked)
+    assert slept == [2_000_000] * 2 + ["flush"] * 2
+    assert all(pitfalls.QUEUED in row["way"] for row in rows)
+    assert pitfalls.QUEUED not in pitfalls.cold_and_warm(torch.device("cpu"), 2**16, 2)[0]["way"]
 
 
 def test_flush_cache_writes_the_buffer_it_allocated():

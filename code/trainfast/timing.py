@@ -256,7 +256,11 @@ def cuda_event_samples(
     a GPU-bound function's kernels still queued when the next sample's start event is
     recorded, the GPU would reach that event only after they ran, while the host had already
     been queueing the next function's launches, and a host-bound function would be timed short
-    by the backlog it was hidden behind. Returns seconds per call, by name.
+    by the backlog it was hidden behind. ``before_sample`` runs after that wait, and whatever
+    device work it queues runs before the start event with no wait in between, as Triton's
+    ``do_bench`` queues its cache flush: the device is busy with it while the host queues the
+    sample's first launch, so a sample of one short kernel times the kernel, not its launch.
+    Returns seconds per call, by name.
     """
     with torch.cuda.device(device):
         events = {
@@ -268,9 +272,9 @@ def cuda_event_samples(
         }
         for i in range(repeats):
             for name, fn in fns.items():
-                if before_sample is not None:
-                    before_sample()
                 torch.cuda.synchronize(device)  # the queue is empty when the sample starts
+                if before_sample is not None:
+                    before_sample()  # queued ahead of the start event, no wait in between
                 start, end = events[name][i]
                 start.record()
                 for _ in range(numbers[name]):

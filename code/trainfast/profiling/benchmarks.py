@@ -128,12 +128,13 @@ def timing_pitfalls_record(device: torch.device, quick: bool = False) -> Record:
         repeats, number = (5, 15)[not quick], (2, 5)[not quick]
     rows = wrong_and_right(device, size, dtype, repeats)
     rows += zeros_and_random(device, size, dtype, repeats, number)
-    rows += cold_and_warm(device, buffer, repeats, number)
+    rows += cold_and_warm(device, buffer, repeats)
     description = (
         "Three timing pitfalls, each beside the right way: a matmul timed without warm-up and "
         "without waiting for the device (ratio: over the right way's median), the same matmul on "
         "zeros and on random inputs (ratio: over random), and a sum over a buffer that stays in "
-        "cache or is flushed before every sample (ratio: over cold)."
+        "cache or is flushed before every sample, one call a sample, on a GPU queued behind the "
+        "flush or a busy-wait kernel so that its launch is hidden (ratio: over cold)."
     )
     return make_record(
         "timing-pitfalls",

@@ -13,20 +13,31 @@
    cache (50 MB of L2 on an H100; the L2/L3 on a CPU), so a benchmark that reuses its input
    measures cache bandwidth, not memory bandwidth. Triton's ``do_bench`` flushes the L2 before
    every sample for this reason; :func:`flush_cache` does the same through ``before_sample``.
+   A sample of one short kernel on a GPU must also hide the kernel's launch behind queued work
+   (the flush, or :func:`keep_busy`), or it times the launch.
 
 Every timing goes through :func:`~trainfast.timing.benchmark`.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
 
 from trainfast.timing import Timing, benchmark
 
-__all__ = ["cold_and_warm", "flush_cache", "wrong_and_right", "zeros_and_random"]
+__all__ = [
+    "QUEUED",
+    "cold_and_warm",
+    "flush_cache",
+    "keep_busy",
+    "wrong_and_right",
+    "zeros_and_random",
+]
 
+QUEUED = "queued behind"  # in the way of a GPU row of cold_and_warm whose launch is hidden
 _FLUSH_BYTES = 256 * 2**20  # larger than any L2 (and most L3s) we time on; do_bench uses 256 MB
 
 
@@ -87,23 +98,43 @@ def zeros_and_random(
     return rows
 
 
-def cold_and_warm(
-    device: torch.device, n_bytes: int, repeats: int, number: int = 1
-) -> list[dict[str, Any]]:
+def cold_and_warm(device: torch.device, n_bytes: int, repeats: int) -> list[dict[str, Any]]:
     """Sum a float32 buffer of ``n_bytes``: the cache flushed before each sample, or not.
 
-    With a flush, use ``number=1``: only the first call of a sample finds the cache cold.
+    Each sample is one call (only the first call after a flush finds the cache cold), and on a
+    GPU both ways queue it behind device work that takes longer than the host needs to launch
+    it: the flush, or :func:`keep_busy` for the warm way. Without that, a sample of one call
+    that takes microseconds would time its launch, not the cache (:data:`QUEUED` marks such
+    rows; the H100 record of 2026-11-26 predates it and measured launches in both ways).
     """
     x = torch.randn(n_bytes // 4, device=device)
-    warm = benchmark(x.sum, warmup=3, repeats=repeats, number=number, device=device)
+    warm = benchmark(
+        x.sum, warmup=3, repeats=repeats, device=device, before_sample=keep_busy(device)
+    )
     cold = benchmark(
         x.sum, warmup=3, repeats=repeats, device=device, before_sample=flush_cache(device)
     )
     case = f"sum of {n_bytes / 2**20:g} MiB"
+    gpu = torch.device(device).type == "cuda"
+    warm_way = "warm: same buffer every call" + (f", {QUEUED} a busy-wait kernel" if gpu else "")
+    cold_way = "cold: cache flushed before each call" + (f", {QUEUED} the flush" if gpu else "")
     return [
-        _row(case, "warm: same buffer every call", warm, cold, _bandwidth(n_bytes, warm)),
-        _row(case, "cold: cache flushed before each call", cold, cold, _bandwidth(n_bytes, cold)),
+        _row(case, warm_way, warm, cold, _bandwidth(n_bytes, warm)),
+        _row(case, cold_way, cold, cold, _bandwidth(n_bytes, cold)),
     ]
+
+
+def keep_busy(device: torch.device | str, cycles: int = 2_000_000) -> Any:
+    """A ``before_sample`` function that keeps a GPU busy without touching memory.
+
+    It queues a kernel that spins for ``cycles`` clock cycles (about a millisecond at 2 GHz,
+    far longer than a launch), so the sample's first launch is queued while the GPU is busy and
+    the cache keeps what the previous call read. On a CPU, where nothing is queued, it does
+    nothing.
+    """
+    if torch.device(device).type != "cuda":
+        return lambda: None
+    return functools.partial(torch.cuda._sleep, cycles)  # private, but what torch's tests use
 
 
 def _bandwidth(n_bytes: int, timing: Timing) -> str:

@@ -1176,6 +1176,28 @@ def test_mlp_block_matches_torch_modules():
     torch.testing.assert_close(actual, expected, atol=1e-6, rtol=1e-5)
 
 
+def test_inductor_fuses_only_the_residual_add_of_the_mlp_block():
+    """mlp_block's docstring and the chapter: compiled, the norm and GELU stay kernels of their
+    own and only the residual add folds into the second matmul (addmm): four kernels to five."""
+    import re
+
+    from torch._inductor.utils import fresh_inductor_cache, run_and_get_code
+    from trainfast.profiling.overhead import mlp_block
+
+    torch._dynamo.reset()
+    x, w_in, w_out = torch.randn(8, 16), torch.randn(64, 16), torch.randn(16, 64)
+    with fresh_inductor_cache():
+        _, (code, *_) = run_and_get_code(torch.compile(mlp_block), x, w_in, w_out)
+    calls = re.findall(r"^\s+(cpp_fused_\w+|extern_kernels\.\w+)\(", code, flags=re.MULTILINE)
+    kinds = [re.sub(r"_\d+$", "", call) for call in calls]
+    assert kinds == [
+        "cpp_fused_native_layer_norm",
+        "extern_kernels.mm",
+        "cpp_fused_gelu",
+        "extern_kernels.addmm",
+    ], calls
+
+
 def test_compile_speedup_by_width_rows_and_bad_width():
     from trainfast.profiling.overhead import compile_speedup_by_width
 

@@ -983,6 +983,12 @@ def test_check_bottleneck():
     check_bottleneck(busiest_aten_op)
     with pytest.raises(AssertionError, match="answered"):  # total time picks a range, not an op
         check_bottleneck(lambda p: max(p.operators, key=lambda r: r.total_cpu_s).name)
+    for no_aten_filter in (  # most self time, but a named range may hold it
+        lambda p: p.operators[0].name,
+        lambda p: max(p.operators, key=lambda r: r.self_cpu_s).name,
+    ):
+        with pytest.raises(AssertionError, match="named range: answered 'python loop'"):
+            check_bottleneck(no_aten_filter)
 
 
 def test_check_no_graph_break():

@@ -44,15 +44,27 @@ __all__ = [
 
 
 def _workloads() -> dict[str, Callable[[], object]]:
-    """Three small steps, each dominated by a different kind of operator."""
+    """Four small steps, each dominated by a different kind of operator.
+
+    In the fourth, a named range (``record_function``) around a pure-Python loop holds more self
+    time than any operator, as ``forward`` does in the chapter's profile: an answer that does
+    not keep to ``aten::`` rows returns the range.
+    """
     generator = torch.Generator().manual_seed(0)
     a = torch.randn(256, 256, generator=generator)
     v = torch.randn(2**20, generator=generator)
     s = torch.randn(64, 4096, generator=generator)
+
+    def python_loop_in_a_range() -> object:
+        with torch.profiler.record_function("python loop"):
+            total = sum(i * i for i in range(200_000))  # host time in no operator
+            return torch.full((8,), float(total)).sin()
+
     return {
         "matmuls": lambda: [a @ a for _ in range(4)],
         "cumulative sums": lambda: [v.cumsum(0) for _ in range(4)],
         "sorts": lambda: [s.sort(dim=1) for _ in range(4)],
+        "a Python loop in a named range": python_loop_in_a_range,
     }
 
 
@@ -64,7 +76,8 @@ def _reference_bottleneck(profile: StepProfile) -> str:
 def check_bottleneck(find_bottleneck: Callable[[StepProfile], str]) -> None:
     """Check ``find_bottleneck(profile) -> name``: the ``aten::`` operator with most self CPU time.
 
-    Profiles three small steps (matmuls, cumulative sums, sorts) with
+    Profiles four small steps (matmuls, cumulative sums, sorts, and a Python loop inside a
+    named range, which is not an operator) with
     :func:`~trainfast.profiling.profile_steps` and compares the answer with the table's.
     """
     results: list[Case] = []

@@ -1231,6 +1231,31 @@ def test_host_to_device_seconds_is_one_direction_of_pcie():
         host_to_device_seconds(-1, h100)
 
 
+def test_prefetching_can_hide_every_copy_but_each_samples_first():
+    """copy_compute_overlap builds a new CudaPrefetcher in every sample, on an idle GPU: of its
+    ``steps`` copies the first has no compute to hide behind."""
+    import inspect
+
+    from trainfast.gpus import GPUS
+    from trainfast.profiling.streams import (
+        copy_compute_overlap,
+        host_to_device_seconds,
+        prefetch_saving_seconds,
+    )
+
+    h100 = GPUS["H100 SXM 80GB"]
+    copy = host_to_device_seconds(32 * 2**20, h100)
+    assert prefetch_saving_seconds(32 * 2**20, h100, 8) == pytest.approx(7 / 8 * copy)
+    assert prefetch_saving_seconds(32 * 2**20, h100, 1) == 0.0  # one step: nothing to overlap
+    for bad in (0, 2.5, True):
+        with pytest.raises(ValueError, match=f"Invalid steps: {bad!r}"):
+            prefetch_saving_seconds(1, h100, bad)
+    # the chapter predicts for the benchmark's default batch and steps
+    defaults = inspect.signature(copy_compute_overlap).parameters
+    assert defaults["steps"].default == 8 and defaults["batch_shape"].default == (8192, 1024)
+    assert "CudaPrefetcher(pinned, device)" in inspect.getsource(copy_compute_overlap)
+
+
 def test_stream_overlap_needs_cuda():
     from trainfast.profiling.streams import CudaPrefetcher, copy_compute_overlap
 

@@ -16,9 +16,10 @@ PyTorch's documentation:
   memory could be handed out again while the current stream still reads it).
 
 :class:`CudaPrefetcher` does exactly that; :func:`copy_compute_overlap` times a step with the
-copy in line and with it prefetched, and :func:`host_to_device_seconds` predicts the copy time
-that overlap can hide. When not to bother: when a batch is small (token ids: kilobytes) the
-copy is microseconds, far below a step, and there is nothing to hide.
+copy in line and with it prefetched, :func:`host_to_device_seconds` predicts the copy time and
+:func:`prefetch_saving_seconds` how much of it the benchmark's prefetching can hide. When not
+to bother: when a batch is small (token ids: kilobytes) the copy is microseconds, far below a
+step, and there is nothing to hide.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ __all__ = [
     "OverlapTiming",
     "copy_compute_overlap",
     "host_to_device_seconds",
+    "prefetch_saving_seconds",
 ]
 
 
@@ -43,12 +45,26 @@ def host_to_device_seconds(nbytes: int, gpu: GPUSpec) -> float:
     """Predicted seconds to copy ``nbytes`` from pinned host memory to ``gpu``.
 
     The datasheet's PCIe figure counts both directions together; one copy uses one direction,
-    half of it (as :func:`trainfast.kernels.benchmarks.host_transfer_prediction` does). This is
-    also the most that overlapping the copy with compute can save per step.
+    half of it (as :func:`trainfast.kernels.benchmarks.host_transfer_prediction` does). A real
+    copy may run slower than the datasheet's bandwidth.
     """
     if nbytes < 0:
         raise ValueError(f"Invalid nbytes: {nbytes} (need at least 0)")
     return nbytes / (gpu.pcie_bytes_per_s / 2)
+
+
+def prefetch_saving_seconds(nbytes: int, gpu: GPUSpec, steps: int) -> float:
+    """Predicted time per step that prefetching saves in :func:`copy_compute_overlap`.
+
+    Each timed sample of ``steps`` steps builds a new :class:`CudaPrefetcher` on an idle GPU, so
+    its first copy overlaps nothing; each of the other ``steps - 1`` copies can hide behind the
+    previous step's compute, when that is at least as long. So at most ``(steps - 1) / steps``
+    of :func:`host_to_device_seconds`, at the datasheet's bandwidth: a copy that runs slower
+    takes longer and has more to hide.
+    """
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"Invalid steps: {steps!r} (need an int of at least 1)")
+    return (steps - 1) / steps * host_to_device_seconds(nbytes, gpu)
 
 
 class CudaPrefetcher:

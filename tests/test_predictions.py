@@ -80,6 +80,43 @@ def test_attention_forward_prediction_with_l2_reuse_reaches_the_peak():
     assert l2.value > attention_forward_prediction(H100, 4096, 128).value
 
 
+def _forward_row(config: str, tflops: float) -> dict:
+    return {
+        "seq": 4096,
+        "head_dim": 128,
+        "causal": False,
+        "dtype": "bfloat16",
+        "implementation": "triton flash_forward_kernel",
+        "config": config,
+        "tflops": tflops,
+    }
+
+
+def test_the_forward_measurement_is_the_row_with_the_launchers_tiles():
+    """The prediction assumes the launcher's tiles (128×64, 8 warps, 3 stages in bf16 at head
+    dim 128 on an H100), so the measurement it is compared with is that row of the tile sweep,
+    not the fastest row, which may have run other tiles."""
+    from dataclasses import replace
+
+    from trainfast.kernels.attention_benchmarks import launcher_forward_row
+    from trainfast.records import Record, records_for
+
+    rows = [
+        _forward_row("64x64, 4 warps, 3 stages", 479.0),
+        _forward_row("128x64, 8 warps, 3 stages", 466.0),
+    ]
+    record = Record("attention-forward", "", [], rows, {}, "2026-01-01T00:00:00", "")
+    assert launcher_forward_row(record, H100, 4096, 128, causal=False)["tflops"] == 466.0
+    with pytest.raises(ValueError, match="causal=True"):
+        launcher_forward_row(record, H100, 4096, 128, causal=True)
+    with pytest.raises(ValueError, match="launcher's tiles"):
+        launcher_forward_row(replace(record, rows=rows[:1]), H100, 4096, 128, causal=False)
+    # the chapter's table reads the recorded H100 run's launcher row: it must have one
+    for recorded in records_for("attention-forward", "cuda")[:1]:
+        row = launcher_forward_row(recorded, H100, 4096, 128, causal=False)
+        assert row["config"] == "128x64, 8 warps, 3 stages"
+
+
 def test_adamw_step_prediction_is_its_bytes_per_parameter_over_hbm():
     assert adamw_step_prediction(H100, 10**9).value == pytest.approx(84e9 / 3.35e12 * 1e3)
     assert adamw_step_prediction(H100, 10**9, "fused").value == pytest.approx(28e9 / 3.35e12 * 1e3)

@@ -31,7 +31,9 @@ __all__ = [
     "attention_record",
     "attention_sweep_prediction",
     "attention_sweep_record",
+    "launcher_forward_row",
     "streamed_elements",
+    "tile_config",
 ]
 
 
@@ -48,6 +50,42 @@ def _attention_tile_sweep() -> list[Any]:
         AttentionTiles(128, 128, 8, 2),
         AttentionTiles(128, 32, 4, 4),
     ]
+
+
+def tile_config(tiles: Any) -> str:
+    """How ``attention-forward`` records name a tile choice in their ``config`` column:
+    ``"128x64, 8 warps, 3 stages"`` for ``AttentionTiles(128, 64, 8, 3)``."""
+    return f"{tiles.block_q}x{tiles.block_k}, {tiles.num_warps} warps, {tiles.num_stages} stages"
+
+
+def launcher_forward_row(
+    record: Record, gpu: GPUSpec, seq: int, head_dim: int, *, causal: bool
+) -> dict[str, Any]:
+    """The Triton row of an ``attention-forward`` ``record`` that ran the tiles the launcher picks.
+
+    The benchmark sweeps several tile choices; a prediction made with the launcher's tiles
+    (:func:`attention_forward_prediction` uses
+    :func:`~trainfast.kernels.attention_triton_forward.attention_forward_tiles` on ``gpu``)
+    compares with this row, not with the fastest of the sweep. Raises ``ValueError`` naming
+    the configuration when the record has no such row.
+    """
+    from trainfast.kernels.attention_triton_forward import attention_forward_tiles
+
+    for row in record.rows:
+        if not (
+            row["seq"] == seq
+            and row["head_dim"] == head_dim
+            and row["causal"] == causal
+            and row["implementation"].startswith("triton")
+        ):
+            continue
+        tiles = attention_forward_tiles(gpu, getattr(torch, row["dtype"]), head_dim)
+        if row["config"] == tile_config(tiles):
+            return row
+    raise ValueError(
+        f"The attention-forward record has no Triton row with the launcher's tiles on {gpu.name} "
+        f"at seq={seq}, head_dim={head_dim}, causal={causal}"
+    )
 
 
 def _sdpa_flash_backend() -> Any:
@@ -148,8 +186,7 @@ def _attention_contenders(q, k, v, is_causal: bool, cuda: bool) -> list[tuple[st
 
         contenders.append(("sdpa (flash backend)", "", flash_backend, flash_backend))
         for tiles in _attention_tile_sweep():
-            launch = f"{tiles.num_warps} warps, {tiles.num_stages} stages"
-            config = f"{tiles.block_q}x{tiles.block_k}, {launch}"
+            config = tile_config(tiles)
 
             def triton_forward(t=tiles) -> Any:
                 return flash_attention_triton_forward(q, k, v, is_causal, t)

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from trainfast.accounting import (
+    activation_bytes,
     counted_flops,
     model_activation_bytes,
     saved_tensor_bytes,
@@ -30,7 +31,34 @@ from trainfast.records import Record, make_record
 from trainfast.timing import benchmark
 from trainfast.transformer import Attention, TransformerShape
 
-__all__ = ["checkpointing_costs", "checkpointing_record"]
+__all__ = [
+    "checkpointing_costs",
+    "checkpointing_record",
+    "checkpointing_setup",
+    "saved_after_forward_prediction",
+    "with_saved_prediction",
+]
+
+
+def saved_after_forward_prediction(
+    shape: TransformerShape,
+    *,
+    value_bytes: float,
+    attention: Attention,
+    checkpointing: bool,
+) -> float:
+    """The activation bytes a step keeps after its forward, from :mod:`trainfast.accounting`.
+
+    :func:`~trainfast.accounting.model_activation_bytes` less, with ``checkpointing``, the one
+    block's activations it adds for the backward's recomputation: those are not alive until the
+    backward rebuilds them, so a measurement taken after the forward cannot contain them.
+    """
+    total = model_activation_bytes(
+        shape, value_bytes=value_bytes, attention=attention, checkpointing=checkpointing
+    )
+    if checkpointing:
+        total -= activation_bytes(shape, value_bytes=value_bytes, attention=attention)
+    return total
 
 
 def checkpointing_costs(
@@ -47,7 +75,8 @@ def checkpointing_costs(
     (:func:`trainfast.timing.benchmark`), ``step_seconds_min`` and ``_max`` their range;
     ``counted_flops`` what ``FlopCounterMode`` counts for the step (recomputation included);
     ``saved_bytes`` the bytes autograd keeps after the forward (parameters excluded), measured
-    with :func:`trainfast.counters.saved_tensor_bytes`; ``predicted_bytes`` the formula of
+    with :func:`trainfast.counters.saved_tensor_bytes`, and ``predicted_saved_bytes`` its
+    prediction (:func:`saved_after_forward_prediction`); ``predicted_bytes`` the formula of
     :func:`trainfast.accounting.model_activation_bytes` (with checkpointing it adds the one
     block recomputed during backward, which is not alive after the forward); on CUDA
     ``peak_step_bytes`` is the peak memory of the step above the model's own.
@@ -77,11 +106,12 @@ def checkpointing_costs(
             step()
             torch.cuda.synchronize(device)
             peak = torch.cuda.max_memory_allocated(device) - before
+        value_bytes = torch.tensor([], dtype=dtype).element_size()
         predicted = model_activation_bytes(
-            shape,
-            value_bytes=torch.tensor([], dtype=dtype).element_size(),
-            attention=attention,
-            checkpointing=checkpointing,
+            shape, value_bytes=value_bytes, attention=attention, checkpointing=checkpointing
+        )
+        predicted_saved = saved_after_forward_prediction(
+            shape, value_bytes=value_bytes, attention=attention, checkpointing=checkpointing
         )
         row = {
             "checkpointing": checkpointing,
@@ -92,6 +122,7 @@ def checkpointing_costs(
             "counted_flops": flops,
             "model_flops": training_flops(shape),
             "saved_bytes": saved,
+            "predicted_saved_bytes": predicted_saved,
             "predicted_bytes": predicted,
             "peak_step_bytes": peak,
         }
@@ -100,10 +131,13 @@ def checkpointing_costs(
     return rows
 
 
-def checkpointing_record(device: torch.device, quick: bool) -> Record:
-    """The benchmark: a GPT-2-small-like model on a GPU (bf16, SDPA attention, batch 8 of 1024
-    tokens), a small one on a CPU (float32, attention written out so that ``FlopCounterMode``
-    counts all of it, 4 layers of width 256, batch 4 of 256); tiny with ``quick``."""
+def checkpointing_setup(
+    device: torch.device, quick: bool = False
+) -> tuple[TransformerShape, torch.dtype, Attention]:
+    """The benchmark's model on ``device``'s kind: a GPT-2-small-like model on a GPU (bf16, SDPA
+    attention, batch 8 of 1024 tokens), a small one elsewhere (float32, attention written out so
+    that ``FlopCounterMode`` counts all of it, 4 layers of width 256, batch 4 of 256); tiny with
+    ``quick``."""
     if device.type == "cuda":
         shape = TransformerShape(50_304, 768, 12, 12, 3_072, 1_024, 8 if not quick else 2)
         dtype, attention = torch.bfloat16, "sdpa"
@@ -112,6 +146,44 @@ def checkpointing_record(device: torch.device, quick: bool) -> Record:
         dtype, attention = torch.float32, "manual"
     if quick:
         shape = replace(shape, n_layers=2, seq_len=min(shape.seq_len, 128))
+    return shape, dtype, attention
+
+
+def with_saved_prediction(record: Record, quick: bool = False) -> Record:
+    """``record`` with a ``predicted_saved_bytes`` column (:func:`saved_after_forward_prediction`
+    of :func:`checkpointing_setup`'s model), for records made before the benchmark wrote it.
+
+    Raises ``ValueError`` when a row's ``predicted_bytes`` is not that model's formula: the
+    record then measured another model, and the prediction would not be its own.
+    """
+    if "predicted_saved_bytes" in record.columns:
+        return record
+    shape, dtype, attention = checkpointing_setup(torch.device(record.device), quick)
+    value_bytes = torch.tensor([], dtype=dtype).element_size()
+    rows = []
+    for row in record.rows:
+        settings = dict(value_bytes=value_bytes, attention=attention)
+        formula = model_activation_bytes(shape, **settings, checkpointing=row["checkpointing"])
+        if row["predicted_bytes"] != formula:
+            raise ValueError(
+                f"Record {record.name!r}: predicted_bytes {row['predicted_bytes']:,.0f} is not "
+                f"the formula {formula:,.0f} of the benchmark's model on {record.device} "
+                f"(quick={quick})"
+            )
+        saved = saved_after_forward_prediction(
+            shape, **settings, checkpointing=row["checkpointing"]
+        )
+        rows.append({**row, "predicted_saved_bytes": saved})
+    columns = list(record.columns)
+    columns.insert(columns.index("saved_bytes") + 1, "predicted_saved_bytes")
+    units = {**record.units, "predicted_saved_bytes": "bytes"}
+    return replace(record, columns=columns, rows=rows, units=units)
+
+
+def checkpointing_record(device: torch.device, quick: bool) -> Record:
+    """The benchmark: :func:`checkpointing_setup`'s model on ``device``, with and without
+    checkpointing every block."""
+    shape, dtype, attention = checkpointing_setup(device, quick)
     repeats = 3 if quick else 7
     rows = checkpointing_costs(
         shape, device=device, attention=attention, dtype=dtype, repeats=repeats
@@ -128,6 +200,7 @@ def checkpointing_record(device: torch.device, quick: bool) -> Record:
             "step_seconds_min": "s",
             "step_seconds_max": "s",
             "saved_bytes": "bytes",
+            "predicted_saved_bytes": "bytes",
             "predicted_bytes": "bytes",
             "peak_step_bytes": "bytes",
         },

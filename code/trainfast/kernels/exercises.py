@@ -54,7 +54,9 @@ def check_softmax_merge(
     """Check ``merge(max_a, sum_a, max_b, sum_b) -> (max, sum)``, the online-softmax step.
 
     Cases: two halves of random rows, parts whose maxima differ by a thousand (a naive ``exp``
-    overflows), and an empty part, ``(-inf, 0)``, which must leave the other unchanged.
+    overflows), an empty part, ``(-inf, 0)``, which must leave the other unchanged, and two empty
+    parts (as for a row whose keys so far are all masked), which must give ``(-inf, 0)``, not NaN
+    (``-inf - -inf`` is NaN without a guard).
     """
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(6, 40, generator=generator, dtype=torch.float64)
@@ -65,6 +67,7 @@ def check_softmax_merge(
         "maxima 1000 apart": (softmax_stats(x[:, :20] + 1000), softmax_stats(x[:, 20:])),
         "the first part empty": (empty, softmax_stats(x)),
         "the second part empty": (softmax_stats(x), empty),
+        "both parts empty": (empty, empty),
     }
     results: list[Case] = []
     for case, (a, b) in cases.items():

@@ -1427,6 +1427,14 @@ def test_exercise_checks_pass_right_answers_and_catch_wrong_ones(capsys):
         return 20 << 20 if size < 10 << 20 else (2 << 20) * math.ceil(size / (2 << 20))
 
     check_segment_bytes(reserve)
+
+    def reserve_unrounded(nbytes):  # skips the rounding to 512 bytes
+        if nbytes <= 1 << 20:
+            return 2 << 20
+        return 20 << 20 if nbytes < 10 << 20 else (2 << 20) * math.ceil(nbytes / (2 << 20))
+
+    with pytest.raises(AssertionError, match=r"1 of 9 cases failed; first: 10,485,660 bytes"):
+        check_segment_bytes(reserve_unrounded)
     with pytest.raises(AssertionError, match="cases failed"):
         check_segment_bytes(
             lambda nbytes: 512 * math.ceil(nbytes / 512)

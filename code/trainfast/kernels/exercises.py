@@ -160,9 +160,14 @@ def check_causal_key_tiles(tiles: Callable[[int, int, int, int], list[int]]) -> 
 
 
 def check_segment_bytes(reserve: Callable[[int], int]) -> None:
-    """Check ``reserve(nbytes)``: the segment a fresh caching allocator takes from CUDA."""
+    """Check ``reserve(nbytes)``: the segment a fresh caching allocator takes from CUDA.
+
+    ``(10 << 20) - 100`` bytes round up to 10 MiB, which gets a segment of its own size; an answer
+    that skips the rounding to 512 bytes sees it under 10 MiB and reserves 20 MiB.
+    """
     results: list[Case] = []
-    for nbytes in [1, 4096, 1 << 20, (1 << 20) + 1, 6 << 20, 10 << 20, (10 << 20) + 1, 100_000_000]:
+    sizes = [1, 4096, 1 << 20, (1 << 20) + 1, 6 << 20, (10 << 20) - 100, 10 << 20, (10 << 20) + 1]
+    for nbytes in [*sizes, 100_000_000]:
         expected = segment_bytes(nbytes)
         got = reserve(nbytes)
         case = f"{nbytes:,} bytes requested: {expected:,} bytes reserved"

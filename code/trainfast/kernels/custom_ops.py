@@ -8,7 +8,8 @@ example of the recipe in PyTorch's "Custom C++ and CUDA Operators" tutorial:
 
 1. the kernels in C++ (:data:`CPP_SOURCE`, with ``at::parallel_for``) and CUDA
    (:data:`CUDA_SOURCE`: 16-byte vector loads and stores, a row and column grid so that the bias
-   index needs no per-element ``%``, and a scalar tail), compiled just in time by
+   index needs no per-element ``%``, and element-by-element loads where rows are not 16-byte
+   aligned), compiled just in time by
    ``torch.utils.cpp_extension.load_inline`` with the machine's g++ and nvcc;
 2. the operator's schema and its CPU and CUDA implementations registered with the dispatcher
    in C++ (``TORCH_LIBRARY``/``TORCH_LIBRARY_IMPL``), so it is
@@ -163,7 +164,8 @@ __device__ __forceinline__ acc_t gelu_grad(acc_t z) {
 
 // x and out are (rows, width), bias is (width,). Grid: x over columns, y over rows (striding
 // past 65,535 rows). The bias column is the loop index itself: no 64-bit `%` per element.
-// With `packed`, 16-byte packs first, then a scalar tail for the last width % Pack::size.
+// With `packed` (can_pack: every row 16-byte aligned, so width % Pack::size == 0), every column
+// moves in 16-byte packs; without it, the scalar loop does every column.
 template <typename scalar_t>
 __global__ void bias_gelu_kernel(const scalar_t* __restrict__ x, const scalar_t* __restrict__ bias,
                                  scalar_t* __restrict__ out, int64_t rows, int64_t width, bool packed) {
@@ -185,7 +187,7 @@ __global__ void bias_gelu_kernel(const scalar_t* __restrict__ x, const scalar_t*
       }
       reinterpret_cast<P*>(out_row)[p] = ys;
     }
-    for (int64_t col = packs * P::size + first; col < width; col += step) {  // scalar tail
+    for (int64_t col = packs * P::size + first; col < width; col += step) {  // scalar: all of it unless packed
       out_row[col] = static_cast<scalar_t>(gelu(static_cast<acc_t>(x_row[col]) + static_cast<acc_t>(bias[col])));
     }
   }
@@ -214,7 +216,7 @@ __global__ void bias_gelu_backward_kernel(const scalar_t* __restrict__ grad, con
       }
       reinterpret_cast<P*>(out + offset)[p] = ys;
     }
-    for (int64_t col = packs * P::size + first; col < width; col += step) {  // scalar tail
+    for (int64_t col = packs * P::size + first; col < width; col += step) {  // scalar: all of it unless packed
       const acc_t z = static_cast<acc_t>(x[offset + col]) + static_cast<acc_t>(bias[col]);
       out[offset + col] = static_cast<scalar_t>(static_cast<acc_t>(grad[offset + col]) * gelu_grad(z));
     }

@@ -90,10 +90,12 @@ def check_softmax_merge(
 
 
 def check_triton_axpb(axpb: Callable[[Tensor, float, float, Tensor], object]) -> None:
-    """Check ``axpb(x, a, b, out)``: it must write ``a * x + b`` into ``out`` with a Triton kernel.
+    """Check ``axpb(x, a, b, out)``: it must write ``a * x + b`` into ``out`` and nothing past it.
 
-    Sizes that are not multiples of any block size (the mask), one element, float16 and float32;
-    on a CPU the kernel runs in Triton's interpreter. ``x`` and ``out`` are the first ``n``
+    The exercise asks for a Triton kernel, but the check sees only what lands in ``out`` and in
+    the memory after it: a PyTorch expression that writes the right values passes too. Sizes
+    that are not multiples of any block size (the mask), one element, float16 and float32; on a
+    CPU the kernel runs in Triton's interpreter. ``x`` and ``out`` are the first ``n``
     elements of larger buffers, so a kernel that forgets its mask reads and writes memory that
     exists (instead of corrupting the process) and the check sees what it wrote past the end.
     """

@@ -290,6 +290,25 @@ def test_the_batch_changes_halve_the_entry_they_apply_to_and_never_run_on_the_gp
     } == {h100.shape.batch_size}
 
 
+def test_the_gpu_preset_runs_every_change_of_the_log_with_the_tried_ones_on_top():
+    # the chapter says so: every change, whether the CPU log kept it or not (its `never` aside)
+    h100 = log_module.preset("h100")
+    baseline, every = log_module.entries(h100)
+    assert baseline.name == "baseline" and every.name.startswith("every change + ")
+    config = every.config
+    applied = [c for c in (*log_module.LOG, *log_module.TRIED) if c.name not in h100.never]
+    for i, change in enumerate(applied):  # each setting, unless a later change sets it again
+        later = {key for other in applied[i + 1 :] for key in other.settings}
+        own = {k: v for k, v in change.settings.items() if k not in later}
+        assert own, change.name
+        for key, value in own.items():
+            holder = config.shape if hasattr(config.shape, key) else config
+            assert getattr(holder, key) == value, (change.name, key)
+    for name in h100.never:  # and none of those it never applies
+        change = next(c for c in (*log_module.LOG, *log_module.TRIED) if c.name == name)
+        assert change.apply(config, name=every.name) != config, name
+
+
 def test_a_change_that_is_not_kept_is_left_out_of_every_entry_after_it():
     chosen = log_module.preset("cpu")
     dropped = {"RMSNorm", "QK-norm"}

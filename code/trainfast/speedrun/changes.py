@@ -47,12 +47,13 @@ takes each kept change back out of the final entry, one at a time.
   higher lr, not kept before, fell further to 30,720 on every seed. It joined the log before
   that change.
 * ``h100``: a 12-layer, width-768 model (GPT-2 small's shape) on the whole corpus, 8 sequences
-  of 1,024 tokens a step; the baseline and the final entry only (with the tried changes too:
-  Muon's iteration in bf16, autocast in bf16, and compilation, which a GPU is expected to
-  reward; the learning rates, the embedding's too, are the CPU log's, not tuned at this
-  width), 2 seeds, sized to fit the GPU pass's limit of a benchmark (800 steps use about 6.6M
-  of the corpus's training tokens). Its first target, 3.5, was set before any GPU run; on an
-  H100 neither seed of the baseline reached it in 400 steps, so it is now 5.0, which the
+  of 1,024 tokens a step; the baseline and one entry with every change of the log, kept on the
+  CPU or not (but data parallel and the smaller batch, which it never applies), with the tried
+  changes on top (Muon's iteration in bf16, autocast in bf16, and compilation, which a GPU is
+  expected to reward; the learning rates, the embedding's too, are the CPU log's, not tuned at
+  this width), 2 seeds, sized to fit the GPU pass's limit of a benchmark (800 steps use about
+  6.6M of the corpus's training tokens). Its first target, 3.5, was set before any GPU run; on
+  an H100 neither seed of the baseline reached it in 400 steps, so it is now 5.0, which the
   baseline's validation loss was still falling towards at step 400, within 800 steps;
   ``max_steps`` bounds a run that cannot reach it, and the record says so.
 * ``tiny``: seconds, for tests and the command line's smoke test.
@@ -242,7 +243,7 @@ class Preset:
     seeds: int
     baseline: dict[str, Any] = field(default_factory=dict)  # SpeedrunConfig settings
     horizon: int = 1_000  # schedule_steps: the steps a WSD schedule plans for
-    full_log: bool = True  # False: baseline and final entry only
+    full_log: bool = True  # False: the baseline and one entry with every change only
     never: tuple[str, ...] = ()  # changes of LOG or TRIED this preset never applies
 
 
@@ -336,7 +337,7 @@ def log(chosen: Preset, dropped: Collection[str] = ()) -> list[Entry]:
             kept = entry
     tried = [change for change in TRIED if change.name not in chosen.never]
     if not chosen.full_log:  # on a GPU: the baseline against everything, the tried included
-        name = "final + " + ", ".join(change.name for change in tried)
+        name = "every change + " + ", ".join(change.name for change in tried)
         config = kept.config
         for change in tried:
             config = change.apply(config, name=name)

@@ -407,7 +407,8 @@ def summary_table(record: Record, book: Record | None = None, alpha: float = ALP
 def speedrun_record(device: torch.device, quick: bool, out: str | Path | None = None) -> Record:
     """The ``speedrun`` benchmark of ``python -m trainfast.measure``.
 
-    On a CUDA device: the ``h100`` preset (baseline and final entry, 2 seeds). Elsewhere: the
+    On a CUDA device: the ``h100`` preset (the baseline and one entry with every change of the
+    log, the tried ones too, 2 seeds). Elsewhere: the
     ``cpu`` preset's whole log (:func:`run_log`) and ablation, one thread (``python -m
     trainfast.speedrun --preset cpu --log --ablation --out DIR`` does the same and writes after
     every entry).

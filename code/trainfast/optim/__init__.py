@@ -2,7 +2,8 @@
 
 Every algorithm is a pure function (:func:`sgd`, :func:`rmsprop`, :func:`adam`, :func:`muon`)
 with two implementations behind one ``foreach`` flag: a readable loop over tensors, the one the
-chapter shows, and a ``torch._foreach_*`` version that launches one kernel per list. The classes
+chapter shows, and a ``torch._foreach_*`` version that launches one kernel per list on a GPU
+(on a CPU, torch loops over the list in C++). The classes
 subclass ``torch.optim.Optimizer`` (so LR schedulers, ``state_dict`` and ``zero_grad`` work),
 keep the state and call the functions. :mod:`~trainfast.optim.state` measures state memory;
 :mod:`~trainfast.optim.benchmarks` times a step against ``torch.optim`` (import it from there; it is

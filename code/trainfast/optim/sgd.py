@@ -45,8 +45,8 @@ def sgd(
 
     ``momentum_buffer_list`` holds each parameter's buffer, ``None`` before its first step: the
     step fills those entries in (the buffer starts as the first gradient) and the caller keeps
-    them. ``foreach=True`` runs the same math with ``torch._foreach_*`` ops, one kernel per list
-    instead of one per tensor; the results are the same.
+    them. ``foreach=True`` runs the same math with ``torch._foreach_*`` ops, on a GPU one kernel
+    per list instead of one per tensor; the results are the same.
     """
     implementation = multi_tensor_sgd if foreach else single_tensor_sgd
     implementation(
@@ -145,7 +145,7 @@ class SGD(CheckedOptimizer):
     for transformers prefer :class:`~trainfast.optim.AdamW`.
 
     ``lr`` has no default: give it here or in every parameter group. ``foreach=True`` selects
-    the ``torch._foreach_*`` implementation (same numbers, fewer kernel launches). torch's
+    the ``torch._foreach_*`` implementation (same numbers, fewer kernel launches on a GPU). torch's
     ``fused`` and ``differentiable`` switches are left out; use ``torch.optim.SGD`` for them.
     """
 

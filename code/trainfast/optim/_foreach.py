@@ -2,8 +2,9 @@
 
 On a GPU, a ``torch._foreach_*`` op launches one fused kernel per list only when every tensor in
 it is on the same device with the same dtype; otherwise it silently falls back to a loop of
-ordinary ops (on a CPU every ``torch._foreach_*`` op is such a loop). A model with, say, bfloat16 weights and float32 norms therefore runs the fast path once per
-(device, dtype) bucket. ``torch.optim`` does the same with a private helper
+ordinary ops (on a CPU every ``torch._foreach_*`` op is such a loop). A model with, say,
+bfloat16 weights and float32 norms therefore runs the fast path once per (device, dtype) bucket.
+``torch.optim`` does the same with a private helper
 (``Optimizer._group_tensors_by_device_and_dtype``); this is the public-API version.
 """
 

@@ -1214,13 +1214,24 @@ def test_budget_check_passes_the_right_choice_and_catches_forgotten_gradients(ca
         return next((n for n, b in per_param.items() if b * n_params <= budget_gb * 1e9), None)
 
     check_optimizer_for_budget(choose)
-    assert "All 6 cases passed." in capsys.readouterr().out
+    assert "All 7 cases passed." in capsys.readouterr().out
     no_gradients = {"adamw": 12, "momentum": 8, "sgd": 4}  # forgets the gradients
     with pytest.raises(AssertionError, match="14 GB"):
         check_optimizer_for_budget(lambda n, b: choose(n, b, no_gradients))
     one_moment = {"adamw": 12, "momentum": 12, "sgd": 8}  # Adam with one moment
     with pytest.raises(AssertionError, match="14 GB"):
         check_optimizer_for_budget(lambda n, b: choose(n, b, one_moment))
+    with pytest.raises(AssertionError, match="1.05e\\+09 parameters in 16 GB"):  # GiB, not GB
+        check_optimizer_for_budget(
+            lambda n, b: next(
+                (
+                    k
+                    for k, v in {"adamw": 16, "momentum": 12, "sgd": 8}.items()
+                    if v * n <= b * 2**30
+                ),
+                None,
+            )
+        )
     with pytest.raises(AssertionError, match="16 GB"):  # a total equal to the budget fits
         check_optimizer_for_budget(
             lambda n, b: next(

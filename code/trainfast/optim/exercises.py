@@ -391,10 +391,12 @@ def check_optimizer_for_budget(choose: Callable[[float, float], str | None]) -> 
                 return name
         return None
 
+    # 1.05e9 parameters in 16 GB: momentum in GB of 10^9 bytes, AdamW in GiB of 2^30
     cases = [(1e9, 20.0), (1e9, 16.0), (1e9, 14.0), (1e9, 10.0), (1e9, 7.0), (3e8, 5.0)]
+    cases.append((1.05e9, 16.0))
     results: list[Case] = []
     for n_params, budget in cases:
         expected, answer = reference(n_params, budget), choose(n_params, budget)
         problem = None if answer == expected else f"got {answer!r}, expected {expected!r}"
-        results.append((f"{n_params:.0e} parameters in {budget:g} GB: {expected}", problem))
+        results.append((f"{n_params:.3g} parameters in {budget:g} GB: {expected}", problem))
     report(results)

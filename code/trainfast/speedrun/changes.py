@@ -171,8 +171,8 @@ LOG: tuple[Change, ...] = (
     ),
     Change(
         "smaller batch",
-        "half the sequences a step: below the critical batch size, the same tokens buy twice "
-        "the steps (the tried rows halve and double the batch again)",
+        "half the sequences a step: at or above the critical batch size, fewer tokens reach "
+        "the target (the tried rows halve and double the batch again)",
         {"batch_size": _half_the_batch},
     ),
     Change(

@@ -8,7 +8,7 @@ Experiences on Accelerating Data Parallel Training"):
 1. At construction it broadcasts rank 0's parameters and buffers, so every replica starts equal.
 2. It groups the parameters into *buckets* in reverse registration order (the order backward
    produces their gradients), ``bucket_cap_mb`` each (torch's name); ``None`` gives every
-   parameter its own.
+   parameter its own (in torch's DDP ``None`` means its default, 25 MiB).
 3. A hook on every parameter (``Tensor.register_post_accumulate_grad_hook``) fires when backward
    has finished that gradient. When a bucket's last gradient arrives, its gradients are copied
    into one flat buffer and an *asynchronous* all-reduce starts, while backward goes on

@@ -236,14 +236,19 @@ def test_zero2_pays_a_reduce_scatter_per_micro_batch_and_zero1_does_not():
     assert [e for e in choices if e.setup.zero_stage >= 2]
 
 
-@pytest.mark.parametrize(("stage", "m"), [(0, 3), (1, 3), (2, 1), (2, 3)])
+@pytest.mark.parametrize(("stage", "m"), [(0, 3), (1, 3), (2, 1), (2, 3), (3, 1), (3, 3)])
 def test_the_model_counts_the_bytes_our_zero_sends(stage, m):
     sent = spawn(zero_traffic_worker, 4, stage, m, timeout=120)
-    n = 8 * 16 + 16 + 16 * 4 + 4  # the worker's two Linear layers
+    weights, biases = 8 * 16 + 16 * 4, 16 + 4  # the worker's two Linear layers
+    n = weights + biases
     model = data_parallel_bytes(n, 4, stage, m, gradient_bytes=4, parameter_bytes=4)
     if stage == 1:  # as built: an all-reduce, then each owner broadcasts to the 3 others
         assert sum(sent) == 4 * model + 3 * 4 * n
         assert sum(sent) == pytest.approx(1.5 * 4 * model)
+    elif stage == 3:  # our FSDP shards the weights; the biases stay whole, all-reduced once
+        sharded = data_parallel_bytes(weights, 4, 3, m, gradient_bytes=4, parameter_bytes=4)
+        replicated = data_parallel_bytes(biases, 4, 0, m, gradient_bytes=4, parameter_bytes=4)
+        assert sent == [pytest.approx(sharded + replicated, rel=1e-12)] * 4
     else:
         assert sent == [model] * 4
 

@@ -216,7 +216,9 @@ def data_parallel_bytes(
 
     Stages 0 and 1: one all-reduce of the gradients accumulated over the ``m`` micro-batches
     (DDP's ``no_sync``; stage 1 as Megatron-LM's distributed optimizer does it, a reduce-scatter
-    then an all-gather of the updated weights, the same bytes). Stage 2: sharded gradients cannot
+    then an all-gather of the updated weights: the same bytes when ``parameter_bytes`` equals
+    ``gradient_bytes``, fewer when the weights are narrower, which this model does not credit).
+    Stage 2: sharded gradients cannot
     accumulate a full gradient, so every micro-batch's backward reduce-scatters (as our
     ``Zero2Optimizer`` does), then one all-gather of the weights.
     Stage 3: per micro-batch, a reduce-scatter and all-gathers of the weights for forward and for

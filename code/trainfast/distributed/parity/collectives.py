@@ -219,6 +219,44 @@ def _counting_sends(counter: list[int], floating_only: bool = False) -> Iterator
         dist.send, dist.isend = send, isend
 
 
+@contextmanager
+def _counting_ring_collectives(counter: list[float], world_size: int) -> Iterator[None]:
+    """Add what a ring would send for each ``torch.distributed`` all-gather, reduce-scatter and
+    all-reduce this process calls: ``(N-1)/N`` of the full tensor's bytes for the halves, twice
+    that for an all-reduce (gloo's own algorithms send differently; this counts the calls)."""
+    share = (world_size - 1) / world_size
+
+    def nbytes(tensor: torch.Tensor) -> int:
+        return tensor.numel() * tensor.element_size()
+
+    def counted(name: str, full_bytes: Any) -> Any:
+        original = getattr(dist, name)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            counter[0] += full_bytes(*args)
+            return original(*args, **kwargs)
+
+        return original, call
+
+    patches = {
+        "all_gather_single": lambda output, *_: share * nbytes(output),
+        "all_gather_into_tensor": lambda output, *_: share * nbytes(output),
+        "reduce_scatter_single": lambda output, flat, *_: share * nbytes(flat),
+        "reduce_scatter_tensor": lambda output, flat, *_: share * nbytes(flat),
+        "all_reduce": lambda tensor, *_: 2 * share * nbytes(tensor),
+    }
+    originals = {}
+    for name, full_bytes in patches.items():
+        if hasattr(dist, name):
+            originals[name], call = counted(name, full_bytes)
+            setattr(dist, name, call)
+    try:
+        yield
+    finally:
+        for name, original in originals.items():
+            setattr(dist, name, original)
+
+
 def traffic_worker(rank: int, world_size: int, numel: int) -> dict[str, int]:
     """Bytes this rank sends in one naive and one ring all-reduce of ``numel`` float32 values.
 
@@ -233,21 +271,37 @@ def traffic_worker(rank: int, world_size: int, numel: int) -> dict[str, int]:
     return sent
 
 
-def zero_traffic_worker(rank: int, world_size: int, zero_stage: int, micro_batches: int) -> int:
+def zero_traffic_worker(rank: int, world_size: int, zero_stage: int, micro_batches: int) -> float:
     """Bytes this rank sends in one data-parallel step of ``micro_batches`` micro-batches.
 
     Stage 0: gradients accumulate locally, then one ring all-reduce per parameter
     (:func:`~trainfast.distributed.data_parallel.average_gradients`). Stage 1: the same, then
     :class:`~trainfast.distributed.zero.ZeroOptimizer`'s broadcasts from each owner. Stage 2:
     :class:`~trainfast.distributed.zero.Zero2Optimizer`, whose hooks reduce-scatter every
-    micro-batch's gradients, then its all-gathers. Every parameter's size divides by
-    ``world_size`` (no padding), in float32; the shape checks are not counted.
+    micro-batch's gradients, then its all-gathers. Stage 3: our
+    :class:`~trainfast.distributed.fsdp.FSDP`, which calls ``torch.distributed``'s all-gathers
+    and reduce-scatters (and all-reduces the 1-D parameters' gradients once per step); those
+    calls are counted at a ring's bytes.
+    Every parameter's size divides by ``world_size`` (no padding), in float32; the shape checks
+    and the initial broadcast are not counted.
     """
     from trainfast.distributed.data_parallel import average_gradients
+    from trainfast.distributed.fsdp import FSDP
     from trainfast.distributed.zero import Zero2Optimizer, ZeroOptimizer
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+    if zero_stage == 3:
+        fsdp = FSDP(model)
+        optimizer = torch.optim.SGD(fsdp.parameters(), lr=0.1)
+        counted: list[float] = [0.0]
+        with _counting_ring_collectives(counted, world_size):
+            for micro in range(micro_batches):
+                generator = torch.Generator().manual_seed(rank * 100 + micro)
+                fsdp(torch.randn(2, 8, generator=generator)).square().mean().backward()
+            fsdp.finish_gradient_synchronization()
+            optimizer.step()
+        return counted[0]
     if zero_stage == 2:
         optimizer: torch.optim.Optimizer = Zero2Optimizer(
             model.parameters(), torch.optim.SGD, lr=0.1

@@ -18,6 +18,7 @@ from trainfast.accounting import (
     training_run_seconds,
 )
 from trainfast.calculator import estimate_dict, export, setup_from_dict, write_script
+from trainfast.distributed.communication_bound import data_parallel_min_tokens
 from trainfast.distributed.context_parallel import ring_attention_work
 from trainfast.distributed.cost_model import Link, all_gather_time, all_reduce_time
 from trainfast.distributed.launch import spawn
@@ -35,6 +36,7 @@ from trainfast.distributed.step_time import (
     all_to_all_time,
     context_block_scores,
     data_parallel_bytes,
+    data_parallel_link,
     estimate,
     layer_activation_bytes,
     layers_in_flight,
@@ -189,7 +191,9 @@ def test_step_time_is_compute_at_mfu_plus_an_all_reduce():
     gradient = all_reduce_time("ring", parameter_count(SMALL) * 2, 4, link)
     assert result.data_parallel_s == pytest.approx(gradient, rel=1e-12)
     assert result.bubble_s == result.tensor_parallel_s == result.pipeline_s == 0
-    network = Link(assumptions.network_latency_s, 1 / assumptions.network_bytes_per_s)
+    # 16 ranks, 8 in each node: they reduce inside the node first, then share its 8 ports
+    node_ports = assumptions.gpus_per_node * assumptions.network_bytes_per_s
+    network = Link(assumptions.network_latency_s, 1 / node_ports)
     across = estimate(replace(setup, data=16, global_batch=256))
     expected = all_reduce_time("ring", parameter_count(SMALL) * 2, 16, network)
     assert across.data_parallel_s == pytest.approx(expected, rel=1e-12)
@@ -202,7 +206,8 @@ def test_zero3_gathers_the_weights_and_reduce_scatters_for_every_micro_batch():
     base = TrainingSetup(SMALL, zero_stage=3, data=16, global_batch=64, assumptions=NO_OVERLAP)
     result = estimate(base)
     n = parameter_count(SMALL)
-    link = Link(NO_OVERLAP.network_latency_s, 1 / NO_OVERLAP.network_bytes_per_s)
+    node_ports = NO_OVERLAP.gpus_per_node * NO_OVERLAP.network_bytes_per_s
+    link = Link(NO_OVERLAP.network_latency_s, 1 / node_ports)
     expected = all_reduce_time("ring", 2 * n, 16, link) / 2 + 2 * all_gather_time(2 * n, 16, link)
     assert result.data_parallel_s == pytest.approx(expected, rel=1e-12)  # 1.5x an all-reduce
     twice = estimate(replace(base, global_batch=128))  # m = 2: all of it twice
@@ -211,14 +216,54 @@ def test_zero3_gathers_the_weights_and_reduce_scatters_for_every_micro_batch():
 
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 @pytest.mark.parametrize("m", [1, 3])
-def test_the_data_parallel_time_is_the_bytes_over_the_bandwidth(stage, m):
-    free = StepAssumptions(overlap=0.0, network_latency_s=0.0)
-    setup = TrainingSetup(SMALL, zero_stage=stage, data=16, global_batch=64 * m, assumptions=free)
-    n = parameter_count(SMALL)
-    sent = data_parallel_bytes(n, 16, stage, m, gradient_bytes=2, parameter_bytes=2)
-    assert estimate(setup).data_parallel_s == pytest.approx(
-        sent / free.network_bytes_per_s, rel=1e-12
+@pytest.mark.parametrize(("tensor", "hierarchical"), [(1, True), (2, True), (1, False)])
+def test_the_data_parallel_time_is_the_bytes_over_the_bandwidth(stage, m, tensor, hierarchical):
+    free = StepAssumptions(
+        overlap=0.0, network_latency_s=0.0, hierarchical_data_parallel=hierarchical
     )
+    setup = TrainingSetup(
+        SMALL,
+        zero_stage=stage,
+        data=16,
+        tensor=tensor,
+        global_batch=64 * m,
+        assumptions=free,
+    )
+    n = parameter_count(SMALL) / tensor
+    sent = data_parallel_bytes(n, 16, stage, m, gradient_bytes=2, parameter_bytes=2)
+    # a node holds 8 / t ranks of each data-parallel group; with the hierarchical reduction they
+    # send through 8 / t ports at once, else each rank has one port
+    ports = free.gpus_per_node // tensor if hierarchical else 1
+    assert estimate(setup).data_parallel_s == pytest.approx(
+        sent / (ports * free.network_bytes_per_s), rel=1e-12
+    )
+
+
+@pytest.mark.parametrize("efficiency", [0.3, 1.0])
+def test_the_threshold_rule_and_the_step_model_price_data_parallelism_alike(efficiency):
+    """At the rule's threshold the model's all-reduce takes as long as its backward, across
+    nodes too: both use data_parallel_link (the chapter's threshold cell does)."""
+    free = StepAssumptions(
+        matmul_efficiency=efficiency, overlap=0.0, network_latency_s=0.0, nvlink_latency_s=0.0
+    )
+    # tied head, short sequences: the model's FLOPs per token are close to the rule's 6 P
+    shape = TransformerShape.gpt_like(n_layers=8, d_model=1024, n_heads=8, seq_len=64)
+    gpu = GPUS["H100 SXM 80GB"]
+    for data in (8, 64):  # inside a node, and across 8 nodes
+        link = data_parallel_link(1, data, gpu.nvlink_bytes_per_s, free)
+        tokens = data_parallel_min_tokens(
+            gpu.peak_flops["bf16"], link, data, matmul_efficiency=efficiency
+        )
+        sequences = round(tokens / shape.seq_len)  # one micro-batch per GPU
+        setup = TrainingSetup(
+            replace(shape, batch_size=sequences),
+            data=data,
+            global_batch=sequences * data,
+            assumptions=free,
+        )
+        result = estimate(setup)
+        backward = result.compute_s * 2 / 3
+        assert result.data_parallel_s == pytest.approx(backward, rel=0.05), data
 
 
 def test_zero2_pays_a_reduce_scatter_per_micro_batch_and_zero1_does_not():

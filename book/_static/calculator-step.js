@@ -55,6 +55,14 @@
     return { alpha: a.network_latency_s, beta: 1.0 / a.network_bytes_per_s };
   }
 
+  /** step_time.data_parallel_link: across nodes, a node's ranks of the group share its ports. */
+  function dataParallelLink(inner, d, nvlink, a) {
+    const base = link(inner * d, nvlink, a);
+    if (inner * d <= a.gpus_per_node || !a.hierarchical_data_parallel) return base;
+    const ranksPerNode = a.gpus_per_node / Math.min(inner, a.gpus_per_node);
+    return { alpha: base.alpha, beta: base.beta / ranksPerNode };
+  }
+
   function isPositiveInteger(value) {
     return Number.isInteger(value) && value >= 1;
   }
@@ -215,7 +223,7 @@
     }
 
     let dataParallel = 0.0;
-    const dataLink = link(t * c * p * d, nvlink, a);
+    const dataLink = dataParallelLink(t * c * p, d, nvlink, a);
     for (const [n, r] of parts) {
       if (!n || r <= 1) continue;
       const gradBytes = n * per.gradients, weightBytes = n * per.parameters;

@@ -52,6 +52,7 @@
     ["nvlink_latency_s", "NVLink latency (s)"],
     ["network_latency_s", "network latency (s)"],
     ["network_bytes_per_s", "network bytes/s per GPU"],
+    ["hierarchical_data_parallel", "data parallel reduces inside a node first", "checkbox"],
     ["reserve", "memory reserve"],
   ];
 
@@ -154,7 +155,8 @@
       field("expert parallel e", numberInput("expert_parallel", 1)),
     ]));
     form.appendChild(el("fieldset", {}, [el("legend", { text: "Assumptions" })].concat(
-      ASSUMPTION_FIELDS.map(([name, label]) => field(label, numberInput(name, data.assumptions[name], "any"))))));
+      ASSUMPTION_FIELDS.map(([name, label, kind]) => field(label, kind === "checkbox"
+        ? checkbox(name, data.assumptions[name]) : numberInput(name, data.assumptions[name], "any"))))));
     const output = el("div", { class: "tfc-output", "aria-live": "polite" });
     root.replaceChildren(el("div", { class: "tfc" }, [form, output]));
 
@@ -173,7 +175,8 @@
         s[name] = kind === "select" ? value(name) : form.elements[name].checked;
       s.batch_size = int("batch_size");
       const assumptions = {};
-      for (const [name] of ASSUMPTION_FIELDS) assumptions[name] = int(name);
+      for (const [name, , kind] of ASSUMPTION_FIELDS)
+        assumptions[name] = kind === "checkbox" ? form.elements[name].checked : int(name);
       const x = { shape: s, recipe: value("recipe"), optimizer: value("optimizer"), gpu: value("gpu"),
         recompute: value("recompute"), dropout: form.elements.dropout.checked,
         sequence_parallel: form.elements.sequence_parallel.checked, assumptions: assumptions };

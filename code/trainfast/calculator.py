@@ -89,7 +89,10 @@ def grid() -> list[TrainingSetup]:
         for stage in (0, 3)
         for gpu in NVLINK_GPUS
     ]
-    no_overlap = StepAssumptions(overlap=0.0, matmul_efficiency=0.7)
+    # no overlap, and every rank on its own network port (hierarchical_data_parallel off)
+    no_overlap = StepAssumptions(
+        overlap=0.0, matmul_efficiency=0.7, hierarchical_data_parallel=False
+    )
     grouped = replace(WIDGET_SHAPES["llama3-8b"], batch_size=1)  # grouped-query attention
     for t, p, d, c, v, stage, recompute, experts in [
         (1, 1, 8, 1, 1, 1, "none", 1),

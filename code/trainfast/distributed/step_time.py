@@ -9,7 +9,9 @@ the browser widget (its data come from :mod:`trainfast.calculator`, and
 
 **Placement.** Ranks are ordered ``[tensor, context, pipeline, data]``, innermost first, as in
 Llama 3 (Dubey et al. 2024, Section 3.3.2): a group talks over NVLink when its span (the
-product of its size and the sizes inside it) fits in a node, else over the network.
+product of its size and the sizes inside it) fits in a node, else over the network, one port per
+GPU; a data-parallel group across nodes reduces inside each node first and shares the node's
+ports (:func:`data_parallel_link`, ``StepAssumptions.hierarchical_data_parallel``).
 
 **Memory per GPU.** Model state: the dense parameters over ``t p``, the experts over ``t p e``
 (``e`` = expert parallelism), times the recipe's bytes per parameter
@@ -79,12 +81,14 @@ from trainfast.distributed.training_setup import TrainingSetup as TrainingSetup
 from trainfast.recipes import RECIPES
 from trainfast.transformer import TransformerShape
 from trainfast.utilization import mfu_peak_flops, model_flops_utilization
+from trainfast.validation import check_int
 
 __all__ = [
     "StepEstimate",
     "all_to_all_time",
     "context_block_scores",
     "data_parallel_bytes",
+    "data_parallel_link",
     "estimate",
     "layer_activation_bytes",
     "layers_in_flight",
@@ -246,6 +250,29 @@ def _link(span: int, nvlink_bytes_per_s: float, a: StepAssumptions) -> Link:
     return Link(alpha=a.network_latency_s, beta=1.0 / a.network_bytes_per_s)
 
 
+def data_parallel_link(
+    inner: int, data: int, nvlink_bytes_per_s: float, assumptions: StepAssumptions
+) -> Link:
+    """The link a data-parallel group's ring sees: ``data`` ranks ``inner = t c p`` apart.
+
+    Inside a node, NVLink. Across nodes with ``hierarchical_data_parallel``, each node holds
+    ``g = gpus_per_node / min(inner, gpus_per_node)`` ranks of the group: they reduce over
+    NVLink first (not counted), then each sends ``1 / g`` of the bytes over its own port, so a
+    rank's ring runs ``g`` times faster than one port: the node's ports shared by the
+    ``min(inner, gpus_per_node)`` groups that cross them. The ring's ``(N-1)/N`` over all ``N``
+    ranks, not over the nodes, is kept (it differs by under ``1 / nodes``). Without it, one
+    port per rank (:func:`_link`).
+    """
+    a = assumptions
+    check_int("inner", inner, minimum=1)
+    check_int("data", data, minimum=1)
+    link = _link(inner * data, nvlink_bytes_per_s, a)
+    if inner * data <= a.gpus_per_node or not a.hierarchical_data_parallel:
+        return link
+    ranks_per_node = a.gpus_per_node / min(inner, a.gpus_per_node)
+    return Link(alpha=link.alpha, beta=link.beta / ranks_per_node)
+
+
 def estimate(setup: TrainingSetup) -> StepEstimate:
     """Memory per GPU and step time of ``setup`` (the model is in the module's docstring)."""
     a, shape, gpu = setup.assumptions, setup.shape, NVLINK_GPUS[setup.gpu]
@@ -341,7 +368,7 @@ def estimate(setup: TrainingSetup) -> StepEstimate:
 
     data_parallel = 0.0
     replicas = [(n, r) for n, r in parts if n and r > 1]
-    data_link = _link(t * c * p * d, nvlink, a)
+    data_link = data_parallel_link(t * c * p, d, nvlink, a)
     for n, r in replicas:  # the collectives of data_parallel_bytes, with their latencies
         grad_bytes, weight_bytes = n * per.gradients, n * per.parameters
         if setup.zero_stage <= 1:

@@ -43,8 +43,13 @@ class StepAssumptions:
     half the GPU's datasheet figure (which counts both directions) with
     ``cost_model.NVLINK4``'s latency; across nodes one 400 Gb/s
     InfiniBand NDR port per GPU (a DGX H100 has eight ConnectX-7 ports),
-    ``cost_model.INFINIBAND_NDR``. Latencies are assumptions of a few
-    microseconds per message, not measurements. ``reserve``: the share of memory left for the
+    ``cost_model.INFINIBAND_NDR``. ``hierarchical_data_parallel``: a data-parallel group that
+    spans nodes reduces inside each node over NVLink first, and the node's members of the group
+    each send their share over their own port, so the node's ports are shared by the groups that
+    cross them (the scaling book's GPU part, Austin et al. 2025); ``False``: every rank sends
+    everything over its own port, an upper estimate
+    (:func:`~trainfast.distributed.step_time.data_parallel_link`). Latencies are assumptions of
+    a few microseconds per message, not measurements. ``reserve``: the share of memory left for the
     CUDA context, the allocator and buffers.
     """
 
@@ -54,6 +59,7 @@ class StepAssumptions:
     nvlink_latency_s: float = NVLINK4.alpha
     network_latency_s: float = INFINIBAND_NDR.alpha
     network_bytes_per_s: float = INFINIBAND_NDR.bandwidth
+    hierarchical_data_parallel: bool = True
     reserve: float = 0.1
 
     def __post_init__(self) -> None:
@@ -64,6 +70,7 @@ class StepAssumptions:
         check_number("nvlink_latency_s", self.nvlink_latency_s, minimum=0.0)
         check_number("network_latency_s", self.network_latency_s, minimum=0.0)
         check_number("network_bytes_per_s", self.network_bytes_per_s, above=0.0)
+        check_flag("hierarchical_data_parallel", self.hierarchical_data_parallel)
 
 
 @dataclass(frozen=True)

@@ -330,8 +330,11 @@ def test_layout_exercise_passes_the_fastest_and_fails_wrong_choices(capsys):
     check_layout_choice(_fastest_layout)
     assert "All 2 cases passed." in capsys.readouterr().out
 
-    def pure_data(base, n):  # fits with ZeRO-3, but gathers every weight every micro-batch
+    def pure_data(base, n):  # the fastest with 90 % of the memory, too big with half of it
         return replace(base, data=n, zero_stage=3)
+
+    def deep_model_parallel(base, n):  # fits both times, but 8-way TP and a 4-stage bubble
+        return replace(base, data=1, tensor=8, pipeline=n // 8, zero_stage=0)
 
     def ignores_the_budget(base, n):  # the fastest with all the memory, too big for half
         return _fastest_layout(replace(base, assumptions=StepAssumptions()), n)
@@ -340,7 +343,8 @@ def test_layout_exercise_passes_the_fastest_and_fails_wrong_choices(capsys):
         return replace(base, data=1, tensor=16, pipeline=2)
 
     for wrong, why in [
-        (pure_data, "takes"),
+        (pure_data, "does not fit"),
+        (deep_model_parallel, "takes"),
         (ignores_the_budget, "does not fit"),
         (across_nodes, "across nodes|does not fit"),
     ]:

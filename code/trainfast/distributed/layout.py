@@ -132,17 +132,28 @@ def recommend_layout(
         "exposed data-parallel communication": best.data_parallel_s,
     }
     largest = max(parts, key=parts.get)
+    overhead = (
+        f"largest overhead: {largest}, {parts[largest]:.2f} s"
+        if parts[largest] > 0
+        else "no communication or bubble left exposed"
+    )
     usable = best.memory.total / 1e9, _usable_gb(best)
     reason = (
         f"{describe(best.setup)}: {usable[0]:.0f} GB per device of {usable[1]:.0f} GB usable; "
         f"{best.setup.micro_batches} micro-batches of {base.shape.batch_size} per replica; "
         f"estimated {best.step_s:.2f} s per step, {best.compute_s / best.step_s:.0%} of it "
-        f"compute (largest overhead: {largest}, {parts[largest]:.2f} s). {len(estimates)} "
-        "layouts fit; "
+        f"compute ({overhead}). {len(estimates)} layouts fit; "
     )
     if len(estimates) > 1:
         runner_up = estimates[1]
-        reason += f"the next fastest, {describe(runner_up.setup)}, takes {runner_up.step_s:.2f} s."
+        if round(runner_up.step_s, 6) == round(best.step_s, 6):
+            reason += (
+                f"{describe(runner_up.setup)} takes as long, and ties go to the simpler layout."
+            )
+        else:
+            reason += (
+                f"the next fastest, {describe(runner_up.setup)}, takes {runner_up.step_s:.2f} s."
+            )
     else:
         reason += "it is the only one."
     return LayoutRecommendation(best, reason, estimates)

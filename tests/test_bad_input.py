@@ -32,7 +32,7 @@ from torch.utils.data import TensorDataset
 from trainfast import accounting, measure, records, sweeps, timing, validation
 from trainfast.device import pick_device
 from trainfast.distributed.launch import spawn
-from trainfast.distributed.step_time import StepAssumptions, TrainingSetup
+from trainfast.distributed.step_time import StepAssumptions, TrainingSetup, data_parallel_link
 from trainfast.files import read_json, write_atomically, write_json_atomically
 from trainfast.kernels.attention import attention_reference, flash_attention
 from trainfast.optim import SGD, Adam, AdamW, Muon, RMSprop
@@ -159,6 +159,16 @@ NON_FINITE = [
         "StepAssumptions network_bytes_per_s=inf",
         lambda: StepAssumptions(network_bytes_per_s=INF),
         r"network_bytes_per_s: inf",
+    ),
+    Case(
+        "StepAssumptions hierarchical_data_parallel='no'",
+        lambda: StepAssumptions(hierarchical_data_parallel="no"),
+        r"hierarchical_data_parallel: 'no'",
+    ),
+    Case(
+        "data_parallel_link inner=0",
+        lambda: data_parallel_link(0, 8, 900e9, StepAssumptions()),
+        r"inner: 0",
     ),
     Case(
         "StepAssumptions nvlink_latency_s=inf",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
+import torch
 from trainfast.accounting import training_memory
 from trainfast.distributed.cost_model import INFINIBAND_NDR
 from trainfast.distributed.measurements.all_reduce import all_reduce_prediction
@@ -109,6 +110,8 @@ def test_the_forward_measurement_is_the_row_with_the_launchers_tiles():
     assert launcher_forward_row(record, H100, 4096, 128, causal=False)["tflops"] == 466.0
     with pytest.raises(ValueError, match="causal=True"):
         launcher_forward_row(record, H100, 4096, 128, causal=True)
+    with pytest.raises(ValueError, match="float16"):  # a bf16 row never stands in for fp16
+        launcher_forward_row(record, H100, 4096, 128, causal=False, dtype=torch.float16)
     with pytest.raises(ValueError, match="launcher's tiles"):
         launcher_forward_row(replace(record, rows=rows[:1]), H100, 4096, 128, causal=False)
     # the chapter's table reads the recorded H100 run's launcher row: it must have one

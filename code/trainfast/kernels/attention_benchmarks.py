@@ -59,9 +59,16 @@ def tile_config(tiles: Any) -> str:
 
 
 def launcher_forward_row(
-    record: Record, gpu: GPUSpec, seq: int, head_dim: int, *, causal: bool
+    record: Record,
+    gpu: GPUSpec,
+    seq: int,
+    head_dim: int,
+    *,
+    causal: bool,
+    dtype: torch.dtype = torch.bfloat16,
 ) -> dict[str, Any]:
-    """The Triton row of an ``attention-forward`` ``record`` that ran the tiles the launcher picks.
+    """The Triton ``dtype`` row of an ``attention-forward`` ``record`` that ran the tiles the
+    launcher picks.
 
     The benchmark sweeps several tile choices; a prediction made with the launcher's tiles
     (:func:`attention_forward_prediction` uses
@@ -76,15 +83,16 @@ def launcher_forward_row(
             row["seq"] == seq
             and row["head_dim"] == head_dim
             and row["causal"] == causal
+            and row["dtype"] == str(dtype).removeprefix("torch.")
             and row["implementation"].startswith("triton")
         ):
             continue
-        tiles = attention_forward_tiles(gpu, getattr(torch, row["dtype"]), head_dim)
+        tiles = attention_forward_tiles(gpu, dtype, head_dim)
         if row["config"] == tile_config(tiles):
             return row
     raise ValueError(
         f"The attention-forward record has no Triton row with the launcher's tiles on {gpu.name} "
-        f"at seq={seq}, head_dim={head_dim}, causal={causal}"
+        f"at seq={seq}, head_dim={head_dim}, causal={causal}, dtype={dtype}"
     )
 
 

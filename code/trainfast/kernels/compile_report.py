@@ -80,7 +80,7 @@ class KernelReport:
     tensor_cores: str  # "wgmma", "mma" or "none"
     blocks_per_sm: int
     limited_by: str
-    seconds: float  # compile time in this process (of the first compile; repeats are cached)
+    seconds: float  # compile time of the run that compiled it (kept in the disk cache with it)
 
     @property
     def fits(self) -> bool:

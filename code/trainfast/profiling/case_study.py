@@ -121,8 +121,10 @@ def loss_tolerance(fixes: Fixes) -> float:
       the learning rate exceeds 1e-4 within the horizon (a test checks that).
     - 5e-3 for bf16: bfloat16 keeps 8 significant bits, a rounding error of up to
       2**-8 = 0.39 % per value (half a unit in the last place). Autocast rounds the inputs of
-      the matmuls (their sums stay float32) and keeps softmax, normalisation and the loss in
-      float32, so the errors average out over each dot product and over the tokens of the loss:
+      the matmuls (their sums stay float32) and keeps the loss in float32, and on CUDA softmax
+      and normalisation too (on a CPU it leaves them in their inputs' dtype, so the attention
+      softmax of bf16 scores runs in bf16); the errors average out over each dot product and
+      over the tokens of the loss:
       the loss moves far less than one value's rounding. About one rounding is a bound that a
       correct bf16 step stays within and a step in the wrong precision, or on the wrong data,
       does not.

@@ -67,9 +67,9 @@ def cosine_with_warmup(
     * after, ``it > cosine_cycle_iters``: ``min_lr``.
 
     Note the convention differs from :func:`lr_multiplier`, whose warmup starts above zero so
-    that the first update already moves the weights, as nanoGPT's ``get_lr`` does (its warmup
-    is ``(it + 1) / (warmup_iters + 1) * max_lr``; its cosine and ``min_lr`` phases are these);
-    both are common.
+    that the first update already moves the weights, as nanoGPT's ``get_lr`` does since December
+    2024 (its warmup is now ``(it + 1) / (warmup_iters + 1) * max_lr``, before that
+    ``it / warmup_iters * max_lr``; its cosine and ``min_lr`` phases are these); both are common.
     """
     if not 0.0 <= min_lr <= max_lr:
         raise ValueError(f"Invalid min_lr, max_lr: {min_lr}, {max_lr} (expected 0 <= min <= max)")

@@ -129,8 +129,8 @@ def mlp_block(x: torch.Tensor, w_in: torch.Tensor, w_out: torch.Tensor) -> torch
 
     Two matmuls and three cheap operations around them (the norm, GELU, the residual add).
     There is little for torch.compile to fuse: Inductor (torch 2.14, on a CPU; see
-    ``torch._inductor.utils.run_and_get_code``) keeps the norm and GELU as kernels of their own
-    and folds only the residual add into the second matmul (an ``addmm``), four kernels to
+    torch._inductor.utils.run_and_get_code) keeps the norm and GELU as kernels of their own
+    and folds only the residual add into the second matmul (an addmm), four kernels to
     eager's five. Timed compiled against eager, the block weighs a compiled call's fixed cost
     against one saved kernel and its pass over memory.
     """

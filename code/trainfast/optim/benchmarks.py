@@ -3,10 +3,13 @@
 An optimizer step reads and writes every parameter and its state a few times; the arithmetic is
 trivial, so its time is memory traffic plus, for a loop over tensors, one dispatch (and on a GPU
 one kernel launch) per op per tensor. On a GPU the foreach path launches one kernel per op for a
-whole *list* (in chunks), which is why it wins there with many small tensors. On a CPU torch runs
-each ``torch._foreach_*`` op as a C++ loop that calls the ordinary op on each tensor, so it saves
-only the Python loop and can be slower than it. This module measures that, side by side on
-identical parameters and gradients, for SGD (momentum), RMSprop, Adam and AdamW.
+whole *list* (or a few for a long one), which is why it wins there with many small tensors. On a
+CPU torch runs each ``torch._foreach_*`` op as a C++ loop that calls the ordinary op on each
+tensor, so it saves only the Python loop; and since it runs each op over the whole list before the
+next, lists larger than the cache are read back from memory by every op, while the loop runs all
+ops on one tensor while it is in cache, so there foreach can be slower than the loop. This module
+measures that, side by side on identical parameters and gradients, for SGD (momentum), RMSprop,
+Adam and AdamW.
 
 ``python -m trainfast.measure --only optimizer-step-time`` runs :func:`step_time_record` and
 writes the result as a measurement record; ``python -m trainfast.optim.benchmarks`` prints a

@@ -171,8 +171,8 @@ LOG: tuple[Change, ...] = (
     ),
     Change(
         "smaller batch",
-        "half the sequences a step: at or above the critical batch size, fewer tokens reach "
-        "the target (the tried rows halve and double the batch again)",
+        "half the sequences a step: if the batch is at or above the critical batch size, the "
+        "target takes fewer tokens (the tried rows halve and double the batch again)",
         {"batch_size": _half_the_batch},
     ),
     Change(

@@ -408,7 +408,8 @@ def speedrun_record(device: torch.device, quick: bool, out: str | Path | None = 
     """The ``speedrun`` benchmark of ``python -m trainfast.measure``.
 
     On a CUDA device: the ``h100`` preset (the baseline and one entry with every change of the
-    log, the tried ones too, 2 seeds). Elsewhere: the
+    log, the tried ones too, except those the preset never applies: data parallel and the batch
+    sizes; 2 seeds). Elsewhere: the
     ``cpu`` preset's whole log (:func:`run_log`) and ablation, one thread (``python -m
     trainfast.speedrun --preset cpu --log --ablation --out DIR`` does the same and writes after
     every entry).

@@ -239,6 +239,32 @@ def test_the_data_parallel_time_is_the_bytes_over_the_bandwidth(stage, m, tensor
     )
 
 
+@pytest.mark.parametrize("stage", [0, 3])
+def test_expert_gradients_cross_the_nodes_on_fewer_ports_than_dense_ones(stage):
+    """The expert group is the innermost 8 of the 16 data ranks, so a node holds 8 dense
+    replicas (8 ports) but one replica of each expert shard (one port)."""
+    free = StepAssumptions(overlap=0.0, network_latency_s=0.0)
+    setup = TrainingSetup(
+        SMALL,
+        zero_stage=stage,
+        data=16,
+        experts=8,
+        expert_parallel=8,
+        global_batch=64,
+        assumptions=free,
+    )
+    h, f, L = SMALL.d_model, SMALL.d_ff, SMALL.n_layers
+    mlp = 2 * h * f + f + h  # one expert (the test above counts it alike)
+    dense, experts = parameter_count(SMALL) - L * mlp + L * h * 8, L * mlp  # 8 experts over 8
+    m = setup.micro_batches
+    sent_dense = data_parallel_bytes(dense, 16, stage, m, gradient_bytes=2, parameter_bytes=2)
+    sent_experts = data_parallel_bytes(experts, 2, stage, m, gradient_bytes=2, parameter_bytes=2)
+    port = free.network_bytes_per_s
+    assert estimate(setup).data_parallel_s == pytest.approx(
+        sent_dense / (8 * port) + sent_experts / port, rel=1e-12
+    )
+
+
 @pytest.mark.parametrize("efficiency", [0.3, 1.0])
 def test_the_threshold_rule_and_the_step_model_price_data_parallelism_alike(efficiency):
     """At the rule's threshold the model's all-reduce takes as long as its backward, across

@@ -223,9 +223,14 @@
     }
 
     let dataParallel = 0.0;
-    const dataLink = dataParallelLink(t * c * p, d, nvlink, a);
-    for (const [n, r] of parts) {
+    // each part has its own ring: the experts' replicas are d / e ranks t c p e apart
+    const expertLink = d % e === 0
+      ? dataParallelLink(t * c * p * e, d / e, nvlink, a)
+      : dataParallelLink(t * c * p * d, 1, nvlink, a);
+    const links = [dataParallelLink(t * c * p, d, nvlink, a), expertLink];
+    for (const [i, [n, r]] of parts.entries()) {
       if (!n || r <= 1) continue;
+      const dataLink = links[i];
       const gradBytes = n * per.gradients, weightBytes = n * per.parameters;
       if (x.zero_stage <= 1) {
         dataParallel += allReduceRing(gradBytes, r, dataLink);

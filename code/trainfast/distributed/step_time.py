@@ -11,7 +11,9 @@ the browser widget (its data come from :mod:`trainfast.calculator`, and
 Llama 3 (Dubey et al. 2024, Section 3.3.2): a group talks over NVLink when its span (the
 product of its size and the sizes inside it) fits in a node, else over the network, one port per
 GPU; a data-parallel group across nodes reduces inside each node first and shares the node's
-ports (:func:`data_parallel_link`, ``StepAssumptions.hierarchical_data_parallel``).
+ports (:func:`data_parallel_link`, ``StepAssumptions.hierarchical_data_parallel``); the experts'
+replicas are ``t c p e`` apart (the expert group is the innermost ``e`` of the data axis), so
+fewer of them share a node's ports.
 
 **Memory per GPU.** Model state: the dense parameters over ``t p``, the experts over ``t p e``
 (``e`` = expert parallelism), times the recipe's bytes per parameter
@@ -367,9 +369,18 @@ def estimate(setup: TrainingSetup) -> StepEstimate:
         pipeline = 2 * v * m * (hop.alpha + activation / t * hop.beta)
 
     data_parallel = 0.0
-    replicas = [(n, r) for n, r in parts if n and r > 1]
-    data_link = data_parallel_link(t * c * p, d, nvlink, a)
-    for n, r in replicas:  # the collectives of data_parallel_bytes, with their latencies
+    # each part has its own ring: the dense replicas are d ranks t c p apart; the expert group is
+    # the innermost e of the data axis (the all-to-all's span), so the ranks holding the same
+    # experts are d / e ranks t c p e apart, fewer to a node (when e does not divide d the group
+    # takes context ranks too: priced as one port per rank, an upper estimate)
+    expert_link = (
+        data_parallel_link(t * c * p * e, d // e, nvlink, a)
+        if d % e == 0
+        else data_parallel_link(t * c * p * d, 1, nvlink, a)
+    )
+    links = [data_parallel_link(t * c * p, d, nvlink, a), expert_link]
+    replicas = [(n, r, link) for (n, r), link in zip(parts, links, strict=True) if n and r > 1]
+    for n, r, data_link in replicas:  # the collectives of data_parallel_bytes, with latencies
         grad_bytes, weight_bytes = n * per.gradients, n * per.parameters
         if setup.zero_stage <= 1:
             data_parallel += all_reduce_time("ring", grad_bytes, r, data_link)

@@ -191,9 +191,12 @@ def test_step_time_is_compute_at_mfu_plus_an_all_reduce():
     gradient = all_reduce_time("ring", parameter_count(SMALL) * 2, 4, link)
     assert result.data_parallel_s == pytest.approx(gradient, rel=1e-12)
     assert result.bubble_s == result.tensor_parallel_s == result.pipeline_s == 0
-    # 16 ranks, 8 in each node: they reduce inside the node first, then share its 8 ports
+    # 16 ranks, 8 in each node: 8 rings, each leaving the node through one of its 8 ports; a
+    # rank sends 7/8 of its ring's bytes over NVLink, and on an A100 that binds, not the ports
     node_ports = assumptions.gpus_per_node * assumptions.network_bytes_per_s
-    network = Link(assumptions.network_latency_s, 1 / node_ports)
+    in_node = 7 / 8 * 2 / gpu.nvlink_bytes_per_s
+    assert in_node > 1 / node_ports
+    network = Link(assumptions.network_latency_s, in_node)
     across = estimate(replace(setup, data=16, global_batch=256))
     expected = all_reduce_time("ring", parameter_count(SMALL) * 2, 16, network)
     assert across.data_parallel_s == pytest.approx(expected, rel=1e-12)
@@ -237,6 +240,22 @@ def test_the_data_parallel_time_is_the_bytes_over_the_bandwidth(stage, m, tensor
     assert estimate(setup).data_parallel_s == pytest.approx(
         sent / (ports * free.network_bytes_per_s), rel=1e-12
     )
+
+
+@pytest.mark.parametrize(
+    ("port", "inner", "binds"),
+    [(50e9, 1, "port"), (100e9, 1, "nvlink"), (100e9, 2, "port"), (50e9, 1, "nvlink a100")],
+)
+def test_the_slower_of_the_port_and_nvlink_binds_a_hierarchical_ring(port, inner, binds):
+    """g rings leave a node through g ports: a rank sends 1 / g of the ring's bytes over its port
+    and (g - 1) / g over NVLink (one direction: half the datasheet figure)."""
+    nvlink = GPUS["A100 SXM 80GB" if "a100" in binds else "H100 SXM 80GB"].nvlink_bytes_per_s
+    g = 8 // inner
+    link = data_parallel_link(inner, 16, nvlink, StepAssumptions(network_bytes_per_s=port))
+    # compared as bandwidths (bytes/s): approx's absolute tolerance would swallow a beta
+    expected = g / (g - 1) * nvlink / 2 if "nvlink" in binds else g * port
+    assert 1 / link.beta == pytest.approx(expected, rel=1e-12)
+    assert 1 / link.beta == pytest.approx(min(g * port, g / (g - 1) * nvlink / 2), rel=1e-12)
 
 
 @pytest.mark.parametrize("stage", [0, 3])

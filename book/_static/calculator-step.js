@@ -55,12 +55,14 @@
     return { alpha: a.network_latency_s, beta: 1.0 / a.network_bytes_per_s };
   }
 
-  /** step_time.data_parallel_link: across nodes, a node's ranks of the group share its ports. */
+  /** step_time.data_parallel_link: across nodes, a node's ranks of the group share its ports and
+   * send the rest over NVLink; the slower binds. */
   function dataParallelLink(inner, d, nvlink, a) {
     const base = link(inner * d, nvlink, a);
     if (inner * d <= a.gpus_per_node || !a.hierarchical_data_parallel) return base;
-    const ranksPerNode = a.gpus_per_node / Math.min(inner, a.gpus_per_node);
-    return { alpha: base.alpha, beta: base.beta / ranksPerNode };
+    const g = a.gpus_per_node / Math.min(inner, a.gpus_per_node);
+    const nvlinkBeta = link(1, nvlink, a).beta;  // g rings, each leaving through one port
+    return { alpha: base.alpha, beta: Math.max(base.beta / g, ((g - 1) / g) * nvlinkBeta) };
   }
 
   function isPositiveInteger(value) {

@@ -258,12 +258,16 @@ def data_parallel_link(
     """The link a data-parallel group's ring sees: ``data`` ranks ``inner = t c p`` apart.
 
     Inside a node, NVLink. Across nodes with ``hierarchical_data_parallel``, each node holds
-    ``g = gpus_per_node / min(inner, gpus_per_node)`` ranks of the group: they reduce over
-    NVLink first (not counted), then each sends ``1 / g`` of the bytes over its own port, so a
-    rank's ring runs ``g`` times faster than one port: the node's ports shared by the
-    ``min(inner, gpus_per_node)`` groups that cross them. The ring's ``(N-1)/N`` over all ``N``
-    ranks, not over the nodes, is kept (it differs by under ``1 / nodes``). Without it, one
-    port per rank (:func:`_link`).
+    ``g = gpus_per_node / min(inner, gpus_per_node)`` ranks of the group, and the reduction is
+    ``g`` rings (channels), each leaving the node through a different rank's port: a rank sends
+    ``1 / g`` of the ring's bytes over its port and the other ``(g - 1) / g`` over NVLink, at
+    the same time, so the slower of the two binds: ``beta = max(beta_port / g, (g - 1) / g x
+    beta_NVLink)`` (the port with a 400 Gb/s port and an H100's NVLink; NVLink with ``g = 8``
+    on an A100, or with a faster port). The node's ports are shared by the ``min(inner,
+    gpus_per_node)`` groups that cross them. The ring's ``(N-1)/N`` over all ``N`` ranks, not
+    over the nodes, is kept (it differs by under ``1 / nodes``); ``inner`` that does not divide
+    ``gpus_per_node`` (a fractional ``g``) or a last node only partly filled is priced as if the
+    ranks spread evenly, an idealisation. Without it, one port per rank (:func:`_link`).
     """
     a = assumptions
     check_int("inner", inner, minimum=1)
@@ -271,8 +275,9 @@ def data_parallel_link(
     link = _link(inner * data, nvlink_bytes_per_s, a)
     if inner * data <= a.gpus_per_node or not a.hierarchical_data_parallel:
         return link
-    ranks_per_node = a.gpus_per_node / min(inner, a.gpus_per_node)
-    return Link(alpha=link.alpha, beta=link.beta / ranks_per_node)
+    g = a.gpus_per_node / min(inner, a.gpus_per_node)  # the group's ranks in a node
+    nvlink_beta = _link(1, nvlink_bytes_per_s, a).beta
+    return Link(alpha=link.alpha, beta=max(link.beta / g, (g - 1) / g * nvlink_beta))
 
 
 def estimate(setup: TrainingSetup) -> StepEstimate:

@@ -78,7 +78,8 @@ def grid() -> list[TrainingSetup]:
     """The cases the browser test compares: every recipe, optimizer, ZeRO stage, GPU and
     recomputation choice, and layouts with tensor, pipeline (plain and interleaved), context and
     expert parallelism, sequence parallelism, grouped-query attention, dropout, accumulation and
-    both ends of the overlap assumption."""
+    both ends of the overlap assumption, and data parallelism across nodes with and without the
+    hierarchical link (dense and expert replicas, port- and NVLink-bound)."""
     small, large = WIDGET_SHAPES["gpt2-small"], WIDGET_SHAPES["llama2-7b"]
     cases = [
         TrainingSetup(
@@ -127,6 +128,34 @@ def grid() -> list[TrainingSetup]:
                     assumptions=assumptions,
                 )
             )
+    # no overlap, the hierarchical reduction across nodes (t c p < 8: several ranks of a group to
+    # a node), the experts' replicas one to a node, and NVLink binding (a fast port, an A100)
+    shared, fast_port = (
+        StepAssumptions(overlap=0.0),
+        StepAssumptions(overlap=0.0, network_bytes_per_s=100e9),
+    )
+    for t, d, experts, stage, assumptions, gpu in [
+        (1, 16, 1, 1, shared, "H100 SXM 80GB"),
+        (2, 8, 1, 2, shared, "H100 SXM 80GB"),
+        (1, 16, 8, 1, shared, "H100 SXM 80GB"),
+        (2, 16, 8, 3, shared, "H100 SXM 80GB"),
+        (1, 16, 1, 1, fast_port, "H100 SXM 80GB"),
+        (1, 16, 1, 3, shared, "A100 SXM 80GB"),
+    ]:
+        cases.append(
+            TrainingSetup(
+                replace(large, batch_size=1),
+                zero_stage=stage,
+                data=d,
+                tensor=t,
+                experts=experts,
+                top_k=min(2, experts),
+                expert_parallel=experts,
+                global_batch=2 * d,
+                gpu=gpu,
+                assumptions=assumptions,
+            )
+        )
     for shape in _CHOICE_SHAPES:
         for recompute, t, p in (("none", 1, 1), ("selective", 2, 2), ("full", 4, 1)):
             cases.append(

@@ -19,6 +19,7 @@ from trainfast.distributed.context_parallel import ring_block_kind
 from trainfast.distributed.moe import capacity_mask
 
 __all__ = [
+    "LAYOUT_RESERVES",
     "NEXT_CHANGES",
     "breakdown_exercise_setups",
     "check_capacity_mask",
@@ -90,13 +91,18 @@ def layout_exercise_setup() -> tuple[Any, int]:
     return TrainingSetup(shape, global_batch=128, sequence_parallel=True), 32
 
 
+#: The memory the layout exercise holds back, once each.
+LAYOUT_RESERVES = (0.2, 0.5)
+
+
 def check_layout_choice(choose: Callable[[Any, int], Any], tolerance: float = 0.03) -> None:
     """Exercise: ``choose(base, n_devices)`` returns a ``TrainingSetup`` (``base`` with ``data``,
     ``tensor``, ``pipeline`` and ``zero_stage`` chosen) for the exercise's model and cluster, with
-    the whole memory and with half of it held back (``reserve``). A case passes when the layout
-    uses every device, fits, keeps tensor parallelism inside a node, and is within ``tolerance``
-    of the fastest layout the step model finds
-    (:func:`~trainfast.distributed.layout.recommend_layout`)."""
+    a fifth and with half of each GPU's memory held back (``reserve``, :data:`LAYOUT_RESERVES`;
+    a test checks that in both the fastest layout is not at the memory limit and no other layout
+    is within ``tolerance``). A case passes when the layout uses every device, fits, keeps
+    tensor parallelism inside a node, and is within ``tolerance`` of the fastest layout the step
+    model finds (:func:`~trainfast.distributed.layout.recommend_layout`)."""
     from dataclasses import replace
 
     from trainfast.distributed.layout import describe, recommend_layout
@@ -104,7 +110,7 @@ def check_layout_choice(choose: Callable[[Any, int], Any], tolerance: float = 0.
 
     base, n_devices = layout_exercise_setup()
     results: list[Case] = []
-    for reserve in (0.1, 0.5):
+    for reserve in LAYOUT_RESERVES:
         setup = replace(base, assumptions=StepAssumptions(reserve=reserve))
         best = recommend_layout(setup, n_devices).estimate
         case = f"{n_devices} H100s, {reserve:.0%} of the memory held back"

@@ -98,7 +98,7 @@ LAYOUT_RESERVES = (0.2, 0.5)
 def check_layout_choice(choose: Callable[[Any, int], Any], tolerance: float = 0.03) -> None:
     """Exercise: ``choose(base, n_devices)`` returns a ``TrainingSetup`` (``base`` with ``data``,
     ``tensor``, ``pipeline`` and ``zero_stage`` chosen) for the exercise's model and cluster, with
-    a fifth and with half of each GPU's memory held back (``reserve``, :data:`LAYOUT_RESERVES`;
+    a fifth and with half of each GPU's memory held back (``reserve``, ``LAYOUT_RESERVES``;
     a test checks that in both the fastest layout is not at the memory limit and no other layout
     is within ``tolerance``). A case passes when the layout uses every device, fits, keeps
     tensor parallelism inside a node, and is within ``tolerance`` of the fastest layout the step

@@ -262,8 +262,8 @@ def data_parallel_link(
     ``g`` rings (channels), each leaving the node through a different rank's port: a rank sends
     ``1 / g`` of the ring's bytes over its port and the other ``(g - 1) / g`` over NVLink, at
     the same time, so the slower of the two binds: ``beta = max(beta_port / g, (g - 1) / g x
-    beta_NVLink)`` (the port with a 400 Gb/s port and an H100's NVLink; NVLink with ``g = 8``
-    on an A100, or with a faster port). The node's ports are shared by the ``min(inner,
+    beta_NVLink)`` (the port binds with 400 Gb/s ports and an H100's NVLink; NVLink binds with
+    ``g = 8`` on an A100, or with a faster port). The node's ports are shared by the ``min(inner,
     gpus_per_node)`` groups that cross them. The ring's ``(N-1)/N`` over all ``N`` ranks, not
     over the nodes, is kept (it differs by under ``1 / nodes``); ``inner`` that does not divide
     ``gpus_per_node`` (a fractional ``g``) or a last node only partly filled is priced as if the

@@ -643,3 +643,49 @@ def test_the_benchmark_keeps_the_entries_it_finished_when_stopped(
     (record,) = load_records(tmp_path, RECORD_NAME)
     assert [r["entry"] for r in record.rows] == ["baseline"]
     assert not record.rows[0]["complete"]
+
+
+def test_load_drift_undoes_the_verdicts_within_a_configurations_two_times():
+    """Two entries of one configuration (names aside) set the drift; a later row with a verdict
+    nearer the final entry than that is not decided, one just beyond it is at the edge."""
+    from dataclasses import dataclass, replace
+
+    from trainfast.speedrun.drift import load_drift
+    from trainfast.speedrun.study import Summary
+
+    @dataclass(frozen=True)
+    class Config:
+        name: str
+        batch: int
+
+    def row(part: str, entry: str, seconds: float, verdict: str) -> Summary:
+        return Summary(part, entry, "final", 3, 3, seconds, 0.1, 1e4, 1.0, 0.1, verdict)
+
+    summaries = {
+        "final": row("log", "final", 2.00, "beats the noise"),
+        "smaller batch": row("log", "smaller batch", 2.50, "beats the noise"),
+        "without data parallel": row("ablation", "without data parallel", 2.75, "did not pay"),
+        "near": row("tried", "near", 2.15, "did not pay"),  # 1.075 < drift 1.10
+        "edge": row("tried", "edge", 2.205, "did not pay"),  # 1.1025: within 0.01 beyond
+        "far": row("ablation", "far", 3.00, "did not pay"),
+        "quiet": row("tried", "quiet", 2.01, "within noise"),
+    }
+    configs = {name: Config(name, i) for i, name in enumerate(summaries)}
+    configs["without data parallel"] = replace(
+        configs["smaller batch"], name="without data parallel"
+    )
+    drift = load_drift(summaries, configs, "final")
+    assert drift.twins == [("smaller batch", "without data parallel")]
+    assert drift.drift == pytest.approx(1.1)
+    assert drift.undecided == {"near"}
+    assert drift.at_edge == ["edge"] and drift.closest == "edge"
+    assert drift.verdict(summaries["near"]) == "not decided"
+    assert drift.verdict(summaries["far"]) == "did not pay"
+    # without the final entry, or without twins, nothing is undone
+    assert load_drift(summaries, configs, None).undecided == frozenset()
+    configs["without data parallel"] = Config("without data parallel", 99)
+    assert load_drift(summaries, configs, "final").undecided == frozenset()
+    with pytest.raises(ValueError, match="Unknown entries: \\['final'\\]"):
+        load_drift(summaries, {k: v for k, v in configs.items() if k != "final"}, "final")
+    with pytest.raises(ValueError, match="edge"):
+        load_drift(summaries, configs, "final", edge=-1.0)

@@ -42,7 +42,6 @@ from build_support.api_reference import (
 from build_support.execution_cache import (
     STAMP_NAME,
     _on_builder_inited,
-    execute_chapters,
     invalidate_if_changed,
     source_hash,
 )
@@ -71,7 +70,6 @@ __all__ = [
     "clean_notebook",
     "defined_at",
     "drop_repeated_inline_scripts",
-    "execute_chapters",
     "exercise_notebook",
     "invalidate_if_changed",
     "listing_module",

@@ -28,7 +28,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from multiprocessing import get_context
@@ -47,7 +47,6 @@ __all__ = [
     "ChapterExecutions",
     "ExecutedChapter",
     "cache_dir",
-    "execute_chapters",
     "execute_one",
     "invalidate_if_changed",
     "source_hash",
@@ -252,8 +251,7 @@ class ChapterExecutions:
             _store(self.cache, outcome)
             return outcome
         self.collect_all()
-        errors = [o.error for o in self.outcomes.values() if o.error]
-        raise ChapterExecutionError("\n".join(errors))
+        raise ChapterExecutionError(self.failures())
 
     def collect_all(self) -> list[ExecutedChapter]:
         """Wait for every chapter still running (caching each success); all outcomes, in order."""
@@ -265,27 +263,13 @@ class ChapterExecutions:
         self._pool.shutdown()
         return list(self.outcomes.values())
 
+    def failures(self) -> str:
+        """Every failed chapter's error, one a line ("" when none failed)."""
+        return "\n".join(o.error for o in self.outcomes.values() if o.error)
+
     def cancel(self) -> None:
         """Start nothing more (the build stopped); chapters already running finish."""
         self._pool.shutdown(wait=False, cancel_futures=True)
-
-
-def execute_chapters(
-    paths: Sequence[Path],
-    cache: Path,
-    jobs: int,
-    timeout: int | None = None,
-    allow_errors: bool = False,
-) -> list[ExecutedChapter]:
-    """Execute ``paths`` ``jobs`` at a time and store each success in jupyter-cache ``cache``.
-
-    Returns every chapter's outcome, in the order of ``paths``; raises nothing for a failed
-    chapter.
-    """
-    if not paths:
-        return []
-    pages = {str(path): path for path in paths}
-    return ChapterExecutions(pages, cache, jobs, timeout, allow_errors).collect_all()
 
 
 def outdated_notebooks(paths: Iterable[Path], cache: Path) -> list[Path]:
@@ -346,9 +330,8 @@ def _on_env_before_read_docs(app: Sphinx, env: BuildEnvironment, docnames: list[
     )
     if app.parallel > 1:  # Sphinx reads in forked processes, which cannot wait for these
         executions.collect_all()
-        errors = [o.error for o in executions.outcomes.values() if o.error]
-        if errors:
-            raise ChapterExecutionError("\n".join(errors))
+        if executions.failures():
+            raise ChapterExecutionError(executions.failures())
         return
     app.build_support_executions = executions  # type: ignore[attr-defined]
     # read everything else while the chapters run, then the chapters in the order they started

@@ -689,3 +689,22 @@ def test_load_drift_undoes_the_verdicts_within_a_configurations_two_times():
         load_drift(summaries, {k: v for k, v in configs.items() if k != "final"}, "final")
     with pytest.raises(ValueError, match="edge"):
         load_drift(summaries, configs, "final", edge=-1.0)
+
+
+def test_doubling_band_names_a_band_only_when_the_whole_interval_lies_in_it():
+    """The record's reading: 17,920 tokens at 8 sequences, 25,600 at 16, evaluations every
+    5 steps of 64-token sequences: the ratio lies in (1.14, 1.67], which decides nothing."""
+    from trainfast.speedrun.batch import doubling_band
+
+    record = doubling_band(17_920, 25_600, 8, 16, 5 * 64)
+    assert (round(record.low, 2), round(record.high, 2), record.band) == (1.14, 1.67, "undecided")
+    # counted often enough (one token apart), the same counts decide "near" (ratio 1.43)
+    assert doubling_band(17_920, 25_600, 8, 16, 1).band == "near"
+    assert doubling_band(10_000, 20_000, 8, 16, 1).band == "at or above"
+    assert doubling_band(10_000, 10_500, 8, 16, 1).band == "below"
+    # the smaller batch's count within one evaluation of zero: no upper bound
+    assert doubling_band(100, 150, 8, 16, 20).high == float("inf")
+    with pytest.raises(ValueError, match="tokens"):
+        doubling_band(0, 150, 8, 16, 20)
+    with pytest.raises(ValueError, match="batch"):
+        doubling_band(100, 150, 0, 16, 20)

@@ -37,12 +37,83 @@ def config() -> dict:
     return yaml.safe_load((ROOT / "_config.yml").read_text())
 
 
+def _toc() -> dict:
+    return yaml.safe_load((ROOT / "_toc.yml").read_text()) or {}
+
+
+def _toc_entries() -> list[dict]:
+    """The chapter entries of ``_toc.yml`` (``chapters:``, or every part's), in reading order."""
+    toc = _toc()
+    return list(toc.get("chapters", [])) + [
+        entry for part in toc.get("parts", []) for entry in part["chapters"]
+    ]
+
+
+def _page_name(file: str) -> str:
+    return file.removeprefix("book/").removesuffix(".md")
+
+
+def _is_chapter(file: str) -> bool:
+    """A chapter of the book: ``book/<name>`` or ``book/<name>/index`` (not an appendix, not the
+    API reference)."""
+    parts = file.removeprefix("book/").split("/")
+    return file.startswith("book/") and (
+        len(parts) == 1 or (len(parts) == 2 and parts[1] == "index" and parts[0] != "api")
+    )
+
+
 def toc_chapters() -> list[str]:
-    """Every chapter in ``_toc.yml`` as a name under ``book/`` (``optimizers``), intro excluded."""
-    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
-    files = [entry["file"] for entry in toc.get("chapters", [])]
-    files += [entry["file"] for part in toc.get("parts", []) for entry in part["chapters"]]
-    return [f.removeprefix("book/") for f in files if f.startswith("book/") and "/" not in f[5:]]
+    """Every chapter in ``_toc.yml`` by name (``optimizers``), intro and appendices excluded.
+
+    A chapter is a page ``book/<name>.md`` or a folder ``book/<name>/`` whose ``index.md`` is
+    listed with its section pages beneath it (``sections:``).
+    """
+    return [
+        _page_name(entry["file"]).split("/")[0]
+        for entry in _toc_entries()
+        if _is_chapter(entry["file"])
+    ]
+
+
+def _sections(entry: dict) -> list[str]:
+    found = []
+    for section in entry.get("sections", []) or []:
+        if "file" in section:
+            found.append(_page_name(section["file"]))
+            found += _sections(section)
+    return found
+
+
+def chapter_pages(name: str) -> list[str]:
+    """The pages of chapter ``name`` in reading order, as names under ``book/`` without ``.md``:
+    ``["optimizers/index", "optimizers/gradient_descent", ...]`` for a folder, ``["speedrun"]``
+    for a chapter that is still one page."""
+    for entry in _toc_entries():
+        if _is_chapter(entry["file"]) and _page_name(entry["file"]).split("/")[0] == name:
+            return [_page_name(entry["file"]), *_sections(entry)]
+    raise KeyError(f"no chapter {name!r} in _toc.yml (chapters: {toc_chapters()})")
+
+
+def toc_pages() -> list[str]:
+    """Every page of every chapter (:func:`chapter_pages`), in reading order."""
+    return [page for name in toc_chapters() for page in chapter_pages(name)]
+
+
+def is_notebook(page: str) -> bool:
+    """Page ``page`` (a name under ``book/``) is an executable notebook (its front matter names
+    a kernel), not a page of prose alone."""
+    text = (ROOT / "book" / f"{page}.md").read_text()
+    return text.startswith("---") and "kernelspec:" in text.split("\n---", 1)[0]
+
+
+def notebook_pages() -> list[str]:
+    """The pages of :func:`toc_pages` that execute (:func:`is_notebook`)."""
+    return [page for page in toc_pages() if is_notebook(page)]
+
+
+def chapter_of(page: str) -> str:
+    """The chapter a page belongs to: ``optimizers`` for ``optimizers/momentum``."""
+    return page.split("/")[0]
 
 
 def _files(root: Path) -> list[Path]:

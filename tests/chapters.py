@@ -1,4 +1,9 @@
-"""Checks every chapter-level test module runs on its chapter.
+"""Checks every chapter-level test module runs on its chapter, and on each of its pages.
+
+A chapter is one page (``book/<name>.md``) or a folder of section pages (``book/<name>/index.md``
+and ``book/<name>/<section>.md``, listed in ``_toc.yml`` under the chapter's ``sections:``). The
+checks below take a chapter's name, which covers every page of it, or one page's name
+(``optimizers/momentum``); execution is per page.
 
 Three rules from the book's conventions (README, "Writing a chapter"):
 
@@ -8,9 +13,10 @@ Three rules from the book's conventions (README, "Writing a chapter"):
    else, e.g. torch's source, with a caption saying where from). A code cell may not define a
    function or class under a name the package already exports (that would be a hand copy).
 2. (In each chapter's own test module) every hand-written implementation matches torch.
-3. The chapter executes top to bottom as a notebook on CPU; :func:`execute_chapter` times it.
+3. Each page executes top to bottom as a notebook on CPU; :func:`execute_chapter` times it, in
+   wall-clock and in CPU seconds.
 
-Each chapter is executed once per ``.ci/run``: ``make book`` executes every chapter into
+Each page is executed once per ``.ci/run``: ``make book`` executes every chapter into
 jupyter-cache, and :func:`execute_chapter` takes that executed notebook instead of running the
 chapter again, but only when it is provably current: the cache's stamp of the watched sources
 (``code/trainfast``, ``book/records``; see ``book/_ext/build_support/execution_cache.py``) equals
@@ -30,7 +36,6 @@ import os
 import pkgutil
 import re
 import sys
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +44,6 @@ import nbformat
 import trainfast
 import yaml
 from myst_nb.core.read import read_myst_markdown_notebook
-from nbclient import NotebookClient
 
 ROOT = Path(__file__).resolve().parents[1]
 BOOK = ROOT / "book"
@@ -48,8 +52,8 @@ EXECUTION_CACHE = ROOT / "_build" / ".jupyter_cache"
 
 #: (chapter, seconds) for every chapter executed in this session; printed by conftest.py.
 EXECUTION_TIMES: list[tuple[str, float]] = []
-#: chapter -> (executed notebook, seconds), so a chapter runs once per session.
-EXECUTED: dict[str, tuple[nbformat.NotebookNode, float]] = {}
+#: page -> its :class:`Execution`, so a page runs once per session.
+EXECUTED: dict[str, Execution] = {}
 
 _FENCE = re.compile(r"^(?P<fence>`{3,}|:{3,})\s*(?P<info>[^\n]*)$")
 _PYTHON = {"python", "py", "python3", "ipython", "ipython3", "pycon"}
@@ -75,10 +79,22 @@ class Block:
 
 
 def chapter_path(name: str) -> Path:
-    path = BOOK / f"{name}.md"
-    if not path.exists():
-        raise FileNotFoundError(f"No chapter {name!r}: {path} does not exist")
-    return path
+    """The MyST source of page ``name``: ``book/<name>.md`` (``optimizers/momentum``,
+    ``speedrun``), or a folder chapter's landing page ``book/<name>/index.md``."""
+    for path in (BOOK / f"{name}.md", BOOK / name / "index.md"):
+        if path.exists():
+            return path
+    raise FileNotFoundError(f"No page {name!r}: neither book/{name}.md nor book/{name}/index.md")
+
+
+def pages_of(name: str) -> list[str]:
+    """The pages ``name`` stands for: a chapter's pages in reading order, or the page itself."""
+    import book_site
+
+    if name in book_site.toc_chapters():
+        return book_site.chapter_pages(name)
+    chapter_path(name)  # a page that does not exist raises, naming it
+    return [name]
 
 
 def _is_closing(line: str, fence: str) -> bool:
@@ -148,18 +164,30 @@ def docstring_free_lines(obj: object) -> str:
 
 
 def listing_lines(chapter: str, name: str) -> str:
-    """The ``:lines:`` spec of chapter ``chapter``'s listing of ``:pyobject: name``."""
-    page = (BOOK / f"{chapter}.md").read_text()
-    return re.search(rf":pyobject: {name}\n:lines: ([\d,-]+)\n", page).group(1)
+    """The ``:lines:`` spec of the listing of ``:pyobject: name`` in chapter (or page)
+    ``chapter``."""
+    pattern = re.compile(rf":pyobject: {name}\n:lines: ([\d,-]+)\n")
+    for page in pages_of(chapter):
+        match = pattern.search(chapter_path(page).read_text())
+        if match:
+            return match.group(1)
+    raise LookupError(f"{chapter}: no listing of {name} with :lines:")
 
 
 def listing_problems(name: str) -> list[str]:
-    """Every breach of rule 1 in chapter ``name``, as readable messages (empty if none)."""
+    """Every breach of rule 1 in chapter (or page) ``name``, as readable messages (empty if
+    none); a chapter that is a folder is checked page by page."""
+    exported = _package_names()
+    return [
+        problem for page in pages_of(name) for problem in _page_listing_problems(page, exported)
+    ]
+
+
+def _page_listing_problems(name: str, exported: set[str]) -> list[str]:
     path = chapter_path(name)
     problems: list[str] = []
-    exported = _package_names()
     for block in blocks(path.read_text()):
-        where = f"{path.name}:{block.line}"
+        where = f"{path.relative_to(BOOK)}:{block.line}"
         if block.directive == "literalinclude":
             target = (path.parent / block.argument).resolve()
             if PACKAGE not in target.parents:
@@ -206,18 +234,15 @@ def listing_problems(name: str) -> list[str]:
 
 
 def read_chapter(name: str) -> nbformat.NotebookNode:
-    """Chapter ``name`` as a notebook, read as the book build reads it."""
+    """Page ``name`` (a chapter that is one page, or a section page) as a notebook, read as the
+    book build reads it."""
     path = chapter_path(name)
     return nbformat.from_dict(read_myst_markdown_notebook(path.read_text(), path=path))
 
 
 def _watched_sources_are_current(cache: Path) -> bool:
     """True if the cache's stamp equals the hash of the watched sources as they are now."""
-    sys.path.insert(0, str(BOOK / "_ext"))
-    try:
-        import build_support
-    finally:
-        sys.path.remove(str(BOOK / "_ext"))
+    build_support = _build_support()
     stamp = cache / build_support.STAMP_NAME
     if not stamp.exists():
         return False
@@ -226,14 +251,32 @@ def _watched_sources_are_current(cache: Path) -> bool:
     return stamp.read_text().strip() == build_support.source_hash(watched)
 
 
-def executed_by_the_build(
-    name: str, cache: Path | None = None
-) -> tuple[nbformat.NotebookNode, float] | None:
-    """The notebook ``make book`` executed for chapter ``name``, if it is provably current.
+@dataclass(frozen=True)
+class Execution:
+    """A page executed as a notebook: the notebook with its outputs, the wall-clock seconds it
+    took, and its kernel's CPU seconds (None where the build's cache did not record them)."""
 
-    Returns ``(executed notebook, seconds the build took)``, or None when there is no cache,
-    the package or records changed since it was filled, or no cached notebook matches the
-    chapter's cells as they are now. ``cache`` defaults to the book build's.
+    notebook: nbformat.NotebookNode
+    seconds: float
+    cpu_seconds: float | None
+
+
+def _build_support():  # noqa: ANN202 - the build's extension, imported as the build does
+    """The build's extension; ``book/_ext`` stays on the path, so that a process started to
+    execute a page (:func:`_execute`) can import it too."""
+    if str(ROOT / "book" / "_ext") not in sys.path:
+        sys.path.insert(0, str(ROOT / "book" / "_ext"))
+    import build_support
+
+    return build_support
+
+
+def executed_by_the_build(name: str, cache: Path | None = None) -> Execution | None:
+    """The notebook ``make book`` executed for page ``name``, if it is provably current.
+
+    Returns the :class:`Execution` (the seconds and CPU seconds the build measured), or None
+    when there is no cache, the package or records changed since it was filled, or no cached
+    notebook matches the page's cells as they are now. ``cache`` defaults to the book build's.
     """
     cache = cache if cache is not None else EXECUTION_CACHE
     if not (cache / "global.db").exists() or not _watched_sources_are_current(cache):
@@ -246,7 +289,12 @@ def executed_by_the_build(
         bundle = jcache.get_cache_bundle(record.pk)
     except KeyError:
         return None
-    return bundle.nb, float(record.data.get("execution_seconds") or 0.0)
+    cpu = record.data.get("cpu_seconds")
+    return Execution(
+        bundle.nb,
+        float(record.data.get("execution_seconds") or 0.0),
+        None if cpu is None else float(cpu),
+    )
 
 
 def cell_errors(notebook: nbformat.NotebookNode) -> list[str]:
@@ -260,49 +308,49 @@ def cell_errors(notebook: nbformat.NotebookNode) -> list[str]:
     ]
 
 
-def execute_chapter(name: str, timeout: int = 1800) -> float:
-    """Execute chapter ``name`` as a notebook in ``book/`` (or take the build's); return seconds.
+def execute_chapter(name: str, timeout: int = 1800) -> Execution:
+    """Execute page ``name`` as a notebook in its folder (or take the build's execution).
 
     See the module docstring for when the book build's execution is taken instead.
     """
-    return _execute(name, timeout)[1]
+    return _execute(name, timeout)
 
 
 def executed_notebook(name: str, timeout: int = 1800) -> nbformat.NotebookNode:
-    """Chapter ``name`` executed as :func:`execute_chapter` executes it (once per session)."""
-    return _execute(name, timeout)[0]
+    """Page ``name`` executed as :func:`execute_chapter` executes it (once per session)."""
+    return _execute(name, timeout).notebook
 
 
-def _execute(name: str, timeout: int) -> tuple[nbformat.NotebookNode, float]:
+def _execute(name: str, timeout: int) -> Execution:
     if name in EXECUTED:
         return EXECUTED[name]
     cached = executed_by_the_build(name)
     if cached is not None:
-        notebook, seconds = cached
-        errors = cell_errors(notebook)
+        errors = cell_errors(cached.notebook)
         if errors:
-            raise AssertionError(f"chapter {name!r} raised in the book build: {errors[0]}")
-        EXECUTION_TIMES.append((f"{name} (executed by make book)", seconds))
-        EXECUTED[name] = (notebook, seconds)
-        return EXECUTED[name]
+            raise AssertionError(f"page {name!r} raised in the book build: {errors[0]}")
+        EXECUTION_TIMES.append((f"{name} (executed by make book)", cached.seconds))
+        EXECUTED[name] = cached
+        return cached
     if os.environ.get("TRAINFAST_BUILT_FIRST") == "1":
         raise AssertionError(
-            f"chapter {name!r}: TRAINFAST_BUILT_FIRST=1 says make book ran just before, but its "
-            "execution cache holds no current notebook for the chapter (the chapter, the package "
+            f"page {name!r}: TRAINFAST_BUILT_FIRST=1 says make book ran just before, but its "
+            "execution cache holds no current notebook for the page (the page, the package "
             "or book/records changed since, or the build did not execute it)"
         )
-    notebook = read_chapter(name)
-    client = NotebookClient(
-        notebook,
-        timeout=timeout,
-        kernel_name="python3",
-        resources={"metadata": {"path": str(BOOK)}},
-    )
-    start = time.perf_counter()
-    client.execute()
-    seconds = time.perf_counter() - start
-    EXECUTION_TIMES.append((name, seconds))
-    EXECUTED[name] = (notebook, seconds)
+    # as the build does (build_support.execution_cache.execute_one): in a process of its own,
+    # whose every child is the page's, so that its CPU time is the page's
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
+    execute_one = _build_support().execution_cache.execute_one
+    with ProcessPoolExecutor(1, mp_context=get_context("spawn")) as pool:
+        outcome = pool.submit(execute_one, str(chapter_path(name)), timeout, False).result()
+    if outcome.error is not None:
+        raise AssertionError(f"page {name!r} raised: {outcome.error}")
+    notebook = nbformat.reads(outcome.notebook, as_version=4)
+    EXECUTION_TIMES.append((name, outcome.seconds))
+    EXECUTED[name] = Execution(notebook, outcome.seconds, outcome.cpu_seconds)
     return EXECUTED[name]
 
 
@@ -317,13 +365,22 @@ def typed_numbers(name: str, allow: Iterable[str] = ()) -> list[str]:
 
     Prose is what remains after removing front matter, fenced blocks (code cells, listings,
     bibliographies; the text of admonitions stays), display and inline math, inline code, roles
-    (glue, citations, references), citation links (``[Author, 2020](url)``), link targets, labels
-    and exercise numbers (``**3. Title.**``). A number written into a name (``float32``, ``GPT-2``,
-    ``2-D``, ``124M``) is not counted. Every other number must be glued from a cell, or be a
-    constant listed in ``allow`` (compared as written, e.g. ``"32"`` or ``"0.9"``). Opt-in per
-    chapter: a chapter's test calls this and asserts the result is empty.
+    (glue, citations, references), citation links (``[Author, 2020](url)``), link targets, labels,
+    exercise numbers (``**3. Title.**``) and the markers of numbered lists (``3. ``). A number
+    written into a name (``float32``, ``GPT-2``, ``2-D``, ``124M``) is not counted. Every other
+    number must be glued from a cell, or be a
+    constant listed in ``allow`` (compared as written, e.g. ``"32"`` or ``"0.9"``). A chapter
+    that is a folder is read page by page, each entry prefixed with its page
+    (``"optimizers/momentum: line N: ..."``). ``tests/test_chapters.py`` runs it on every page.
     """
-    return numbers_in_prose(chapter_path(name).read_text(), allow)
+    pages = pages_of(name)
+    if len(pages) == 1:
+        return numbers_in_prose(chapter_path(pages[0]).read_text(), allow)
+    return [
+        f"{page}: {entry}"
+        for page in pages
+        for entry in numbers_in_prose(chapter_path(page).read_text(), allow)
+    ]
 
 
 def numbers_in_prose(page: str, allow: Iterable[str] = ()) -> list[str]:
@@ -355,6 +412,7 @@ def numbers_in_prose(page: str, allow: Iterable[str] = ()) -> list[str]:
         if in_math or re.match(r"^\(.+\)=$", stripped) or stripped.startswith("<!--"):
             continue
         text = re.sub(r"^\*\*\d+\.", "**", stripped)  # exercise numbers
+        text = re.sub(r"^\d+\.\s", "", text)  # the marker of an item of a numbered list
         text = _ROLE.sub(" ", text)
         text = re.sub(r"`[^`]*`", " ", text)  # inline code
         text = re.sub(r"\$[^$]*\$", " ", text)  # inline math
@@ -364,3 +422,25 @@ def numbers_in_prose(page: str, allow: Iterable[str] = ()) -> list[str]:
             if token not in allowed:
                 found.append(f"line {number}: {token} in {stripped[:80]!r}")
     return found
+
+
+#: Numbers a page's prose may type (constants of the argument, not results), by chapter; every
+#: other number in prose is glued (:func:`typed_numbers`, run on every page by test_chapters.py).
+PROSE_CONSTANTS: dict[str, set[str]] = {
+    "hyperparameters": set("0 1 2 3 4 5 6 8 9 16 20 25 64 256 1,024 0.5 0.95 0.999 2.1".split()),
+    "memory_hierarchy": set("1 2 4 6 12 16 32 64 100 128 256 300 512 1,024 4096 2.6".split()),
+    "mixed_precision": set(
+        (
+            "0 0.01 0.1 0.5 0.9 1 1.5 2 2.9 3 4 5 6 7 8 10 11 12 14 15 16 23 32 50 64 100 128 "
+            "256 448 80 1000 1024 4096 65504 65536 50,257 50,304"
+        ).split()
+    ),
+    "optimizers": {"0", "0.1", "0.95", "1", "2", "4", "8", "20", "30", "50", "64", "95", "256"},
+    "parallelism": set(
+        "0 1 2 3 4 6 8 12 16 25 34 38 41 43 47 50 80 148 400 0.01 1.5 2,048 2,304 8,192 "
+        "2019 2020 2021 2.2.2 4.2.3".split()
+    ),
+    "profiling": {"1", "2", "3", "4", "5", "6", "7", "8", "64", "256", "3.14"},
+    "speedrun": set("1 2 3 4 8 40 45 0.1 3.28 2024 2025".split()),
+    "appendix": set("0 1 3 5 100".split()),
+}

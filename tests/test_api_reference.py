@@ -60,19 +60,27 @@ def test_the_teaching_chapter_comes_from_listings_and_imports_not_mentions():
     from build_support.api_reference import chapter_modules, reading_order
 
     code = ROOT / "code"
-    names = [p.stem for p in (ROOT / "book").glob("*.md") if "kernelspec:" in p.read_text()]
+    book = ROOT / "book"
+    names = [
+        p.relative_to(book).with_suffix("").as_posix()
+        for p in book.rglob("*.md")
+        if "kernelspec:" in p.read_text()
+        and p.relative_to(book).parts[0] not in ("api", "appendix")
+    ]
     chapters = {
-        name: chapter_modules(
-            (ROOT / "book" / f"{name}.md").read_text(), ROOT / "book" / name, code
-        )
+        name: chapter_modules((book / f"{name}.md").read_text(), book / f"{name}.md", code)
         for name in reading_order(ROOT, names)
     }
+    # the pages come in reading order, a folder chapter's sections under it
+    pages = list(chapters)
+    assert pages.index("optimizers/gradient_descent") < pages.index("optimizers/adam")
+    assert pages.index("optimizers/step_cost") < pages.index("hyperparameters")
     modules = ["trainfast", "trainfast.device", "trainfast.optim", "trainfast.optim.adam"]
     taught = build_support.teaching_chapters(modules, chapters)
     # every chapter's first cell imports the device helper: machinery, taught by none
     assert all("trainfast.device" in imported for _, imported in chapters.values())
     assert taught["trainfast.device"] is None
-    assert taught["trainfast.optim.adam"] == "optimizers"  # its listings are there
+    assert taught["trainfast.optim.adam"] == "optimizers/adam"  # its listings are there
     # a synthetic book: a listing wins over an earlier import, an import over a mention
     text = (
         "Mentions trainfast.accounting three times: trainfast.accounting trainfast.accounting\n"

@@ -129,8 +129,9 @@ def test_the_builds_execution_is_taken_only_when_sources_and_package_are_current
     executed = chapters.read_chapter("demo")
     executed.cells[0].outputs = [nbformat.v4.new_output("stream", name="stdout", text="ok\n")]
     cache = _cache_with(tmp_path, monkeypatch, executed)
-    notebook, seconds = chapters.executed_by_the_build("demo", cache)
-    assert seconds == 4.5 and notebook.cells[0].outputs[0]["text"] == "ok\n"
+    found = chapters.executed_by_the_build("demo", cache)
+    assert found.seconds == 4.5 and found.notebook.cells[0].outputs[0]["text"] == "ok\n"
+    assert found.cpu_seconds is None  # a cache filled without the CPU time says so
     # the chapter changed since the build: no match, so it must be executed again
     _demo(tmp_path, "```{code-cell} ipython3\nx = 2\n```\n")
     assert chapters.executed_by_the_build("demo", cache) is None

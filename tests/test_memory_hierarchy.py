@@ -1471,13 +1471,6 @@ def test_listings_resolve_to_package_code():
 #: constants (32 threads per warp, 32-byte sectors, 128-byte lines, 4-byte float32); base-2
 #: exponentials; the caching allocator's 512-byte rounding (kMinBlockSize); and the PyTorch
 #: version that added ``wrap_triton`` (2.6).
-MEMORY_HIERARCHY_CONSTANTS = set("1 2 4 6 12 16 32 64 100 128 256 300 512 1,024 4096 2.6".split())
-
-
-def test_chapter_prose_types_no_number_that_code_produced():
-    import chapters
-
-    assert chapters.typed_numbers("memory_hierarchy", allow=MEMORY_HIERARCHY_CONSTANTS) == []
 
 
 # --- on a GPU: the allocator and the benchmarks ------------------------------------------------

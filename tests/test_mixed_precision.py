@@ -865,16 +865,6 @@ def test_listings_are_the_packages_own_code():
 #:   alignment to multiples of 8, 64 or 128; torch 2.9 (the new TF32 API); DeepSpeed's defaults
 #:   (initial scale power 16, a 1000-step window, hysteresis 2, minimum scale 1), torch's
 #:   GradScaler's factors 2 and 0.5; exercise 5.
-MIXED_PRECISION_CONSTANTS = set(
-    (
-        "0 0.01 0.1 0.5 0.9 1 1.5 2 2.9 3 4 5 6 7 8 10 11 12 14 15 16 23 32 50 64 100 128 "
-        "256 448 80 1000 1024 4096 65504 65536 50,257 50,304"
-    ).split()
-)
-
-
-def test_chapter_prose_types_no_number_that_code_produced():
-    assert chapters.typed_numbers("mixed_precision", allow=MIXED_PRECISION_CONSTANTS) == []
 
 
 # --- Kahan-compensated AdamW, FP8 linear, and the decision exercises ------------------------------

@@ -1115,13 +1115,6 @@ def test_listings_show_no_restructuredtext_markup():
 #: flush the L2 cache (triton.testing); and exercise 4's problem size, 64 tensors (the default
 #: of ``check_fewer_dispatches``, a statement of the exercise, not a measurement).
 #: Also "3.14", the Python version that changed the multiprocessing default the chapter names.
-PROFILING_CONSTANTS = {"1", "2", "3", "4", "5", "6", "7", "8", "64", "256", "3.14"}
-
-
-def test_chapter_prose_types_no_number_that_code_produced() -> None:
-    import chapters
-
-    assert chapters.typed_numbers("profiling", allow=PROFILING_CONSTANTS) == []
 
 
 def test_rank_sum_test_agrees_with_scipy_mann_whitney_exact():

@@ -17,7 +17,7 @@ sys.path.insert(0, str(book_site.ROOT / "book" / "_ext"))
 import page_style  # noqa: E402
 
 BIB = book_site.ROOT / "book" / "references.bib"
-CHAPTERS = book_site.toc_chapters()
+CHAPTERS = book_site.toc_pages()  # every page of every chapter (a section page is a page)
 ENDING = re.compile(
     r"\n## References\n\n```\{bibliography\}\n:filter: docname in docnames\n"
     r"(:keyprefix: (\S+)\n)?```\n*$"
@@ -26,9 +26,12 @@ CITE = re.compile(r"\{cite(?::\w+)?\}`([^`]+)`")
 
 
 def reference_problems(markdown: str, keys: set[str]) -> list[str]:
-    """What is wrong with a chapter's citations: no References section at its very end, or a
-    cited key that the bibliography does not have."""
+    """What is wrong with a page's citations: no References section at its very end, or a
+    cited key that the bibliography does not have. A page that cites nothing (a chapter's landing
+    page, a section that needs no source) has no References section either."""
     ending = ENDING.search(markdown)
+    if ending is None and not CITE.findall(markdown):
+        return []
     if ending is None:
         return ["the chapter does not end with '## References' and its bibliography directive"]
     prefix = ending.group(2) or ""
@@ -137,6 +140,7 @@ def test_the_reference_checks_see_planted_mistakes():
         "cites 'nosuchkey', which is not in book/references.bib"
     ]
     assert reference_problems(chapter.replace(", and {cite}`nosuchkey`", "") + ending, keys) == []
+    assert reference_problems("No citations.\n", keys) == []  # a landing page, say
     assert reference_problems("No citations.\n" + ending, keys) == [
         "its References section lists nothing: the chapter cites no work"
     ]
@@ -192,7 +196,7 @@ def test_the_bibliography_renders_without_raw_latex_or_wrong_capitals():
 
 
 @pytest.mark.parametrize("name", CHAPTERS)
-def test_every_chapter_ends_with_the_works_it_cites(name):
+def test_every_page_ends_with_the_works_it_cites(name):
     keys = set(parse_string(BIB.read_text(), "bibtex").entries.keys())
     problems = reference_problems((book_site.ROOT / "book" / f"{name}.md").read_text(), keys)
     assert not problems, f"book/{name}.md:\n" + "\n".join(problems)

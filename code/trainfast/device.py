@@ -21,6 +21,7 @@ __all__ = [
     "device_name",
     "environment_line",
     "nvidia_smi_id",
+    "page_environment_line",
     "nvidia_smi_query",
     "parse_device",
     "pick_device",
@@ -196,4 +197,24 @@ def environment_line(device: torch.device | None = None) -> str:
     if env.driver_version:
         parts.append(f"driver {env.driver_version}")
     parts += [f"Python {env.python_version}", env.platform]
+    return " | ".join(parts)
+
+
+def page_environment_line(device: torch.device | None = None) -> str:
+    """The short line a page of the book opens with: where its cells ran, e.g.
+    ``device: cpu (AMD EPYC 9R14) | torch 2.14.1 | commit 26fa116``.
+
+    It starts as :func:`environment_line` does (``device: <kind>``), which the GPU pass reads to
+    tell where a page executed; Python, the platform and the driver stay in the records'
+    provenance, where a reader who needs them finds them. The commit is
+    :func:`trainfast.versions.source_commit`, shortened (``+dirty`` kept), left out where unknown.
+    """
+    from trainfast.versions import source_commit
+
+    env = describe_environment(device)
+    parts = [f"device: {env.device} ({env.device_name})", f"torch {env.torch_version}"]
+    commit = source_commit()
+    if commit:
+        head, _, dirty = commit.partition("+")
+        parts.append(f"commit {head[:7]}{'+' + dirty if dirty else ''}")
     return " | ".join(parts)

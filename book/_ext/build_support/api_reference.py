@@ -293,20 +293,41 @@ def teaching_chapters(
 
 
 def reading_order(srcdir: Path, chapters: Iterable[str]) -> list[str]:
-    """``chapters`` (names under ``book/``) in ``_toc.yml``'s order, any others after them."""
+    """``chapters`` (page names under ``book/``: ``speedrun``, ``optimizers/adam``) in
+    ``_toc.yml``'s order, a chapter's section pages after its landing page, any others after
+    them all."""
     import yaml
 
     toc_file = srcdir / "_toc.yml"
     toc = yaml.safe_load(toc_file.read_text()) if toc_file.exists() else {}
-    listed = [entry.get("file", "") for entry in (toc or {}).get("chapters", []) or []]
-    order = [f.removeprefix("book/") for f in listed if f.startswith("book/")]
+
+    def walk(entries: list[dict]) -> list[str]:
+        found = []
+        for entry in entries or []:
+            if entry.get("file", "").startswith("book/"):
+                found.append(entry["file"].removeprefix("book/"))
+            found += walk(entry.get("sections", []))
+        return found
+
+    order = walk((toc or {}).get("chapters", []))
     names = set(chapters)
     return [n for n in order if n in names] + sorted(names - set(order))
 
 
+def _is_teaching_page(book: Path, path: Path) -> bool:
+    """A notebook page under ``book`` that teaches: a chapter or section page, not the intro,
+    an appendix or the API reference's own pages."""
+    relative = path.relative_to(book)
+    if relative.parts[0] in ("api", "appendix") or relative.as_posix() == "intro.md":
+        return False
+    text = path.read_text()
+    return text.startswith("---") and "kernelspec:" in text.split("\n---", 1)[0]
+
+
 class ModuleTable(SphinxDirective):
     """``.. trainfast-modules::``: every public module of the package, a line on what it holds,
-    and the chapter that teaches it, as one table (the API reference's index)."""
+    and the page that teaches it (a chapter on one page, or the section page of a chapter that
+    is a folder), as one table (the API reference's index)."""
 
     def run(self) -> list[nodes.Node]:
         import pkgutil
@@ -320,9 +341,10 @@ class ModuleTable(SphinxDirective):
         srcdir = Path(self.env.srcdir)
         book, code_root = srcdir / "book", srcdir / "code"
         names = [
-            path.stem
-            for path in book.glob("*.md")
-            if path.stem != "intro" and f"book/{path.stem}" in self.env.found_docs
+            path.relative_to(book).with_suffix("").as_posix()
+            for path in book.rglob("*.md")
+            if f"book/{path.relative_to(book).with_suffix('').as_posix()}" in self.env.found_docs
+            and _is_teaching_page(book, path)
         ]
         chapters = {}
         for name in reading_order(srcdir, names):

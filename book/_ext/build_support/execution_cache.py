@@ -47,8 +47,11 @@ __all__ = [
     "ChapterExecutions",
     "ExecutedChapter",
     "cache_dir",
+    "become_subreaper",
+    "children_cpu_seconds",
     "execute_one",
     "invalidate_if_changed",
+    "reap_children",
     "source_hash",
 ]
 
@@ -132,12 +135,78 @@ class ChapterExecutionError(SphinxError):
 
 @dataclass
 class ExecutedChapter:
-    """What a worker sends back: the executed notebook (as JSON) and seconds, or the error."""
+    """What a worker sends back: the executed notebook (as JSON), its wall-clock seconds and
+    its kernel's CPU seconds, or the error."""
 
     path: str
     notebook: str
     seconds: float
     error: str | None = None
+    cpu_seconds: float | None = None
+
+
+def children_cpu_seconds() -> float:
+    """User plus system CPU seconds of this process's children that have ended and been waited
+    for, their own waited-for children included (``getrusage(RUSAGE_CHILDREN)``).
+
+    The difference across one notebook's execution (:func:`execute_one`) is its kernel's CPU
+    time: jupyter_client waits for the kernel when it shuts it down, a kernel waits for the
+    processes it starts (gloo ranks, a ``torch.compile`` worker pool), and the processes it
+    leaves behind (multiprocessing's fork server, which starts the ranks of
+    ``trainfast.distributed.spawn``) are waited for by :func:`execute_one`, their reaper.
+    Unlike wall time it does not grow when other work shares the cores, so a page's budget is
+    set in it (``tests/test_chapters.py``).
+    """
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def become_subreaper() -> bool:
+    """Make this process the reaper of its orphaned descendants (Linux's
+    ``PR_SET_CHILD_SUBREAPER``), so that a process a kernel leaves running when it exits is
+    re-parented here, not to ``init``, and its CPU time can be counted; False where the system
+    cannot (then such time is lost, as before)."""
+    import ctypes
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        return False
+
+
+def reap_children(timeout: float = 10.0) -> int:
+    """Wait, up to ``timeout`` seconds in all, for every child of this process to end (with
+    :func:`become_subreaper`, the orphans of a kernel too), so their CPU time joins
+    :func:`children_cpu_seconds`. Returns how many it reaped; children still running at the end
+    are left alone. Meant for a process whose every child is a page's (a build worker)."""
+    import time
+
+    reaped, deadline = 0, time.monotonic() + timeout
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return reaped  # no children left
+        if pid:
+            reaped += 1
+            continue
+        if time.monotonic() > deadline:
+            return reaped
+        time.sleep(0.05)
+
+
+def page_label(path: str | Path) -> str:
+    """How the build names a page in its log: ``optimizers/momentum`` for a section page,
+    ``speedrun`` for a chapter that is one page (the path under ``book/``, without ``.md``)."""
+    path = Path(path)
+    parts = path.with_suffix("").parts
+    return "/".join(parts[parts.index("book") + 1 :]) if "book" in parts else path.stem
 
 
 def read_notebook(path: Path):  # noqa: ANN201 - nbformat.NotebookNode
@@ -167,12 +236,16 @@ def _failed_cell(notebook, path: Path) -> str:  # noqa: ANN001
 
 
 def execute_one(path: str, timeout: int | None, allow_errors: bool) -> ExecutedChapter:
-    """Execute chapter ``path`` in its folder as myst-nb's cache mode does; runs in a worker."""
+    """Execute page ``path`` in its folder as myst-nb's cache mode does, and measure its CPU
+    time (:func:`children_cpu_seconds`); runs in a worker process of its own, every child of
+    which is the page's (the build's pool, or ``tests/chapters.py``)."""
     import nbformat
     from jupyter_cache.executors.utils import single_nb_execution
 
     chapter = Path(path)
     notebook = read_notebook(chapter)
+    become_subreaper()
+    cpu_before = children_cpu_seconds()
     result = single_nb_execution(
         notebook,
         cwd=str(chapter.parent),
@@ -180,12 +253,14 @@ def execute_one(path: str, timeout: int | None, allow_errors: bool) -> ExecutedC
         timeout=timeout,
         meta_override=True,
     )
+    reap_children()
+    cpu_seconds = children_cpu_seconds() - cpu_before
     error = None
     if result.err is not None:
         error = _failed_cell(notebook, chapter)
         if error.endswith("before any cell raised"):
             error += f" ({type(result.err).__name__}: {result.err})"
-    return ExecutedChapter(path, nbformat.writes(notebook), result.time, error)
+    return ExecutedChapter(path, nbformat.writes(notebook), result.time, error, cpu_seconds)
 
 
 def _store(cache: Path, outcome: ExecutedChapter) -> None:
@@ -200,7 +275,7 @@ def _store(cache: Path, outcome: ExecutedChapter) -> None:
         CacheBundleIn(
             nbformat.reads(outcome.notebook, as_version=4),
             record.uri,
-            data={"execution_seconds": outcome.seconds},
+            data={"execution_seconds": outcome.seconds, "cpu_seconds": outcome.cpu_seconds},
         ),
         check_validity=False,
         overwrite=True,
@@ -244,8 +319,9 @@ class ChapterExecutions:
             return self.outcomes.get(name)
         outcome = self.outcomes[name] = future.result()
         state = "failed" if outcome.error else "executed"
+        cpu = "" if outcome.cpu_seconds is None else f", {outcome.cpu_seconds:.1f} s of CPU"
         logger.info(
-            f"[build_support] {Path(outcome.path).stem}: {state} in {outcome.seconds:.1f} s"
+            f"[build_support] {page_label(outcome.path)}: {state} in {outcome.seconds:.1f} s{cpu}"
         )
         if outcome.error is None:
             _store(self.cache, outcome)
@@ -322,8 +398,8 @@ def _on_env_before_read_docs(app: Sphinx, env: BuildEnvironment, docnames: list[
     if not pages:
         return
     jobs = jobs_for(app)
-    names = ", ".join(path.stem for path in pages.values())
-    logger.info(f"[build_support] executing {len(pages)} chapters, {jobs} at a time: {names}")
+    names = ", ".join(page_label(path) for path in pages.values())
+    logger.info(f"[build_support] executing {len(pages)} pages, {jobs} at a time: {names}")
     timeout = app.config.nb_execution_timeout
     executions = ChapterExecutions(
         pages, cache, jobs, timeout, bool(app.config.nb_execution_allow_errors)

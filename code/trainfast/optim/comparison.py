@@ -38,6 +38,7 @@ __all__ = [
     "Interval",
     "Run",
     "Tuned",
+    "digits_mlp",
     "digits_splits",
     "mean_interval",
     "muon_vs_adamw_record",
@@ -138,18 +139,30 @@ def verdict(
     """
     diff = paired_difference(a, b)
     if diff.contains(0.0):
-        where = f"95% interval {diff.low:+.2g} to {diff.high:+.2g} {unit}, {diff.n} seeds"
+        where = f"95% interval {_two_digits(diff.low, '+')} to {_two_digits(diff.high, '+')} "
         return (
-            f"the difference between {name_a} and {name_b}, {diff.mean:+.2g} {unit} ({where}), "
-            "is inside the noise"
+            f"the difference between {name_a} and {name_b}, {_two_digits(diff.mean, '+')} "
+            f"{unit} ({where}{unit}, {diff.n} seeds), is inside the noise"
         )
     a_ahead = (diff.mean < 0) if lower_is_better else (diff.mean > 0)
     if not a_ahead:
         name_a, name_b, a, b = name_b, name_a, b, a
     advantage = paired_difference(b, a) if lower_is_better else paired_difference(a, b)
-    where = f"95% interval {advantage.low:.2g} to {advantage.high:.2g} {unit}, {advantage.n} seeds"
+    where = f"95% interval {_two_digits(advantage.low)} to {_two_digits(advantage.high)} {unit}"
     word = "lower than" if lower_is_better else "ahead of"
-    return f"{name_a} is {word} {name_b} by {advantage.mean:.2g} {unit} ({where})"
+    return (
+        f"{name_a} is {word} {name_b} by {_two_digits(advantage.mean)} {unit} "
+        f"({where}, {advantage.n} seeds)"
+    )
+
+
+def _two_digits(value: float, sign: str = "") -> str:
+    """``value`` to two significant digits as a person writes it: ``1.0`` (not ``1``, which reads
+    "+1 points"), ``7.1``, ``18``, ``0.25``; ``sign="+"`` writes the sign of a difference."""
+    text = f"{value:{sign}.2g}"
+    if "e" not in text and "." not in text and abs(value) < 10:
+        text += ".0"
+    return text
 
 
 @dataclass
@@ -265,6 +278,19 @@ def require_interior(name: str, tuned: Tuned) -> float:
             f"{sorted(grid)}; widen the grid"
         )
     return tuned.best_lr
+
+
+def digits_mlp(
+    seed: int = 0, hidden: int = 128, device: torch.device | str | None = None
+) -> nn.Module:
+    """The optimizers chapter's small network: 64 → ``hidden`` → 10, ReLU between, its weights
+    drawn from ``seed`` (so two calls with one seed give the same network), on ``device``.
+
+    Every section of the chapter trains this same model, so their numbers are comparable.
+    """
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(64, hidden), nn.ReLU(), nn.Linear(hidden, 10))
+    return model.to(device) if device is not None else model
 
 
 def deep_mlp(seed: int, width: int = 256) -> nn.Module:

@@ -1,5 +1,7 @@
-"""The notebooks the build writes for every chapter: executed, clean (installs the package first),
-exercises (solutions stubbed, checks kept); and the Colab/Binder buttons that open them."""
+"""The notebooks the build writes for every notebook page (a chapter on one page, or each section
+page of a chapter that is a folder): executed, clean (installs the package first), exercises
+(solutions stubbed, checks kept; only for a page with exercises); Binder's environment files; and
+the Colab/Binder buttons that open them."""
 
 from __future__ import annotations
 
@@ -19,14 +21,20 @@ from nbclient import NotebookClient
 sys.path.insert(0, str(book_site.ROOT / "book" / "_ext"))
 import build_support  # noqa: E402
 
-CHAPTERS = book_site.toc_chapters()
+PAGES = book_site.notebook_pages()
+#: The pages with exercises (an exercise notebook is offered only for them).
+EXERCISE_PAGES = [
+    page for page in PAGES if build_support.has_solutions(chapters.read_chapter(page))
+]
 REPOSITORY = book_site.config()["repository"]["url"]
 GPU_NOTEBOOKS = book_site.config()["sphinx"]["config"]["build_support_gpu_notebooks"]
 
 
 def _clean(name: str) -> nbformat.NotebookNode:
     return build_support.clean_notebook(
-        chapters.chapter_path(name), REPOSITORY, gpu=f"book/{name}" in GPU_NOTEBOOKS
+        chapters.chapter_path(name),
+        REPOSITORY,
+        gpu=build_support.is_gpu_notebook(f"book/{name}", GPU_NOTEBOOKS),
     )
 
 
@@ -115,7 +123,7 @@ def test_a_solution_cell_that_is_not_python_is_refused():
 # --- each chapter's clean and exercise notebooks -----------------------------------------------
 
 
-@pytest.mark.parametrize("name", CHAPTERS)
+@pytest.mark.parametrize("name", PAGES)
 def test_clean_notebook_is_valid_and_installs_the_package_first(name):
     notebook = _clean(name)
     nbformat.validate(notebook)
@@ -126,11 +134,20 @@ def test_clean_notebook_is_valid_and_installs_the_package_first(name):
     assert not _tagged(notebook, build_support.INSTALL_TAG)[1:], "one install cell"
     assert all(not c.get("outputs") for c in notebook.cells if c.cell_type == "code")
     assert "jupytext" not in notebook.metadata
-    wants_gpu = f"book/{name}" in GPU_NOTEBOOKS
+    chapter = f"book/{book_site.chapter_of(name)}"
+    wants_gpu = f"book/{name}" in GPU_NOTEBOOKS or chapter in GPU_NOTEBOOKS
     assert (notebook.metadata.get("accelerator") == "GPU") == wants_gpu
 
 
-@pytest.mark.parametrize("name", CHAPTERS)
+def test_a_section_page_opens_on_a_gpu_where_its_chapter_does():
+    listed = ["book/memory_hierarchy", "book/profiling"]
+    assert build_support.is_gpu_notebook("book/memory_hierarchy", listed)
+    assert build_support.is_gpu_notebook("book/memory_hierarchy/roofline", listed)
+    assert not build_support.is_gpu_notebook("book/memory_hierarchy_notes", listed)
+    assert not build_support.is_gpu_notebook("book/optimizers/adam", listed)
+
+
+@pytest.mark.parametrize("name", EXERCISE_PAGES)
 def test_exercise_notebook_has_no_solution_code_and_keeps_every_check(name):
     clean = _clean(name)
     exercises = build_support.exercise_notebook(clean)
@@ -232,7 +249,7 @@ def stub_errors(exercises: nbformat.NotebookNode, kernel) -> list[str | None]:
 CAUGHT = {"AssertionError", "NotImplementedError"}
 
 
-@pytest.mark.parametrize("name", CHAPTERS)
+@pytest.mark.parametrize("name", EXERCISE_PAGES)
 def test_the_checks_fail_on_the_exercise_stubs(stub_kernel, name):
     """Every stubbed exercise must raise the check's AssertionError or the stub's
     NotImplementedError, so a check catches a missing solution."""
@@ -327,7 +344,7 @@ def launch_targets(href: str) -> str | None:
     return None
 
 
-@pytest.mark.parametrize("name", CHAPTERS)
+@pytest.mark.parametrize("name", PAGES)
 def test_launch_buttons_open_a_notebook_the_build_produced(site, name):
     page = site / "book" / f"{name}.html"
     targets = [t for href in _hrefs(page) if (t := launch_targets(href))]
@@ -338,32 +355,150 @@ def test_launch_buttons_open_a_notebook_the_build_produced(site, name):
         assert build_support.INSTALL_TAG in notebook.cells[0].metadata["tags"]
 
 
-@pytest.mark.parametrize("name", CHAPTERS)
-def test_the_page_offers_three_notebooks_and_each_is_valid(site, name):
+@pytest.mark.parametrize("name", PAGES)
+def test_the_page_offers_its_notebooks_and_each_is_valid(site, name):
+    """Executed and clean notebooks on every notebook page; an exercise notebook only on a page
+    with exercises (on one without, it would be the clean notebook again)."""
     page = site / "book" / f"{name}.html"
     hrefs = set(_hrefs(page))
+    up = "../" * (name.count("/") + 1)  # from book/<page>.html to the site's root
     offered = {
-        "executed": f"../_sources/book/{name}.ipynb",
-        "clean": f"../notebooks/book/{name}.ipynb",
-        "exercises": f"../notebooks/book/{name}-exercises.ipynb",
+        "executed": f"{up}_sources/book/{name}.ipynb",
+        "clean": f"{up}notebooks/book/{name}.ipynb",
     }
+    exercises_href = f"{up}notebooks/book/{name}-exercises.ipynb"
+    if name in EXERCISE_PAGES:
+        offered["exercises"] = exercises_href
+    else:
+        assert exercises_href not in hrefs, f"{page.name} offers an exercise notebook, no exercises"
+        assert not (page.parent / exercises_href).exists()
     for kind, href in offered.items():
         assert href in hrefs, f"{page.name} does not offer the {kind} notebook ({href})"
         notebook = nbformat.read(page.parent / href, as_version=4)
         nbformat.validate(notebook)
         has_outputs = any(c.get("outputs") for c in notebook.cells if c.cell_type == "code")
         assert has_outputs == (kind == "executed"), kind
-    exercises = nbformat.read(page.parent / offered["exercises"], as_version=4)
-    assert not _tagged(exercises, build_support.SOLUTION_TAG)
+    if "exercises" in offered:
+        exercises = nbformat.read(page.parent / offered["exercises"], as_version=4)
+        assert not _tagged(exercises, build_support.SOLUTION_TAG)
+
+
+@pytest.mark.parametrize("name", PAGES)
+def test_the_executed_download_holds_no_stderr_the_page_hides(site, name):
+    executed = nbformat.read(site / "_sources" / "book" / f"{name}.ipynb", as_version=4)
+    hidden = [
+        cell.source.splitlines()[0][:60]
+        for cell in _tagged(executed, "remove-stderr")
+        for output in cell.get("outputs", [])
+        if output.get("output_type") == "stream" and output.get("name") == "stderr"
+    ]
+    assert hidden == [], f"{name}: stderr the page hides is in the download: {hidden}"
+
+
+def test_hidden_stderr_is_dropped_and_the_rest_kept():
+    cell = nbformat.v4.new_code_cell("import noisy", metadata={"tags": ["remove-stderr"]})
+    cell.outputs = [
+        nbformat.v4.new_output("stream", name="stderr", text="USDT: profiler_start\n"),
+        nbformat.v4.new_output("stream", name="stdout", text="42\n"),
+    ]
+    shown = nbformat.v4.new_code_cell("print(1)")
+    shown.outputs = [nbformat.v4.new_output("stream", name="stderr", text="a warning\n")]
+    notebook = nbformat.v4.new_notebook(cells=[cell, shown])
+    cleaned = build_support.without_hidden_stderr(notebook)
+    assert [o["text"] for o in cleaned.cells[0].outputs] == ["42\n"]
+    assert cleaned.cells[1].outputs == shown.outputs  # stderr the page shows stays
+    assert len(notebook.cells[0].outputs) == 2  # a copy
 
 
 def test_the_notebooks_branch_tree_holds_only_valid_notebooks_and_the_records(site):
     tree = site / build_support.NOTEBOOKS_DIR
     notebooks = sorted(tree.rglob("*.ipynb"))
-    assert {p.relative_to(tree).as_posix() for p in notebooks} >= {
-        f"book/{name}{suffix}.ipynb" for name in CHAPTERS for suffix in ("", "-exercises")
-    }
+    expected = {f"book/{name}.ipynb" for name in PAGES}
+    expected |= {f"book/{name}-exercises.ipynb" for name in EXERCISE_PAGES}
+    assert {p.relative_to(tree).as_posix() for p in notebooks} >= expected
     for path in notebooks:
         nbformat.validate(nbformat.read(path, as_version=4))
     records = {p.name for p in (book_site.ROOT / "book" / "records").glob("*.json")}
     assert records <= {p.name for p in (tree / "book" / "records").glob("*.json")}
+    for name, text in build_support.binder_files(REPOSITORY).items():
+        assert (tree / name).read_text() == text, f"{name}: Binder's environment file"
+
+
+def test_binder_installs_the_package_and_a_cpu_torch_once():
+    files = build_support.binder_files("https://github.com/org/book")
+    requirements = files["requirements.txt"].splitlines()
+    assert "--extra-index-url https://download.pytorch.org/whl/cpu" in requirements
+    assert "trainfast[book] @ git+https://github.com/org/book" in requirements
+    assert files["runtime.txt"].strip().startswith("python-3.")
+
+
+# --- a clean notebook run as Colab runs it ---------------------------------------------------
+
+#: Pages whose clean notebook is run the way Colab runs it (below): one that reads records
+#: from a section page's folder, and the launching appendix, which starts torchrun.
+AS_COLAB = ["optimizers/step_cost", "appendix/launching"]
+
+
+@pytest.fixture(scope="module")
+def bare_python(tmp_path_factory) -> Path:
+    """A Python without ``trainfast``, as on Colab: a virtual environment that sees the book
+    environment's packages (torch, ipykernel, pip) through a ``.pth`` line, which does not run
+    that environment's own ``.pth`` files, so the editable install of ``trainfast`` is not there."""
+    import subprocess
+    import sysconfig
+
+    folder = tmp_path_factory.mktemp("colab") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(folder)], check=True)
+    python = folder / "bin" / "python"
+    site = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    Path(site, "book-environment.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    probe = subprocess.run(
+        [str(python), "-c", "import importlib.util as u; print(u.find_spec('trainfast'))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert probe.stdout.strip() == "None", "the bare Python must not see trainfast"
+    return python
+
+
+def as_colab(notebook: nbformat.NotebookNode, root: Path, scratch: Path) -> None:
+    """Point ``notebook``'s install cell at the working tree instead of GitHub: the package from
+    ``root`` (its dependencies are already there) and the records from a clone of it."""
+    cell = notebook.cells[0]
+    assert build_support.INSTALL_TAG in cell.metadata["tags"]
+    source = cell.source.replace(
+        f'"trainfast[book] @ git+{REPOSITORY}"', f'--no-deps --no-build-isolation "{root}"'
+    )
+    source = source.replace(REPOSITORY, f"file://{root}").replace("/tmp/train-faster", str(scratch))
+    assert str(root) in source and REPOSITORY not in source, source
+    cell.source = source
+
+
+@pytest.mark.xdist_group("ports")  # the launching appendix starts torchrun, which takes ports
+@pytest.mark.parametrize("name", AS_COLAB)
+def test_a_clean_notebook_runs_as_colab_runs_it(bare_python, tmp_path, name):
+    """A fresh folder holding nothing but the page's clean notebook, a Python without the
+    package: the first cell installs it (here from the working tree) and fetches the records, and
+    every cell then runs, reading the records it needs. The launching appendix once read
+    ``../records``, which on Colab is not there."""
+    from jupyter_client.manager import KernelManager
+
+    folder = tmp_path / "content"
+    folder.mkdir()
+    notebook = _clean(name)
+    as_colab(notebook, book_site.ROOT, tmp_path / "clone")
+    nbformat.write(notebook, folder / f"{name.replace('/', '-')}.ipynb")
+    kernel = KernelManager(kernel_name="python3")
+    kernel.kernel_spec.argv[0] = str(bare_python)
+    client = NotebookClient(
+        notebook, km=kernel, timeout=600, resources={"metadata": {"path": str(folder)}}
+    )
+    client.execute()
+    assert (folder / "records").is_dir(), "the install cell fetched no records"
+    assert not chapters.cell_errors(notebook)

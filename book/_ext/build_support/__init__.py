@@ -42,6 +42,7 @@ from build_support.api_reference import (
 from build_support.execution_cache import (
     STAMP_NAME,
     _on_builder_inited,
+    children_cpu_seconds,
     invalidate_if_changed,
     source_hash,
 )
@@ -52,9 +53,13 @@ from build_support.notebooks import (
     NOTEBOOKS_DIR,
     SITE_STAMP,
     SOLUTION_TAG,
+    binder_files,
     clean_notebook,
     exercise_notebook,
+    has_solutions,
+    is_gpu_notebook,
     stub_solution,
+    without_hidden_stderr,
 )
 from build_support.page_assets import drop_repeated_inline_scripts
 
@@ -67,17 +72,22 @@ __all__ = [
     "SOLUTION_TAG",
     "STAMP_NAME",
     "_on_builder_inited",
+    "binder_files",
+    "children_cpu_seconds",
     "clean_notebook",
     "defined_at",
     "drop_repeated_inline_scripts",
     "exercise_notebook",
+    "has_solutions",
     "invalidate_if_changed",
+    "is_gpu_notebook",
     "listing_module",
     "public_names",
     "readable_signature",
     "source_hash",
     "stub_solution",
     "teaching_chapters",
+    "without_hidden_stderr",
 ]
 
 

@@ -1,14 +1,17 @@
 """Notebooks a reader can open anywhere: the clean and exercise notebooks, and the buttons.
 
-For every chapter the HTML build writes, under ``notebooks/`` in its output, a *clean* notebook
-(the chapter converted by jupytext, no outputs, a first cell that installs the package where it
-is missing) and an *exercise* notebook (the same, with the bodies of cells tagged ``solution``
-replaced by a stub and the checks kept). The page's download menu offers them beside the
-executed notebook. ``notebooks/`` is what ``.github/workflows/book.yml`` publishes as the
+For every notebook page (a chapter on one page, or a section page of a chapter that is a folder)
+the HTML build writes, under ``notebooks/`` in its output, a *clean* notebook (the page converted
+by jupytext, no outputs, a first cell that installs the package where it is missing) and, where
+the page has exercises, an *exercise* notebook (the same, with the bodies of cells tagged
+``solution`` replaced by a stub and the checks kept), plus Binder's environment files
+(:func:`binder_files`). The page's download menu offers them beside the executed notebook.
+``notebooks/`` is what ``.github/workflows/book.yml`` publishes as the
 ``notebooks`` branch, and the Colab and Binder buttons are rewritten to open the clean notebook
 there (the theme would point them at the ``.md`` source, which Colab cannot read);
 ``repository.branch`` stays as it is for the rest. The executed notebook keeps its outputs when
-myst-nb took them from the cache (:func:`_restore_cached_outputs`).
+myst-nb took them from the cache, and leaves out the stderr the page hides
+(:func:`_prepare_executed_download`).
 """
 
 from __future__ import annotations
@@ -31,12 +34,16 @@ __all__ = [
     "NOTEBOOKS_DIR",
     "SITE_STAMP",
     "SOLUTION_TAG",
+    "binder_files",
     "clean_notebook",
     "exercise_notebook",
+    "has_solutions",
     "install_cell",
+    "is_gpu_notebook",
     "launch_urls",
     "notebook_paths",
     "stub_solution",
+    "without_hidden_stderr",
 ]
 
 #: Written beside the HTML output (``_build/.site-built``) when an HTML build finishes, so the
@@ -70,6 +77,8 @@ def install_cell(repository_url: str) -> nbformat.NotebookNode:
 
     On Colab or Binder ``trainfast`` is not installed and the chapter's ``records`` folder is not
     beside the notebook; in the book's own environment both are there and the cell does nothing.
+    The clone goes to a fresh folder: one left by another notebook in the same machine would make
+    ``git clone`` fail and the records silently missing.
     """
     url = repository_url.rstrip("/")
     source = f"""\
@@ -80,8 +89,33 @@ import os
 if importlib.util.find_spec("trainfast") is None:
     %pip install --quiet "trainfast[book] @ git+{url}"
 if not os.path.isdir("records"):
-    !git clone --quiet --depth 1 {url} /tmp/train-faster && cp -r /tmp/train-faster/book/records records"""  # noqa: E501 (a notebook cell's one command)
+    !rm -rf /tmp/train-faster && git clone --quiet --depth 1 {url} /tmp/train-faster && cp -r /tmp/train-faster/book/records records"""  # noqa: E501 (a notebook cell's one command)
     return nbformat.v4.new_code_cell(source, metadata={"tags": [INSTALL_TAG]})
+
+
+def binder_files(repository_url: str) -> dict[str, str]:
+    """The files Binder reads at the root of the notebooks branch, by name: ``requirements.txt``
+    (PyTorch's CPU wheels, which Binder's machines need, and the book's package from the
+    repository) and ``runtime.txt`` (the Python the book is tested with). With them Binder builds
+    one image per commit of the branch and every launch starts from it; without them each launch
+    installed torch afresh in its first cell."""
+    url = repository_url.rstrip("/")
+    return {
+        "requirements.txt": (
+            "# Binder's environment for these notebooks (written by the book's build).\n"
+            "--extra-index-url https://download.pytorch.org/whl/cpu\n"
+            "torch>=2.4\n"
+            f"trainfast[book] @ git+{url}\n"
+        ),
+        "runtime.txt": "python-3.11\n",
+    }
+
+
+def is_gpu_notebook(pagename: str, gpu_notebooks: list[str]) -> bool:
+    """Whether page ``pagename`` opens on a GPU runtime in Colab: it, or its chapter (a folder,
+    ``book/memory_hierarchy`` for ``book/memory_hierarchy/roofline``), is listed in
+    ``build_support_gpu_notebooks``."""
+    return any(pagename == name or pagename.startswith(name + "/") for name in gpu_notebooks)
 
 
 def clean_notebook(source: Path, repository_url: str, gpu: bool = False) -> nbformat.NotebookNode:
@@ -188,12 +222,32 @@ def exercise_notebook(clean: nbformat.NotebookNode) -> nbformat.NotebookNode:
     return notebook
 
 
-def notebook_paths(pagename: str) -> dict[str, str]:
-    """Paths, relative to the HTML output, of page ``pagename``'s clean and exercise notebooks."""
-    return {
-        "clean": f"{NOTEBOOKS_DIR}/{pagename}.ipynb",
-        "exercises": f"{NOTEBOOKS_DIR}/{pagename}-exercises.ipynb",
-    }
+def notebook_paths(pagename: str, exercises: bool = True) -> dict[str, str]:
+    """Paths, relative to the HTML output, of page ``pagename``'s clean notebook and, unless
+    ``exercises`` is False (a page without solutions, whose exercise notebook would be the
+    clean one again), its exercise notebook."""
+    paths = {"clean": f"{NOTEBOOKS_DIR}/{pagename}.ipynb"}
+    if exercises:
+        paths["exercises"] = f"{NOTEBOOKS_DIR}/{pagename}-exercises.ipynb"
+    return paths
+
+
+def has_solutions(notebook: nbformat.NotebookNode) -> bool:
+    """Whether ``notebook`` has a code cell tagged ``solution`` (so an exercise notebook)."""
+    return any(
+        cell.cell_type == "code" and SOLUTION_TAG in cell.metadata.get("tags", [])
+        for cell in notebook.cells
+    )
+
+
+def _page_has_solutions(app: Sphinx, pagename: str) -> bool:
+    cache = app.env.__dict__.setdefault("build_support_solutions", {})
+    if pagename not in cache:
+        import jupytext
+
+        source = Path(app.env.doc2path(pagename))
+        cache[pagename] = has_solutions(jupytext.read(source, fmt="md:myst"))
+    return cache[pagename]
 
 
 def launch_urls(repository_url: str, pagename: str, colab_url: str, binderhub_url: str) -> dict:
@@ -207,33 +261,50 @@ def launch_urls(repository_url: str, pagename: str, colab_url: str, binderhub_ur
     }
 
 
-def _restore_cached_outputs(
+def without_hidden_stderr(notebook: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """``notebook`` without the stderr its page hides: the ``stderr`` stream outputs of cells
+    tagged ``remove-stderr`` (a library's start-up warnings, a profiler's log lines), which the
+    page leaves out and a downloaded notebook should too. A copy; ``notebook`` is left as is."""
+    cleaned = copy.deepcopy(notebook)
+    for cell in cleaned.cells:
+        if cell.cell_type == "code" and "remove-stderr" in cell.metadata.get("tags", []):
+            cell.outputs = [
+                output
+                for output in cell.get("outputs", [])
+                if not (output.get("output_type") == "stream" and output.get("name") == "stderr")
+            ]
+    return cleaned
+
+
+def _prepare_executed_download(
     app: Sphinx, pagename: str, templatename: str, context: dict[str, Any], doctree: Any
 ) -> None:
-    """Give ``jupyter_execute/<page>.ipynb`` its outputs when myst-nb took them from the cache.
+    """Make ``jupyter_execute/<page>.ipynb``, the page's executed download, what the page shows.
 
-    myst-nb 1.4 writes that file from the notebook as read, not from the one it merged the
-    cached outputs into, so after a rebuild that re-read a chapter without executing it, the
-    "executed" notebook on the page would have no outputs. Runs before sphinx-book-theme copies
-    the file into ``_sources`` for download (priority 501).
+    1. Its outputs, when myst-nb took them from the cache: myst-nb 1.4 writes that file from the
+       notebook as read, not from the one it merged the cached outputs into, so after a rebuild
+       that re-read a page without executing it, the "executed" notebook would have no outputs.
+    2. Without the stderr the page hides (:func:`without_hidden_stderr`).
+
+    Runs before sphinx-book-theme copies the file into ``_sources`` for download (priority 501).
     """
     if app.builder.format != "html" or pagename not in _notebook_pages(app):
-        return
-    if app.config.nb_execution_mode != "cache":
         return
     written = Path(app.outdir).parent / "jupyter_execute" / f"{pagename}.ipynb"
     if not written.exists():
         return
     notebook = nbformat.read(written, as_version=4)
-    if any(cell.get("outputs") for cell in notebook.cells if cell.cell_type == "code"):
-        return
-    from jupyter_cache import get_cache
+    has_outputs = any(cell.get("outputs") for cell in notebook.cells if cell.cell_type == "code")
+    if not has_outputs and app.config.nb_execution_mode == "cache":
+        from jupyter_cache import get_cache
 
-    try:
-        _, merged = get_cache(cache_dir(app)).merge_match_into_notebook(notebook)
-    except KeyError:
-        return
-    nbformat.write(merged, written)
+        try:
+            _, notebook = get_cache(cache_dir(app)).merge_match_into_notebook(notebook)
+        except KeyError:
+            pass
+    cleaned = without_hidden_stderr(notebook)
+    if cleaned != nbformat.read(written, as_version=4):
+        nbformat.write(cleaned, written)
 
 
 def _point_launch_buttons_at_notebooks(
@@ -250,14 +321,14 @@ def _point_launch_buttons_at_notebooks(
     repository_url = options.get("repository_url", "")
     if not repository_url:
         return
-    paths = notebook_paths(pagename)
+    paths = notebook_paths(pagename, exercises=_page_has_solutions(app, pagename))
     pathto = context["pathto"]
     for group in context.get("header_buttons", []):
         if group.get("label") == "download-buttons":
             for button in group["buttons"]:
                 if button.get("label") == "download-notebook-button":
                     button["text"] = ".ipynb (executed)"
-            group["buttons"][1:1] = [
+            offered = [
                 {
                     "type": "link",
                     "url": pathto(paths["clean"], 1),
@@ -265,16 +336,20 @@ def _point_launch_buttons_at_notebooks(
                     "icon": "fas fa-code",
                     "tooltip": "Download the notebook without outputs",
                     "label": "download-clean-notebook-button",
-                },
-                {
-                    "type": "link",
-                    "url": pathto(paths["exercises"], 1),
-                    "text": ".ipynb (exercises)",
-                    "icon": "fas fa-pencil-alt",
-                    "tooltip": "Download the notebook with the solutions removed",
-                    "label": "download-exercise-notebook-button",
-                },
+                }
             ]
+            if "exercises" in paths:
+                offered.append(
+                    {
+                        "type": "link",
+                        "url": pathto(paths["exercises"], 1),
+                        "text": ".ipynb (exercises)",
+                        "icon": "fas fa-pencil-alt",
+                        "tooltip": "Download the notebook with the solutions removed",
+                        "label": "download-exercise-notebook-button",
+                    }
+                )
+            group["buttons"][1:1] = offered
         if group.get("label") == "launch-buttons":
             launch = options.get("launch_buttons", {})
             urls = launch_urls(
@@ -307,10 +382,13 @@ def _write_notebooks(app: Sphinx, exception: Exception | None) -> None:
     if tree.exists():
         shutil.rmtree(tree)
     for pagename in _notebook_pages(app):
-        gpu = pagename in app.config.build_support_gpu_notebooks
+        gpu = is_gpu_notebook(pagename, app.config.build_support_gpu_notebooks)
         clean = clean_notebook(Path(app.env.doc2path(pagename)), repository_url, gpu=gpu)
-        paths = notebook_paths(pagename)
-        for kind, notebook in (("clean", clean), ("exercises", exercise_notebook(clean))):
+        paths = notebook_paths(pagename, exercises=has_solutions(clean))
+        notebooks = {"clean": clean}
+        if "exercises" in paths:
+            notebooks["exercises"] = exercise_notebook(clean)
+        for kind, notebook in notebooks.items():
             target = Path(app.outdir) / paths[kind]
             target.parent.mkdir(parents=True, exist_ok=True)
             nbformat.write(notebook, target)
@@ -319,17 +397,20 @@ def _write_notebooks(app: Sphinx, exception: Exception | None) -> None:
         shutil.copytree(records, tree / "book" / "records")
     tree.mkdir(parents=True, exist_ok=True)
     (tree / "README.md").write_text(
-        "# Train Faster: the chapters as notebooks\n\n"
+        "# Train Faster: the pages as notebooks\n\n"
         f"Generated by the book's build from {repository_url} (branch `main`); do not edit.\n"
-        "`book/<chapter>.ipynb` is the chapter without outputs, "
-        "`book/<chapter>-exercises.ipynb` the same with the solutions removed. The first cell\n"
-        "installs the `trainfast` package where it is missing.\n"
+        "`book/<chapter>/<section>.ipynb` is a section page without outputs (`book/<chapter>.ipynb`"
+        " for a chapter on one page), `...-exercises.ipynb` the same with the solutions removed.\n"
+        "The first cell installs the `trainfast` package where it is missing. `requirements.txt`\n"
+        "and `runtime.txt` are Binder's: it builds the image once, not at every launch.\n"
     )
+    for name, text in binder_files(repository_url).items():
+        (tree / name).write_text(text)
 
 
 def setup(app: Sphinx) -> None:
     """Connect the notebooks' events (called by the extension's ``setup``)."""
     app.add_config_value("build_support_gpu_notebooks", [], "html", [list])
-    app.connect("html-page-context", _restore_cached_outputs, priority=500)
+    app.connect("html-page-context", _prepare_executed_download, priority=500)
     app.connect("html-page-context", _point_launch_buttons_at_notebooks, priority=600)
     app.connect("build-finished", _write_notebooks)

@@ -376,8 +376,16 @@ def test_unknown_watch_path_fails_the_build_loudly(tmp_path):
         build_support._on_builder_inited(App())  # type: ignore[arg-type]
 
 
+def _book_pages() -> list[Path]:
+    """Every MyST page under ``book/``: chapters, section pages in chapter folders, appendices
+    (not the API reference, whose pages are generated)."""
+    return sorted(
+        p for p in (ROOT / "book").rglob("*.md") if p.relative_to(ROOT / "book").parts[0] != "api"
+    )
+
+
 def test_chapter_sources_are_valid_yaml_front_matter():
-    for chapter in (ROOT / "book").glob("*.md"):
+    for chapter in _book_pages():
         text = chapter.read_text()
         if text.startswith("---"):
             front = yaml.safe_load(text.split("---")[1])
@@ -385,15 +393,32 @@ def test_chapter_sources_are_valid_yaml_front_matter():
 
 
 def test_every_executable_chapter_has_a_test_module():
-    for chapter in (ROOT / "book").glob("*.md"):
-        if "kernelspec:" in chapter.read_text():
-            assert (ROOT / "tests" / f"test_{chapter.stem}.py").exists(), chapter.name
+    """``test_<chapter>.py`` for a chapter on one page and for a chapter that is a folder."""
+    for page in _book_pages():
+        relative = page.relative_to(ROOT / "book")
+        if relative.parts[0] == "appendix" or "kernelspec:" not in page.read_text():
+            continue
+        chapter = relative.parts[0].removesuffix(".md")
+        assert (ROOT / "tests" / f"test_{chapter}.py").exists(), str(relative)
+
+
+def _toc_files(entries: list[dict]) -> set[str]:
+    found = set()
+    for entry in entries or []:
+        if "file" in entry:
+            found.add(entry["file"])
+        found |= _toc_files(entry.get("sections", []))
+    return found
 
 
 def test_every_chapter_is_in_the_table_of_contents():
+    """Every page under ``book/`` is in ``_toc.yml`` (a section page under its chapter's
+    ``sections:``), and everything ``_toc.yml`` lists exists."""
     toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
-    listed = {toc["root"]} | {c["file"] for c in toc.get("chapters", [])}
-    on_disk = {f"book/{p.stem}" for p in (ROOT / "book").glob("*.md")}
+    listed = {toc["root"]} | _toc_files(toc.get("chapters", []))
+    on_disk = {
+        f"book/{p.relative_to(ROOT / 'book').with_suffix('').as_posix()}" for p in _book_pages()
+    }
     missing = {f for f in listed if not any((ROOT / f"{f}{s}").exists() for s in (".md", ".rst"))}
     assert on_disk <= listed and not missing, (
         f"not in _toc.yml: {on_disk - listed}; missing: {missing}"
@@ -497,3 +522,36 @@ def test_code_links_worker_warnings_reach_the_build(tmp_path, monkeypatch):
     code_links.link_pages(app, state)
     assert sorted(given) == pages
     assert written == [True]
+
+
+def test_the_build_kernels_record_each_figures_smallest_text(tmp_path, monkeypatch):
+    """A kernel started as the build starts them (IPYTHONDIR from page_assets.kernel_profile)
+    still draws its figures as PNGs, each recording its smallest visible text in points, which
+    the phone test reads; a figure drawn as text ("<Figure size ...>") would make that test see
+    no figure at all."""
+    import base64
+
+    import nbformat
+    from nbclient import NotebookClient
+
+    sys.path.insert(0, str(ROOT / "book" / "_ext"))
+    import page_style
+    from build_support.page_assets import kernel_profile
+
+    monkeypatch.setenv("IPYTHONDIR", str(kernel_profile(tmp_path)))
+    monkeypatch.setenv("MATPLOTLIBRC", str(ROOT / "book" / "_ext" / "matplotlibrc"))
+    code = (
+        "import matplotlib.pyplot as plt\n"
+        "fig, ax = plt.subplots()\n"
+        "ax.plot([1, 2], label='a line')\n"
+        "ax.legend(fontsize=10)\n"
+        "ax.text(1, 1.5, 'small', fontsize=9)\n"
+        "ax.text(1, 1.2, 'hidden', fontsize=4, visible=False)\n"
+    )
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(code)])
+    NotebookClient(notebook, kernel_name="python3", timeout=120).execute()
+    images = [o for o in notebook.cells[0].outputs if "image/png" in o.get("data", {})]
+    assert len(images) == 1, notebook.cells[0].outputs
+    png = base64.b64decode(images[0]["data"]["image/png"])
+    assert page_style.png_text(png)[page_style.SMALLEST_TEXT_KEY] == "9.00"
+    assert page_style.png_info(png)[2] == pytest.approx(192, rel=0.01)  # drawn at 2x still

@@ -18,6 +18,8 @@ from trainfast.records import (
     Prediction,
     Published,
     Record,
+    column_label,
+    full_record,
     gpu_figures_table,
     load_records,
     make_record,
@@ -120,15 +122,60 @@ def test_records_round_trip_with_provenance(tmp_path):
     assert record.environment["torch_version"] == torch.__version__
     assert record.created[:4].isdigit() and "T" in record.created
     text = to_markdown(loaded)
-    assert "| size | ms (ms) |" in text and "| 2 | 1.25 |" in text
+    assert "| size | ms |" in text and "| 2 | 1.25 |" in text
     assert provenance(loaded) in text and torch.__version__ in text
 
 
 def test_to_markdown_can_pick_columns():
     text = to_markdown(_record(), columns=["ms"])
-    assert text.startswith("| ms (ms) |\n|---|\n| 0.50 |")
+    assert text.startswith("| ms |\n|---|\n| 0.50 |")
     with pytest.raises(ValueError, match="no columns \\['speed'\\]"):
         to_markdown(_record(), columns=["speed"])
+
+
+def test_to_markdown_writes_headers_and_byte_counts_as_a_reader_reads_them():
+    """No raw field names ("bytes (bytes)", "gb_per_s (GB/s)"), no unformatted byte counts
+    (``270532624``) and no ``None`` cell (the sections issue's record tables)."""
+    record = make_record(
+        "memory",
+        "Bytes.",
+        [
+            {"kernel": "copy", "bytes": 270532624, "saved_bytes": 3 * 2**30, "gb_per_s": None},
+            {"kernel": "add", "bytes": 135266312, "saved_bytes": 2 * 2**30, "gb_per_s": 2890.0},
+        ],
+        units={"bytes": "bytes", "saved_bytes": "bytes", "gb_per_s": "GB/s"},
+        device="cpu",
+    )
+    lines = to_markdown(record).splitlines()
+    assert lines[0] == "| kernel | MiB | saved bytes (GiB) | GB/s |"
+    assert lines[2] == "| copy | 258 | 3 | – |"
+    assert lines[3] == "| add | 129 | 2 | 2,890 |"
+    assert column_label("step_time", "ms") == "step time (ms)"
+    assert column_label("bytes", "bytes") == "bytes"
+    spread = make_record(
+        "spread", "Spread.", [{"bytes": 1000}, {"bytes": 3 * 2**30}], units={"bytes": "bytes"},
+        device="cpu",
+    )  # fmt: skip
+    assert to_markdown(spread).splitlines()[:4] == [
+        "| bytes |",
+        "|---|",
+        "| 1,000 B |",
+        "| 3 GiB |",
+    ]
+
+
+def test_to_markdown_shows_the_rows_a_page_needs_and_full_record_the_rest():
+    record = _record()
+    picked = to_markdown(record, rows=lambda row: row["size"] > 1)
+    assert "| 2 | 1.25 |" in picked and "| 1 | 0.50 |" not in picked
+    assert to_markdown(record, rows=[1]) == picked
+    with pytest.raises(ValueError, match="keeps none"):
+        to_markdown(record, rows=lambda row: False)
+    with pytest.raises(ValueError, match="has 2 rows; no row 5"):
+        to_markdown(record, rows=[5])
+    whole = full_record(record)
+    assert whole.startswith(":::{dropdown} The whole record: 2 rows\n")
+    assert "| 1 | 0.50 |" in whole and "| 2 | 1.25 |" in whole and whole.endswith(":::\n")
 
 
 def test_to_markdown_sets_command_line_flags_in_code():
@@ -266,7 +313,7 @@ def test_the_placeholder_pattern_catches_the_old_lines():
 def test_chapter_sources_hold_no_gpu_placeholder(name):
     import chapters
 
-    text = chapters.chapter_path(name).read_text()
+    text = "\n".join(chapters.chapter_path(page).read_text() for page in chapters.pages_of(name))
     found = [m.group(0) for m in PLACEHOLDER.finditer(text)]
     assert found == [], f"{name}: placeholder text {found}"
 
@@ -274,11 +321,20 @@ def test_chapter_sources_hold_no_gpu_placeholder(name):
 @pytest.mark.chapter
 @pytest.mark.parametrize("name", CHAPTERS)
 def test_executed_chapters_print_no_gpu_placeholder(name):
+    import book_site
     import chapters
 
-    notebook = chapters.executed_notebook(name)
+    notebooks = [
+        chapters.executed_notebook(page)
+        for page in chapters.pages_of(name)
+        if book_site.is_notebook(page)
+    ]
     outputs = [
-        output for cell in notebook.cells if cell.cell_type == "code" for output in cell.outputs
+        output
+        for notebook in notebooks
+        for cell in notebook.cells
+        if cell.cell_type == "code"
+        for output in cell.outputs
     ]
     texts = [
         str(output.get("text", "")) + "".join(str(v) for v in output.get("data", {}).values())
@@ -295,7 +351,7 @@ def test_to_markdown_uses_one_number_format_per_column_and_the_given_labels():
     env = dict.fromkeys(["torch_version", "device_name", "device", "python_version"], "x")
     record = Record("t", "d.", ["way", "ms", "ratio"], rows, env, "2026-01-01", "x", {"ms": "ms"})
     table = to_markdown(record, labels={"ratio": "ours / torch"})
-    assert table.splitlines()[0] == "| way | ms (ms) | ours / torch |"
+    assert table.splitlines()[0] == "| way | ms | ours / torch |"
     assert "| a | 19,585 | 1.00 |" in table and "| b | 8,830 | 0.45 |" in table
     with pytest.raises(ValueError, match="nope"):
         to_markdown(record, labels={"nope": "x"})
@@ -357,9 +413,8 @@ def test_gpu_figures_table_keeps_measured_predicted_and_published_apart():
     )
     assert rows[2] == ("| without one | – | – | 1.5 ms (a datasheet {cite}`nvidia2022h100`) | – |")
     assert "[1] " + provenance(record) in text
-    # each missing benchmark is named once, in one copyable command
-    assert "`python -m trainfast.measure --only other` on a CUDA machine" in text
-    assert text.count("other") == 1
+    # no note to the maintainer about the benchmarks that would fill the other rows
+    assert "trainfast.measure" not in text and "Rows without" not in text
 
 
 def test_gpu_figures_table_says_why_a_measurement_is_off_its_prediction():
@@ -386,16 +441,13 @@ def test_gpu_figures_table_says_why_a_measurement_is_off_its_prediction():
     assert "| 0.0052 |" in tiny and "predicted 0.0052 (" in tiny
 
 
-def test_gpu_figures_table_names_the_machine_each_missing_benchmark_needs():
+def test_gpu_figures_table_leaves_out_a_row_that_would_be_only_dashes():
     many = "a machine with a GPU per rank (NCCL)"
-    text = gpu_figures_table(
-        [
-            GPUFigure("one GPU", "ms", benchmark="single"),
-            GPUFigure("ranks", "ms", benchmark="ranks", machine=many),
-        ]
-    )
-    assert "`python -m trainfast.measure --only single` on a CUDA machine" in text
-    assert f"`python -m trainfast.measure --only ranks` on {many}" in text
+    empty = GPUFigure("ranks", "ms", benchmark="ranks", machine=many)
+    assert gpu_figures_table([empty]) == ""
+    text = gpu_figures_table([GPUFigure("one GPU", "ms", prediction=_PREDICTION), empty])
+    rows = [line for line in text.splitlines() if line.startswith("| ")]
+    assert len(rows) == 2 and rows[1].startswith("| one GPU |"), rows
 
 
 def test_gpu_figures_table_refuses_mismatched_units_and_missing_extractors():

@@ -13,7 +13,7 @@ from urllib.parse import unquote, urlsplit
 import book_site
 import pytest
 
-CHAPTERS = book_site.toc_chapters()
+CHAPTERS = book_site.toc_pages()  # every page of every chapter (a section page is a page)
 #: Attributes by which a page makes the browser fetch something (links to follow are not fetches).
 FETCHING = {
     tuple(pair.split("."))
@@ -224,3 +224,66 @@ def test_search_finds_a_chapter_offline(site, server, browser, origin):
         f"searching {word!r} ({origin}) found {results[:5]}"
     )
     assert not remote, f"search ({origin}) requested from other hosts: {remote}"
+
+
+# --- prose that reads as generated --------------------------------------------------------------
+
+#: Seams of text that code filled in without a person's eye: a count of one with a plural
+#: ("1 epochs", "+1 points"), a count that repeats the one before it ("9 configs, of which 9 are
+#: distinct"), and a clause that names its two arms twice ("between A and B, the difference
+#: between A and B").
+TEMPLATE_SEAMS = (
+    re.compile(
+        r"(?<![\d.,])[+-]?1 (?:epochs|times|steps|seeds|points|runs|configs|ranks|rows|"
+        r"tokens|bytes|layers|processes|GPUs|cores|entries|changes|cases|passes|calls)\b"
+    ),
+    re.compile(r"\b(\d+) [a-z]+, of which \1 (?:are|were)\b"),
+    re.compile(r"\bbetween ([^,;.]{2,40}) and ([^,;.]{2,40}), the difference between \1 and \2"),
+)
+
+
+def template_seams(text: str) -> list[str]:
+    """Each place in ``text`` (a page's visible words) where one of :data:`TEMPLATE_SEAMS`
+    matches, with a little of its context."""
+    found = []
+    for pattern in TEMPLATE_SEAMS:
+        for match in pattern.finditer(text):
+            start = max(0, match.start() - 30)
+            found.append(" ".join(text[start : match.end() + 30].split()))
+    return found
+
+
+def visible_text(page: Path) -> str:
+    """The words a reader sees on a built page: its article, tags and scripts removed."""
+    html = page.read_text()
+    article = re.search(r"<article[^>]*>(.*)</article>", html, re.S)
+    body = article.group(1) if article else html
+    body = re.sub(r"<(script|style)[^>]*>.*?</\1>", " ", body, flags=re.S)
+    text = re.sub(r"<[^>]+>", " ", body)
+    from html import unescape
+
+    return " ".join(unescape(text).split())
+
+
+def test_the_template_check_sees_each_planted_seam():
+    planted = (
+        "after 1 epochs: B_simple 103. It won by +1 points (95% interval). The 3 agents ran 9 "
+        "configs, of which 9 are distinct. How far to trust it: between batch 8 and batch 64, the "
+        "difference between batch 8 and batch 64, +7.1 points, is inside the noise."
+    )
+    found = template_seams(planted)
+    assert len(found) == 4, found
+    clean = (
+        "after 1 epoch: 103. It won by +1.0 points and 11 points and 21 steps. The 3 agents ran "
+        "each of the grid's 9 configs once. The difference between batch 8 and batch 64 is inside "
+        "the noise."
+    )
+    assert template_seams(clean) == []
+
+
+@pytest.mark.parametrize(
+    "name", ["intro", *CHAPTERS, "appendix/launching", "appendix/sweep_agents"]
+)
+def test_no_page_reads_as_filled_in_by_a_template(site, name):
+    found = template_seams(visible_text(site / "book" / f"{name}.html"))
+    assert not found, f"{name}: generated phrasing a person would not write:\n" + "\n".join(found)

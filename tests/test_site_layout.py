@@ -31,15 +31,15 @@ import pytest
 sys.path.insert(0, str(book_site.ROOT / "book" / "_ext"))
 import page_style  # noqa: E402  (how the build sizes figures: the PNG's resolution)
 
-CHAPTERS = book_site.toc_chapters()
+CHAPTERS = book_site.toc_pages()  # every page of every chapter (a section page is a page)
 PAGES = ["intro", *CHAPTERS]
 WIDE = {"width": 1400, "height": 2400}
 PHONE = {"width": 390, "height": 844}
 #: A figure shown larger than its print size by more than this is blurry and its text too big.
 MAX_UPSCALE = 1.1
-#: The smallest text a figure may show, in points, on a wide screen and on a phone.
+#: The smallest text a figure may show: in points on a wide screen, in CSS pixels on a phone.
 MIN_TEXT_PT = 9.0
-MIN_PHONE_TEXT_PT = 7.0
+MIN_PHONE_TEXT_PX = 7.0
 
 #: What a reader sees of the page's layout: the column, every figure (its file, its natural and
 #: shown width, caption and alt), every code cell, table or display equation wider than the
@@ -56,11 +56,22 @@ MEASURE = """() => {
     .map((img) => {
       const figure = img.closest('figure');
       const caption = figure && figure.querySelector('figcaption');
+      let scroller = null;  // a box that scrolls the figure sideways: part of it is hidden
+      for (let p = img.parentElement; p && p !== article; p = p.parentElement) {
+        if (p.scrollWidth > p.clientWidth + 1 && getComputedStyle(p).overflowX !== 'visible') {
+          scroller = p;
+          break;
+        }
+      }
+      const r = img.getBoundingClientRect();
       return {
         src: img.currentSrc || img.src,
         alt: img.getAttribute('alt') || '',
         natural: img.naturalWidth,
-        shown: img.getBoundingClientRect().width,
+        shown: r.width,
+        past_column: Math.max(0, r.right - right,
+                              box.left + parseFloat(style.paddingLeft) - r.left),
+        scrolled: !!scroller,
         caption: caption ? caption.textContent.trim() : '',
         numbered: !!(caption && caption.querySelector('.caption-number')),
       };
@@ -107,6 +118,17 @@ MEASURE = """() => {
     code_inputs: texts('.cell_input, .cell .cell_input'),
     outputs: texts('.cell_output, span.pasted-text, .pasted-inline, table, figcaption'),
     cells: texts('td, th').map((s) => s.trim()),
+    imageless_figures: Array.from(article.querySelectorAll('figure'))
+      .filter((f) => !f.querySelector('img, svg, video, iframe, canvas'))
+      .map((f) => (f.id || '') + ': ' + f.textContent.trim().slice(0, 60)),
+    tables: Array.from(article.querySelectorAll('table')).filter((t) => !t.closest('.tfc'))
+      .map((t) => ({
+      visible: t.checkVisibility ? t.checkVisibility() : !!t.offsetParent,
+      rows: Array.from(t.querySelectorAll('tbody tr, tr')).filter((r) => r.querySelector('td'))
+        .map((r) => Array.from(r.querySelectorAll('td')).map((c) => c.textContent.trim())),
+      head: Array.from(t.querySelectorAll('th')).map((c) =>  // a name set as code is meant
+        (c.querySelector('code') ? '`' : '') + c.textContent.trim()),
+    })),
     bold_glue: Array.from(article.querySelectorAll('span.pasted-text'))
       .filter((e) => parseInt(getComputedStyle(e).fontWeight, 10) >= 600)
       .map((e) => e.textContent.trim().slice(0, 60)),
@@ -216,35 +238,64 @@ def image_file(src: str, site: Path | None, base: str | None) -> Path | bytes | 
     return None
 
 
+def _png_bytes(figure: dict, site: Path | None, base: str | None) -> bytes | None:
+    found = image_file(figure["src"], site, base)
+    if isinstance(found, Path):
+        found = found.read_bytes() if found.is_file() and found.suffix == ".png" else None
+    if found and found[:8] == b"\x89PNG\r\n\x1a\n":
+        return found
+    return None
+
+
 def print_scale(figure: dict, site: Path | None = None, base: str | None = None) -> float:
     """How large the page shows a figure relative to its print size (1 = one figure inch per CSS
     inch). A PNG's print size comes from the resolution it records (``page_style``); an image
     that records none (an SVG, a PNG without ``pHYs``) is at print size at its natural width."""
-    dpi = None
-    found = image_file(figure["src"], site, base)
-    if isinstance(found, bytes) or (isinstance(found, Path) and found.suffix == ".png"):
-        if isinstance(found, Path):
-            found = found.read_bytes() if found.is_file() else None
-        if found and found[:8] == b"\x89PNG\r\n\x1a\n":
-            dpi = page_style.png_info(found)[2]
+    png = _png_bytes(figure, site, base)
+    dpi = page_style.png_info(png)[2] if png else None
     natural_print = figure["natural"] * page_style.CSS_DPI / (dpi or page_style.CSS_DPI)
     return figure["shown"] / natural_print if natural_print else 1.0
 
 
-def figure_scale_problems(layout: dict, min_pt: float, site=None, base=None) -> list[str]:
-    """Figures shown above ``MAX_UPSCALE`` times their print size, or whose smallest text (the
-    matplotlibrc's) comes out under ``min_pt`` points."""
-    smallest = smallest_figure_text_pt()
+def smallest_text_pt(figure: dict, site: Path | None = None, base: str | None = None) -> float:
+    """The smallest text of a figure at its print size, in points: what the figure's PNG records
+    (``trainfast:smallest-text-pt``, written by ``book/_ext/kernel_startup/figure_text.py`` in
+    the build's kernels), else the smallest size the book's matplotlibrc gives."""
+    png = _png_bytes(figure, site, base)
+    recorded = page_style.png_text(png).get(page_style.SMALLEST_TEXT_KEY) if png else None
+    return float(recorded) if recorded else smallest_figure_text_pt()
+
+
+#: CSS pixels per point (a point is 1/72 inch, a CSS pixel 1/96).
+PX_PER_PT = 96 / 72
+
+
+def figure_scale_problems(
+    layout: dict, min_pt: float | None = None, site=None, base=None, min_px: float | None = None
+) -> list[str]:
+    """Figures shown above ``MAX_UPSCALE`` times their print size, whose smallest text comes out
+    under ``min_pt`` points (or ``min_px`` CSS pixels), or that are wider than the column or
+    cut off by a box that scrolls them sideways."""
     found = []
     for figure in layout["figures"]:
         if not figure["natural"]:
             continue  # not loaded: the console-error test reports it
         scale = print_scale(figure, site, base)
+        smallest = smallest_text_pt(figure, site, base)
         name = figure["src"].rsplit("/", 1)[-1][:24]
         if scale > MAX_UPSCALE:
             found.append(f"{name}: shown at {scale:.2f}x its print size (blurry, text too big)")
-        if smallest * scale < min_pt - 0.05:
+        if min_pt is not None and smallest * scale < min_pt - 0.05:
             found.append(f"{name}: {smallest:g} pt text shown at {smallest * scale:.1f} pt")
+        if min_px is not None and smallest * scale * PX_PER_PT < min_px - 0.05:
+            found.append(
+                f"{name}: {smallest:g} pt text shown at {smallest * scale * PX_PER_PT:.1f} px"
+            )
+        if figure.get("past_column", 0) > 1 or figure.get("scrolled"):
+            found.append(
+                f"{name}: {figure['shown']:.0f} px wide, wider than its column (part of it is "
+                "off the screen or behind a sideways scroll)"
+            )
     return found
 
 
@@ -256,8 +307,10 @@ def path_like(alt: str) -> bool:
 
 
 def uncaptioned_figures(layout: dict) -> list[str]:
-    """Figures without a numbered caption, or whose alt text is missing or a file name."""
-    found = []
+    """Figures without a numbered caption, or whose alt text is missing or a file name, and
+    figures that hold no image (a cell's figure that came out as its text, ``<Figure size
+    1344x960 with 2 Axes>``, when the PNG could not be drawn)."""
+    found = [f"{figure}: a figure with no image" for figure in layout.get("imageless_figures", [])]
     for figure in layout["figures"]:
         name = figure["src"].rsplit("/", 1)[-1][:24]
         if not figure["numbered"] or len(figure["caption"]) < 10:
@@ -301,6 +354,43 @@ def nan_cells(layout: dict) -> list[str]:
     return [cell for cell in layout["cells"] if NAN_CELL.match(cell)]
 
 
+#: The most rows a table a reader sees at once may have: a page shows the rows its argument
+#: needs and puts a whole record one click away (``trainfast.records.full_record``, collapsed).
+MAX_VISIBLE_TABLE_ROWS = 20
+DASHES = {"–", "—", "-", ""}
+#: Notes addressed to the book's maintainers rather than its readers.
+MAINTAINER_NOTE = re.compile(r"Rows without a measurement|has not been measured yet|\bTODO\b")
+
+
+def record_table_problems(layout: dict) -> list[str]:
+    """Tables shown as a dump rather than read: a ``None`` cell, a row whose every cell but the
+    first is a dash (nothing measured), a header that is a raw field name (``gb_per_s``, or
+    ``bytes (bytes)``), a visible table of more than :data:`MAX_VISIBLE_TABLE_ROWS` rows, and a
+    note to the maintainer under one."""
+    found = []
+    for table in layout["tables"]:
+        first = (table["rows"][0][0] if table["rows"] and table["rows"][0] else "")[:40]
+        for row in table["rows"]:
+            if "None" in row:
+                found.append(f"table at {first!r}: a cell reads None")
+            if len(row) > 1 and all(cell in DASHES for cell in row[1:]):
+                found.append(f"table at {first!r}: the row {row[0]!r} is only dashes")
+        for head in table["head"]:
+            raw = re.fullmatch(r"[a-z]+(?:_[a-z0-9]+)+(?: \(.*\))?", head)
+            repeated = re.fullmatch(r"(\w+) \(\1\)", head)
+            if raw or repeated:
+                found.append(f"table at {first!r}: the header {head!r} is a field name")
+        if table["visible"] and len(table["rows"]) > MAX_VISIBLE_TABLE_ROWS:
+            found.append(
+                f"table at {first!r}: {len(table['rows'])} rows shown at once (at most "
+                f"{MAX_VISIBLE_TABLE_ROWS}: show the rows the argument needs, the rest collapsed)"
+            )
+    for text in layout["outputs"]:
+        for match in MAINTAINER_NOTE.finditer(text):
+            found.append(f"a note to the maintainer: {text[match.start() : match.start() + 70]!r}")
+    return found
+
+
 def too_wide_for_a_phone(layout: dict) -> list[str]:
     """The page is wider than the screen: what sticks out (the innermost elements)."""
     if layout["page_width"] <= layout["screen"] + 1:
@@ -331,10 +421,12 @@ def comment_lines(markdown: str) -> list[str]:
     return found
 
 
-#: Figure text set small in the source (``fontsize=9``, ``"x-small"``): the page shows a figure
-#: at most at its print size, and a figure wider than the column shrunk (a 10-inch one to 0.95),
-#: so a chapter sets no text under 10 pt, and 9 pt prints at about 8.5.
-MIN_SOURCE_FONT_PT = 10.0
+#: Figure text set small in the source (``fontsize=9``, ``"x-small"``): on a 390 px phone a
+#: figure 7.5 inches wide (the widest the chapters draw) is shown at about half its print size,
+#: so no chapter and no figure helper of the package sets text under 11 pt, which reads there at
+#: about 7.5 px. (The phone test reads each figure's actual smallest text from its PNG; this one
+#: names the line to change.)
+MIN_SOURCE_FONT_PT = 11.0
 SMALL_FONT = re.compile(
     r"\b(?:\w*fontsize|labelsize)\s*=\s*(?:(?P<number>\d+(?:\.\d+)?)\b|"
     r"[\"'](?P<name>xx?-small)[\"'])"
@@ -357,12 +449,16 @@ def small_font_settings(source: str, below: float = MIN_SOURCE_FONT_PT) -> list[
 LAYOUT_CSS = book_site.ROOT / "book" / "_static" / "layout.css"
 
 
-def _png(path: Path, inches: float, dpi: int = 192) -> str:
-    """A blank PNG ``inches`` wide that records ``dpi``, as matplotlib writes them for the book."""
-    from PIL import Image
+def _png(path: Path, inches: float, dpi: int = 192, smallest_pt: float | None = None) -> str:
+    """A blank PNG ``inches`` wide that records ``dpi`` and, if given, its smallest text in
+    points, as the build's kernels write them for the book."""
+    from PIL import Image, PngImagePlugin
 
+    info = PngImagePlugin.PngInfo()
+    if smallest_pt is not None:
+        info.add_text(page_style.SMALLEST_TEXT_KEY, f"{smallest_pt:.2f}")
     Image.new("RGB", (round(inches * dpi), round(inches * dpi / 3)), "white").save(
-        path, dpi=(dpi, dpi)
+        path, dpi=(dpi, dpi), pnginfo=info
     )
     return path.name
 
@@ -372,7 +468,7 @@ def _page(body: str, css: str = "") -> str:
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <link rel="stylesheet" href="{LAYOUT_CSS.as_uri()}">
 <style>span.pre {{ white-space: nowrap; }} span.pasted-text {{ font-weight: bold; }}
-body {{ margin: 0; }}
+body {{ margin: 0; }} figure {{ margin: 1em 0; }}
 article {{ max-width: 800px; padding: 0 20px; }} pre {{ overflow-x: auto; }} {css}</style></head>
 <body><article class="bd-article">{body}</article></body></html>"""
 
@@ -390,6 +486,11 @@ def _figure(src: str, width: int, caption: str | None, alt: str) -> str:
     )
 
 
+def _long_table(rows: int) -> str:
+    body = "".join(f"<tr><td>size {i}</td><td>{i * 1.5:.1f}</td></tr>" for i in range(rows))
+    return f"<table><tr><th>size</th><th>time (ms)</th></tr>{body}</table>"
+
+
 def planted_pages(folder: Path) -> tuple[Path, Path]:
     """Two pages: one with an instance of every defect the checks exist for, one without."""
     small, wide = _png(folder / "small.png", 2.0), _png(folder / "wide.png", 20.0)
@@ -399,12 +500,20 @@ def planted_pages(folder: Path) -> tuple[Path, Path]:
         _figure(small, 800, "Blown up four times.", good_alt)  # upscaled 4x
         + _figure(wide, 1920, "Shrunk to 0.4x.", good_alt)  # its text under 9 pt
         + _figure(fits, 576, None, "_images/fits.png")  # no caption, alt is a file name
+        + '<figure id="fig-text"><pre>&lt;Figure size 1344x960 with 2 Axes&gt;</pre>'
+        + "<figcaption><p>Drawn as text.</p></figcaption></figure>"
         + '<div class="cell"><div class="cell_input"><pre>loss = train()\n'
         'glue("loss", loss, display=False)</pre></div></div>'
         + '<div class="cell_output"><pre>saved to /tmp/tmpk3j2x/trace.json\n'
         "  File /__w/pytorch/pytorch/torch/nn/x.py</pre></div>"
         + "<table><tr><th>layout</th><th>GB per device</th></tr>"
         + "<tr><td>tp=64</td><td>nan</td></tr></table>"
+        + "<table><tr><th>kernel</th><th>gb_per_s (GB/s)</th><th>bytes (bytes)</th></tr>"
+        + "<tr><td>copy</td><td>None</td><td>270532624</td></tr>"
+        + "<tr><td>DDP</td><td>–</td><td>–</td></tr></table>"
+        + _long_table(25)
+        + '<div class="cell_output"><p>Rows without a measurement: `python -m trainfast'
+        + ".measure --only ddp-overlap` measures them.</p></div>"
         + '<p>A glued <strong><span class="pasted-text">72.0%</span></strong> in bold.</p>'
         + '<p><span style="white-space: nowrap">a 600 px line that does not wrap: '
         + "x" * 80
@@ -412,12 +521,17 @@ def planted_pages(folder: Path) -> tuple[Path, Path]:
     )
     clean = _page(
         _figure(fits, 576, "A figure at its print size.", good_alt)
-        + _figure(_png(folder / "column.png", 9.0), 864, "As wide as the column.", good_alt)
+        + _figure(
+            _png(folder / "column.png", 6.5, smallest_pt=13), 624, "Drawn for a phone.", good_alt
+        )
         + '<div class="cell"><div class="cell_input"><pre>loss = train()\nprint(loss)</pre>'
         "</div></div>"
         + '<div class="cell_output"><pre>saved to trace.json</pre></div>'
         + "<table><tr><th>layout</th><th>GB per device</th></tr>"
         + "<tr><td>tp=64</td><td>does not fit</td></tr></table>"
+        + "<details><summary>The whole record: 25 rows</summary>"
+        + _long_table(25)
+        + "</details>"
         + '<p>A glued <span class="pasted-text">72.0%</span> at the body\'s weight (myst-nb '
         + "sets it bold, layout.css does not).</p>"
         + '<p>Long inline code wraps: <code class="docutils literal notranslate">'
@@ -435,10 +549,11 @@ def test_the_checks_see_each_planted_defect_and_pass_a_clean_page(browser, tmp_p
     bad, _ = visit(browser, planted.as_uri())
     good, _ = visit(browser, clean.as_uri())
     scale = figure_scale_problems(bad, MIN_TEXT_PT)
-    assert any(p.startswith("small.png: shown at 3.") for p in scale), scale
+    assert any(p.startswith("small.png: shown at 4.") for p in scale), scale
     assert any(p.startswith("wide.png") and "pt text shown at" in p for p in scale), scale
     assert figure_scale_problems(good, MIN_TEXT_PT) == []
     assert uncaptioned_figures(bad) == [
+        "fig-text: <Figure size 1344x960 with 2 Axes>Drawn as text.: a figure with no image",
         "fits.png: no numbered caption",
         "fits.png: alt text '_images/fits.png' does not say what it shows",
     ]
@@ -449,6 +564,14 @@ def test_the_checks_see_each_planted_defect_and_pass_a_clean_page(browser, tmp_p
     assert len(found) == 2 and "/tmp/tmpk3j2x" in found[0] and "/__w/" in found[1], found
     assert machine_paths(good) == []
     assert nan_cells(bad) == ["nan"] and nan_cells(good) == []
+    tables = record_table_problems(bad)
+    assert any("reads None" in p for p in tables), tables
+    assert any("'DDP' is only dashes" in p for p in tables), tables
+    assert any("'gb_per_s (GB/s)' is a field name" in p for p in tables), tables
+    assert any("'bytes (bytes)' is a field name" in p for p in tables), tables
+    assert any("25 rows shown at once" in p for p in tables), tables
+    assert any("note to the maintainer" in p for p in tables), tables
+    assert record_table_problems(good) == []
     assert bad["bold_glue"] == ["72.0%"] and good["bold_glue"] == []
 
     bad_phone, _ = visit(browser, planted.as_uri(), PHONE)
@@ -456,19 +579,29 @@ def test_the_checks_see_each_planted_defect_and_pass_a_clean_page(browser, tmp_p
     wide = too_wide_for_a_phone(bad_phone)
     assert wide and "does not wrap" in "\n".join(wide), wide
     assert too_wide_for_a_phone(good_phone) == [], too_wide_for_a_phone(good_phone)
-    assert figure_scale_problems(good_phone, MIN_PHONE_TEXT_PT) == []
+    assert figure_scale_problems(good_phone, min_px=MIN_PHONE_TEXT_PX) == []
 
 
-def test_a_figure_shrunk_to_a_phone_without_the_sites_css_is_caught(browser, tmp_path):
-    """layout.css keeps a 9-inch figure at 7 pt or more on a phone; the theme's own rule (shrink
-    every image to its column) would not."""
+def test_a_figure_too_wide_or_too_small_for_a_phone_is_caught(browser, tmp_path):
+    """On a 390 px phone: a 9-inch figure with the matplotlibrc's 11 pt text, shrunk to the
+    column, shows it under 7 px; the same figure with a page style that does not shrink it is
+    wider than its column; a figure whose PNG records larger text passes."""
     _, clean = planted_pages(tmp_path)
-    unstyled = tmp_path / "unstyled.html"
-    theme = "img { max-width: 100%; height: auto; }"
-    link = f'<link rel="stylesheet" href="{LAYOUT_CSS.as_uri()}">'
-    unstyled.write_text(clean.read_text().replace(link, f"<style>{theme}</style>"))
-    layout, _ = visit(browser, unstyled.as_uri(), PHONE)
-    assert any("column.png" in p for p in figure_scale_problems(layout, MIN_PHONE_TEXT_PT))
+    small_text = tmp_path / "small-text.html"
+    nine_inches = _png(tmp_path / "nine.png", 9.0)  # no record: the matplotlibrc's sizes
+    figure = _figure(nine_inches, 864, "Nine inches.", "A line that falls from left to right.")
+    small_text.write_text(clean.read_text().replace("</article>", figure + "</article>"))
+    layout, _ = visit(browser, small_text.as_uri(), PHONE)
+    found = figure_scale_problems(layout, min_px=MIN_PHONE_TEXT_PX)
+    assert any(p.startswith("nine.png") and " px" in p for p in found), found
+    assert not any(p.startswith("column.png") for p in found), found
+
+    unshrunk = tmp_path / "unshrunk.html"
+    css = "<style>article.bd-article img { max-width: none !important; }</style></head>"
+    unshrunk.write_text(small_text.read_text().replace("</head>", css))
+    layout, _ = visit(browser, unshrunk.as_uri(), PHONE)
+    found = figure_scale_problems(layout, min_px=MIN_PHONE_TEXT_PX)
+    assert any(p.startswith("nine.png") and "wider than its column" in p for p in found), found
 
 
 def test_the_source_checks_see_planted_lines():
@@ -482,7 +615,12 @@ def test_the_source_checks_see_planted_lines():
         'ax.legend(fontsize=8)\nax.set_title("t", fontsize="x-small")\nax.legend()\n'
         'ax.text(0, 0, "1", fontsize=9)\nax.text(0, 0, "1", fontsize=10)\n'
     )
-    assert [line[:6] for line in small_font_settings(source)] == ["line 1", "line 2", "line 4"]
+    assert [line[:6] for line in small_font_settings(source)] == [
+        "line 1",
+        "line 2",
+        "line 4",
+        "line 5",
+    ]
     assert [line[:6] for line in small_font_settings(source, below=9)] == ["line 1", "line 2"]
     assert small_font_settings("ax.legend(fontsize=11)\nplt.figure(figsize=(9, 4))") == []
 
@@ -535,6 +673,12 @@ def test_no_table_cell_reads_nan(chapter_layouts, name):
 
 
 @pytest.mark.parametrize("name", PAGES)
+def test_records_are_shown_as_a_reader_reads_them(chapter_layouts, name):
+    found = record_table_problems(chapter_layouts[name][0])
+    assert not found, f"{name}:\n" + "\n".join(found[:20])
+
+
+@pytest.mark.parametrize("name", PAGES)
 def test_glued_values_take_the_bodys_weight(chapter_layouts, name):
     bold = chapter_layouts[name][0]["bold_glue"]
     assert not bold, f"{name}: {len(bold)} bold glued values: {bold[:5]}"
@@ -544,7 +688,7 @@ def test_glued_values_take_the_bodys_weight(chapter_layouts, name):
 def test_no_page_is_wider_than_a_phone(phone_layouts, site, server, name):
     layout, _ = phone_layouts[name]
     found = too_wide_for_a_phone(layout) + figure_scale_problems(
-        layout, MIN_PHONE_TEXT_PT, site, server
+        layout, site=site, base=server, min_px=MIN_PHONE_TEXT_PX
     )
     assert not found, f"{name} at {PHONE['width']} px:\n" + "\n".join(found)
 
@@ -556,10 +700,10 @@ def test_no_prose_line_starts_with_a_percent_sign(name):
 
 
 def test_no_figure_text_is_set_too_small():
-    """Chapters set no text under 10 pt; the package's figure helpers none under 9."""
+    """Neither the chapters nor the package's figure helpers set text under 11 pt."""
     sources = [(book_site.ROOT / "book" / f"{name}.md", MIN_SOURCE_FONT_PT) for name in PAGES]
     package = sorted((book_site.ROOT / "code" / "trainfast").rglob("*.py"))
-    sources += [(path, MIN_TEXT_PT) for path in package]
+    sources += [(path, MIN_SOURCE_FONT_PT) for path in package]
     found = [
         f"{path.relative_to(book_site.ROOT)} {line}"
         for path, below in sources

@@ -85,6 +85,28 @@ def png_info(data: bytes) -> tuple[int, int, float | None]:
     return width, height, None
 
 
+#: The PNG text chunk in which the build's kernels record a figure's smallest text, in points
+#: (``book/_ext/kernel_startup/figure_text.py``).
+SMALLEST_TEXT_KEY = "trainfast:smallest-text-pt"
+
+
+def png_text(data: bytes) -> dict[str, str]:
+    """The ``tEXt`` chunks of a PNG (its bytes) as ``{keyword: text}``."""
+    if data[:8] != b"\x89PNG\r\n\x1a\n":
+        raise ValueError("not a PNG")
+    found: dict[str, str] = {}
+    at = 8
+    while at + 8 <= len(data):
+        length, kind = struct.unpack(">I4s", data[at : at + 8])
+        if kind == b"tEXt":
+            keyword, _, text = data[at + 8 : at + 8 + length].partition(b"\0")
+            found[keyword.decode("latin-1")] = text.decode("latin-1")
+        if kind == b"IEND":
+            break
+        at += 12 + length
+    return found
+
+
 def print_width(path: Path) -> int | None:
     """The CSS width (px) at which the PNG at ``path`` shows its drawing at its print size."""
     width, _, dpi = png_info(path.read_bytes())

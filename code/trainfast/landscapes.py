@@ -279,5 +279,5 @@ def plot_trajectories(
     ax.set_xlabel("parameter x (no unit)")
     ax.set_ylabel("parameter y (no unit)")
     ax.set_title(title if title is not None else f"Optimizers on {readable}")
-    ax.legend(loc="best", fontsize=9)
+    ax.legend(loc="best", fontsize=11)
     return ax

@@ -32,6 +32,8 @@ __all__ = [
     "Prediction",
     "Published",
     "Record",
+    "column_label",
+    "full_record",
     "gpu_figures_table",
     "load_records",
     "make_record",
@@ -199,10 +201,11 @@ def load_records(directory: str | Path, name: str | None = None) -> list[Record]
 
 
 def _book_records() -> Path:
-    """The book's ``records`` folder, from a chapter's folder, the repo root or the package."""
+    """The book's ``records`` folder, from a page's folder, the repo root or the package."""
     here = Path.cwd()
     candidates = [
-        here / "records",  # a chapter runs in book/
+        here / "records",  # a chapter runs in book/ (a notebook on Colab: its copy beside it)
+        here.parent / "records",  # a section page runs in book/<chapter>/
         here / "book" / "records",  # the repository root
         here.parent / "book" / "records",  # tests/ or another sibling of book/
         Path(__file__).resolve().parents[2] / "book" / "records",  # this checkout's book
@@ -285,44 +288,140 @@ def _column_format(values: list[Any]) -> Callable[[Any], str]:
     return lambda v: f"{v:,.{decimals}f}" if isinstance(v, float) and math.isfinite(v) else str(v)
 
 
+def column_label(name: str, unit: str | None) -> str:
+    """The header a column gets without a label of its own: its name in words and its unit
+    (``"step time (ms)"`` for ``step_time`` in ``ms``), the unit alone where the name only
+    spells it (``"GB/s"`` for ``gb_per_s``, ``"ms"`` for ``ms``)."""
+    words = name.replace("_", " ").strip()
+
+    def spelled(text: str) -> str:
+        return re.sub(r"[^a-z0-9]", "", text.lower().replace("per", ""))
+
+    if not unit:
+        return words
+    if spelled(name) == spelled(unit):
+        return unit
+    return f"{words} ({unit})"
+
+
+#: Units of byte counts, which :func:`to_markdown` writes as KiB, MiB or GiB.
+BYTE_UNITS = ("bytes", "B")
+_BINARY = (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10))
+
+
+def _bytes_text(value: float) -> str:
+    """One count of bytes in its own unit, three significant digits: ``258 MiB``, ``1,000 B``."""
+    unit, scale = next(((u, f) for u, f in _BINARY if abs(value) >= f), ("B", 1))
+    if scale == 1:
+        return f"{value:,.0f} B"
+    return f"{value / scale:.3g} {unit}"
+
+
+def _readable_bytes(name: str, values: list[Any]) -> tuple[str, list[str]]:
+    """The header and cells of a column of byte counts (``270532624`` reads ``258``, under
+    ``(MiB)``): the largest of B, KiB, MiB and GiB in which the largest count is at least 1,
+    or, where the counts span more than a thousandfold, each count in its own unit and the header
+    without one. ``name`` is the header's words (empty: the unit alone)."""
+    counts = [abs(v) for v in values if _is_number(v)]
+    largest, smallest = max(counts, default=0), min((c for c in counts if c), default=0)
+    unit, scale = next(((u, f) for u, f in _BINARY if largest >= f), ("B", 1))
+    if smallest and smallest / scale < 1e-3:
+        return name or "bytes", [_bytes_text(v) if _is_number(v) else str(v) for v in values]
+    header = f"{name} ({unit})" if name else unit
+    if scale == 1:
+        return header, [f"{v:,.0f}" if _is_number(v) else str(v) for v in values]
+    scaled = [float(v) / scale if _is_number(v) else v for v in values]
+    return header, list(map(_column_format(scaled), scaled))
+
+
 def to_markdown(
-    record: Record, columns: list[str] | None = None, labels: dict[str, str] | None = None
+    record: Record,
+    columns: list[str] | None = None,
+    labels: dict[str, str] | None = None,
+    rows: Callable[[dict], bool] | Sequence[int] | None = None,
 ) -> str:
     """The record as a Markdown table followed by its provenance, for ``IPython.display``.
 
     ``columns`` picks and orders the columns shown (default: all); an unknown one raises
     ``ValueError`` naming it. ``labels`` gives a column the header a reader should see
-    (``{"ratio": "ours / torch"}``); a column without one shows its name and its unit. Each
-    column has one number format (:func:`_column_format`).
+    (``{"ratio": "ours / torch"}``); a column without one shows its name in words and its unit
+    (:func:`column_label`). ``rows`` picks the rows a page's argument needs: a test on a row
+    (``lambda row: row["size"] >= 4096``) or their indices; default all, and a selection that
+    keeps none raises ``ValueError``, since an empty table says nothing. Each column has one
+    number format (:func:`_column_format`); a missing value (None) shows as a dash.
 
     Times are shown in a unit a person reads (:func:`_readable_times`): a column in seconds
     (unit ``"s"``) whose values are all under a second is shown in ms, µs or ns, its header's
     ``(s)`` changed to match; one whose values span from under a millisecond to seconds shows
     each value in its own unit (``752 µs``, ``6.3 s``), its header without a unit. A column
     whose label does not end in ``(s)`` keeps its seconds, since its header's unit is unknown.
+    Byte counts (unit ``"bytes"``) are shown in KiB, MiB or GiB (:func:`_readable_bytes`),
+    unless the column's label names another unit (a label ending in ``(bytes)`` gets the
+    readable one).
     """
     columns = list(columns or record.columns)
     labels = labels or {}
     unknown = [c for c in [*columns, *labels] if c not in record.columns]
     if unknown:
         raise ValueError(f"Record {record.name!r} has no columns {unknown}")
+    shown_rows = _selected_rows(record, rows)
     header, cells = [], {}
     for c in columns:
-        name = labels.get(c, f"{c} ({record.units[c]})" if c in record.units else c)
-        values = [row[c] for row in record.rows]
-        if record.units.get(c) == "s" and name.endswith(" (s)"):
+        unit = record.units.get(c)
+        name = labels.get(c, column_label(c, unit))
+        values = [row.get(c) for row in shown_rows]
+        if unit == "s" and name.endswith(" (s)"):
             name, cells[c] = _readable_times(name.removesuffix(" (s)"), values)
+        elif unit in BYTE_UNITS and (c not in labels or name.endswith((" (bytes)", " (B)"))):
+            words = c.replace("_", " ") if c not in labels else name.rsplit(" (", 1)[0]
+            name, cells[c] = _readable_bytes("" if words in ("bytes", "B") else words, values)
         else:
             cells[c] = list(map(_column_format(values), values))
+        cells[c] = ["–" if v is None else text for v, text in zip(values, cells[c], strict=True)]
         header.append(name)
     lines = [
         "| " + " | ".join(header) + " |",
         "|" + "---|" * len(header),
     ]
-    for i in range(len(record.rows)):
+    for i in range(len(shown_rows)):
         lines.append("| " + " | ".join(_flags_as_code(cells[c][i]) for c in columns) + " |")
     description = _flags_as_code(record.description)
     return "\n".join(lines) + f"\n\n*{description} {provenance(record)}*\n"
+
+
+def _selected_rows(
+    record: Record, rows: Callable[[dict], bool] | Sequence[int] | None
+) -> list[dict]:
+    if rows is None:
+        return list(record.rows)
+    if callable(rows):
+        chosen = [row for row in record.rows if rows(row)]
+    else:
+        count = len(record.rows)
+        bad = [i for i in rows if not isinstance(i, int) or not -count <= i < count]
+        if bad:
+            raise ValueError(
+                f"Record {record.name!r} has {len(record.rows)} rows; no row {bad[0]!r}"
+            )
+        chosen = [record.rows[i] for i in rows]
+    if not chosen:
+        raise ValueError(f"Record {record.name!r}: the row selection keeps none of its rows")
+    return chosen
+
+
+def full_record(
+    record: Record,
+    columns: list[str] | None = None,
+    labels: dict[str, str] | None = None,
+    title: str | None = None,
+) -> str:
+    """The whole of ``record`` one click away: a collapsed dropdown (MyST, for
+    ``IPython.display.Markdown``) holding :func:`to_markdown` of every row, titled with how many
+    rows it holds. A page shows the few rows its argument needs and puts this under them."""
+    count = len(record.rows)
+    title = title or f"The whole record: {count} row{'s' if count != 1 else ''}"
+    table = to_markdown(record, columns=columns, labels=labels)
+    return f":::{{dropdown}} {title}\n\n{table}\n:::\n"
 
 
 def _is_number(value: Any) -> bool:
@@ -446,15 +545,21 @@ def gpu_figures_table(figures: Sequence[GPUFigure]) -> str:
     book's model; "published" names and cites its source; "measured / predicted" appears where
     both exist. Under the table, each row whose measurement is off its prediction by more than
     :data:`OFF_BY` either way gets a line with the figure's ``explain`` (or says that no reason is
-    given). One closing line says which benchmarks a GPU run would add for the rows that have no
-    measurement. The three kinds never share a cell, so none reads as another.
+    given). The three kinds never share a cell, so none reads as another. A figure with none of
+    the three is left out (a row of dashes says nothing to a reader; the benchmark that would
+    measure it is the figure's ``benchmark``, for the GPU pass, not for the page), and a table
+    with no row left is the empty string.
     """
     if not figures:
         raise ValueError("gpu_figures_table needs at least one GPUFigure")
+    figures = [
+        f for f in figures if f.records or f.prediction is not None or f.published is not None
+    ]
+    if not figures:
+        return ""
     header = ["Figure", "Measured", "Predicted (book's model)", "Published", "Measured / predicted"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     sources: list[Record] = []
-    missing: dict[str, list[str]] = {}  # machine -> benchmarks it would measure
     off: list[str] = []
     for figure in figures:
         measured, ratio = "–", "–"
@@ -477,8 +582,6 @@ def gpu_figures_table(figures: Sequence[GPUFigure]) -> str:
                         f"**Off by more than {OFF_BY:g}×:** {figure.what}, measured / predicted "
                         f"{ratio} ({figure.prediction.model}). {reason}"
                     )
-        elif figure.benchmark and figure.benchmark not in missing.get(figure.machine, []):
-            missing.setdefault(figure.machine, []).append(figure.benchmark)
         predicted = (
             f"{_number(figure.prediction.value, figure.unit)} ({figure.prediction.model})"
             if figure.prediction is not None
@@ -496,7 +599,4 @@ def gpu_figures_table(figures: Sequence[GPUFigure]) -> str:
         text += f"\n[{number}] {provenance(record)}\n"
     for line in off:
         text += f"\n{line}\n"
-    for machine, benchmarks in missing.items():
-        command = "python -m trainfast.measure --only " + " ".join(benchmarks)
-        text += f"\nRows without a measurement: `{command}` on {machine} measures them.\n"
     return text

@@ -25,7 +25,27 @@ from docutils import nodes
 from sphinx.application import Sphinx
 from sphinx.config import Config
 
-__all__ = ["CALCULATOR_MARK", "drop_repeated_inline_scripts"]
+__all__ = ["CALCULATOR_MARK", "drop_repeated_inline_scripts", "kernel_profile"]
+
+#: What every kernel the build starts runs first (see :func:`kernel_profile`).
+KERNEL_STARTUP = Path(__file__).parent.with_name("kernel_startup")
+
+
+def kernel_profile(build: Path) -> Path:
+    """An IPython folder under ``build`` whose default profile runs the scripts of
+    ``book/_ext/kernel_startup`` when a kernel starts (``IPYTHONDIR`` points kernels at it).
+
+    Today that is one script, ``figure_text.py``: each PNG a figure writes records its smallest
+    text in points, which the layout tests read. The scripts are copied afresh at every build.
+    """
+    folder = build / "ipython"
+    startup = folder / "profile_default" / "startup"
+    startup.mkdir(parents=True, exist_ok=True)
+    for old in startup.glob("*.py"):
+        old.unlink()
+    for script in sorted(KERNEL_STARTUP.glob("*.py")):
+        (startup / f"50-{script.name}").write_text(script.read_text())
+    return folder
 
 
 def _on_config_inited(app: Sphinx, config: Config) -> None:
@@ -36,6 +56,8 @@ def _on_config_inited(app: Sphinx, config: Config) -> None:
     config.html_context = {"default_mode": "auto", **config.html_context}
     # The kernels that execute the chapters inherit this: figures drawn for the page's column.
     os.environ.setdefault("MATPLOTLIBRC", str(Path(__file__).parent.with_name("matplotlibrc")))
+    # ... and this: each figure's PNG records its smallest text (kernel_startup/figure_text.py).
+    os.environ.setdefault("IPYTHONDIR", str(kernel_profile(Path(app.srcdir) / "_build")))
     spec = importlib.util.find_spec("mathjax")
     if spec is None or spec.origin is None:
         return  # keep Sphinx's CDN default

@@ -42,7 +42,7 @@ def plot_memory(
     if not breakdowns:
         raise ValueError("Nothing to draw: breakdowns is empty")
     if ax is None:
-        fig, ax = plt.subplots(figsize=(max(5.0, 1.8 * len(breakdowns) + 3.0), 4.5))
+        fig, ax = plt.subplots(figsize=(min(7.5, max(5.0, 1.8 * len(breakdowns) + 3.0)), 4.5))
     else:
         fig = ax.figure
     labels = list(breakdowns)

@@ -53,7 +53,7 @@ def plot_waterfall(rows: Sequence[dict[str, Any]], *, ax: Any = None, title: str
     if len(rows) < 2:
         raise ValueError(f"Invalid rows: a waterfall needs a baseline and a fix, got {len(rows)}")
     if ax is None:
-        _, ax = plt.subplots(figsize=(9, 4.5))
+        _, ax = plt.subplots(figsize=(7.5, 4.2))
     times = [row["step_ms"] for row in rows]
     half_iqr = [row.get("iqr_ms", 0.0) / 2 for row in rows]
     labels = [row["variant"] for row in rows]
@@ -66,20 +66,20 @@ def plot_waterfall(rows: Sequence[dict[str, Any]], *, ax: Any = None, title: str
         ax.bar(i, max(high - low, 0.004 * top), bottom=low, color=VERDICT_COLORS[verdict])
         above = max(high, times[i] + half_iqr[i]) + gap
         ratio = times[i - 1] / times[i]
-        ax.annotate(f"×{ratio:.2f}", (i, above), ha="center", va="bottom", fontsize=10)
+        ax.annotate(f"×{ratio:.2f}", (i, above), ha="center", va="bottom", fontsize=11)
     ax.bar(len(rows), times[-1], color="tab:blue")
     ax.annotate(
         f"×{times[0] / times[-1]:.2f} in all",  # above the last fix's error bar, which it spans
         (len(rows), times[-1] + half_iqr[-1] + gap),
         ha="center",
         va="bottom",
-        fontsize=10,
+        fontsize=11,
     )
     ax.errorbar(
         range(len(rows)), times, yerr=half_iqr, fmt="none", ecolor="black", capsize=3, linewidth=1
     )
     ax.set_xticks(range(len(rows) + 1), [*labels, "all fixes"], rotation=30, ha="right")
-    ax.tick_params(labelsize=10)
+    ax.tick_params(labelsize=11)
     ax.set(ylabel="time per training step (ms)", title=title or "Step time, one fix at a time")
     ax.yaxis.label.set_size(11)
     ax.title.set_size(12)

@@ -104,7 +104,7 @@ def parallel_coordinates(
     low, high = table.min(axis=0), table.max(axis=0)
     scaled = (table - low) / np.where(high > low, high - low, 1.0)
     if ax is None:
-        _, ax = plt.subplots(figsize=(8, 4))
+        _, ax = plt.subplots(figsize=(7.5, 4))
     cmap = plt.get_cmap("viridis_r" if goal == "minimize" else "viridis")
     colour = (y - y.min()) / max(y.max() - y.min(), 1e-12)
     positions = np.arange(table.shape[1])
@@ -127,16 +127,16 @@ def parallel_coordinates(
             levels = categories[name]
             for k, level in enumerate(levels):
                 text = level.strip("'\"")  # repr of a string -> the string
-                ax.text(position + 0.03, k / max(len(levels) - 1, 1), text, fontsize=9, va="center")
+                ax.text(position + 0.03, k / max(len(levels) - 1, 1), text, fontsize=11, va="center")
         else:
-            ax.text(position + 0.03, 0.0, f"{low[j]:.3g}", fontsize=9, va="top")
-            ax.text(position + 0.03, 1.0, f"{high[j]:.3g}", fontsize=9, va="bottom")
-    ax.set_xticks(positions, labels, rotation=20, ha="right", fontsize=10)
+            ax.text(position + 0.03, 0.0, f"{low[j]:.3g}", fontsize=11, va="top")
+            ax.text(position + 0.03, 1.0, f"{high[j]:.3g}", fontsize=11, va="bottom")
+    ax.set_xticks(positions, labels, rotation=20, ha="right", fontsize=11)
     ax.set_yticks([])  # each axis runs from its own minimum (bottom) to its maximum (top)
     ax.set_xlim(-0.2, positions[-1] + 0.5)
     ax.set_ylim(-0.08, 1.08)
     ax.set_title(title or f"Parallel coordinates of {len(runs)} runs, coloured by {metric}")
     norm = plt.Normalize(y.min(), y.max())
     ax.figure.colorbar(plt.cm.ScalarMappable(norm=norm, cmap=cmap), ax=ax, label=metric)
-    ax.legend(loc="upper left", bbox_to_anchor=(0.0, -0.22), fontsize=10, frameon=False)
+    ax.legend(loc="upper left", bbox_to_anchor=(0.0, -0.22), fontsize=11, frameon=False)
     return ax

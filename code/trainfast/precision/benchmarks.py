@@ -31,8 +31,7 @@ from typing import Any
 import torch
 
 from trainfast.accounting import training_flops, training_memory
-from trainfast.device import describe_environment
-from trainfast.gpus import gpu_spec
+from trainfast.gpus import gpu_for_device
 from trainfast.precision.fp8 import has_fp8_tensor_cores, scaled_matmul, to_fp8
 from trainfast.precision.numerics import MATMUL_MODES, autocast_policy, matmul_error
 from trainfast.precision.recipes import training_step
@@ -109,10 +108,10 @@ def matmul_throughput(
 
     FP8 rows (:data:`FP8_VARIANTS`) need FP8 tensor cores and dimensions that are multiples of 16
     (other shapes are left out); on a CPU they are skipped. ``of_peak`` is the fraction of the
-    datasheet's dense peak for the dtype (None where :func:`~trainfast.gpus.gpu_spec` does not know
-    the device); ``of_best`` the fraction of the best figure of the same dtype in this run.
+    datasheet's dense peak for the dtype (None where :func:`~trainfast.gpus.gpu_for_device` does
+    not know the device); ``of_best`` the fraction of the best figure of the same dtype in this run.
     """
-    spec = gpu_spec(describe_environment(device).device_name) if device.type == "cuda" else None
+    spec = gpu_for_device(device)  # None on a CPU, and (with a warning) for a GPU with no row
     rows = []
     for name in dtypes:
         fp8 = name in FP8_VARIANTS
@@ -244,7 +243,7 @@ def _step_row(
         "iqr_ms": timing.iqr * 1e3,
         "tokens_per_s": shape.tokens / timing.median,
     }
-    spec = gpu_spec(describe_environment(device).device_name) if device.type == "cuda" else None
+    spec = gpu_for_device(device)  # None on a CPU, and (with a warning) for a GPU with no row
     # MFU as PaLM defines it (Chowdhery et al. 2023, appendix B): the model's FLOPs per second over
     # one theoretical peak per system, here the GPU's dense bf16 rate, the same for every recipe
     # (so an fp32 step cannot reach 100 % and an FP8 step could exceed it). Nothing is recomputed

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterable
+from datetime import datetime
 from typing import Any
 
 import torch
@@ -46,12 +47,14 @@ __all__ = [
     "PUBLISHED_CUDA_FLOAT16_OPS",
     "PUBLISHED_CUDA_FLOAT32_OPS",
     "PUBLISHED_NAMES",
+    "TF32_BACKWARD_SINCE",
     "autocast_policy_record",
     "matmul_error_record",
     "matmul_throughput",
     "matmul_throughput_record",
     "published_cuda_autocast_policy",
     "gpu_step_shape",
+    "stale_recipes",
     "step_memory_prediction",
     "step_time_record",
 ]
@@ -266,6 +269,22 @@ def gpu_step_shape(quick: bool) -> TransformerShape:
     return TransformerShape.gpt_like(
         d_model=768, n_layers=2 if quick else 12, n_heads=12, seq_len=1024, batch_size=8
     )
+
+
+#: when a tf32 step's backward started to run in TF32 too (commit ab66a8a): a record made before
+#: timed a recipe the book no longer has under the name "tf32"
+TF32_BACKWARD_SINCE = "2026-11-26T15:51:50+00:00"
+
+
+def stale_recipes(record: Record) -> set[str]:
+    """The recipes of a ``precision-step-time`` record that today's benchmark measures otherwise:
+    ``{"tf32"}`` for a record made before :data:`TF32_BACKWARD_SINCE`, none for a later one.
+
+    Decided by the record's date, not by whether it has a ``source_commit``: a record measured
+    without the commit known (a GPU pass without ``.whl/COMMIT``) still ran today's recipe.
+    """
+    made = datetime.fromisoformat(record.created)
+    return {"tf32"} if made < datetime.fromisoformat(TF32_BACKWARD_SINCE) else set()
 
 
 def step_memory_prediction(recipe_name: str, quick: bool = False) -> Prediction:

@@ -195,10 +195,10 @@ def plan_pass(
     """The pass of ``steps`` (:func:`~trainfast.gpu_pass.plan.default_steps`) in commands that
     fit ``device_seconds`` of device time; see the module's docstring for the order.
 
-    ``recorded`` are timings of an earlier pass (:func:`~trainfast.gpu_pass.estimates.
-    recorded_estimates`), preferred to the table's. Raises :class:`PlanDoesNotFit` where
-    command 1 (every page, every GPU test module) or the speedrun does not fit, and
-    ``ValueError`` for a bad ``device_seconds`` or ``jobs``.
+    ``recorded`` are timings of an earlier pass
+    (:func:`~trainfast.gpu_pass.estimates.recorded_estimates`), preferred to the table's.
+    Raises :class:`PlanDoesNotFit` where command 1 (every page, every GPU test module) or the
+    speedrun does not fit, and ``ValueError`` for a bad ``device_seconds`` or ``jobs``.
     """
     if not (math.isfinite(device_seconds) and device_seconds > 0):
         raise ValueError(f"Invalid device_seconds: {device_seconds!r} (need a positive number)")

@@ -8,7 +8,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: book test lint measure gpu-pass gpu-wheels clean
+.PHONY: book test lint measure gpu-plan gpu-pass gpu-wheels clean
 
 # uv installs the same pinned environment as pip does (the same versions, checked on
 # 2026-11-26) in about 40 s instead of about 180 s: it downloads, unpacks and compiles in
@@ -49,14 +49,20 @@ ONLY ?=
 measure: $(STAMP)
 	$(BIN)/python -m trainfast.measure --out book/records $(if $(ONLY),--only $(ONLY))
 
-# On a CUDA machine: every benchmark, every chapter executed, the GPU tests and the compile
-# report, each step under its own time limit; summary in $(GPU_PASS_OUT)/summary.md (README,
-# "The GPU pass"). Runs with the machine's own python3 and the wheels from .whl/ on PYTHONPATH.
-GPU_PASS_OUT  ?= gpu-pass
-GPU_PASS_ARGS ?=
+# The GPU pass, planned for the device time (README, "The GPU pass"). Here: `make gpu-plan`
+# prints its two commands, each step with its estimated seconds and their source, and fails if
+# they do not fit GPU_BUDGET seconds of device time. There, with .whl carried: `make gpu-pass`
+# runs command GPU_PASS_COMMAND (1: every page and GPU test, 8 at a time; 2: the speedrun, then
+# the stale records, then the other benchmarks) with the machine's own python3 and the wheels
+# from .whl/ on PYTHONPATH, as .ci/gpu-call.sh does; DEVICE=cpu is the dry run of the same plan.
+GPU_BUDGET       ?= 900
+GPU_PASS_COMMAND ?= 1
+gpu-plan:
+	PYTHONPATH="$(CURDIR)/code:$$PYTHONPATH" $(PYTHON) -m trainfast.gpu_pass --plan \
+	  --budget $(GPU_BUDGET)
+
 gpu-pass:
-	PYTHONPATH="$(CURDIR)/code:$$PYTHONPATH" PYTHONUNBUFFERED=1 \
-	  $(PYTHON) -m trainfast.gpu_pass --out $(GPU_PASS_OUT) $(GPU_PASS_ARGS)
+	GPU_PASS_BUDGET=$(GPU_BUDGET) PYTHON=$(PYTHON) bash .ci/gpu-call.sh $(GPU_PASS_COMMAND)
 
 # The wheels the GPU machine lacks for the pass (.ci/gpu-wheels.txt), into .whl/, and the commit
 # of this checkout into .whl/COMMIT, marked +dirty as trainfast.records.source_commit marks it

@@ -2,62 +2,60 @@
 # One device call of the GPU pass (README, "The GPU pass"), from the repository root on the GPU
 # machine, with .whl/ carried (make gpu-wheels):
 #
-#   bash .ci/gpu-call.sh SECONDS [PART...]
+#   bash .ci/gpu-call.sh [1|2]                    command 1 or 2 of the planned pass (default 1)
+#   bash .ci/gpu-call.sh custom SECONDS STEP...   only these steps, within SECONDS (a rerun)
 #
-# SECONDS is the wall time this call may use; PARTs (default all, in this order) are
-#   compile-report  the live compile report
-#   pytest-gpu      pytest -m gpu, one step per test module
-#   measure         the benchmarks: PRIORITY first, then the others in pass order
-#   measure-new     the PRIORITY benchmarks alone
-#   chapter         every chapter executed as a notebook
-# or one step (`chapter:profiling`, `pytest-gpu:test_profiling`, `measure:roofline`); several
-# calls with their own PASS_OUT and OUT can run side by side where timings do not matter.
-# each one `python -m trainfast.gpu_pass --resume --budget <what is left>` into gpu-pass/.
-# After each, gpu-pass/ and book/records are tarred into $OUT/gp.tgz, so a call cut short still
-# returns what it finished. Extra arguments for every invocation: GPU_CALL_EXTRA (--list checks
-# the plan without running it).
+# The plan is `python -m trainfast.gpu_pass --plan --budget $GPU_PASS_BUDGET` (default 900 s of
+# device time): command 1 executes every page and runs every GPU test module, 8 at a time;
+# command 2 runs the speedrun's GPU log, then the stale records, then the other benchmarks as
+# far as the time goes. Run command 2 right after command 1 returns: the machine stays warm for
+# 30 s, and a fresh one costs a minute or two of the same device time.
+#
+# It prints what the machine is (probe.txt), installs the wheels into $SITE once, exports
+# TRAINFAST_COMMIT from .whl/COMMIT (the copy there has no .git; records store it), runs the
+# command into $PASS_OUT with --resume, and returns in $OUT (at most 8 files, 16 MiB each): the
+# summary, the records (book/records' GPU records, the pass record among them), the logs with
+# the GPU tests' JUnit XML, and the executed notebooks (split into parts of 15 MiB where larger).
+# DEVICE=cpu is the dry run of the same plan; GPU_CALL_EXTRA=--list lists a command's steps.
 set -u
-total=${1:-}
-case $total in
-  '' | *[!0-9]*) echo "usage: bash .ci/gpu-call.sh SECONDS [PART...] (got SECONDS='$total')" >&2; exit 2 ;;
-esac
-shift
-parts=${*:-compile-report pytest-gpu measure chapter}
-for part in $parts; do
-  case $part in
-    compile-report | pytest-gpu | measure | measure-new | chapter) ;;
-    chapter:* | pytest-gpu:* | measure:*) ;;
-    *)
-      echo "gpu-call: unknown part '$part' (compile-report pytest-gpu measure measure-new" \
-        "chapter, or one step such as chapter:profiling)" >&2
+command=${1:-1}
+case $command in
+  1 | 2) ;;
+  custom)
+    seconds=${2:-}
+    case $seconds in
+      '' | *[!0-9]*) echo "usage: bash .ci/gpu-call.sh custom SECONDS STEP... (got SECONDS='$seconds')" >&2; exit 2 ;;
+    esac
+    shift 2
+    if [ $# -eq 0 ]; then
+      echo "usage: bash .ci/gpu-call.sh custom SECONDS STEP... (no STEP given)" >&2
       exit 2
-      ;;
-  esac
-done
-end=$((SECONDS + total))
+    fi
+    ;;
+  *)
+    echo "usage: bash .ci/gpu-call.sh [1|2] or custom SECONDS STEP... (got '$command')" >&2
+    exit 2
+    ;;
+esac
 OUT=${OUT:-/tmp/out}
 PYTHON=${PYTHON:-python3}
 SITE=${SITE:-/tmp/site}
 PASS_OUT=${PASS_OUT:-gpu-pass}
+DEVICE=${DEVICE:-cuda}
+BUDGET=${GPU_PASS_BUDGET:-900}
 mkdir -p "$OUT"
 
-# the benchmarks to measure first (2026-11-26): profiling-case-study again (its record's loader
-# with workers trained on other batches than the baseline's, since fixed), then speedrun, which
-# has no GPU record (killed at 240 s, its target unreachable, since lowered; it now writes each
-# entry as it finishes), then timing-pitfalls (its record's warm and cold sums timed launches,
-# not the cache: cold_and_warm now hides them); the process-group benchmarks (measure.PROCESS_GROUPS) report "not
-# available" on one GPU
-PRIORITY="profiling-case-study speedrun timing-pitfalls"
-# limits in seconds. The H100 (2026-11-26) took 16 s for the compile report, 4-98 s per
-# benchmark (profiling-case-study 75, scaling-study 98), and the GPU tests 8 s
-# (test_mixed_precision), 35 s (test_profiling), 194 s (test_memory_hierarchy); the chapters that
-# ran to the end 52-67 s (four side by side). The speedrun's baseline: 0.17 s a step (2 x 800 at most)
-LIMITS=(--timeout compile-report=60 --timeout pytest-gpu=90
-  --timeout pytest-gpu:test_memory_hierarchy=240 --timeout measure=90
-  --timeout measure:speedrun=420 --timeout measure:scaling-study=150
-  --timeout measure:profiling-case-study=120 --timeout chapter=200)
-
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1 | tee "$OUT/nvsmi.txt"
+{
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1
+  "$PYTHON" -c "import sys, numpy, torch
+print('python', sys.version.split()[0], 'torch', torch.__version__, 'numpy', numpy.__version__)
+try:
+    import triton; print('triton', triton.__version__)
+except ImportError as error: print('triton:', error)
+if torch.cuda.is_available():
+    p = torch.cuda.get_device_properties(0)
+    print(torch.cuda.get_device_name(), 'SMs', p.multi_processor_count, 'L2', p.L2_cache_size, 'memory', p.total_memory)" 2>&1
+} | tee "$OUT/probe.txt"
 if [ ! -d "$SITE" ]; then
   "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$SITE" \
     .whl/*.whl 2>&1 | tail -3
@@ -71,21 +69,26 @@ if [ -s .whl/COMMIT ]; then
 else
   echo "gpu-call: no .whl/COMMIT (make gpu-wheels writes it): records get no source_commit" >&2
 fi
-echo "gpu-call: commit ${TRAINFAST_COMMIT:-unknown}, parts: $parts, $total s"
+echo "gpu-call: commit ${TRAINFAST_COMMIT:-unknown}, command $command, device $DEVICE"
 
-left() { echo $((end - SECONDS - 20)); } # 20 s for the last tar and the summary
-for part in $parts; do
-  only=("$part")
-  [ "$part" = measure ] && only=($(printf 'measure:%s ' $PRIORITY) measure)
-  [ "$part" = measure-new ] && only=($(printf 'measure:%s ' $PRIORITY))
-  budget=$(left)
-  if [ "$budget" -le 0 ]; then
-    echo "gpu-call: $part: no time left"
-    continue
+pass=("$PYTHON" -m trainfast.gpu_pass --out "$PASS_OUT" --device "$DEVICE" --resume)
+if [ "$command" = custom ]; then
+  "${pass[@]}" --budget "$seconds" --only "$@" ${GPU_CALL_EXTRA:-}
+else
+  "${pass[@]}" --command "$command" --budget "$BUDGET" ${GPU_CALL_EXTRA:-}
+fi
+status=$?
+echo "gpu-call: command $command exited $status"
+
+# what comes back: each part its own file, none over the tool's 16 MiB
+cp "$PASS_OUT/summary.md" "$OUT/summary.md" 2>/dev/null
+tar czf "$OUT/records.tgz" book/records/*--cuda--*.json "$PASS_OUT"/records 2>/dev/null
+tar czf "$OUT/logs.tgz" "$PASS_OUT"/summary.json "$PASS_OUT"/logs "$PASS_OUT"/pytest-gpu 2>/dev/null
+if [ -d "$PASS_OUT/notebooks" ]; then
+  tar czf "$OUT/notebooks.tgz" "$PASS_OUT/notebooks" 2>/dev/null
+  if [ "$(stat -c %s "$OUT/notebooks.tgz")" -gt $((15 << 20)) ]; then
+    split -b 15M -d -a 1 "$OUT/notebooks.tgz" "$OUT/notebooks.tgz." && rm "$OUT/notebooks.tgz"
   fi
-  "$PYTHON" -m trainfast.gpu_pass --out "$PASS_OUT" --device cuda --resume --budget "$budget" \
-    "${LIMITS[@]}" --only "${only[@]}" ${GPU_CALL_EXTRA:-}
-  echo "gpu-call: $part exited $? with $(left) s left"
-  tar czf "$OUT/gp.tgz" "$PASS_OUT" book/records 2>/dev/null
-done
+fi
 cut -c1-220 "$PASS_OUT/summary.md" 2>/dev/null | head -80
+exit $status

@@ -34,7 +34,15 @@ from trainfast.accounting import (
     training_run_seconds,
     zero_memory,
 )
-from trainfast.gpus import GPUS, gpu_for_device, gpu_spec
+from trainfast.gpus import (
+    GPUS,
+    UnlistedGPUWarning,
+    datasheet_peak,
+    gpu_for_device,
+    gpu_spec,
+    spec_for_record,
+    with_device_properties,
+)
 from trainfast.kernels.plots import plot_memory
 from trainfast.optim.state import state_bytes_table
 from trainfast.recipes import RECIPES, Recipe
@@ -460,7 +468,8 @@ def test_gpu_table():
     assert h100.ridge_intensity("bf16") == pytest.approx(295.3, abs=0.1)
     assert gpu_spec("NVIDIA H200") is GPUS["H200 SXM 141GB"]
     assert gpu_spec("NVIDIA A100-SXM4-80GB") is GPUS["A100 SXM 80GB"]
-    for other in ("NVIDIA H100 PCIe", "NVIDIA A100-SXM4-40GB", "NVIDIA H200 NVL", "cpu"):
+    assert gpu_spec("NVIDIA H200 NVL") is GPUS["H200 NVL 141GB"]  # not the SXM's row
+    for other in ("NVIDIA H100 PCIe", "NVIDIA A100-SXM4-40GB", "NVIDIA B200", "cpu"):
         assert gpu_spec(other) is None, other
     assert gpu_spec("NVIDIA L4") is GPUS["L4 24GB"]
     assert gpu_spec("Tesla T4", capability=(7, 5)) is GPUS["T4 16GB"]
@@ -493,6 +502,15 @@ def test_gpu_table_agrees_with_the_device():
     if spec is None:
         pytest.skip(f"{torch.cuda.get_device_name()} is not in the table")
     properties = torch.cuda.get_device_properties(0)
+    # the device's own figures replace the row's stand-ins where the datasheet is silent...
+    device_figures = {"l2_bytes": getattr(properties, "L2_cache_size", None)}
+    device_figures["sm_count"] = properties.multi_processor_count
+    for name in spec.from_device:
+        if device_figures.get(name):
+            assert getattr(spec, name) == device_figures[name], name
+    # ...and the table's own row (its stand-ins too, which records made without the device's
+    # figures use) must agree with the device
+    spec = GPUS[spec.name]
     assert (properties.major, properties.minor) == spec.compute_capability
     assert properties.shared_memory_per_block_optin == spec.shared_memory_per_block_bytes
     assert properties.regs_per_multiprocessor == spec.registers_per_sm
@@ -501,6 +519,61 @@ def test_gpu_table_agrees_with_the_device():
     assert 0.9 < properties.total_memory / spec.memory_bytes < 1.15
     if hasattr(properties, "L2_cache_size"):
         assert properties.L2_cache_size == spec.l2_bytes
+
+
+def _cuda_record(device_name: str, gpu: dict | None = None):
+    from trainfast.records import make_record
+
+    record = make_record("demo", "A demo.", [{"a": 1}], device="cpu")
+    record.environment.update(device="cuda", device_name=device_name, gpu=gpu)
+    return record
+
+
+def test_the_h200_rows_take_the_devices_figures_where_the_datasheet_is_silent():
+    sxm, nvl = GPUS["H200 SXM 141GB"], GPUS["H200 NVL 141GB"]
+    # PyTorch on the H200 SXM lent to the project: L2_cache_size=60MB (l2CacheSize // 2**20)
+    assert sxm.l2_bytes == 60 * 2**20 and sxm.from_device == ("l2_bytes", "sm_count")
+    assert (sxm.hbm_bytes_per_s, sxm.peak_flops["bf16"]) == (4.8e12, 989.4e12)
+    assert nvl.hbm_bytes_per_s == 4.8e12 and nvl.peak_flops["bf16"] == 835.5e12  # 1,671 sparse
+    assert nvl.ridge_intensity() < sxm.ridge_intensity() < GPUS["H100 SXM 80GB"].ridge_intensity()
+    reported = {"l2_bytes": 61 * 2**20, "sm_count": 130, "hbm_bytes_per_s": 1.0, "name": "x"}
+    spec = spec_for_record(_cuda_record("NVIDIA H200", {**reported, "compute_capability": [9, 0]}))
+    assert (spec.l2_bytes, spec.sm_count) == (61 * 2**20, 130)  # the device's own figures
+    assert (spec.hbm_bytes_per_s, spec.name) == (4.8e12, "H200 SXM 141GB")  # the datasheet's
+    assert spec_for_record(_cuda_record("NVIDIA H200")) is sxm  # an old record: the row
+    assert spec_for_record(_cuda_record("NVIDIA H200 NVL")) is nvl
+    h100 = GPUS["H100 SXM 80GB"]
+    assert with_device_properties(h100, reported) is h100  # the whitepaper gives all its figures
+    cpu = _cuda_record("AMD EPYC")
+    cpu.environment["device"] = "cpu"
+    assert spec_for_record(cpu) is None
+
+
+def test_a_gpu_without_a_row_gets_no_prediction_and_a_warning_naming_it(monkeypatch):
+    with pytest.warns(UnlistedGPUWarning, match="NVIDIA B200 has no row in trainfast.gpus.GPUS"):
+        assert spec_for_record(_cuda_record("NVIDIA B200")) is None
+    with pytest.warns(UnlistedGPUWarning, match=r"NVIDIA H200 \(compute capability 8.0\)"):
+        assert spec_for_record(_cuda_record("NVIDIA H200", {"compute_capability": [8, 0]})) is None
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA B200")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (10, 0))
+    with pytest.warns(UnlistedGPUWarning, match=r"NVIDIA B200 \(compute capability 10.0\)"):
+        assert gpu_for_device("cuda") is None  # never another card's row
+
+
+def test_each_datasheet_peak_is_cited_to_its_own_gpus_datasheet():
+    from pathlib import Path
+
+    bib = (Path(__file__).resolve().parents[1] / "book" / "references.bib").read_text()
+    for spec in GPUS.values():
+        if spec.citation:
+            assert f"{{{spec.citation}," in bib, spec.name
+    assert GPUS["H100 SXM 80GB"].citation == "nvidia2022h100"
+    peak = datasheet_peak(GPUS["H200 SXM 141GB"])
+    assert (peak.value, peak.unit, peak.citation) == (989.4, "TFLOP/s", "nvidia2024h200")
+    assert "H200 SXM 141GB" in peak.source
+    with pytest.raises(ValueError, match="'fp8'"):
+        datasheet_peak(GPUS["A100 SXM 80GB"], "fp8")
 
 
 def test_mfu_and_run_time():

@@ -31,8 +31,10 @@ from trainfast.gpu_pass import (
     select_steps,
     write_summary,
 )
+from trainfast.gpu_pass.schedule import PlanDoesNotFit, plan_pass
 from trainfast.gpu_pass.step_commands import expected_device_problem
 from trainfast.measure import BENCHMARKS
+from trainfast.records import load_records
 
 ROOT = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
@@ -245,20 +247,20 @@ def test_steps_are_chosen_by_name_or_kind_and_limits_set_per_step(tmp_path):
     names = [s.name for s in steps]
     assert names[: len(BENCHMARKS)] == [f"measure:{n}" for n in BENCHMARKS]
     modules = [Path(m).stem for m in gpu_test_files()]
-    assert "chapter:optimizers" in names and names[-1] == "compile-report"
+    assert "page:optimizers" in names and names[-1] == "compile-report"
     assert names[-1 - len(modules) : -1] == [f"pytest-gpu:{m}" for m in modules]
     assert all(s.timeout < 600 for s in steps)  # each fits one 10-minute device call
     assert [s.name for s in select_steps(steps, ["chapter:optimizers", "pytest-gpu"])] == [
-        "chapter:optimizers",
+        "page:optimizers",  # chapter:<chapter> names its pages
         *(f"pytest-gpu:{m}" for m in modules),
     ]
     assert len(select_steps(steps, ["measure"])) == len(BENCHMARKS)
     with pytest.raises(ValueError, match=r"\['chapter:nope'\]"):
         select_steps(steps, ["chapter", "chapter:nope"])
-    apply_timeouts(steps, ["100", "chapter=200", "chapter:optimizers=7", "pytest-gpu=90"])
+    apply_timeouts(steps, ["100", "chapter=200", "page:optimizers=7", "pytest-gpu=90"])
     limits = {s.name: s.timeout for s in steps}
-    assert limits["measure:roofline"] == 100 and limits["chapter:profiling"] == 200
-    assert limits["chapter:optimizers"] == 7 and limits[f"pytest-gpu:{modules[0]}"] == 90
+    assert limits["measure:roofline"] == 100 and limits["page:profiling"] == 200
+    assert limits["page:optimizers"] == 7 and limits[f"pytest-gpu:{modules[0]}"] == 90
     for bad in ["soon", "chapter=-1", "nothing=5"]:
         with pytest.raises(ValueError, match=bad):
             apply_timeouts(steps, [bad])
@@ -272,10 +274,10 @@ def test_only_runs_the_steps_in_the_order_named(tmp_path):
     chosen = [s.name for s in select_steps(steps, [*first, "compile-report", "measure"])]
     rest = [f"measure:{n}" for n in BENCHMARKS if f"measure:{n}" not in first]
     assert chosen == [*first, "compile-report", *rest]  # a step goes where it is first named
-    kinds = [s.kind for s in select_steps(steps, ["compile-report", "chapter", "pytest-gpu"])]
-    chapters, tests = (sum(s.kind == kind for s in steps) for kind in ("chapter", "pytest-gpu"))
-    assert kinds == ["compile-report", *["chapter"] * chapters, *["pytest-gpu"] * tests]
-    assert chapters > 1 and tests > 0
+    kinds = [s.kind for s in select_steps(steps, ["compile-report", "page", "pytest-gpu"])]
+    pages, tests = (sum(s.kind == kind for s in steps) for kind in ("page", "pytest-gpu"))
+    assert kinds == ["compile-report", *["page"] * pages, *["pytest-gpu"] * tests]
+    assert pages > 1 and tests > 0
 
 
 FAKE_GPU_TESTS = """
@@ -321,6 +323,9 @@ def test_a_pytest_step_killed_midway_has_each_test_named_and_the_tracebacks_so_f
     assert "AssertionError: the answer was 41" in log and "assert 41 == 42" in log
     assert log.index("the answer was 41") < log.index("test_fake_gpu.py::test_killed")
     assert "test_never_reached" not in log
+    tests = result.details["tests"]  # no JUnit XML from a killed run: read from the log
+    assert (tests["from"], tests["passed"], tests["failed"]) == ("log", 1, 1)
+    assert tests["not_passed"] == ["tests/test_fake_gpu.py::test_fails FAILED"]
 
 
 def test_pytest_steps_stop_a_hung_test_where_pytest_timeout_is_installed(monkeypatch):
@@ -415,7 +420,7 @@ def test_list_and_a_missing_cuda_device(tmp_path):
         timeout=120,
         env=ENV,
     )
-    assert listing.returncode == 0 and "chapter:optimizers\t540 s" in listing.stdout
+    assert listing.returncode == 0 and "page:optimizers\t540 s" in listing.stdout
     if torch.cuda.is_available():
         return
     run = subprocess.run(
@@ -463,15 +468,21 @@ def test_a_real_chapter_executes_and_its_environment_line_is_in_the_summary(tmp_
         "cpu",
         "--out",
         str(tmp_path),
+        "--records",
+        str(tmp_path / "book-records"),
         "--only",
         "chapter:speedrun",  # the shortest chapter
     ]
     run = subprocess.run(command, capture_output=True, text=True, timeout=900, env=ENV)
     assert run.returncode == 0, run.stdout[-3000:]
     (step,) = json.loads((tmp_path / "summary.json").read_text())["steps"]
-    assert step["status"] == "passed"
+    assert step["status"] == "passed" and step["name"] == "page:speedrun"
     assert step["details"]["environment"].startswith("device: cpu")
     assert (tmp_path / "notebooks" / "speedrun.ipynb").exists()
+    (record,) = load_records(tmp_path / "records", "gpu-pass")  # a dry run's stays in OUT
+    (row,) = record.rows
+    assert row["environment"] == step["details"]["environment"] and row["status"] == "passed"
+    assert not (tmp_path / "book-records").exists()
 
 
 def test_the_gpu_wheels_are_pinned_as_the_book_pins_them():
@@ -489,35 +500,330 @@ def test_the_gpu_wheels_are_pinned_as_the_book_pins_them():
     assert ".whl/" in (ROOT / ".gitignore").read_text().split()
 
 
-def test_the_device_call_script_plans_its_parts_in_order_with_valid_limits(tmp_path):
-    """``.ci/gpu-call.sh`` with ``--list``: every invocation is accepted (a bad --timeout or
-    --only would be a usage error, found only on the GPU machine) and the steps come in the
-    order the README gives."""
+def test_the_device_call_script_runs_the_planned_commands_on_the_cpu_too(tmp_path):
+    """``.ci/gpu-call.sh 1`` and ``2`` with ``--list``, as the dry run (``DEVICE=cpu``): each
+    lists its command of the plan, in the plan's order (a bad option would be a usage error,
+    found only on the GPU machine), and leaves the files it returns, none in a folder."""
     (tmp_path / "site").mkdir()  # the wheels count as installed
     env = {**ENV, "OUT": str(tmp_path / "out"), "SITE": str(tmp_path / "site"), "PYTHON": PYTHON}
-    env.update(PASS_OUT=str(tmp_path / "pass"), GPU_CALL_EXTRA="--list")
+    env.update(PASS_OUT=str(tmp_path / "pass"), GPU_CALL_EXTRA="--list", DEVICE="cpu")
     script = [shutil.which("bash") or "bash", str(ROOT / ".ci" / "gpu-call.sh")]
+    from trainfast.gpu_pass.estimates import recorded_estimates
 
-    def planned(*args):
+    recorded = recorded_estimates(ROOT / "book" / "records")  # as the command reads them
+    plan = plan_pass(default_steps(tmp_path / "pass", "cpu"), recorded=recorded)
+
+    def listed(*args):
         run = subprocess.run(
             [*script, *args], capture_output=True, text=True, timeout=300, env=env, cwd=ROOT
         )
         assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-        listed = [line.split("\t") for line in run.stdout.splitlines() if "\t" in line]
-        return run, [n for n, _ in listed], dict(listed)
+        assert "exited 0" in run.stdout
+        return [line.split("\t")[0] for line in run.stdout.splitlines() if "\t" in line]
 
-    run, names, limits = planned("540")
-    assert run.stdout.count(" exited 0 with ") == 4
-    first = [f"measure:{n}" for n in ("profiling-case-study", "speedrun", "timing-pitfalls")]
-    rest = [f"measure:{n}" for n in BENCHMARKS if f"measure:{n}" not in first]
-    tests = [f"pytest-gpu:{Path(m).stem}" for m in gpu_test_files()]
-    chapters = [s.name for s in default_steps(tmp_path, "cpu") if s.kind == "chapter"]
-    assert names == ["compile-report", *tests, *first, *rest, *chapters]
-    assert limits["compile-report"] == "60 s" and limits["measure:speedrun"] == "420 s"
-    assert all(float(limit.removesuffix(" s")) <= 520 for limit in limits.values())
-    assert (tmp_path / "out" / "gp.tgz").exists()
-    _, names, _ = planned("540", "measure-new", "chapter:profiling")
-    assert names == [*first, "chapter:profiling"]
-    for bad in (["soon"], ["60", "measure", "nothing"]):
+    for number in (1, 2):
+        assert listed(str(number)) == plan.command(number).names
+    assert listed() == plan.command(1).names  # command 1 by default
+    assert listed("custom", "60", "page:speedrun", "measure:roofline") == [
+        "page:speedrun",
+        "measure:roofline",
+    ]  # a rerun of chosen steps, in the order named
+    returned = sorted(p.name for p in (tmp_path / "out").iterdir())
+    assert {"probe.txt", "records.tgz", "logs.tgz"} <= set(returned)
+    assert all((tmp_path / "out" / name).is_file() for name in returned)
+    for bad in (["3"], ["custom", "soon", "x"], ["custom", "60"]):
         run = subprocess.run([*script, *bad], capture_output=True, text=True, env=env, cwd=ROOT)
-        assert run.returncode == 2 and bad[-1] in run.stderr and "exited" not in run.stdout
+        assert run.returncode == 2 and "usage:" in run.stderr and "exited" not in run.stdout
+
+
+# --- the book's pages, the plan that fits the device time, the pass record ------------------
+
+NOTEBOOK = (
+    "---\njupytext:\n  text_representation:\n    extension: .md\n    format_name: myst\n"
+    "kernelspec:\n  display_name: Python 3\n  language: python\n  name: python3\n---\n\n# {}\n"
+)
+
+
+def test_pages_come_from_the_toc_with_chapters_as_folders_and_flat_chapters(tmp_path):
+    from trainfast.gpu_pass import executable_pages, page_chapter, toc_pages
+
+    (tmp_path / "_toc.yml").write_text(
+        "format: jb-book\nroot: book/intro\nchapters:\n"
+        "  - file: book/optimizers/index\n    sections:\n"
+        "      - file: book/optimizers/sgd\n      - file: book/optimizers/momentum\n"
+        "        sections:\n          - file: book/optimizers/nesterov\n"
+        "  - file: book/profiling\n  - file: book/api/index\n"
+    )
+    for page in ("optimizers/index", "optimizers/sgd", "optimizers/momentum", "profiling"):
+        (tmp_path / "book" / page).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "book" / f"{page}.md").write_text(NOTEBOOK.format(page))
+    (tmp_path / "book" / "intro.md").write_text("# Not a notebook\n")
+    (tmp_path / "book" / "api").mkdir()
+    (tmp_path / "book" / "api" / "index.rst").write_text("API\n===\n")
+    assert toc_pages(tmp_path)[:2] == ["intro", "optimizers/index"]
+    with pytest.raises(FileNotFoundError, match="book/optimizers/nesterov"):
+        executable_pages(tmp_path)  # listed, missing: never silently skipped
+    (tmp_path / "book" / "optimizers" / "nesterov.md").write_text(NOTEBOOK.format("nesterov"))
+    assert executable_pages(tmp_path) == [
+        "optimizers/index",
+        "optimizers/sgd",
+        "optimizers/momentum",
+        "optimizers/nesterov",
+        "profiling",
+    ]
+    assert [page_chapter(p) for p in ("optimizers/sgd", "profiling")] == ["optimizers", "profiling"]
+    steps = default_steps(tmp_path / "out", "cpu", root=tmp_path)
+    pages = [s.name for s in steps if s.kind == "page"]
+    assert pages[0] == "page:optimizers/index" and len(pages) == 5
+    assert [s.name for s in select_steps(steps, ["chapter:optimizers"])] == pages[:4]
+    # the book today: every chapter of _toc.yml that is a notebook, in its order
+    book = executable_pages(ROOT)
+    assert book[:2] == ["optimizers", "hyperparameters"] and "speedrun" in book
+    assert all((ROOT / "book" / f"{page}.md").exists() for page in book)
+
+
+def test_the_plan_fits_two_commands_in_15_minutes_the_most_wanted_first(tmp_path):
+    from trainfast.gpu_pass.schedule import COMMAND_SECONDS, DEVICE_SECONDS, STALE
+
+    steps = default_steps(tmp_path, "cuda")
+    plan = plan_pass(steps)
+    first, second = plan.commands
+    kinds = {s.kind for s in steps}
+    assert kinds == {"measure", "page", "pytest-gpu", "compile-report"}
+    # command 1: every page and every GPU test module, side by side
+    wanted = {s.name for s in steps if s.kind in ("page", "pytest-gpu", "compile-report")}
+    assert set(first.names) == wanted and first.jobs == 8
+    assert all(p.step.concurrent for p in first.steps)
+    # command 2: the speedrun first, then the stale records in their order, one at a time
+    assert second.names[0] == "measure:speedrun" and second.jobs == 1
+    stale = [n for n in second.names if n.removeprefix("measure:") in STALE]
+    assert stale == [f"measure:{n}" for n in STALE if f"measure:{n}" in second.names]
+    assert second.names.index(stale[0]) == 1
+    assert {p.step.name for p in plan.deferred} | set(second.names) == {
+        s.name for s in steps if s.kind == "measure"
+    }
+    for command in plan.commands:
+        assert command.estimated <= command.budget <= COMMAND_SECONDS
+        assert command.timeout_s <= 600
+        assert all(
+            p.estimate.source and p.step.estimate == p.estimate.seconds for p in command.steps
+        )
+    assert plan.total <= DEVICE_SECONDS == 900
+    assert plan.command(2) is second
+    with pytest.raises(ValueError, match="Invalid command: 3"):
+        plan.command(3)
+    with pytest.raises(PlanDoesNotFit, match="speedrun's GPU log"):
+        plan_pass(steps, 600)
+    with pytest.raises(PlanDoesNotFit, match="command 1"):
+        plan_pass(steps, 200)
+    with pytest.raises(PlanDoesNotFit, match="command 1"):
+        plan_pass(steps, jobs=1)  # one at a time, the pages and tests take over 9 minutes
+    with pytest.raises(ValueError, match="Invalid jobs: 0"):
+        plan_pass(steps, jobs=0)
+
+
+def test_the_plan_is_printed_the_same_for_the_dry_run_and_refused_when_it_does_not_fit():
+    def plan(*arguments):
+        command = [PYTHON, "-m", "trainfast.gpu_pass", "--plan", *arguments]
+        return subprocess.run(command, capture_output=True, text=True, timeout=120, env=ENV)
+
+    on_gpu, dry = plan("--budget", "900"), plan("--budget", "900", "--device", "cpu")
+    assert on_gpu.returncode == 0, on_gpu.stderr
+    assert dry.stdout == on_gpu.stdout  # the dry run goes through the same plan
+    lines = on_gpu.stdout.splitlines()
+    assert lines[0].startswith("GPU pass plan: 900 s of device time, 2 commands")
+    one = next(i for i, line in enumerate(lines) if line.startswith("command 1:"))
+    two = next(i for i, line in enumerate(lines) if line.startswith("command 2:"))
+    assert one < two and "measure:speedrun" in lines[two + 1]
+    assert any("page:optimizers" in line and " s  (H100 pass" in line for line in lines[one:two])
+    assert lines[-1] == "total 900 s of 900 s (15.0 of 15 min)"
+    refused = plan("--budget", "600")
+    assert refused.returncode == 2 and "the plan does not fit" in refused.stderr
+    assert "speedrun" in refused.stderr and "Traceback" not in refused.stderr
+
+
+def test_estimates_come_from_the_last_pass_record_then_the_table(tmp_path):
+    from trainfast.gpu_pass.estimates import (
+        ESTIMATES,
+        PAGE_START_SECONDS,
+        estimate_for,
+        recorded_estimates,
+    )
+    from trainfast.records import make_record, write_record
+
+    page = Step("page:optimizers/sgd", ["true"], 60)
+    whole = ESTIMATES["page"].seconds
+    shared = estimate_for(page, {}, {"optimizers": 4}).seconds
+    assert shared == pytest.approx(whole / 4 + PAGE_START_SECONDS, abs=0.051)  # rounded
+    assert estimate_for(Step("measure:speedrun", ["true"], 60)).seconds == 360
+    assert estimate_for(Step("measure:new-one", ["true"], 60)) == ESTIMATES["measure"]
+    with pytest.raises(ValueError, match="No estimate for step 'odd:x'"):
+        estimate_for(Step("odd:x", ["true"], 60))
+    rows = [
+        {"name": "page:optimizers/sgd", "status": "passed", "seconds": 21.5},
+        {"name": "measure:roofline", "status": "timed out", "seconds": 90.0},  # says nothing
+    ]
+    record = make_record("gpu-pass", "A pass.", rows, device="cpu")
+    record.environment.update(device="cuda", device_name="NVIDIA H200")
+    write_record(record, tmp_path)
+    recorded = recorded_estimates(tmp_path)
+    assert set(recorded) == {"page:optimizers/sgd"}
+    assert estimate_for(page, recorded).seconds == 21.5
+    assert "gpu-pass record, NVIDIA H200" in estimate_for(page, recorded).source
+
+
+def test_concurrent_steps_run_side_by_side_and_a_step_starts_when_its_estimate_fits(tmp_path):
+    sleep = [PYTHON, "-c", "import time; time.sleep(2)"]
+    steps = [Step(f"page:{n}", sleep, 30, concurrent=True) for n in "abcd"]
+    steps.append(Step("alone", [PYTHON, "-c", "pass"], 30))
+    start = time.perf_counter()
+    results = run_pass(steps, tmp_path, echo=None, jobs=4)
+    assert time.perf_counter() - start < 7  # four 2 s steps together, not 8 s one by one
+    assert [r.status for r in results] == [Status.PASSED] * 5
+    assert results[-1].name == "alone" and all(r.details["finished"] for r in results)
+    fits = Step("fits", [PYTHON, "-c", "pass"], 500, estimate=1)  # its limit does not fit
+    late = Step("late", [PYTHON, "-c", "pass"], 5, estimate=100)
+    first, second, third = run_pass(
+        [Step("first", [PYTHON, "-c", "pass"], 30), fits, late],
+        tmp_path / "b",
+        echo=None,
+        budget=30,
+    )
+    assert (first.status, second.status, third.status) == (
+        Status.PASSED,
+        Status.PASSED,
+        Status.NOT_RUN,
+    )
+    assert "not run: its estimate 100 s >" in third.error
+
+
+JUNIT = """<?xml version="1.0" encoding="utf-8"?>
+<testsuites><testsuite name="pytest" tests="4">
+<testcase classname="tests.test_x" name="test_a" time="0.1"/>
+<testcase classname="tests.test_x" name="test_b" time="0.1"><failure message="boom"/></testcase>
+<testcase classname="tests.test_x" name="test_c" time="0.0">
+<skipped message="needs 2 GPUs"/></testcase>
+<testcase classname="tests.test_x" name="test_d" time="0.1"><error message="x"/></testcase>
+</testsuite></testsuites>
+"""
+
+
+def test_the_pass_record_has_a_row_per_step_with_the_tests_and_keeps_earlier_steps(tmp_path):
+    from trainfast.device import describe_environment
+    from trainfast.gpu_pass import write_pass_record
+
+    junit = tmp_path / "test_x.xml"
+    junit.write_text(JUNIT)
+    page = tmp_path / "result.json"
+    print_line = (
+        "import json, sys; json.dump({'environment': 'device: cpu (x)'}, open(sys.argv[1], 'w'))"
+    )
+    steps = [
+        Step("page:optimizers", [PYTHON, "-c", print_line, str(page)], 30, result_file=page),
+        Step("pytest-gpu:test_x", [PYTHON, "-c", "raise SystemExit(1)"], 30, junit=junit),
+    ]
+    environment = describe_environment(torch.device("cpu"))
+    records = tmp_path / "records"
+
+    def write(results):
+        write_pass_record(results, environment, "python -m trainfast.gpu_pass", records)
+
+    run_pass(steps, tmp_path / "out", echo=None, on_result=write)
+    (record,) = load_records(records, "gpu-pass")
+    assert record.columns == [
+        "kind",
+        "name",
+        "status",
+        "seconds",
+        "finished",
+        "environment",
+        "tests",
+        "note",
+        "source_commit",
+    ]
+    rows = {row["name"]: row for row in record.rows}
+    assert rows["page:optimizers"]["environment"] == "device: cpu (x)"
+    assert rows["page:optimizers"]["status"] == "passed" and rows["page:optimizers"]["finished"]
+    tests = rows["pytest-gpu:test_x"]["tests"]
+    assert (tests["passed"], tests["failed"], tests["errors"], tests["skipped"]) == (1, 1, 1, 1)
+    assert "tests.test_x::test_c SKIPPED (needs 2 GPUs)" in tests["not_passed"]
+    assert rows["pytest-gpu:test_x"]["status"] == "failed"
+    assert record.environment["cpu"] and record.created == max(r["finished"] for r in record.rows)
+    # a second pass (command 2, say) adds its rows and keeps the first's
+    run_pass(
+        [Step("measure:x", [PYTHON, "-c", "pass"], 30)],
+        tmp_path / "out",
+        echo=None,
+        on_result=write,
+    )
+    (record,) = load_records(records, "gpu-pass")
+    assert [row["name"] for row in record.rows] == [
+        "page:optimizers",
+        "pytest-gpu:test_x",
+        "measure:x",
+    ]
+    # command 2 on the same machine, where book/records came afresh with the tree: the copy in
+    # OUT/records still holds command 1's rows
+    fresh = tmp_path / "fresh-book-records"
+    (last,) = run_pass([Step("measure:y", [PYTHON, "-c", "pass"], 30)], tmp_path / "o2", echo=None)
+    write_pass_record([last], environment, "python -m trainfast.gpu_pass", fresh, copy_to=records)
+    for folder in (fresh, records):
+        (record,) = load_records(folder, "gpu-pass")
+        assert [row["name"] for row in record.rows][-2:] == ["measure:x", "measure:y"]
+        assert len(record.rows) == 4
+
+
+def test_when_and_where_a_page_last_executed_on_a_gpu(tmp_path):
+    from trainfast.gpu_pass import last_gpu_execution
+    from trainfast.records import make_record, write_record
+
+    def pass_on(gpu, rows):
+        record = make_record("gpu-pass", "A pass.", rows, device="cpu")
+        record.environment.update(device="cuda", device_name=gpu)
+        write_record(record, tmp_path)
+
+    def row(name, status, finished, note=""):
+        return {
+            "name": f"page:{name}",
+            "status": status,
+            "finished": finished,
+            "note": note,
+            "environment": "device: cuda (GPU)",
+            "source_commit": "abcdef1234",
+        }
+
+    pass_on("NVIDIA H100 80GB HBM3", [row("optimizers", "passed", "2026-11-26T20:00:00+00:00")])
+    pass_on(
+        "NVIDIA H200",
+        [
+            row("optimizers", "failed", "2026-12-02T10:00:00+00:00", "ZeroDivisionError"),
+            row("profiling", "not run", "2026-12-02T10:01:00+00:00"),
+        ],
+    )
+    last = last_gpu_execution("optimizers", tmp_path)
+    assert (last.gpu, last.passed, last.status) == ("NVIDIA H200", False, "failed")
+    assert last.sentence() == (
+        "Last executed on the NVIDIA H200 on 2026-12-02 at abcdef1: it failed: ZeroDivisionError."
+    )
+    assert last_gpu_execution("profiling", tmp_path) is None  # not run is no execution
+    assert last_gpu_execution("speedrun", tmp_path) is None  # never on CUDA
+    pass_on("NVIDIA H200", [row("optimizers", "passed", "2026-12-03T10:00:00+00:00")])
+    assert last_gpu_execution("optimizers", tmp_path).sentence().endswith(": every cell passed.")
+    with pytest.raises(ValueError, match="Invalid page: 'optimizers.md'"):
+        last_gpu_execution("optimizers.md", tmp_path)
+
+
+def test_a_planned_command_runs_on_the_cpu_and_writes_its_record_outside_the_book(tmp_path):
+    """The dry run of command 1, one step of it: the plan's budget and limits, the summary, and
+    the pass record in OUT/records (never in --records, the book's)."""
+    out, book = tmp_path / "out", tmp_path / "book-records"
+    command = [PYTHON, "-m", "trainfast.gpu_pass", "--out", str(out), "--device", "cpu"]
+    command += ["--records", str(book), "--command", "1", "--only", "compile-report"]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=300, env=ENV)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    (step,) = json.loads((out / "summary.json").read_text())["steps"]
+    assert step["name"] == "compile-report" and step["status"] == "not available"
+    assert step["timeout"] == 60  # the planned limit (plan.LIMITS)
+    (record,) = load_records(out / "records", "gpu-pass")
+    assert [row["status"] for row in record.rows] == ["not available"]
+    assert record.environment["device"] == "cpu" and not book.exists()

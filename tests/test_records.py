@@ -10,7 +10,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from trainfast.device import describe_environment, environment_line, pick_device
+from trainfast.device import (
+    CPU_FLAGS,
+    cpu_properties,
+    describe_environment,
+    environment_line,
+    gpu_properties,
+    pick_device,
+)
 from trainfast.measure import BENCHMARKS, CUDA_ONLY, main
 from trainfast.records import (
     OFF_BY,
@@ -24,7 +31,9 @@ from trainfast.records import (
     load_records,
     make_record,
     provenance,
+    records_by_gpu,
     records_for,
+    section_records,
     to_markdown,
     write_record,
 )
@@ -521,3 +530,152 @@ def test_records_without_a_source_commit_still_load(tmp_path):
     assert books and all(isinstance(r.source_commit, str) for r in books)
     with pytest.raises(ValueError, match=r"bad.json: invalid 'source_commit'"):
         Record.from_dict({**data, "source_commit": 5}, source="bad.json")
+
+
+# --- what a record says about its machine (the GPU's own properties, the CPU's flags) ----------
+
+ZEN4_CPUINFO = """processor	: 0
+vendor_id	: AuthenticAMD
+cpu family	: 25
+model		: 17
+model name	: AMD EPYC
+flags		: fpu sse2 avx2 fma avx512f avx512dq avx512_bf16 avx512vnni
+
+processor	: 1
+vendor_id	: AuthenticAMD
+model name	: AMD EPYC (another block, not read)
+"""
+ARM_CPUINFO = """processor	: 0
+BogoMIPS	: 2000.00
+Features	: fp asimd sve sve2 bf16 i8mm
+CPU implementer	: 0x41
+"""
+
+
+def test_cpu_properties_name_the_processor_and_its_bf16_flags():
+    zen4 = cpu_properties(ZEN4_CPUINFO)
+    assert zen4["model_name"] == "AMD EPYC" and zen4["vendor_id"] == "AuthenticAMD"
+    assert (zen4["cpu_family"], zen4["model"]) == (25, 17)
+    assert zen4["flags"] == ["avx2", "fma", "avx512f", "avx512_bf16"]  # CPU_FLAGS' order
+    arm = cpu_properties(ARM_CPUINFO)
+    assert arm["flags"] == ["bf16", "sve", "sve2"] and arm["cpu_family"] is None
+    assert arm["vendor_id"] == "0x41" and arm["model_name"]  # platform's name where none
+    assert set(CPU_FLAGS) >= {"avx512_bf16", "amx_bf16", "avx512f", "bf16"}
+    assert cpu_properties("")["flags"] == []
+
+
+def test_every_record_names_its_cpu_and_a_cpu_record_says_so_in_its_provenance():
+    record = make_record("x", "d", [{"a": 1}], device="cpu")
+    cpu = record.environment["cpu"]
+    assert cpu == cpu_properties() and record.environment["gpu"] is None
+    assert cpu["model_name"] and all(flag in CPU_FLAGS for flag in cpu["flags"])
+    record.environment["cpu"] = cpu_properties(ZEN4_CPUINFO)
+    assert "(cpu, family 25 model 17, with avx2, fma, avx512f, avx512_bf16)" in provenance(record)
+
+
+def test_gpu_properties_are_what_the_device_reports(monkeypatch):
+    from types import SimpleNamespace
+
+    import trainfast.device as device_module
+
+    fake = SimpleNamespace(
+        name="NVIDIA H200",
+        multi_processor_count=132,
+        L2_cache_size=60 * 2**20,
+        total_memory=150_754_820_096,
+        major=9,
+        minor=0,
+        shared_memory_per_block_optin=232_448,
+        regs_per_multiprocessor=65_536,
+        max_threads_per_multi_processor=2_048,
+    )
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: fake)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    clocks = {"clocks.max.sm": "1980", "clocks.max.mem": "3201"}
+    monkeypatch.setattr(device_module, "nvidia_smi_query", lambda fields, device: clocks)
+    properties = gpu_properties("cuda")
+    assert properties == {
+        "name": "NVIDIA H200",
+        "sm_count": 132,
+        "l2_bytes": 62_914_560,
+        "memory_bytes": 150_754_820_096,
+        "compute_capability": [9, 0],
+        "shared_memory_per_block_optin_bytes": 232_448,
+        "registers_per_sm": 65_536,
+        "max_threads_per_sm": 2_048,
+        "max_sm_clock_mhz": 1980,
+        "max_memory_clock_mhz": 3201,
+    }
+    monkeypatch.setattr(device_module, "nvidia_smi_query", lambda fields, device: None)
+    assert gpu_properties(0)["max_sm_clock_mhz"] is None  # no nvidia-smi: the rest is known
+    with pytest.raises(ValueError, match="cpu"):
+        gpu_properties("cpu")
+
+
+def test_records_made_before_the_machine_was_described_still_load_and_render():
+    """The committed H100 records have no ``gpu`` or ``cpu`` in their environment."""
+    from trainfast.gpus import GPUS, spec_for_record
+
+    (old,) = records_for("roofline", "cuda", gpu="NVIDIA H100 80GB HBM3")
+    assert "gpu" not in old.environment and "cpu" not in old.environment
+    assert "Measured on NVIDIA H100 80GB HBM3 (cuda) with torch 2.11.0+cu130" in to_markdown(old)
+    assert spec_for_record(old) == GPUS["H100 SXM 80GB"]
+    (cpu,) = records_for("ddp-overlap", "cpu")
+    assert "(cpu) with torch" in provenance(cpu)
+
+
+# --- records from two GPUs: one GPU per section ---------------------------------------------
+
+
+def _gpu_record(name: str, gpu: str, created: str) -> Record:
+    record = _record(name, device="cuda")
+    record.environment["device_name"], record.created = gpu, created
+    return record
+
+
+def test_records_for_a_gpu_and_records_grouped_by_gpu(tmp_path):
+    for name, gpu, created in [
+        ("a", "NVIDIA H100 80GB HBM3", "2026-11-26T15:00:00+00:00"),
+        ("a", "NVIDIA H200", "2026-12-02T10:00:00+00:00"),
+        ("b", "NVIDIA H100 80GB HBM3", "2026-11-26T15:01:00+00:00"),
+    ]:
+        write_record(_gpu_record(name, gpu, created), tmp_path)
+    assert [r.device_name for r in records_for("a", "cuda", tmp_path)] == [
+        "NVIDIA H200",
+        "NVIDIA H100 80GB HBM3",
+    ]  # newest first: the newest alone would mix GPUs across a section's figures
+    assert [
+        r.device_name for r in records_for("a", "cuda", tmp_path, gpu="NVIDIA H100 80GB HBM3")
+    ] == ["NVIDIA H100 80GB HBM3"]
+    assert records_for("b", "cuda", tmp_path, gpu="NVIDIA H200") == []
+    groups = records_by_gpu("a", tmp_path)
+    assert list(groups) == ["NVIDIA H200", "NVIDIA H100 80GB HBM3"]
+    assert all(r.device_name == gpu for gpu, rs in groups.items() for r in rs)
+    with pytest.raises(ValueError, match="Invalid gpu: ''"):
+        records_for("a", "cuda", tmp_path, gpu="")
+
+
+def test_a_section_shows_one_gpu_the_one_that_measured_most_of_its_benchmarks(tmp_path):
+    h100, h200 = "NVIDIA H100 80GB HBM3", "NVIDIA H200"
+    for name in "abc":
+        write_record(_gpu_record(name, h100, "2026-11-26T15:00:00+00:00"), tmp_path)
+    write_record(_gpu_record("a", h200, "2026-12-02T10:00:00+00:00"), tmp_path)  # a partial pass
+    section = section_records(["a", "b", "c"], tmp_path)
+    assert section.gpu == h100 and section.other_gpus == [h200]
+    assert all(r.device_name == h100 for name in "abc" for r in section[name])
+    assert section.sentence() == (
+        f"This section's GPU records come from the {h100} (3 of its 3 benchmarks). Of the same "
+        f"benchmarks, the {h200} measured 1."
+    )
+    for name in "bc":  # the new GPU catches up: the newest GPU wins the tie
+        write_record(_gpu_record(name, h200, "2026-12-02T10:05:00+00:00"), tmp_path)
+    assert section_records(["a", "b", "c"], tmp_path).gpu == h200
+    chosen = section_records(["a", "b"], tmp_path, gpu=h100)
+    assert chosen.gpu == h100 and chosen["a"][0].device_name == h100
+    empty = section_records(["nothing"], tmp_path)
+    assert empty.gpu is None and empty["nothing"] == []
+    assert empty.sentence() == "No GPU has measured this section's benchmarks yet."
+    with pytest.raises(ValueError, match="not one of this section's"):
+        empty["a"]
+    with pytest.raises(ValueError, match=r"Invalid names: \[\]"):
+        section_records([], tmp_path)

@@ -708,3 +708,28 @@ def test_doubling_band_names_a_band_only_when_the_whole_interval_lies_in_it():
         doubling_band(0, 150, 8, 16, 20)
     with pytest.raises(ValueError, match="batch"):
         doubling_band(100, 150, 0, 16, 20)
+
+
+def test_the_gpu_preset_is_named_for_what_it_is_and_sized_from_the_device(monkeypatch):
+    """It ran as ``h100`` on any GPU; now ``gpu`` (the old name an alias while pages use it),
+    with its steps cut where the device's predicted float32 step would not fit the study's
+    time: unchanged on an H100 or an H200, fewer on an A100."""
+    import trainfast.gpus as gpus_module
+    from trainfast.gpus import GPUS
+    from trainfast.speedrun.changes import gpu_preset
+
+    gpu = log_module.preset("gpu")
+    assert gpu.name == "gpu" and log_module.preset("h100") is gpu
+    assert "h100" not in log_module.PRESETS
+    for name, steps in [
+        ("H100 SXM 80GB", 800),
+        ("H200 SXM 141GB", 800),
+        ("H200 NVL 141GB", 725),  # 0.18 s a step: 0.75 x 360 s / (2 x 0.18 s) = 748, and
+        ("A100 SXM 80GB", 225),  # 0.56 s: 243, each down to a multiple of eval_every (25)
+    ]:
+        monkeypatch.setattr(gpus_module, "gpu_for_device", lambda device, spec=GPUS[name]: spec)
+        sized = gpu_preset("cuda")
+        assert sized.target.max_steps == steps, name
+        assert (sized.name, sized.shape, sized.target.loss) == ("gpu", gpu.shape, gpu.target.loss)
+    monkeypatch.setattr(gpus_module, "gpu_for_device", lambda device: None)  # a GPU with no row
+    assert gpu_preset("cuda") is gpu

@@ -6,20 +6,25 @@ first, so every executed page says where its numbers came from.
 
 from __future__ import annotations
 
+import os
 import platform
 import shutil
 import subprocess
 import sys
 import uuid
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
 
 __all__ = [
+    "CPU_FLAGS",
     "Environment",
+    "cpu_properties",
     "describe_environment",
     "device_name",
     "environment_line",
+    "gpu_properties",
     "nvidia_smi_id",
     "page_environment_line",
     "nvidia_smi_query",
@@ -80,7 +85,15 @@ def _mps_available() -> bool:
 
 @dataclass(frozen=True)
 class Environment:
-    """What a measurement ran on: enough to tell two records apart."""
+    """What a measurement ran on: enough to tell two records apart.
+
+    ``gpu`` is the CUDA device's own properties (:func:`gpu_properties`: SM count, L2, memory,
+    compute capability, maximum clocks), so a record says what its GPU was even where
+    :data:`trainfast.gpus.GPUS` has no row for it or the datasheet is silent; ``cpu`` is the
+    host processor (:func:`cpu_properties`: ``/proc/cpuinfo``'s model name, family and model,
+    and the flags that decide how fast bf16 runs). Both are None in records made before they
+    were recorded (2026-12-01), which still load.
+    """
 
     device: str  # "cuda", "mps" or "cpu"
     device_name: str  # the card's name on CUDA, the processor otherwise
@@ -89,8 +102,10 @@ class Environment:
     python_version: str
     platform: str
     driver_version: str | None = None  # the NVIDIA driver on CUDA (from nvidia-smi), else None
+    gpu: dict[str, Any] | None = None  # gpu_properties(device) on CUDA, else None
+    cpu: dict[str, Any] | None = None  # cpu_properties() of the host
 
-    def as_dict(self) -> dict[str, str | None]:
+    def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
@@ -108,7 +123,108 @@ def describe_environment(device: torch.device | None = None) -> Environment:
         python_version=sys.version.split()[0],
         platform=platform.platform(terse=True),
         driver_version=driver,
+        gpu=gpu_properties(device) if device.type == "cuda" else None,
+        cpu=cpu_properties(),
     )
+
+
+def gpu_properties(device: torch.device | str | int | None = None) -> dict[str, Any]:
+    """What CUDA ``device`` reports about itself (``torch.cuda.get_device_properties``), for a
+    record's environment: its name, SM count, L2 and memory in bytes, compute capability,
+    opt-in shared memory per block, registers and threads per SM, and (from nvidia-smi, where it
+    answers) its maximum SM and memory clocks in MHz.
+
+    These are what :func:`trainfast.gpus.with_device_properties` takes where a datasheet is
+    silent (an H200's L2 is on none). Clocks are the maximum, not the current ones: a record's
+    environment must not change between two processes on the same machine.
+    """
+    if device is None or isinstance(device, int):
+        index = torch.cuda.current_device() if device is None else device
+    else:
+        device = torch.device(device)
+        if device.type != "cuda":
+            raise ValueError(f"Invalid device: {device} (gpu_properties needs a CUDA device)")
+        index = device.index if device.index is not None else torch.cuda.current_device()
+    p = torch.cuda.get_device_properties(index)
+    properties: dict[str, Any] = {
+        "name": p.name,
+        "sm_count": p.multi_processor_count,
+        "l2_bytes": getattr(p, "L2_cache_size", None),  # torch >= 2.3 reports it
+        "memory_bytes": p.total_memory,
+        "compute_capability": [p.major, p.minor],
+        "shared_memory_per_block_optin_bytes": getattr(p, "shared_memory_per_block_optin", None),
+        "registers_per_sm": getattr(p, "regs_per_multiprocessor", None),
+        "max_threads_per_sm": getattr(p, "max_threads_per_multi_processor", None),
+    }
+    clocks = nvidia_smi_query(["clocks.max.sm", "clocks.max.mem"], torch.device("cuda", index))
+    for field, key in (
+        ("clocks.max.sm", "max_sm_clock_mhz"),
+        ("clocks.max.mem", "max_memory_clock_mhz"),
+    ):
+        value = (clocks or {}).get(field)
+        properties[key] = int(value) if value and value.isdigit() else None
+    return properties
+
+
+#: ``/proc/cpuinfo`` flags that decide how a CPU runs float32 and bf16 matrix work: 256-bit FMA
+#: (``avx2``, ``fma``), 512-bit (``avx512f``), bf16 dot products (``avx512_bf16``), fp16
+#: arithmetic (``avx512_fp16``), Intel's AMX tiles (``amx_tile``, ``amx_bf16``) and, on 64-bit
+#: Arm, ``bf16`` and the scalable vectors (``sve``, ``sve2``), which Linux lists under ``Features``.
+#: A CPU named only "AMD EPYC" says none of this; its flags do.
+CPU_FLAGS = (
+    "avx2",
+    "fma",
+    "avx512f",
+    "avx512_bf16",
+    "avx512_fp16",
+    "amx_tile",
+    "amx_bf16",
+    "bf16",
+    "sve",
+    "sve2",
+)
+
+
+def cpu_properties(cpuinfo: str | None = None) -> dict[str, Any]:
+    """The host processor, for a record's environment: ``/proc/cpuinfo``'s ``model name``,
+    ``vendor_id``, ``cpu family`` and ``model`` (which name the microarchitecture where the model
+    name does not, e.g. family 25, model 17 is AMD Zen 4), the logical CPUs this process may
+    use, and which of :data:`CPU_FLAGS` the processor has (``flags`` on x86, ``Features`` on Arm).
+
+    ``cpuinfo`` is the file's text (default: read it; empty where there is none, as on macOS, and
+    then only ``platform``'s processor name and the CPU count are known).
+    """
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo") as file:
+                cpuinfo = file.read()
+        except OSError:
+            cpuinfo = ""
+    fields: dict[str, str] = {}
+    for line in cpuinfo.splitlines():
+        if not line.strip():
+            if fields:
+                break  # the first processor's block describes them all
+            continue
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    flags = set((fields.get("flags") or fields.get("Features") or "").split())
+
+    def number(key: str) -> int | None:
+        return int(fields[key]) if fields.get(key, "").isdigit() else None
+
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not on Linux
+        cpus = os.cpu_count()
+    return {
+        "model_name": fields.get("model name") or platform.processor() or platform.machine(),
+        "vendor_id": fields.get("vendor_id") or fields.get("CPU implementer"),
+        "cpu_family": number("cpu family"),
+        "model": number("model"),
+        "cpus": cpus,
+        "flags": [flag for flag in CPU_FLAGS if flag in flags],
+    }
 
 
 def nvidia_smi_query(

@@ -11,23 +11,45 @@ sparsity) FLOP/s per format: ``"fp32"`` on CUDA cores, ``"tf32"``, ``"bf16"``, `
 ``"fp8"`` on tensor cores; a format the GPU has no tensor cores for is absent.
 
 Sources, per row: the NVIDIA H100 Tensor Core GPU Architecture whitepaper (2022) and H100
-datasheet (SXM5); the NVIDIA H200 datasheet (2024); the NVIDIA A100 Tensor Core GPU Architecture
+datasheet (SXM5); the NVIDIA H200 datasheet (2024: the specifications table of NVIDIA's H200
+page, with an H200 SXM and an H200 NVL column); the NVIDIA A100 Tensor Core GPU Architecture
 whitepaper (2020) and A100 datasheet (80GB SXM); the NVIDIA L4 datasheet (2023) and Ada
 Lovelace architecture whitepaper; the NVIDIA Turing GPU Architecture whitepaper (2018, Tesla T4
 appendix) and T4 datasheet. The per-compute-capability limits (shared memory per block and per
 SM, registers, resident blocks and threads per SM) are the CUDA C++ Programming Guide's table
 "Technical Specifications per Compute Capability".
+
+Where a datasheet is silent (an H200's L2 and SM count, an L4's SM count), the row's figure is a
+stand-in named in ``from_device``, and the device's own report replaces it: a live
+GPU's (:func:`gpu_for_device`) or the one a record stored (:func:`spec_for_record`, from
+:func:`trainfast.device.gpu_properties`). A GPU with no row gets no prediction, with an
+:class:`UnlistedGPUWarning` naming it, never another card's row.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-__all__ = ["GPUS", "GPUSpec", "gpu_for_device", "gpu_spec"]
+if TYPE_CHECKING:
+    from trainfast.records import Published, Record
+
+__all__ = [
+    "GPUS",
+    "GPUSpec",
+    "UnlistedGPUWarning",
+    "datasheet_peak",
+    "gpu_for_device",
+    "gpu_spec",
+    "spec_for_record",
+    "spec_for_records",
+    "with_device_properties",
+]
 
 
 @dataclass(frozen=True)
@@ -37,7 +59,10 @@ class GPUSpec:
     ``shared_memory_per_block_bytes`` is the opt-in maximum a kernel may ask for
     (``cudaFuncAttributeMaxDynamicSharedMemorySize``); without opting in a block gets 48 KiB.
     ``nvlink_bytes_per_s`` is ``None`` for a card without NVLink (L4, T4); NVLink and PCIe
-    bandwidths are as NVIDIA states them, both directions together.
+    bandwidths are as NVIDIA states them, both directions together. ``citation`` is the key in
+    ``book/references.bib`` of the datasheet the peaks and bandwidth come from (empty where the
+    book has none). ``from_device`` names the fields no datasheet gives: the row's value is a
+    stand-in that :func:`with_device_properties` replaces with what the device reports.
     """
 
     name: str
@@ -54,6 +79,8 @@ class GPUSpec:
     max_blocks_per_sm: int
     pcie_bytes_per_s: float
     nvlink_bytes_per_s: float | None = None
+    citation: str = ""
+    from_device: tuple[str, ...] = ()
 
     def ridge_intensity(self, dtype: str = "bf16") -> float:
         """FLOPs per HBM byte above which a kernel can be compute-bound (the roofline's ridge)."""
@@ -100,6 +127,7 @@ GPUS: dict[str, GPUSpec] = {
         sm_count=132,  # whitepaper: 132 SMs
         nvlink_bytes_per_s=900e9,  # datasheet: NVLink 900 GB/s
         pcie_bytes_per_s=128e9,  # datasheet: PCIe Gen5 128 GB/s
+        citation="nvidia2022h100",
         **_HOPPER,
     ),
     "H200 SXM 141GB": GPUSpec(
@@ -115,10 +143,38 @@ GPUS: dict[str, GPUSpec] = {
             "fp8": 1978.9 * _TERA,
         },
         hbm_bytes_per_s=4.8e12,  # datasheet: 4.8 TB/s
-        l2_bytes=50 * _MIB,  # not on the datasheet: the H100 SXM5's GH100 configuration
-        sm_count=132,  # as H100 SXM5
+        # not on the datasheet, so taken from the device (from_device): the H200 SXM lent to
+        # this project reports 60 MiB (PyTorch printed L2_cache_size=60MB, which is CUDA's
+        # l2CacheSize // 2**20: torch/csrc/cuda/Module.cpp), the whole GH100's L2 (the H100
+        # whitepaper: 60 MB on the full GH100, of which the H100 SXM5 enables 50)
+        l2_bytes=60 * _MIB,
+        sm_count=132,  # not on the datasheet: the device reported 132, as the H100 SXM5 has
         nvlink_bytes_per_s=900e9,  # datasheet: NVLink 900 GB/s
         pcie_bytes_per_s=128e9,  # datasheet: PCIe Gen5 128 GB/s
+        citation="nvidia2024h200",
+        from_device=("l2_bytes", "sm_count"),
+        **_HOPPER,
+    ),
+    "H200 NVL 141GB": GPUSpec(
+        name="H200 NVL 141GB",
+        memory_bytes=141e9,  # datasheet: 141 GB HBM3e
+        # datasheet (H200 NVL column): FP32 60; TF32 835*, BF16/FP16 1,671*, FP8 3,341* TFLOPS
+        # (* with sparsity): dense is half of the starred numbers. Lower than the SXM's at the
+        # same SM design: a 600 W card at lower clocks
+        peak_flops={
+            "fp32": 60 * _TERA,
+            "tf32": 417.5 * _TERA,
+            "bf16": 835.5 * _TERA,
+            "fp16": 835.5 * _TERA,
+            "fp8": 1670.5 * _TERA,
+        },
+        hbm_bytes_per_s=4.8e12,  # datasheet: 4.8 TB/s
+        l2_bytes=60 * _MIB,  # not on the datasheet: the H200 SXM's, until the device says
+        sm_count=132,  # not on the datasheet: the H200 SXM's, until the device says
+        nvlink_bytes_per_s=900e9,  # datasheet: 2- or 4-way NVLink bridge, 900 GB/s per GPU
+        pcie_bytes_per_s=128e9,  # datasheet: PCIe Gen5 128 GB/s
+        citation="nvidia2024h200",
+        from_device=("l2_bytes", "sm_count"),
         **_HOPPER,
     ),
     "A100 SXM 80GB": GPUSpec(
@@ -159,6 +215,7 @@ GPUS: dict[str, GPUSpec] = {
         hbm_bytes_per_s=300e9,  # datasheet: 300 GB/s (GDDR6, not HBM)
         l2_bytes=48 * _MIB,  # Ada whitepaper: AD104's 48 MB L2
         sm_count=58,  # the L4's AD104 configuration as CUDA reports it; not on the datasheet
+        from_device=("sm_count",),
         shared_memory_per_sm_bytes=100 * _KIB,  # CUDA guide (8.9): 100 KB per SM
         shared_memory_per_block_bytes=99 * _KIB,  # CUDA guide (8.9): 99 KB per block, opt-in
         registers_per_sm=64 * 1024,
@@ -189,6 +246,7 @@ GPUS: dict[str, GPUSpec] = {
 #: cards, have other clocks or memory and get no match rather than a wrong one)
 _DEVICE_NAMES = [
     (re.compile(r"H100 80GB HBM3|H100 SXM", re.IGNORECASE), "H100 SXM 80GB"),
+    (re.compile(r"H200 NVL", re.IGNORECASE), "H200 NVL 141GB"),
     (re.compile(r"H200(?! NVL)", re.IGNORECASE), "H200 SXM 141GB"),
     (re.compile(r"A100[- ]SXM4?[- ]80GB", re.IGNORECASE), "A100 SXM 80GB"),
     (re.compile(r"\bL4\b", re.IGNORECASE), "L4 24GB"),
@@ -196,13 +254,20 @@ _DEVICE_NAMES = [
 ]
 
 
+class UnlistedGPUWarning(UserWarning):
+    """A CUDA device (or a record's) that :data:`GPUS` has no row for: it gets no prediction."""
+
+
 def gpu_spec(device_name: str, capability: tuple[int, int] | None = None) -> GPUSpec | None:
     """The :data:`GPUS` entry for a ``torch.cuda.get_device_name()`` string, or None.
 
-    ``"NVIDIA H100 80GB HBM3"`` is the H100 SXM5; ``"NVIDIA H200"`` the H200 SXM;
-    ``"NVIDIA A100-SXM4-80GB"`` the A100 SXM 80GB; ``"NVIDIA L4"`` and ``"Tesla T4"`` the L4 and
-    T4. With ``capability`` (``torch.cuda.get_device_capability()``), a name whose entry has
-    another compute capability gives None rather than a wrong row.
+    ``"NVIDIA H100 80GB HBM3"`` is the H100 SXM5; ``"NVIDIA H200"`` the H200 SXM and ``"NVIDIA
+    H200 NVL"`` the H200 NVL; ``"NVIDIA A100-SXM4-80GB"`` the A100 SXM 80GB; ``"NVIDIA L4"`` and
+    ``"Tesla T4"`` the L4 and T4. With ``capability`` (``torch.cuda.get_device_capability()``),
+    a name whose entry has another compute capability gives None rather than a wrong row.
+
+    A pure lookup: the datasheet row, without the device's own figures and without a warning
+    (:func:`gpu_for_device` and :func:`spec_for_record` add both).
     """
     spec = next((GPUS[key] for pattern, key in _DEVICE_NAMES if pattern.search(device_name)), None)
     if spec is not None and capability is not None and tuple(capability) != spec.compute_capability:
@@ -210,13 +275,85 @@ def gpu_spec(device_name: str, capability: tuple[int, int] | None = None) -> GPU
     return spec
 
 
+def with_device_properties(spec: GPUSpec, properties: Mapping[str, Any]) -> GPUSpec:
+    """``spec`` with each of its ``from_device`` fields replaced by the device's own
+    figure in ``properties`` (:func:`trainfast.device.gpu_properties`' keys: ``l2_bytes``,
+    ``sm_count``), where the device reported one. Datasheet fields are kept: the device reports
+    no peak rate or bandwidth, and a prediction is the datasheet's."""
+    found = {name: properties[name] for name in spec.from_device if properties.get(name)}
+    return replace(spec, **found) if found else spec
+
+
+def _unlisted(name: str, capability: Sequence[int] | None) -> None:
+    cc = f" (compute capability {'.'.join(map(str, capability))})" if capability else ""
+    warnings.warn(
+        f"{name}{cc} has no row in trainfast.gpus.GPUS: no datasheet prediction for it (add a "
+        "row with its datasheet figures; another card's would be wrong)",
+        UnlistedGPUWarning,
+        stacklevel=3,
+    )
+
+
 def gpu_for_device(device: torch.device | str | int | None = None) -> GPUSpec | None:
-    """The :data:`GPUS` entry of a live CUDA device, matched by name and compute capability;
-    None for a CPU or MPS device and for a GPU the table does not list."""
+    """The :data:`GPUS` entry of a live CUDA device, matched by name and compute capability, with
+    the device's own figures where the datasheet is silent (:func:`with_device_properties`).
+
+    None for a CPU or MPS device; None with an :class:`UnlistedGPUWarning` naming the GPU for one
+    the table does not list.
+    """
     if device is not None and not isinstance(device, int):
         device = torch.device(device)
         if device.type != "cuda":
             return None
     if not torch.cuda.is_available():
         return None
-    return gpu_spec(torch.cuda.get_device_name(device), torch.cuda.get_device_capability(device))
+    from trainfast.device import gpu_properties
+
+    name, capability = torch.cuda.get_device_name(device), torch.cuda.get_device_capability(device)
+    spec = gpu_spec(name, capability)
+    if spec is None:
+        _unlisted(name, capability)
+        return None
+    return with_device_properties(spec, gpu_properties(device))
+
+
+def spec_for_record(record: Record) -> GPUSpec | None:
+    """The :data:`GPUS` entry of the GPU ``record`` was measured on, with the figures its device
+    reported where the datasheet is silent (records made since 2026-12-01 store them in
+    ``environment["gpu"]``; older ones get the row as it is). Every prediction set beside a
+    record comes from this, so an H200 record is predicted as an H200.
+
+    None for a CPU or MPS record; None with an :class:`UnlistedGPUWarning` naming the GPU for a
+    CUDA record whose GPU has no row (or whose stored compute capability is not the row's).
+    """
+    env = record.environment
+    if env.get("device") != "cuda":
+        return None
+    properties = env.get("gpu") or {}
+    capability = properties.get("compute_capability")
+    spec = gpu_spec(str(env["device_name"]), tuple(capability) if capability else None)
+    if spec is None:
+        _unlisted(str(env["device_name"]), capability)
+        return None
+    return with_device_properties(spec, properties)
+
+
+def spec_for_records(records: Sequence[Record]) -> GPUSpec | None:
+    """:func:`spec_for_record` of the first of ``records`` (``records_for``'s newest, or the one
+    a section shows); None for no records. Take the records of one GPU first
+    (:func:`trainfast.records.records_by_gpu`), so the prediction is that GPU's."""
+    return spec_for_record(records[0]) if records else None
+
+
+def datasheet_peak(spec: GPUSpec, dtype: str = "bf16") -> Published:
+    """``spec``'s dense ``dtype`` peak as a :class:`~trainfast.records.Published` figure in
+    TFLOP/s, named for its GPU and cited to its own datasheet (``citation``), for a
+    table's "published" column beside that GPU's record."""
+    from trainfast.records import Published
+
+    if dtype not in spec.peak_flops:
+        raise ValueError(
+            f"Unknown dtype for {spec.name}: {dtype!r} (has {sorted(spec.peak_flops)})"
+        )
+    source = f"NVIDIA, {spec.name} datasheet, dense {dtype} peak"
+    return Published(spec.peak_flops[dtype] / 1e12, "TFLOP/s", source, spec.citation)

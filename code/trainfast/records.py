@@ -32,13 +32,16 @@ __all__ = [
     "Prediction",
     "Published",
     "Record",
+    "SectionRecords",
     "column_label",
     "full_record",
     "gpu_figures_table",
     "load_records",
     "make_record",
     "provenance",
+    "records_by_gpu",
     "records_for",
+    "section_records",
     "to_markdown",
     "write_record",
 ]
@@ -74,7 +77,7 @@ class Record:
     description: str
     columns: list[str]
     rows: list[dict[str, Any]]
-    environment: dict[str, str | None]
+    environment: dict[str, Any]  # Environment.as_dict(): strings, and the gpu and cpu properties
     created: str  # ISO 8601, UTC
     command: str
     units: dict[str, str] = field(default_factory=dict)
@@ -220,25 +223,119 @@ def records_for(
     name: str,
     device: torch.device | str | None = "cuda",
     directory: str | Path | None = None,
+    gpu: str | None = None,
 ) -> list[Record]:
     """The records of benchmark ``name`` measured on ``device``'s kind, newest first.
 
     ``device`` is a kind (``"cuda"``, ``"mps"``, ``"cpu"``) or a :class:`torch.device`; None
-    takes every kind. ``directory`` defaults to the book's ``book/records``, found from a
-    chapter's working directory, the repository root, or the package's own checkout. This is
-    the one place chapters filter records by device, so a GPU cell reads the same way whether
-    or not a GPU record exists: an empty list means "not measured on this kind".
+    takes every kind. ``gpu`` keeps only the records of that device name (``"NVIDIA H200"``,
+    as :attr:`Record.device_name` has it): a figure or comparison never mixes GPUs, and the
+    newest record of a benchmark may be another GPU's than the section's
+    (:func:`section_records` picks one GPU for a section). ``directory`` defaults to the
+    book's ``book/records``, found from a chapter's working directory, the repository root, or
+    the package's own checkout. This is the one place chapters filter records by device, so a
+    GPU cell reads the same way whether or not a GPU record exists: an empty list means "not
+    measured on this kind".
     """
     kind = device.type if isinstance(device, torch.device) else device
     if kind is not None and kind not in _DEVICE_KINDS:
         raise ValueError(f"Unknown device kind: {kind!r} (expected one of {_DEVICE_KINDS})")
+    if gpu is not None and (not isinstance(gpu, str) or not gpu.strip()):
+        raise ValueError(f"Invalid gpu: {gpu!r} (expected a device name, e.g. 'NVIDIA H200')")
     records = load_records(_book_records() if directory is None else directory, name)
-    chosen = [r for r in records if kind is None or r.device == kind]
+    chosen = [
+        r
+        for r in records
+        if (kind is None or r.device == kind) and (gpu is None or r.device_name == gpu)
+    ]
     return sorted(chosen, key=lambda r: r.created, reverse=True)
 
 
+def records_by_gpu(name: str, directory: str | Path | None = None) -> dict[str, list[Record]]:
+    """Benchmark ``name``'s CUDA records grouped by GPU (device name), each group newest first,
+    the GPU with the newest record first. Where two GPUs measured it, a page can show both side
+    by side, each beside its own GPU's prediction."""
+    groups: dict[str, list[Record]] = {}
+    for record in records_for(name, "cuda", directory):
+        groups.setdefault(record.device_name, []).append(record)
+    return groups
+
+
+@dataclass(frozen=True)
+class SectionRecords:
+    """The GPU records one section shows: all from one GPU, chosen by :func:`section_records`.
+
+    ``gpu`` is its device name (None where no GPU measured any of the benchmarks);
+    ``records[name]`` that GPU's records of benchmark ``name``, newest first (empty where it
+    did not measure it); ``coverage`` how many of the section's benchmarks each GPU measured,
+    for the sentence that says which GPU the section's records come from.
+    """
+
+    gpu: str | None
+    records: dict[str, list[Record]]
+    coverage: dict[str, int]
+
+    def __getitem__(self, name: str) -> list[Record]:
+        if name not in self.records:
+            raise ValueError(
+                f"Benchmark {name!r} is not one of this section's {list(self.records)}"
+            )
+        return self.records[name]
+
+    @property
+    def other_gpus(self) -> list[str]:
+        """The other GPUs that measured some of the section's benchmarks."""
+        return [gpu for gpu in self.coverage if gpu != self.gpu]
+
+    def sentence(self) -> str:
+        """Which GPU the section's records come from, and which other GPUs measured how many of
+        its benchmarks: for the section's prose, so a reader knows one GPU is shown."""
+        total = len(self.records)
+        if self.gpu is None:
+            return "No GPU has measured this section's benchmarks yet."
+        text = (
+            f"This section's GPU records come from the {self.gpu} "
+            f"({self.coverage[self.gpu]} of its {total} benchmarks)."
+        )
+        others = [f"the {gpu} measured {self.coverage[gpu]}" for gpu in self.other_gpus]
+        if others:
+            text += " Of the same benchmarks, " + "; ".join(others) + "."
+        return text
+
+
+def section_records(
+    names: Sequence[str], directory: str | Path | None = None, gpu: str | None = None
+) -> SectionRecords:
+    """One GPU's records of the benchmarks ``names`` that a section shows.
+
+    The GPU is ``gpu`` if given, else the one that measured the most of them, the newest
+    record breaking a tie: so a partial pass on a new GPU (the H200 re-measuring two of a
+    section's five benchmarks) leaves the section on the GPU that measured all five, until the
+    new one covers as many, and no section mixes GPUs. An empty ``names`` raises ``ValueError``.
+    """
+    names = list(names)
+    if not names or not all(isinstance(n, str) and n for n in names):
+        raise ValueError(f"Invalid names: {names!r} (expected one or more benchmark names)")
+    grouped = {name: records_by_gpu(name, directory) for name in names}
+    coverage: dict[str, int] = {}
+    newest: dict[str, str] = {}
+    for groups in grouped.values():
+        for device_name, records in groups.items():
+            coverage[device_name] = coverage.get(device_name, 0) + 1
+            newest[device_name] = max(newest.get(device_name, ""), records[0].created)
+    if gpu is None and coverage:
+        gpu = max(coverage, key=lambda g: (coverage[g], newest[g]))
+    ordered = dict(sorted(coverage.items(), key=lambda item: (item[0] != gpu, -item[1], item[0])))
+    chosen = {name: list(groups.get(gpu, [])) if gpu else [] for name, groups in grouped.items()}
+    return SectionRecords(gpu, chosen, ordered)
+
+
 def provenance(record: Record) -> str:
-    """A sentence saying where, with what and when ``record`` was measured."""
+    """A sentence saying where, with what and when ``record`` was measured.
+
+    A CPU record made since its environment names the processor
+    (:func:`~trainfast.device.cpu_properties`) says its family, model and bf16 flags too: "AMD
+    EPYC" alone does not say which kind of core ran it."""
     env = record.environment
     versions = f"torch {env['torch_version']}"
     if env.get("cuda_version"):
@@ -246,9 +343,24 @@ def provenance(record: Record) -> str:
     if env.get("driver_version"):
         versions += f", driver {env['driver_version']}"
     return (
-        f"Measured on {env['device_name']} ({env['device']}) with {versions}, "
+        f"Measured on {env['device_name']} ({_device_text(env)}) with {versions}, "
         f"Python {env['python_version']}, on {record.created[:10]}, by `{_shown_command(record)}`."
     )
+
+
+def _device_text(env: dict[str, Any]) -> str:
+    """``cpu``, or for a CPU record that names its processor ``cpu, family 25 model 17, with
+    avx512f, avx512_bf16``."""
+    cpu = env.get("cpu")
+    if env.get("device") != "cpu" or not isinstance(cpu, dict):
+        return str(env["device"])
+    parts = [str(env["device"])]
+    if cpu.get("cpu_family") is not None and cpu.get("model") is not None:
+        parts.append(f"family {cpu['cpu_family']} model {cpu['model']}")
+    flags = cpu.get("flags")
+    if isinstance(flags, list):
+        parts.append(f"with {', '.join(flags)}" if flags else "no AVX2, AVX-512, AMX or Arm bf16")
+    return ", ".join(parts)
 
 
 def _shown_command(record: Record) -> str:

@@ -1,8 +1,13 @@
 """The steps of a pass: which there are, which run (``--only``), their limits (``--timeout``).
 
-:func:`default_steps` lists every step in order (benchmarks, chapters, GPU tests, compile
+:func:`default_steps` lists every step in order (benchmarks, pages, GPU tests, compile
 report), each a ``python -m trainfast.gpu_pass`` call of its own (see
-:mod:`trainfast.gpu_pass.step_commands`) except the tests, which are pytest's.
+:mod:`trainfast.gpu_pass.step_commands`) except the tests, which are pytest's. The pages are the
+book's executable pages (:func:`~trainfast.gpu_pass.pages.executable_pages`), one step each,
+``page:<page>`` (``page:optimizers``, ``page:optimizers/momentum``); ``chapter:<chapter>`` in
+``--only`` or ``--timeout`` names every page of that chapter, and ``chapter`` every page.
+:data:`LIMITS` are the limits a planned pass gives its steps
+(:mod:`~trainfast.gpu_pass.schedule`).
 """
 
 from __future__ import annotations
@@ -15,13 +20,14 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from trainfast.gpu_pass.pages import executable_pages, page_chapter
 from trainfast.gpu_pass.steps import ROOT, Step
 
 __all__ = [
     "DEFAULT_TIMEOUTS",
+    "LIMITS",
     "PYTEST_TEST_TIMEOUT",
     "apply_timeouts",
-    "chapters",
     "default_steps",
     "gpu_test_files",
     "parse_timeout",
@@ -33,9 +39,25 @@ __all__ = [
 #: (``pytest-gpu``: each test module's step)
 DEFAULT_TIMEOUTS: dict[str, float] = {
     "measure": 420,
-    "chapter": 540,
+    "page": 540,
     "pytest-gpu": 540,
     "compile-report": 300,
+}
+
+#: the limits (seconds, by step name or kind, the name winning) a planned pass gives its steps:
+#: a few times the H100's timings (``gpu_pass.estimates``), so that a hung step is stopped
+#: long before the command's end. The H100 (2026-11-26) took 16 s for the compile report, 4-98 s
+#: a benchmark (profiling-case-study 75, scaling-study 98), 8, 35 and 194 s for the GPU tests of
+#: test_mixed_precision, test_profiling and test_memory_hierarchy, 52-67 s a chapter
+LIMITS: dict[str, float] = {
+    "compile-report": 60,
+    "pytest-gpu": 90,
+    "pytest-gpu:test_memory_hierarchy": 240,
+    "measure": 90,
+    "measure:speedrun": 420,
+    "measure:scaling-study": 150,
+    "measure:profiling-case-study": 120,
+    "page": 200,
 }
 
 #: seconds one GPU test may run (``pytest --timeout``, where pytest-timeout is installed) before
@@ -43,15 +65,6 @@ DEFAULT_TIMEOUTS: dict[str, float] = {
 #: CUDA extension (``trainfast.kernels.custom_ops``), which its first test pays: compiling its
 #: two sources for sm_90 took 50 s on the 2-core build machine (2026-11-26)
 PYTEST_TEST_TIMEOUT = 120
-
-
-def chapters(root: Path = ROOT) -> list[str]:
-    """The chapters: every ``book/*.md`` that is a notebook (has a kernelspec), by name."""
-    return sorted(
-        path.stem
-        for path in (root / "book").glob("*.md")
-        if "kernelspec:" in path.read_text().split("\n---", 1)[0]
-    )
 
 
 def gpu_test_files(root: Path = ROOT) -> list[str]:
@@ -86,10 +99,12 @@ def default_steps(
     records: Path | None = None,
     root: Path = ROOT,
 ) -> list[Step]:
-    """Every step of the pass, in order: benchmarks, chapters, GPU tests (one step per test
-    module, ``pytest-gpu:<module's stem>``, its JUnit XML in ``OUT/pytest-gpu/``), compile report.
+    """Every step of the pass, in order: benchmarks, pages (:func:`executable_pages`, in the
+    book's order), GPU tests (one step per test module, ``pytest-gpu:<module's stem>``, its JUnit
+    XML in ``OUT/pytest-gpu/``), compile report.
 
-    Benchmarks come first so that the chapters executed after them render the new records.
+    Benchmarks come first so that the pages executed after them render the new records (a
+    planned pass orders them by value instead: :mod:`~trainfast.gpu_pass.schedule`).
     """
     from trainfast.measure import BENCHMARKS
 
@@ -115,16 +130,19 @@ def default_steps(
         arguments = ["--run-benchmark", name, "--records", str(records)]
         arguments += ["--copy-to", str(out / "records"), *(["--quick"] if quick else [])]
         steps.append(own(f"measure:{name}", "measure", arguments))
-    for name in chapters(root):
-        arguments = ["--execute-chapter", str(root / "book" / f"{name}.md")]
-        arguments += ["--notebook", str(out / "notebooks" / f"{name}.ipynb")]
-        steps.append(own(f"chapter:{name}", "chapter", arguments, cwd=root / "book"))
+    for page in executable_pages(root):
+        source = root / "book" / f"{page}.md"
+        arguments = ["--execute-chapter", str(source)]
+        arguments += ["--notebook", str(out / "notebooks" / f"{page}.ipynb")]
+        steps.append(own(f"page:{page}", "page", arguments, cwd=source.parent))
     pytest_env = {**env, "TRAINFAST_REPORT_FAILURES_AT_ONCE": "1"}  # see tests/conftest.py
     for module in gpu_test_files(root):
         stem = Path(module).stem
-        command = pytest_command(module, out / "pytest-gpu" / f"{stem}.xml")
+        junit = out / "pytest-gpu" / f"{stem}.xml"
+        command = pytest_command(module, junit)
         timeout = DEFAULT_TIMEOUTS["pytest-gpu"]
-        steps.append(Step(f"pytest-gpu:{stem}", command, timeout, env=pytest_env, cwd=root))
+        step = Step(f"pytest-gpu:{stem}", command, timeout, env=pytest_env, cwd=root, junit=junit)
+        steps.append(step)
     steps.append(own("compile-report", "compile-report", ["--compile-report"]))
     return steps
 
@@ -145,7 +163,13 @@ def pytest_command(module: str, junit: Path) -> list[str]:
 
 
 def _matches(step: Step, pattern: str) -> bool:
-    return pattern in (step.name, step.kind)
+    """Whether ``pattern`` names ``step``: its name or kind, or for a page ``chapter`` (every
+    page) or ``chapter:<chapter>`` (the pages of that chapter)."""
+    if pattern in (step.name, step.kind):
+        return True
+    if step.kind != "page":
+        return False
+    return pattern == "chapter" or pattern == f"chapter:{page_chapter(step.name[len('page:') :])}"
 
 
 def select_steps(steps: Sequence[Step], only: Sequence[str] | None) -> list[Step]:

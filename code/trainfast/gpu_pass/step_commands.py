@@ -15,6 +15,7 @@ import time
 from dataclasses import asdict, is_dataclass
 from pathlib import Path
 
+from trainfast.gpu_pass.pages import page_chapter
 from trainfast.gpu_pass.steps import NOT_AVAILABLE_EXIT
 
 __all__ = [
@@ -22,6 +23,7 @@ __all__ = [
     "compile_report_rows",
     "execute_chapter",
     "expected_device_problem",
+    "expected_devices",
     "run_benchmark",
     "run_chapter",
     "run_compile_report",
@@ -36,19 +38,31 @@ def write_result(path: Path | None, data: dict[str, object]) -> None:
         path.write_text(json.dumps(data, indent=2) + "\n")
 
 
-# chapters that run on the CPU on any machine, and why
+#: chapters (or single pages) that may run on the CPU on any machine, and why: their pages pass
+#: on the CPU or on the pass's device
 CPU_CHAPTERS = {
     "speedrun": "its live study is the tiny preset's data-parallel entry, one gloo process per CPU "
     "core; the GPU preset runs as the speedrun benchmark",
 }
 
 
-def expected_device_problem(line: str, device: str) -> str | None:
-    """Why a chapter's environment line shows it did not run on ``device``, or None."""
+def expected_devices(page: str, device: str) -> tuple[str, ...]:
+    """The devices ``page`` (a name under ``book/``) may print in its environment line on a pass
+    on ``device``: ``device``, and the CPU for a page of :data:`CPU_CHAPTERS`."""
+    if page in CPU_CHAPTERS or page_chapter(page) in CPU_CHAPTERS:
+        return tuple(dict.fromkeys(("cpu", device)))
+    return (device,)
+
+
+def expected_device_problem(line: str, device: str | tuple[str, ...]) -> str | None:
+    """Why a page's environment line shows it did not run on ``device`` (or on one of several),
+    or None."""
+    devices = (device,) if isinstance(device, str) else tuple(device)
     if not line:
         return "no environment line (no cell printed environment_line(device))"
-    if not line.startswith(f"device: {device}"):
-        return f"ran on {line.split('|')[0].strip()!r}, expected {device!r}"
+    if not any(line.startswith(f"device: {d}") for d in devices):
+        expected = " or ".join(repr(d) for d in devices)
+        return f"ran on {line.split('|')[0].strip()!r}, expected {expected}"
     return None
 
 
@@ -89,7 +103,7 @@ def execute_chapter(
             resources={"metadata": {"path": str(chapter.parent)}},
         )
         start = time.perf_counter()
-        facts: dict[str, object] = {"chapter": chapter.stem, "notebook": str(notebook)}
+        facts: dict[str, object] = {"page": _page_name(chapter), "notebook": str(notebook)}
         try:
             client.execute()
         finally:
@@ -190,6 +204,17 @@ def run_compile_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _page_name(path: Path) -> str:
+    """``path``'s page name: its path under the nearest ``book`` folder above it, without
+    ``.md`` (its stem where there is none)."""
+    path = Path(path).resolve()
+    parts = path.with_suffix("").parts
+    if "book" in parts:
+        start = len(parts) - 1 - parts[::-1].index("book")
+        return "/".join(parts[start + 1 :])
+    return path.stem
+
+
 def run_chapter(args: argparse.Namespace) -> int:
     """Execute ``--execute-chapter`` into ``--notebook``; fail if a cell fails or the chapter's
     environment line shows another device than ``--device`` (the CPU for :data:`CPU_CHAPTERS`)."""
@@ -202,8 +227,9 @@ def run_chapter(args: argparse.Namespace) -> int:
         return 1
     line = str(facts["environment"])
     print(line)
-    expected = "cpu" if Path(args.execute_chapter).stem in CPU_CHAPTERS else args.device
-    problem = expected_device_problem(line, expected)
+    problem = expected_device_problem(
+        line, expected_devices(_page_name(args.execute_chapter), args.device)
+    )
     if problem:
         write_result(args.result, {**facts, "problem": problem})
         print(problem, file=sys.stderr)

@@ -45,9 +45,14 @@ class Status(str, Enum):
 class Step:
     """One step of the pass: a command run in ``cwd`` under a time limit.
 
-    ``kind`` is the family (``measure``, ``chapter``, ...) that ``--only`` and ``--timeout``
+    ``kind`` is the family (``measure``, ``page``, ...) that ``--only`` and ``--timeout``
     can name instead of the full ``name``; ``result_file`` is a JSON file the command may write
-    with facts for the summary (a chapter's environment line, say).
+    with facts for the summary (a page's environment line, say); ``junit`` the JUnit XML a
+    pytest step writes, read for its tests' results (:mod:`~trainfast.gpu_pass.junit`).
+    ``estimate`` is the seconds the plan expects it to take
+    (:mod:`~trainfast.gpu_pass.estimates`): with a budget, a step starts when its estimate fits
+    in what is left (its limit when it has none). ``concurrent`` steps run side by side with the
+    concurrent steps next to them (``run_pass``'s ``jobs``); the others run alone.
     """
 
     name: str
@@ -57,6 +62,9 @@ class Step:
     cwd: Path = ROOT
     env: dict[str, str] = field(default_factory=dict)
     result_file: Path | None = None
+    junit: Path | None = None
+    estimate: float | None = None
+    concurrent: bool = False
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.timeout) and self.timeout > 0):
@@ -168,6 +176,10 @@ def run_step(step: Step, logs: Path, echo: TextIO | None = None) -> StepResult:
         status = Status.FAILED
     if status is Status.PASSED and details.get("problem"):
         status = Status.FAILED  # the step ran but did not do what was asked (wrong device, ...)
+    if step.junit is not None:
+        from trainfast.gpu_pass.junit import junit_outcomes
+
+        details["tests"] = junit_outcomes(step.junit, log_path)
     lines = [line for line in output.splitlines() if line.strip()]
     if status is Status.PASSED and lines and not details.get("summary"):
         details["summary"] = lines[-1][:200]  # pytest's counts, the record a benchmark wrote

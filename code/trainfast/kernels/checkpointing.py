@@ -150,32 +150,34 @@ def checkpointing_setup(
 
 
 def with_saved_prediction(record: Record, quick: bool = False) -> Record:
-    """``record`` with a ``predicted_saved_bytes`` column (:func:`saved_after_forward_prediction`
-    of :func:`checkpointing_setup`'s model), for records made before the benchmark wrote it.
+    """``record`` with its ``predicted_saved_bytes`` column from today's model
+    (:func:`saved_after_forward_prediction` of :func:`checkpointing_setup`'s model): added after
+    ``saved_bytes`` for records made before the benchmark wrote it, recomputed in records that
+    have it, so every record is read against the same prediction.
 
-    Raises ``ValueError`` when a row's ``predicted_bytes`` is not that model's formula: the
-    record then measured another model, and the prediction would not be its own.
+    Raises ``ValueError`` naming the row when its ``predicted_bytes`` is not that model's
+    formula, in any record, old or new: the record then measured another model, and the
+    prediction would not be its own.
     """
-    if "predicted_saved_bytes" in record.columns:
-        return record
     shape, dtype, attention = checkpointing_setup(torch.device(record.device), quick)
     value_bytes = torch.tensor([], dtype=dtype).element_size()
     rows = []
-    for row in record.rows:
+    for i, row in enumerate(record.rows):
         settings = dict(value_bytes=value_bytes, attention=attention)
         formula = model_activation_bytes(shape, **settings, checkpointing=row["checkpointing"])
         if row["predicted_bytes"] != formula:
             raise ValueError(
-                f"Record {record.name!r}: predicted_bytes {row['predicted_bytes']:,.0f} is not "
-                f"the formula {formula:,.0f} of the benchmark's model on {record.device} "
-                f"(quick={quick})"
+                f"Record {record.name!r} on {record.device_name}, row {i}: predicted_bytes "
+                f"{row['predicted_bytes']:,.0f} is not the formula {formula:,.0f} of the "
+                f"benchmark's model on {record.device} (quick={quick})"
             )
         saved = saved_after_forward_prediction(
             shape, **settings, checkpointing=row["checkpointing"]
         )
         rows.append({**row, "predicted_saved_bytes": saved})
     columns = list(record.columns)
-    columns.insert(columns.index("saved_bytes") + 1, "predicted_saved_bytes")
+    if "predicted_saved_bytes" not in columns:
+        columns.insert(columns.index("saved_bytes") + 1, "predicted_saved_bytes")
     units = {**record.units, "predicted_saved_bytes": "bytes"}
     return replace(record, columns=columns, rows=rows, units=units)
 

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from trainfast.accounting import matmul_flops
+from trainfast.gpus import GPUSpec
 from trainfast.timing import benchmark
 
 __all__ = [
@@ -33,10 +34,12 @@ __all__ = [
     "OpCost",
     "Roofline",
     "cpu_peak_flops",
+    "datasheet_roofline",
     "elementwise_cost",
     "matmul_cost",
     "measure_roofline",
     "plot_roofline",
+    "predicted_speedups",
     "reduction_cost",
     "roofline_from_rows",
 ]
@@ -291,6 +294,50 @@ def roofline_from_rows(rows: Sequence[dict[str, Any]]) -> Roofline:
     if not copies:
         raise ValueError("No 'copy' row to take the bandwidth from")
     return Roofline(peak_flops=peak, bytes_per_s=max(copies))
+
+
+def datasheet_roofline(spec: GPUSpec, dtype: str = "bf16") -> Roofline:
+    """``spec``'s datasheet roofline in ``dtype``: its dense peak and its HBM bandwidth. Draw it
+    beside a record with the record's own GPU (:func:`trainfast.gpus.spec_for_record`), never
+    another card's: an H200's copy would plot above an H100's memory roof."""
+    if dtype not in spec.peak_flops:
+        raise ValueError(
+            f"Unknown dtype for {spec.name}: {dtype!r} (has {sorted(spec.peak_flops)})"
+        )
+    return Roofline(spec.peak_flops[dtype], spec.hbm_bytes_per_s)
+
+
+def predicted_speedups(
+    rows: Sequence[dict[str, Any]], measured_on: GPUSpec, other: GPUSpec, dtype: str = "bf16"
+) -> list[dict[str, Any]]:
+    """What the roofline predicts ``other`` does to each operation of a ``roofline`` record
+    measured on ``measured_on``: per row with an ``intensity``, the attainable FLOP/s of its
+    intensity on each datasheet roofline and their ratio (``other / measured_on``).
+
+    An H200 has an H100's arithmetic and about 1.4 times its bandwidth, so below the H200's ridge
+    the ratio is about 1.4 (the copy, elementwise ops, small matrix products), above the H100's
+    it is 1 (large matrix products), and between the two ridges it falls from 1.4 to 1 as the
+    intensity grows: a prediction that a record on ``other`` tests. Rows without FLOPs (a copy
+    counts none) use their bytes: the ratio of bandwidths.
+    """
+    old, new = datasheet_roofline(measured_on, dtype), datasheet_roofline(other, dtype)
+    predictions = []
+    for row in rows:
+        intensity = row.get("intensity")
+        if not row.get("flops") or not intensity:
+            ratio, bound = new.bytes_per_s / old.bytes_per_s, "memory"
+        else:
+            ratio = new.attainable(intensity) / old.attainable(intensity)
+            bound = new.bound(intensity)
+        predictions.append(
+            {
+                "operation": row["operation"],
+                "intensity": intensity,
+                "bound_on_other": bound,
+                "predicted_ratio": ratio,
+            }
+        )
+    return predictions
 
 
 def plot_roofline(

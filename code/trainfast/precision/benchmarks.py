@@ -26,13 +26,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterable
+from datetime import datetime
 from typing import Any
 
 import torch
 
 from trainfast.accounting import training_flops, training_memory
-from trainfast.device import describe_environment
-from trainfast.gpus import gpu_spec
+from trainfast.gpus import gpu_for_device
 from trainfast.precision.fp8 import has_fp8_tensor_cores, scaled_matmul, to_fp8
 from trainfast.precision.numerics import MATMUL_MODES, autocast_policy, matmul_error
 from trainfast.precision.recipes import training_step
@@ -47,12 +47,14 @@ __all__ = [
     "PUBLISHED_CUDA_FLOAT16_OPS",
     "PUBLISHED_CUDA_FLOAT32_OPS",
     "PUBLISHED_NAMES",
+    "TF32_BACKWARD_SINCE",
     "autocast_policy_record",
     "matmul_error_record",
     "matmul_throughput",
     "matmul_throughput_record",
     "published_cuda_autocast_policy",
     "gpu_step_shape",
+    "stale_recipes",
     "step_memory_prediction",
     "step_time_record",
 ]
@@ -109,10 +111,10 @@ def matmul_throughput(
 
     FP8 rows (:data:`FP8_VARIANTS`) need FP8 tensor cores and dimensions that are multiples of 16
     (other shapes are left out); on a CPU they are skipped. ``of_peak`` is the fraction of the
-    datasheet's dense peak for the dtype (None where :func:`~trainfast.gpus.gpu_spec` does not know
-    the device); ``of_best`` the fraction of the best figure of the same dtype in this run.
+    datasheet's dense peak for the dtype (None where :func:`~trainfast.gpus.gpu_for_device` does
+    not know the device); ``of_best`` the fraction of the best figure of the same dtype in this run.
     """
-    spec = gpu_spec(describe_environment(device).device_name) if device.type == "cuda" else None
+    spec = gpu_for_device(device)  # None on a CPU, and (with a warning) for a GPU with no row
     rows = []
     for name in dtypes:
         fp8 = name in FP8_VARIANTS
@@ -244,7 +246,7 @@ def _step_row(
         "iqr_ms": timing.iqr * 1e3,
         "tokens_per_s": shape.tokens / timing.median,
     }
-    spec = gpu_spec(describe_environment(device).device_name) if device.type == "cuda" else None
+    spec = gpu_for_device(device)  # None on a CPU, and (with a warning) for a GPU with no row
     # MFU as PaLM defines it (Chowdhery et al. 2023, appendix B): the model's FLOPs per second over
     # one theoretical peak per system, here the GPU's dense bf16 rate, the same for every recipe
     # (so an fp32 step cannot reach 100 % and an FP8 step could exceed it). Nothing is recomputed
@@ -267,6 +269,22 @@ def gpu_step_shape(quick: bool) -> TransformerShape:
     return TransformerShape.gpt_like(
         d_model=768, n_layers=2 if quick else 12, n_heads=12, seq_len=1024, batch_size=8
     )
+
+
+#: when a tf32 step's backward started to run in TF32 too (commit ab66a8a): a record made before
+#: timed a recipe the book no longer has under the name "tf32"
+TF32_BACKWARD_SINCE = "2026-11-26T15:51:50+00:00"
+
+
+def stale_recipes(record: Record) -> set[str]:
+    """The recipes of a ``precision-step-time`` record that today's benchmark measures otherwise:
+    ``{"tf32"}`` for a record made before :data:`TF32_BACKWARD_SINCE`, none for a later one.
+
+    Decided by the record's date, not by whether it has a ``source_commit``: a record measured
+    without the commit known (a GPU pass without ``.whl/COMMIT``) still ran today's recipe.
+    """
+    made = datetime.fromisoformat(record.created)
+    return {"tf32"} if made < datetime.fromisoformat(TF32_BACKWARD_SINCE) else set()
 
 
 def step_memory_prediction(recipe_name: str, quick: bool = False) -> Prediction:

@@ -46,16 +46,18 @@ takes each kept change back out of the final entry, one at a time.
   sequences the tokens to the target fell from 56,320 to 40,960, and with it warmup + a 3x
   higher lr, not kept before, fell further to 30,720 on every seed. It joined the log before
   that change.
-* ``h100``: a 12-layer, width-768 model (GPT-2 small's shape) on the whole corpus, 8 sequences
-  of 1,024 tokens a step; the baseline and one entry with every change of the log, kept on the
-  CPU or not (but data parallel and the smaller batch, which it never applies), with the tried
-  changes on top (Muon's iteration in bf16, autocast in bf16, and compilation, which a GPU is
-  expected to reward; the learning rates, the embedding's too, are the CPU log's, not tuned at
-  this width), 2 seeds, sized to fit the GPU pass's limit of a benchmark (800 steps use about
-  6.6M of the corpus's training tokens). Its first target, 3.5, was set before any GPU run; on
-  an H100 neither seed of the baseline reached it in 400 steps, so it is now 5.0, which the
-  baseline's validation loss was still falling towards at step 400, within 800 steps;
-  ``max_steps`` bounds a run that cannot reach it, and the record says so.
+* ``gpu`` (called ``h100`` until 2026-12-01; it runs on any GPU): a 12-layer, width-768 model
+  (GPT-2 small's shape) on the whole corpus, 8 sequences of 1,024 tokens a step; the baseline
+  and one entry with every change of the log, kept on the CPU or not (but data parallel and the
+  smaller batch, which it never applies), with the tried changes on top (Muon's iteration in
+  bf16, autocast in bf16, and compilation, which a GPU is expected to reward; the learning
+  rates, the embedding's too, are the CPU log's, not tuned at this width), 2 seeds, sized to fit
+  the GPU pass's limit of a benchmark (800 steps use about 6.6M of the corpus's training
+  tokens). Its first target, 3.5, was set before any GPU run; on an H100 neither seed of the
+  baseline reached it in 400 steps, so it is now 5.0, which the baseline's validation loss was
+  still falling towards at step 400, within 800 steps; ``max_steps`` bounds a run that cannot
+  reach it, and the record says so. On another GPU :func:`gpu_preset` sizes it from the device
+  it finds.
 * ``tiny``: seconds, for tests and the command line's smoke test.
 """
 
@@ -69,9 +71,12 @@ from trainfast.speedrun.harness import SpeedrunConfig, Target
 from trainfast.transformer import TransformerShape
 
 __all__ = [
+    "BASELINE_SHARE",
+    "GPU_STUDY_SECONDS",
     "LOG",
     "NOT_RUN",
     "PRESETS",
+    "PRESET_ALIASES",
     "TRIED",
     "Change",
     "Entry",
@@ -80,6 +85,7 @@ __all__ = [
     "baseline",
     "entries",
     "final_entry",
+    "gpu_preset",
     "log",
     "preset",
 ]
@@ -226,7 +232,7 @@ NOT_RUN: tuple[tuple[str, str], ...] = (
     (
         "data parallel on several GPUs",
         "the harness starts one NCCL process per GPU for `data_parallel` > 1, but the GPU pass "
-        "has one GPU, so the `h100` preset leaves it out",
+        "has one GPU, so the `gpu` preset leaves it out",
     ),
 )
 
@@ -260,8 +266,8 @@ PRESETS: dict[str, Preset] = {
         baseline={"lr": 1e-3},
         horizon=160,
     ),
-    "h100": Preset(
-        "h100",
+    "gpu": Preset(
+        "gpu",
         None,
         8_192,
         TransformerShape.gpt_like(
@@ -292,11 +298,56 @@ PRESETS: dict[str, Preset] = {
 }
 
 
+#: Old names of presets, kept while pages written before the rename still use them (deprecated:
+#: ``h100`` ran on whichever GPU the pass had, and its records say ``gpu``).
+PRESET_ALIASES = {"h100": "gpu"}
+
+
 def preset(name: str) -> Preset:
-    """The preset called ``name``; ``ValueError`` naming it if there is none."""
+    """The preset called ``name`` (or its old name, :data:`PRESET_ALIASES`); ``ValueError`` naming
+    it if there is none."""
+    name = PRESET_ALIASES.get(name, name)
     if name not in PRESETS:
         raise ValueError(f"Unknown preset: {name!r} (known: {sorted(PRESETS)})")
     return PRESETS[name]
+
+
+#: Seconds the ``gpu`` preset's study is sized to on the device it finds: the speedrun's step of
+#: the GPU pass (about 6 minutes, :data:`trainfast.gpu_pass.estimates.ESTIMATES`).
+GPU_STUDY_SECONDS = 360.0
+#: The share of them the float32 baseline's seeds may take; the every-change entry (bf16 and
+#: compiled, its compilation about 40 to 60 s on an H100) has the rest.
+BASELINE_SHARE = 0.75
+
+
+def gpu_preset(device: Any = "cuda", seconds: float = GPU_STUDY_SECONDS) -> Preset:
+    """The ``gpu`` preset sized for the CUDA ``device`` it runs on.
+
+    Its ``max_steps`` is cut, where needed, so that the baseline's seeds would end within
+    :data:`BASELINE_SHARE` of ``seconds`` at the step time the book's step model predicts for
+    that GPU (:func:`trainfast.accounting.training_flops` at the model's matmul efficiency of
+    the datasheet's float32 peak, :class:`~trainfast.distributed.training_setup.StepAssumptions`):
+    on an H100 or an H200 (0.16 s a step) the preset is unchanged; on an A100 (0.56 s) it runs
+    about 240 steps, which may not reach the target, and the record says so. A GPU without a
+    row in :data:`trainfast.gpus.GPUS` gets the preset unchanged (with the warning
+    :func:`~trainfast.gpus.gpu_for_device` gives).
+    """
+    from trainfast.accounting import training_flops
+    from trainfast.distributed.training_setup import StepAssumptions
+    from trainfast.gpus import gpu_for_device
+
+    chosen = preset("gpu")
+    spec = gpu_for_device(device)
+    if spec is None:
+        return chosen
+    step_s = training_flops(chosen.shape) / (
+        StepAssumptions().matmul_efficiency * spec.peak_flops["fp32"]
+    )
+    fits = int(BASELINE_SHARE * seconds / (chosen.seeds * step_s))
+    if fits >= chosen.target.max_steps:
+        return chosen
+    steps = max(chosen.target.eval_every, fits - fits % chosen.target.eval_every)
+    return replace(chosen, target=replace(chosen.target, max_steps=steps))
 
 
 @dataclass(frozen=True)

@@ -407,9 +407,10 @@ def summary_table(record: Record, book: Record | None = None, alpha: float = ALP
 def speedrun_record(device: torch.device, quick: bool, out: str | Path | None = None) -> Record:
     """The ``speedrun`` benchmark of ``python -m trainfast.measure``.
 
-    On a CUDA device: the ``h100`` preset (the baseline and one entry with every change of the
-    log, the tried ones too, except those the preset never applies: data parallel and the batch
-    sizes; 2 seeds). Elsewhere: the
+    On a CUDA device: the ``gpu`` preset, sized for it
+    (:func:`~trainfast.speedrun.changes.gpu_preset`; the baseline and one entry with every change
+    of the log, the tried ones too, except those the preset never applies: data parallel and the
+    batch sizes; 2 seeds). Elsewhere: the
     ``cpu`` preset's whole log (:func:`run_log`) and ablation, one thread (``python -m
     trainfast.speedrun --preset cpu --log --ablation --out DIR`` does the same and writes after
     every entry).
@@ -417,7 +418,7 @@ def speedrun_record(device: torch.device, quick: bool, out: str | Path | None = 
     test. With ``out`` (``measure --out``), the record is written there after each entry, so a
     study stopped at its time limit keeps what it finished.
     """
-    from trainfast.speedrun.changes import LOG, entries, preset
+    from trainfast.speedrun.changes import LOG, entries, gpu_preset, preset
 
     if device.type == "cpu":
         torch.set_num_threads(1)
@@ -426,8 +427,8 @@ def speedrun_record(device: torch.device, quick: bool, out: str | Path | None = 
         chosen = entries(tiny, ["baseline", LOG[-1].name])
         return run_study(tiny, chosen, seeds=1, device=device, out=out)
     if device.type == "cuda":
-        h100 = preset("h100")
-        return run_study(h100, entries(h100), device=device, out=out)
+        gpu = gpu_preset(device)
+        return run_study(gpu, entries(gpu), device=device, out=out)
     return run_log(preset("cpu"), device=device, out=out)
 
 

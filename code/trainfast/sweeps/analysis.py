@@ -127,7 +127,9 @@ def parallel_coordinates(
             levels = categories[name]
             for k, level in enumerate(levels):
                 text = level.strip("'\"")  # repr of a string -> the string
-                ax.text(position + 0.03, k / max(len(levels) - 1, 1), text, fontsize=11, va="center")
+                ax.text(
+                    position + 0.03, k / max(len(levels) - 1, 1), text, fontsize=11, va="center"
+                )
         else:
             ax.text(position + 0.03, 0.0, f"{low[j]:.3g}", fontsize=11, va="top")
             ax.text(position + 0.03, 1.0, f"{high[j]:.3g}", fontsize=11, va="bottom")

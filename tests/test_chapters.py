@@ -115,3 +115,33 @@ def test_cpu_time_of_a_kernel_is_measured() -> None:
 def test_page_prose_types_no_number_that_code_produced(name: str) -> None:
     allow = chapters.PROSE_CONSTANTS[book_site.chapter_of(name)]
     assert chapters.typed_numbers(name, allow=allow) == []
+
+
+@pytest.mark.parametrize("name", PAGES)
+def test_every_page_opens_with_its_own_environment_line(name):
+    """The first code cell prints ``page_environment_line(device, "<this page>")`` with its input
+    hidden: where the page ran, and where it last ran on a GPU, in one line."""
+    first = next(c for c in chapters.read_chapter(name).cells if c.cell_type == "code")
+    assert f'print(page_environment_line(device, "{name}"))' in first.source, first.source
+    assert "remove-input" in first.metadata.get("tags", []), f"{name}: the cell's code is shown"
+
+
+def test_the_environment_line_says_where_a_page_last_ran_on_a_gpu(tmp_path, monkeypatch):
+    import torch
+    from trainfast.device import page_environment_line
+    from trainfast.records import make_record, write_record
+
+    monkeypatch.chdir(tmp_path)  # its records/ is the book's records for the line
+    (tmp_path / "records").mkdir()
+    cpu = torch.device("cpu")
+    assert page_environment_line(cpu, "optimizers/adam").endswith(" | never executed on a GPU")
+    row = {"name": "page:optimizers/adam", "status": "passed", "source_commit": "abcdef1234"}
+    record = make_record(
+        "gpu-pass", "A pass.", [row | {"finished": "2026-12-02T10:00"}], device="cpu"
+    )
+    record.environment.update(device="cuda", device_name="NVIDIA H200")
+    write_record(record, tmp_path / "records")
+    line = page_environment_line(cpu, "optimizers/adam")
+    assert line.startswith("device: cpu (")
+    assert line.endswith(" | last on a GPU: NVIDIA H200, 2026-12-02, at abcdef1, every cell passed")
+    assert "GPU" not in page_environment_line(cpu)  # no page named: no GPU clause

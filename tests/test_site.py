@@ -139,7 +139,9 @@ def test_the_search_index_holds_every_chapter_and_its_words(site):
             for term, docs in index["terms"].items()
             if number in (docs if isinstance(docs, list) else [docs])
         }
-        assert len(indexed) > 200, f"{docname}: only {len(indexed)} words indexed"
+        # a page that teaches has hundreds of words; a chapter's landing page about a hundred
+        least = 200 if book_site.is_notebook(name) else 100
+        assert len(indexed) > least, f"{docname}: only {len(indexed)} words indexed"
 
 
 # --- in a real browser -------------------------------------------------------------------------
@@ -220,7 +222,7 @@ def test_search_finds_a_chapter_offline(site, server, browser, origin):
     base = site.as_uri() if origin == "file" else server
     dom, remote = load(browser, f"{base}/search.html?q={word}")
     results = re.findall(r'<li[^>]*>\s*<a[^>]* href="([^"]+)"', dom.split('class="search"', 1)[-1])
-    assert any("book/optimizers.html" in href for href in results), (
+    assert any("book/optimizers/" in href for href in results), (
         f"searching {word!r} ({origin}) found {results[:5]}"
     )
     assert not remote, f"search ({origin}) requested from other hosts: {remote}"
@@ -253,19 +255,50 @@ def template_seams(text: str) -> list[str]:
     return found
 
 
+class _VisibleText(HTMLParser):
+    """The text of a page's article without its code cells' source (code, not prose: a line
+    ``rows.append(...)`` after ``- 1`` is no seam); outputs, captions and prose are kept."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.parts: list[str] = []
+        self.depth = 0  # inside <article>
+        self.skipping: list[int] = []  # the open element depths of skipped subtrees
+        self.level = 0
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag in ("br", "img", "hr", "meta", "link", "input", "wbr"):
+            return
+        self.level += 1
+        classes = (dict(attrs).get("class") or "").split()
+        if tag == "article":
+            self.depth += 1
+        if tag in ("script", "style") or "cell_input" in classes:
+            self.skipping.append(self.level)
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in ("br", "img", "hr", "meta", "link", "input", "wbr"):
+            return
+        if self.skipping and self.skipping[-1] == self.level:
+            self.skipping.pop()
+        if tag == "article":
+            self.depth -= 1
+        self.level -= 1
+
+    def handle_data(self, data: str) -> None:
+        if self.depth > 0 and not self.skipping:
+            self.parts.append(data)
+
+
 def visible_text(page: Path) -> str:
-    """The words a reader sees on a built page: its article, tags and scripts removed."""
-    html = page.read_text()
-    article = re.search(r"<article[^>]*>(.*)</article>", html, re.S)
-    body = article.group(1) if article else html
-    body = re.sub(r"<(script|style)[^>]*>.*?</\1>", " ", body, flags=re.S)
-    text = re.sub(r"<[^>]+>", " ", body)
-    from html import unescape
-
-    return " ".join(unescape(text).split())
+    """The words a reader reads on a built page: its article, without tags, scripts and the
+    source of its code cells (their outputs stay)."""
+    parser = _VisibleText()
+    parser.feed(page.read_text())
+    return " ".join(" ".join(parser.parts).split())
 
 
-def test_the_template_check_sees_each_planted_seam():
+def test_the_template_check_sees_each_planted_seam(tmp_path):
     planted = (
         "after 1 epochs: B_simple 103. It won by +1 points (95% interval). The 3 agents ran 9 "
         "configs, of which 9 are distinct. How far to trust it: between batch 8 and batch 64, the "
@@ -279,6 +312,13 @@ def test_the_template_check_sees_each_planted_seam():
         "the noise."
     )
     assert template_seams(clean) == []
+    page = tmp_path / "planted.html"
+    page.write_text(
+        '<html><body><nav>1 runs</nav><article><p>It took 2 runs.</p><div class="cell '
+        'tag_hide-input"><div class="cell_input"><pre>n - 1 rows.append(x)</pre></div>'
+        '<div class="cell_output"><pre>after 1 epochs</pre></div></div></article></body></html>'
+    )
+    assert visible_text(page) == "It took 2 runs. after 1 epochs"
 
 
 @pytest.mark.parametrize(

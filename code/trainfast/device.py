@@ -316,14 +316,18 @@ def environment_line(device: torch.device | None = None) -> str:
     return " | ".join(parts)
 
 
-def page_environment_line(device: torch.device | None = None) -> str:
-    """The short line a page of the book opens with: where its cells ran, e.g.
-    ``device: cpu (AMD EPYC 9R14) | torch 2.14.1 | commit 26fa116``.
+def page_environment_line(device: torch.device | None = None, page: str | None = None) -> str:
+    """The short line a page of the book opens with: where its cells ran and, for ``page`` (its
+    name under ``book/``, e.g. ``optimizers/adam``), where it last ran on a GPU, e.g.
+    ``device: cpu (AMD EPYC 9R14) | torch 2.14.1 | commit 26fa116 | last on a GPU: NVIDIA H200,
+    2026-12-02, at 1a2b3c4, every cell passed``.
 
     It starts as :func:`environment_line` does (``device: <kind>``), which the GPU pass reads to
     tell where a page executed; Python, the platform and the driver stay in the records'
     provenance, where a reader who needs them finds them. The commit is
     :func:`trainfast.versions.source_commit`, shortened (``+dirty`` kept), left out where unknown.
+    The GPU run comes from the GPU pass's record
+    (:func:`trainfast.gpu_pass.last_gpu_execution`); a page no pass executed says so.
     """
     from trainfast.versions import source_commit
 
@@ -333,4 +337,14 @@ def page_environment_line(device: torch.device | None = None) -> str:
     if commit:
         head, _, dirty = commit.partition("+")
         parts.append(f"commit {head[:7]}{'+' + dirty if dirty else ''}")
+    if page is not None:
+        from trainfast.gpu_pass import last_gpu_execution
+
+        run = last_gpu_execution(page)
+        if run is None:
+            parts.append("never executed on a GPU")
+        else:
+            at = f", at {run.source_commit[:7]}" if run.source_commit else ""
+            verdict = "every cell passed" if run.passed else run.status
+            parts.append(f"last on a GPU: {run.gpu}, {run.finished[:10]}{at}, {verdict}")
     return " | ".join(parts)

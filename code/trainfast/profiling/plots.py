@@ -53,7 +53,7 @@ def plot_waterfall(rows: Sequence[dict[str, Any]], *, ax: Any = None, title: str
     if len(rows) < 2:
         raise ValueError(f"Invalid rows: a waterfall needs a baseline and a fix, got {len(rows)}")
     if ax is None:
-        _, ax = plt.subplots(figsize=(7.5, 4.2))
+        _, ax = plt.subplots(figsize=(6.8, 4.2))
     times = [row["step_ms"] for row in rows]
     half_iqr = [row.get("iqr_ms", 0.0) / 2 for row in rows]
     labels = [row["variant"] for row in rows]

@@ -1,0 +1,64 @@
+"""Where each axis becomes communication-bound: the batch or width below which it waits on links.
+
+The scaling book's part 5 ("How to Parallelize a Transformer for Training", Austin et al.,
+2025) compares, per axis, the time a device computes with the time its collective takes, both
+linear in the work, so their ratio is a threshold. Here the collective is the ring of
+:mod:`trainfast.distributed.cost_model` (bandwidth term only, ``alpha = 0``: large messages):
+
+* **data parallelism**: the gradient all-reduce, ``2 (N-1)/N * g P`` bytes over the link, hides
+  behind the backward, ``4 P b`` FLOPs for ``b`` tokens per device. It is communication-bound
+  below ``b* = (N-1)/N * g C / (2 W)`` tokens per device (``C`` FLOP/s, ``W`` bytes/s one way);
+  with 2-byte gradients, ``b* ~ C / W``, the book's rule. FSDP (ZeRO-3) splits the all-reduce
+  into the all-gather before the forward (``2 P b`` FLOPs) and an all-gather and a
+  reduce-scatter in the backward: the same threshold.
+* **tensor parallelism** (Megatron's MLP): each ``t``-way all-reduce of the ``b x D``
+  activations hides behind ``4 b D F / t`` FLOPs, so it is communication-bound when the hidden
+  width per rank ``F / t`` falls below ``(t-1)/t * a C / (2 W)`` (``a`` bytes per activation),
+  whatever the batch.
+
+``matmul_efficiency`` scales ``C`` (1: the peak, as the scaling book's rules use). These are
+rules of thumb, not the step model (:mod:`trainfast.distributed.step_time`): no latency, no
+overlap limits, attention left out.
+"""
+
+from __future__ import annotations
+
+from trainfast.distributed.cost_model import Link
+from trainfast.validation import check_int, check_number
+
+__all__ = ["data_parallel_min_tokens", "tensor_parallel_min_width"]
+
+
+def data_parallel_min_tokens(
+    peak_flops: float,
+    link: Link,
+    world_size: int,
+    gradient_bytes: float = 2.0,
+    matmul_efficiency: float = 1.0,
+) -> float:
+    """Tokens per device below which data parallelism (or FSDP) waits on its gradient traffic.
+
+    The backward's ``4 P b`` FLOPs against the ring all-reduce of ``P`` gradients: ``b*`` solves
+    ``4 P b / C = 2 (N-1)/N * gradient_bytes * P / W``, and ``P`` cancels.
+    """
+    check_int("world_size", world_size, minimum=1)
+    check_number("peak_flops", peak_flops, above=0.0)
+    check_number("matmul_efficiency", matmul_efficiency, above=0.0, maximum=1.0)
+    flops = peak_flops * matmul_efficiency
+    return (world_size - 1) / world_size * gradient_bytes * flops * link.beta / 2
+
+
+def tensor_parallel_min_width(
+    peak_flops: float,
+    link: Link,
+    tensor: int,
+    activation_bytes: float = 2.0,
+    matmul_efficiency: float = 1.0,
+) -> float:
+    """Hidden width per tensor-parallel rank, ``F / t``, below which the MLP's all-reduces are
+    slower than its matmuls: ``4 b D F / (t C) = 2 (t-1)/t * activation_bytes * b D / W``."""
+    check_int("tensor", tensor, minimum=1)
+    check_number("peak_flops", peak_flops, above=0.0)
+    check_number("matmul_efficiency", matmul_efficiency, above=0.0, maximum=1.0)
+    flops = peak_flops * matmul_efficiency
+    return (tensor - 1) / tensor * activation_bytes * flops * link.beta / 2

@@ -1,0 +1,319 @@
+"""The tiled matmul's benchmarks and predictions: tile sweeps and the fused GELU epilogue.
+
+Beside :mod:`trainfast.kernels.tiled_matmul`, whose kernels they time; each
+``*_record(device, quick)`` is a ``python -m trainfast.measure`` benchmark (the index is
+:mod:`trainfast.kernels.benchmarks`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from trainfast.gpus import GPUSpec
+from trainfast.kernels.benchmark_targets import (
+    ELEMENT_BYTES,
+    check_dtype,
+    is_out_of_resources,
+    kernel_record,
+)
+from trainfast.kernels.roofline import Roofline, matmul_cost
+from trainfast.kernels.tiled_matmul import MatmulTiles, epilogue_traffic_bytes, tile_traffic_bytes
+from trainfast.records import Prediction, Record
+from trainfast.timing import benchmark
+from trainfast.validation import plural
+
+__all__ = [
+    "FUSED_LINEAR_GELU_SHAPE",
+    "fused_linear_gelu_prediction",
+    "fused_linear_gelu_record",
+    "matmul_prediction",
+    "matmul_record",
+]
+
+
+# --- matmul ------------------------------------------------------------------------------------
+
+
+def _tile_sweep() -> list[Any]:
+    from trainfast.kernels.tiled_matmul import MatmulTiles
+
+    return [
+        MatmulTiles(32, 32, 32, group_m=8, num_warps=2, num_stages=3),
+        MatmulTiles(64, 64, 32, group_m=8, num_warps=4, num_stages=4),
+        MatmulTiles(128, 64, 32, group_m=8, num_warps=4, num_stages=4),
+        MatmulTiles(128, 128, 32, group_m=8, num_warps=4, num_stages=4),
+        MatmulTiles(128, 128, 64, group_m=8, num_warps=8, num_stages=3),
+        MatmulTiles(64, 256, 32, group_m=8, num_warps=4, num_stages=4),
+        MatmulTiles(128, 256, 64, group_m=8, num_warps=8, num_stages=3),
+        MatmulTiles(256, 128, 64, group_m=8, num_warps=8, num_stages=3),
+        # no grouping: L2 reuse lost
+        MatmulTiles(128, 256, 64, group_m=1, num_warps=8, num_stages=3),
+    ]
+
+
+def matmul_record(device: torch.device, quick: bool) -> Record:
+    """``torch.matmul`` and the tiled Triton matmul over a sweep of tile sizes.
+
+    On CUDA at 4096³ (2048³ quick) in float16 and bfloat16; tiles that need more shared memory
+    than the GPU has are recorded with no time. On a CPU, the interpreter at 64³ in float32.
+    """
+    from trainfast.kernels.tiled_matmul import MatmulTiles, matmul, tile_traffic_bytes
+
+    if device.type == "cuda":
+        size = 2048 if quick else 4096
+        dtypes, sweep, repeats = [torch.float16, torch.bfloat16], _tile_sweep(), 10
+    else:
+        size, dtypes, repeats = 64, [torch.float32], 3
+        sweep = [
+            MatmulTiles(16, 16, 16, num_stages=1),
+            MatmulTiles(32, 32, 32, num_stages=1),
+            MatmulTiles(64, 64, 32, num_stages=1),
+        ]
+    flops = 2 * size**3
+    rows = []
+    for dtype in dtypes:
+        a = torch.randn(size, size, device=device).to(dtype)
+        b = torch.randn(size, size, device=device).to(dtype)
+        element = a.element_size()
+        reference = benchmark(
+            lambda a=a, b=b: torch.matmul(a, b), warmup=3, repeats=repeats, device=device
+        )
+        base = {"size": size, "dtype": str(dtype).removeprefix("torch.")}
+        row = base | {
+            "implementation": "torch.matmul",
+            "tiles": "",
+            "shared_memory_bytes": None,
+            "traffic_bytes": None,
+            "seconds": reference.median,
+            "tflops": flops / reference.median / 1e12,
+            "ratio_to_torch": 1.0,
+        }
+        rows.append(row)
+        for tiles in sweep:
+            shape = f"{tiles.block_m}x{tiles.block_n}x{tiles.block_k}"
+            launch = f"{tiles.num_warps} warps, {tiles.num_stages} stages"
+            row = base | {
+                "implementation": "triton matmul_kernel",
+                "tiles": f"{shape}, group {tiles.group_m}, {launch}",
+                "shared_memory_bytes": tiles.shared_memory_bytes(element),
+                "traffic_bytes": tile_traffic_bytes(size, size, size, tiles, element),
+                "seconds": None,
+                "tflops": None,
+                "ratio_to_torch": None,
+            }
+            try:
+                timing = benchmark(
+                    lambda a=a, b=b, t=tiles: matmul(a, b, tiles=t),
+                    warmup=3,
+                    repeats=repeats,
+                    device=device,
+                )
+            except Exception as error:  # noqa: BLE001 - only the one kind is expected, else re-raised
+                if not is_out_of_resources(error):
+                    raise
+            else:
+                row["seconds"] = timing.median
+                row["tflops"] = flops / timing.median / 1e12
+                row["ratio_to_torch"] = reference.median / timing.median
+            rows.append(row)
+    if device.type == "cuda":
+        where = "compiled"
+    else:
+        where = "interpreted on the CPU (the Triton timings measure Triton's interpreter)"
+    units = {
+        "seconds": "s",
+        "tflops": "TFLOP/s",
+        "shared_memory_bytes": "bytes",
+        "traffic_bytes": "bytes",
+    }
+    return kernel_record(
+        "matmul-tiles",
+        f"Square matmuls of size {size}: torch.matmul and the tiled Triton kernel ({where}) for "
+        "each tile configuration; traffic_bytes is what the tiling reads and writes with no cache.",
+        rows,
+        device,
+        units,
+    )
+
+
+# --- fused linear + GELU -------------------------------------------------------------------------
+
+#: an MLP's first projection: tokens × model width @ model width × 4 · model width (GPT-2 medium)
+FUSED_LINEAR_GELU_SHAPE = (8192, 4096, 1024)  # (m, n, k)
+
+
+def _gelu_linear(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """``gelu(a @ b + bias, approximate="tanh")`` in eager PyTorch: the reference path."""
+    from trainfast.kernels.tiled_matmul import matmul_reference
+
+    return matmul_reference(a, b, bias, "gelu_tanh")
+
+
+def _inductor_kernel_count(compiled: Any, args: tuple[torch.Tensor, ...]) -> tuple[int, int]:
+    """(kernels Inductor generated, library calls it kept) for one fresh compile of ``compiled``."""
+    from torch._dynamo.utils import counters
+    from torch._inductor import metrics
+
+    torch._dynamo.reset()
+    metrics.reset()
+    counters.clear()
+    compiled(*args)
+    return metrics.generated_kernel_count, int(counters["inductor"]["extern_calls"])
+
+
+def fused_linear_gelu_record(device: torch.device, quick: bool) -> Record:
+    """``gelu(a @ b + bias, approximate="tanh")`` four ways, at an MLP's shape.
+
+    Eager PyTorch (three kernels), ``torch.compile`` (Inductor), cuBLASLt's fused GELU epilogue
+    (``torch._addmm_activation(bias, a, b, use_gelu=True)``, on CUDA only: on a CPU that op
+    computes the exact GELU), and :func:`~trainfast.kernels.tiled_matmul.matmul` with its
+    epilogue, at its default tiles and autotuned. On CUDA in bf16 at
+    :data:`FUSED_LINEAR_GELU_SHAPE` (a quarter of the tokens quick); ``max_error`` is against
+    the float64 result. On a CPU, float32 at a small size, and the Triton kernel once,
+    interpreted (its time measures the interpreter).
+    """
+    from trainfast.kernels.tiled_matmul import matmul, matmul_tiles, tune_matmul_tiles
+
+    cuda = device.type == "cuda"
+    if cuda:
+        (m, n, k), dtype, repeats = FUSED_LINEAR_GELU_SHAPE, torch.bfloat16, 20
+        m = m // 4 if quick else m
+    else:
+        (m, n, k), dtype, repeats = (256, 512, 128), torch.float32, 5
+    generator = torch.Generator().manual_seed(0)
+    a = (torch.randn(m, k, generator=generator) / k**0.5).to(device, dtype)
+    b = torch.randn(k, n, generator=generator).to(device, dtype)
+    bias = torch.randn(n, generator=generator).to(device, dtype)
+    expected = _gelu_linear(a.double(), b.double(), bias.double())
+    compiled = torch.compile(_gelu_linear)
+    kernels, library_calls = _inductor_kernel_count(compiled, (a, b, bias))
+    contenders = {
+        "eager": ("3 kernels", lambda: _gelu_linear(a, b, bias)),
+        "torch.compile": (
+            f"Inductor: {plural(kernels, 'generated kernel')}, "
+            f"{plural(library_calls, 'library call')}",
+            lambda: compiled(a, b, bias),
+        ),
+    }
+    if cuda:
+        contenders["cuBLASLt epilogue"] = (
+            "torch._addmm_activation(use_gelu=True)",
+            lambda: torch._addmm_activation(bias, a, b, use_gelu=True),
+        )
+    default = matmul_tiles(None if not cuda else _target(device), dtype)
+    contenders["triton epilogue"] = (
+        _tiles_text(default),
+        lambda: matmul(a, b, bias, "gelu_tanh", tiles=default),
+    )
+    if cuda:
+        tuned = tune_matmul_tiles(a, b, bias, "gelu_tanh")
+        contenders["triton epilogue, autotuned"] = (
+            _tiles_text(tuned),
+            lambda: matmul(a, b, bias, "gelu_tanh", tiles=tuned),
+        )
+    flops = 2 * m * n * k
+    base = {"m": m, "n": n, "k": k, "dtype": str(dtype).removeprefix("torch.")}
+    rows, eager_seconds = [], None
+    for name, (config, run) in contenders.items():
+        interpreted = name.startswith("triton") and not cuda
+        timing = benchmark(
+            run,
+            warmup=0 if interpreted else 3,
+            repeats=1 if interpreted else repeats,
+            device=device,
+        )
+        eager_seconds = eager_seconds or timing.median
+        rows.append(
+            base
+            | {
+                "implementation": name,
+                "config": config,
+                "seconds": timing.median,
+                "tflops": flops / timing.median / 1e12,
+                "speedup_vs_eager": eager_seconds / timing.median,
+                "max_error": (run().double() - expected).abs().max().item(),
+            }
+        )
+    where = "compiled" if cuda else "interpreted on the CPU (its time measures the interpreter)"
+    return kernel_record(
+        "fused-linear-gelu",
+        f"gelu(a @ b + bias, tanh) for a ({m}, {k}) @ ({k}, {n}) product in {base['dtype']}: eager "
+        f"PyTorch, torch.compile, cuBLASLt's fused epilogue (CUDA only) and the Triton matmul "
+        f"with its fused epilogue ({where}); max_error against float64.",
+        rows,
+        device,
+        {"seconds": "s", "tflops": "TFLOP/s"},
+    )
+
+
+def _target(device: torch.device) -> Any:
+    from trainfast.kernels.targets import launch_target
+
+    return launch_target(device)
+
+
+def _tiles_text(tiles: MatmulTiles) -> str:
+    return (
+        f"{tiles.block_m}x{tiles.block_n}x{tiles.block_k}, {tiles.num_warps} warps, "
+        f"{tiles.num_stages} stages"
+    )
+
+
+def matmul_prediction(
+    gpu: GPUSpec, size: int, dtype: str = "bf16", tiles: MatmulTiles | None = None
+) -> Prediction:
+    """The FLOP/s a ``size``³ matrix product should reach on ``gpu``, from the roofline.
+
+    The bytes moved are A, B and C once (:func:`~trainfast.kernels.roofline.matmul_cost`), or,
+    given ``tiles``, the traffic of that tiling with no cache
+    (:func:`~trainfast.kernels.tiled_matmul.tile_traffic_bytes`); the attainable rate is
+    ``min(peak, intensity × bandwidth)`` with the datasheet's dense ``dtype`` peak. It ignores
+    launch overhead and tile quantisation, so it is a ceiling, not a forecast of cuBLAS.
+    ``roofline`` and ``matmul-tiles`` measure it.
+    """
+    if size < 1:
+        raise ValueError(f"Invalid matrix size: {size!r} (expected >= 1)")
+    check_dtype(gpu, dtype)
+    element = ELEMENT_BYTES[dtype]
+    cost = matmul_cost(size, size, size, element_bytes=element)
+    moved = cost.bytes if tiles is None else tile_traffic_bytes(size, size, size, tiles, element)
+    roofline = Roofline(gpu.peak_flops[dtype], gpu.hbm_bytes_per_s)
+    how = "A, B, C once" if tiles is None else f"{tiles.block_m}x{tiles.block_n} tiles, no cache"
+    return Prediction(
+        roofline.attainable(cost.flops / moved) / 1e12,
+        "TFLOP/s",
+        f"roofline of the {gpu.name} datasheet, {dtype} {size}³ with {how}",
+    )
+
+
+def fused_linear_gelu_prediction(
+    gpu: GPUSpec, m: int, n: int, k: int, dtype: str = "bf16", *, fused: bool
+) -> Prediction:
+    """The time ``gelu(a @ b + bias)`` should take on ``gpu``, fused or as three kernels.
+
+    Each kernel takes ``max(FLOPs / peak, bytes / bandwidth)`` (the roofline), with the bytes of
+    :func:`~trainfast.kernels.tiled_matmul.epilogue_traffic_bytes`: fused, one matmul that also
+    reads the bias; unfused, the matmul, then a bias add and a GELU that each read and write the
+    (m, n) output (their few FLOPs per element never reach the compute ceiling). It ignores
+    launch overhead and the L2 cache, which can hold part of an (m, n) intermediate between two
+    kernels. ``fused-linear-gelu`` measures it.
+    """
+    check_dtype(gpu, dtype)
+    element = ELEMENT_BYTES[dtype]
+    peak, bandwidth = gpu.peak_flops[dtype], gpu.hbm_bytes_per_s
+    matmul_flops = 2 * m * n * k
+    fused_bytes = epilogue_traffic_bytes(m, n, k, element, fused=True)
+    if fused:
+        seconds = max(matmul_flops / peak, fused_bytes / bandwidth)
+    else:
+        matmul_bytes = epilogue_traffic_bytes(m, n, k, element, has_bias=False, fused=True)
+        epilogue_bytes = epilogue_traffic_bytes(m, n, k, element, fused=False) - matmul_bytes
+        seconds = max(matmul_flops / peak, matmul_bytes / bandwidth) + epilogue_bytes / bandwidth
+    how = "one fused kernel" if fused else "matmul, bias add and GELU as three kernels"
+    return Prediction(
+        seconds * 1e6,
+        "µs",
+        f"roofline of the {gpu.name} datasheet, {dtype} ({m}, {k}) @ ({k}, {n}), {how}",
+    )

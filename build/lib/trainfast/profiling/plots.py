@@ -1,0 +1,97 @@
+"""The profiling chapter's figure that is drawn more than once: the case study's waterfall.
+
+matplotlib is imported when a figure is drawn, not with the package.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["VERDICT_COLORS", "fix_verdict", "plot_waterfall"]
+
+
+#: Colours of a fix's bar, by the verdict of the rank-sum test (or of the medians, without samples).
+VERDICT_COLORS = {"faster": "tab:green", "slower": "tab:red", "noise": "0.78"}
+
+
+def fix_verdict(before: dict[str, Any], after: dict[str, Any], alpha: float = 0.05) -> str:
+    """``"faster"``, ``"slower"`` or ``"noise"`` for the fix that turned ``before`` into ``after``.
+
+    With samples (``samples_ms``, from :func:`~trainfast.profiling.case_study.compare_fixes`,
+    which times the variants one after the other) it is the verdict of Mann and Whitney's
+    rank-sum test (:func:`~trainfast.timing.rank_sum_test`, at ``alpha``); without them, the
+    direction of the medians.
+    """
+    from trainfast.timing import rank_sum_test
+
+    if "samples_ms" in before and "samples_ms" in after:
+        share, p_value = rank_sum_test(before["samples_ms"], after["samples_ms"])
+        if p_value >= alpha:
+            return "noise"
+        return "faster" if share > 0.5 else "slower"
+    return "faster" if after["step_ms"] < before["step_ms"] else "slower"
+
+
+def plot_waterfall(rows: Sequence[dict[str, Any]], *, ax: Any = None, title: str = "") -> Any:
+    """Step time after each fix, as a waterfall: each bar spans the change one fix made.
+
+    ``rows`` are :func:`~trainfast.profiling.case_study.compare_fixes` rows of a cumulative
+    chain (``variant`` and ``step_ms``, with ``iqr_ms`` drawn as error bars), baseline first.
+    Rows after the first whose ``variant`` does not start with ``"+ "`` (the names
+    :func:`~trainfast.profiling.case_study.cumulative_fixes` gives the links of the chain) were
+    measured alone, not in the chain, and are left out. A fix's bar is green when it made the
+    step faster, red when slower, and grey when the difference is within the noise
+    (:func:`fix_verdict`); the last bar is the total. The ``×`` labels sit above the error bars.
+    Returns the axes.
+    """
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    rows = [row for i, row in enumerate(rows) if i == 0 or str(row["variant"]).startswith("+ ")]
+
+    if len(rows) < 2:
+        raise ValueError(f"Invalid rows: a waterfall needs a baseline and a fix, got {len(rows)}")
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7.5, 4.2))
+    times = [row["step_ms"] for row in rows]
+    half_iqr = [row.get("iqr_ms", 0.0) / 2 for row in rows]
+    labels = [row["variant"] for row in rows]
+    top = max(t + e for t, e in zip(times, half_iqr, strict=True))
+    gap = 0.015 * top  # between an error bar's cap and the label above it
+    ax.bar(0, times[0], color="0.45")
+    for i in range(1, len(rows)):
+        low, high = sorted((times[i - 1], times[i]))
+        verdict = fix_verdict(rows[i - 1], rows[i])
+        ax.bar(i, max(high - low, 0.004 * top), bottom=low, color=VERDICT_COLORS[verdict])
+        above = max(high, times[i] + half_iqr[i]) + gap
+        ratio = times[i - 1] / times[i]
+        ax.annotate(f"×{ratio:.2f}", (i, above), ha="center", va="bottom", fontsize=11)
+    ax.bar(len(rows), times[-1], color="tab:blue")
+    ax.annotate(
+        f"×{times[0] / times[-1]:.2f} in all",  # above the last fix's error bar, which it spans
+        (len(rows), times[-1] + half_iqr[-1] + gap),
+        ha="center",
+        va="bottom",
+        fontsize=11,
+    )
+    ax.errorbar(
+        range(len(rows)), times, yerr=half_iqr, fmt="none", ecolor="black", capsize=3, linewidth=1
+    )
+    ax.set_xticks(range(len(rows) + 1), [*labels, "all fixes"], rotation=30, ha="right")
+    ax.tick_params(labelsize=11)
+    ax.set(ylabel="time per training step (ms)", title=title or "Step time, one fix at a time")
+    ax.yaxis.label.set_size(11)
+    ax.title.set_size(12)
+    handles = [
+        Patch(color="0.45", label="baseline"),
+        Patch(color=VERDICT_COLORS["faster"], label="fix: faster (rank-sum test, p < 0.05)"),
+        Patch(color=VERDICT_COLORS["slower"], label="fix: slower (rank-sum test, p < 0.05)"),
+        Patch(color=VERDICT_COLORS["noise"], label="fix: within the noise"),
+        Patch(color="tab:blue", label="all fixes"),
+        plt.Line2D([], [], color="black", label="± half the IQR of the samples"),
+    ]
+    # beside the axes, so that it covers no bar and no label
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.set_ylim(0, top * 1.15)
+    return ax

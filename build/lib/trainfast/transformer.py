@@ -1,0 +1,350 @@
+"""The book's one decoder: GPT-2 (2019) by default, a modern Llama-style decoder by choice.
+
+Every chapter that needs a language model uses this one (profiling, memory, accounting, the
+parallelism models), so the arithmetic of :mod:`trainfast.accounting` can be checked against it
+exactly. With the defaults it is Karpathy's nanoGPT ``model.py`` (itself GPT-2, Radford et al.
+2019): learned token and position embeddings, ``n_layers`` pre-LayerNorm blocks of causal
+self-attention (one fused QKV projection) and a GELU MLP of width ``d_ff``, a final LayerNorm,
+and an LM head that shares its weight with the token embedding; every linear layer has a bias.
+
+The choices in which today's decoders (Llama 2 and 3, Mistral, Qwen, OLMo, modded-nanogpt)
+differ from it are named fields of :class:`TransformerShape`, so one configuration says what the
+model is and what it costs:
+
+* ``norm``: ``"layernorm"`` or ``"rmsnorm"`` (Zhang & Sennrich 2019: no mean, no bias);
+* ``positions``: ``"learned"`` or ``"rope"``, rotary embeddings with base ``rope_theta`` (Su et
+  al. 2021), applied to queries and keys in every layer instead of an embedding added once;
+* ``mlp``: ``"gelu"``, ``"swiglu"`` (Shazeer 2020: ``W2 (silu(W1 x) * W3 x)``, three matrices)
+  or ``"relu2"`` (So et al. 2021, "Primer": ``relu(x)^2``);
+* ``n_kv_heads``: keys and values for fewer heads than the queries (grouped-query attention,
+  Ainslie et al. 2023; ``1`` is multi-query attention, Shazeer 2019); query head ``i`` reads
+  key/value head ``i // (n_heads // n_kv_heads)``, as SDPA's ``enable_gqa`` does;
+* ``qk_norm``: an RMSNorm over each head's queries and keys before the scores (QK-norm,
+  Dehghani et al. 2023, who used LayerNorm; per head as in Qwen 3 and modded-nanogpt, whose
+  norm has no gain; OLMo 2 normalises the whole query and key vectors);
+* ``bias``: biases in the linear layers and norms (GPT-2 has them, Llama has none);
+* ``tied_head``: the LM head shares the token embedding's matrix (GPT-2) or has its own (Llama).
+
+The initialisation is GPT-2's (normal(0, 0.02), the projections that write into the residual
+stream scaled by ``1/sqrt(2 n_layers)``), or, with ``zero_init_projections=True``, those
+projections start at zero so every block starts as the identity (modded-nanogpt).
+
+``attention="manual"`` writes softmax attention out (scores, causal mask, softmax, weighted sum;
+it stores the ``seq x seq`` probabilities for backward); ``attention="sdpa"`` calls
+``torch.nn.functional.scaled_dot_product_attention``, which picks a fused kernel (FlashAttention
+or memory-efficient attention on a GPU) that stores no ``seq x seq`` matrix. Same numbers, up to
+rounding; a test proves it. ``checkpointing=True`` recomputes each block in backward
+(``torch.utils.checkpoint``) instead of storing its activations.
+
+The layers (norms, rotary positions, attention, the MLP kinds, and which RoPE pairing this
+model uses) are in :mod:`trainfast.transformer_layers`.
+
+When not to use it: it is a teaching model. No KV cache, no sliding windows, no mixture of
+experts; use a library model for real work.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+# the layers, re-exported for the callers that import them from here; documented where they live
+from trainfast.transformer_layers import CausalSelfAttention as CausalSelfAttention
+from trainfast.transformer_layers import RMSNorm as RMSNorm
+from trainfast.transformer_layers import TransformerMLP as TransformerMLP
+from trainfast.transformer_layers import apply_rope as apply_rope
+from trainfast.transformer_layers import norm_layer
+from trainfast.transformer_layers import rope_angles as rope_angles
+from trainfast.validation import check_positive
+
+__all__ = [
+    "MLP_KINDS",
+    "NORMS",
+    "POSITIONS",
+    "PRESET_SHAPES",
+    "Attention",
+    "Transformer",
+    "TransformerBlock",
+    "TransformerShape",
+    "random_batch",
+]
+
+
+#: ``"manual"``: softmax attention written out, which saves the ``s x s`` probabilities;
+#: ``"sdpa"``: ``scaled_dot_product_attention`` running a fused kernel (FlashAttention,
+#: memory-efficient, or the CPU flash kernel), which saves a log-sum-exp per query instead.
+Attention = Literal["manual", "sdpa"]
+Norm = Literal["layernorm", "rmsnorm"]
+Positions = Literal["learned", "rope"]
+MLPKind = Literal["gelu", "swiglu", "relu2"]
+NORMS: tuple[str, ...] = ("layernorm", "rmsnorm")
+POSITIONS: tuple[str, ...] = ("learned", "rope")
+MLP_KINDS: tuple[str, ...] = ("gelu", "swiglu", "relu2")
+
+_SIZES = ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "seq_len", "batch_size")
+
+
+@dataclass(frozen=True)
+class TransformerShape:
+    """What decides a decoder's cost: its sizes and its architectural choices.
+
+    The sizes: vocabulary, width, depth, query heads, MLP width, sequence length (also the
+    context the position embedding or the rotary table covers) and (micro-)batch size. The
+    choices (module docstring) default to GPT-2's, so ``TransformerShape(V, h, L, a, f, s, b)``
+    is a GPT-2. ``n_kv_heads=None`` means one key/value head per query head.
+    """
+
+    vocab_size: int
+    d_model: int
+    n_layers: int
+    n_heads: int
+    d_ff: int
+    seq_len: int
+    batch_size: int
+    n_kv_heads: int | None = None
+    norm: Norm = "layernorm"
+    positions: Positions = "learned"
+    mlp: MLPKind = "gelu"
+    qk_norm: bool = False
+    bias: bool = True
+    tied_head: bool = True
+    rope_theta: float = 10_000.0
+    norm_eps: float = 1e-5
+
+    def __post_init__(self) -> None:
+        for name in _SIZES:
+            check_positive(name, getattr(self, name))
+        if self.d_model % self.n_heads:
+            raise ValueError(
+                f"Invalid n_heads: {self.n_heads} (must divide d_model = {self.d_model})"
+            )
+        if self.n_kv_heads is not None:
+            check_positive("n_kv_heads", self.n_kv_heads)
+            if self.n_heads % self.n_kv_heads:
+                raise ValueError(
+                    f"Invalid n_kv_heads: {self.n_kv_heads} (must divide n_heads = "
+                    f"{self.n_heads}: each key/value head serves a whole group of query heads)"
+                )
+        for name, allowed in (("norm", NORMS), ("positions", POSITIONS), ("mlp", MLP_KINDS)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(
+                    f"Invalid {name}: {getattr(self, name)!r} (expected one of {allowed})"
+                )
+        for name in ("qk_norm", "bias", "tied_head"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"Invalid {name}: {getattr(self, name)!r} (expected a bool)")
+        for name in ("rope_theta", "norm_eps"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ValueError(f"Invalid {name}: {value!r} (expected a positive number)")
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"Invalid {name}: {value!r} (expected a positive number)")
+        if self.positions == "rope" and self.head_dim % 2:
+            raise ValueError(
+                f"Invalid head dimension for rotary positions: {self.head_dim} (d_model "
+                f"{self.d_model} / n_heads {self.n_heads}; RoPE rotates pairs, so it must be even)"
+            )
+
+    @classmethod
+    def gpt_like(
+        cls,
+        *,
+        d_model: int,
+        n_layers: int,
+        n_heads: int,
+        seq_len: int,
+        vocab_size: int = 50_304,
+        batch_size: int = 1,
+    ) -> TransformerShape:
+        """GPT-2's proportions: ``d_ff = 4 d_model``; the vocabulary defaults to GPT-2's 50,257
+        tokens padded to a multiple of 64 (50,304, as nanoGPT does); one sequence per batch."""
+        return cls(vocab_size, d_model, n_layers, n_heads, 4 * d_model, seq_len, batch_size)
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @property
+    def kv_heads(self) -> int:
+        """Key/value heads: ``n_kv_heads``, or ``n_heads`` when that is None."""
+        return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
+
+    @property
+    def kv_dim(self) -> int:
+        """Width of the keys (and of the values): ``kv_heads * head_dim``."""
+        return self.kv_heads * self.head_dim
+
+    @property
+    def tokens(self) -> int:
+        """Tokens per step: ``seq_len * batch_size``."""
+        return self.seq_len * self.batch_size
+
+
+def _llama(
+    vocab: int, width: int, layers: int, heads: int, kv_heads: int, ffn: int, context: int, theta
+) -> TransformerShape:
+    return TransformerShape(
+        vocab,
+        width,
+        layers,
+        heads,
+        ffn,
+        context,
+        1,
+        n_kv_heads=kv_heads,
+        norm="rmsnorm",
+        positions="rope",
+        mlp="swiglu",
+        bias=False,
+        tied_head=False,
+        rope_theta=theta,
+    )
+
+
+#: Named shapes, one sequence per batch (change it with ``dataclasses.replace``).
+PRESET_SHAPES: dict[str, TransformerShape] = {
+    # small enough for a unit test on one CPU thread
+    "tiny": TransformerShape(128, 32, 2, 4, 128, 16, 2),
+    # the same sizes with every modern choice: RMSNorm, RoPE, SwiGLU, 2 key/value heads for 4
+    # query heads, QK-norm, no biases, an untied head
+    "tiny-modern": TransformerShape(
+        128,
+        32,
+        2,
+        4,
+        128,
+        16,
+        2,
+        n_kv_heads=2,
+        norm="rmsnorm",
+        positions="rope",
+        mlp="swiglu",
+        qk_norm=True,
+        bias=False,
+        tied_head=False,
+    ),
+    # Radford et al. 2019, "Language Models are Unsupervised Multitask Learners", Table 2 (the
+    # 117M row, 124M counted exactly), vocabulary 50,257, context 1,024
+    "gpt2-small": TransformerShape(50_257, 768, 12, 12, 3_072, 1_024, 1),
+    # ibid., the 1542M row: 48 layers, width 1,600; 25 heads of 64 in the released model
+    "gpt2-xl": TransformerShape(50_257, 1_600, 48, 25, 6_400, 1_024, 1),
+    # Touvron et al. 2023, "Llama 2", Table 1 and Section 2.2: 7B, context 4,096, vocabulary
+    # 32,000, multi-head attention; width 4,096, 32 layers and heads and SwiGLU width 11,008
+    # from the released configuration. 6,738,415,616 parameters ("6.7B"/"7B").
+    "llama2-7b": _llama(32_000, 4_096, 32, 32, 32, 11_008, 4_096, 10_000.0),
+    # Llama Team 2024, "The Llama 3 Herd of Models", Table 3: 8B and 405B, grouped-query
+    # attention with 8 key/value heads, RoPE base 500,000; vocabulary 128,256 in the released
+    # configuration (the paper's "128K": 128,000 plus 256 reserved special tokens); pre-trained
+    # on 8,192-token sequences. 8,030,261,248 and 405,853,388,800 parameters.
+    "llama3-8b": _llama(128_256, 4_096, 32, 32, 8, 14_336, 8_192, 500_000.0),
+    "llama3-405b": _llama(128_256, 16_384, 126, 128, 8, 53_248, 8_192, 500_000.0),
+}
+
+
+class TransformerBlock(nn.Module):
+    """Pre-norm residual block: ``x + attn(norm(x))``, then ``x + mlp(norm(x))``."""
+
+    def __init__(self, shape: TransformerShape, attention: Attention, dropout: float) -> None:
+        super().__init__()
+        self.ln1 = norm_layer(shape, shape.d_model)
+        self.attn = CausalSelfAttention(shape, attention, dropout)
+        self.ln2 = norm_layer(shape, shape.d_model)
+        self.mlp = TransformerMLP(shape, dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class Transformer(nn.Module):
+    """The decoder built from a :class:`TransformerShape` (GPT-2 by default; module docstring).
+
+    ``forward(tokens)`` maps ``(batch, seq)`` token ids, ``seq <= shape.seq_len``, to
+    ``(batch, seq, vocab_size)`` logits; :meth:`loss` adds the next-token cross-entropy.
+    Its parameter count is :func:`trainfast.accounting.parameter_count` exactly.
+    Initialisation is GPT-2's: normal(0, 0.02), residual projections scaled by
+    ``1 / sqrt(2 n_layers)``, or zero with ``zero_init_projections``; norms' gains are 1.
+    """
+
+    def __init__(
+        self,
+        shape: TransformerShape,
+        *,
+        attention: Attention = "manual",
+        dropout: float = 0.0,
+        checkpointing: bool = False,
+        zero_init_projections: bool = False,
+    ) -> None:
+        super().__init__()
+        if not isinstance(shape, TransformerShape):
+            raise TypeError(f"Invalid shape: {shape!r} (expected a TransformerShape)")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"Invalid dropout: {dropout!r} (expected 0 <= dropout < 1)")
+        self.shape, self.checkpointing = shape, checkpointing
+        self.token_embedding = nn.Embedding(shape.vocab_size, shape.d_model)
+        self.position_embedding = (
+            nn.Embedding(shape.seq_len, shape.d_model) if shape.positions == "learned" else None
+        )
+        self.dropout = nn.Dropout(dropout)
+        self.blocks = nn.ModuleList(
+            TransformerBlock(shape, attention, dropout) for _ in range(shape.n_layers)
+        )
+        self.ln_f = norm_layer(shape, shape.d_model)
+        self.lm_head = nn.Linear(shape.d_model, shape.vocab_size, bias=False)
+        if shape.tied_head:
+            self.lm_head.weight = self.token_embedding.weight  # one (vocab, d_model) matrix
+        self.apply(self._init_weights)
+        for name, p in self.named_parameters():
+            if name.endswith("proj.weight"):  # the projections that write into the residual
+                if zero_init_projections:
+                    nn.init.zeros_(p)
+                else:
+                    nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * shape.n_layers))
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        batch, seq = tokens.shape
+        if seq > self.shape.seq_len:
+            raise ValueError(
+                f"Invalid sequence length: {seq} (the model's is {self.shape.seq_len})"
+            )
+        x = self.token_embedding(tokens)  # (batch, seq, d_model)
+        if self.position_embedding is not None:  # learned positions, broadcast over the batch
+            x = x + self.position_embedding(torch.arange(seq, device=tokens.device))
+        x = self.dropout(x)
+        for block in self.blocks:
+            if self.checkpointing and torch.is_grad_enabled():
+                x = checkpoint(block, x, use_reentrant=False)  # keep x, recompute the rest
+            else:
+                x = block(x)
+        return self.lm_head(self.ln_f(x))  # (batch, seq, vocab_size)
+
+    def loss(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Mean next-token cross-entropy of ``(batch, seq)`` ``targets`` (``tokens`` shifted)."""
+        logits = self(tokens)  # (batch, seq, vocab_size)
+        return F.cross_entropy(logits.flatten(0, 1), targets.flatten())  # (batch * seq, vocab)
+
+
+def random_batch(
+    shape: TransformerShape, *, seed: int = 0, device: torch.device | str = "cpu"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(tokens, targets)`` of uniformly random ids, each ``(batch_size, seq_len)``.
+
+    Enough to measure time, FLOPs and memory, which do not depend on the token values.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    size = (shape.batch_size, shape.seq_len + 1)  # (batch, seq + 1): inputs, then one more
+    ids = torch.randint(shape.vocab_size, size, generator=generator)
+    return ids[:, :-1].clone().to(device), ids[:, 1:].clone().to(device)  # two separate tensors

@@ -208,8 +208,8 @@ SYSTEMS: tuple[Change, ...] = (
     ),
     Change(
         "torch.compile",
-        "fused kernels for the step, for tracing on every run (the on-disk cache keeps the "
-        "generated code from the study's untimed warm-up)",
+        "fused kernels for the step, compiled once per process (the study's untimed warm-up "
+        "pays it; a reader's first run pays it on the clock)",
         {"compile": True},
         "systems",
     ),

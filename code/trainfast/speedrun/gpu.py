@@ -64,7 +64,8 @@ GPU_SLOT_SECONDS = 360.0  # about 6 minutes, inside the GPU pass's 420 s for a b
 GPU_SEEDS = 3
 #: A first compile of a model of this size on a GPU, generated code not yet cached: an
 #: assumption (the compile-time record's GPT-2-sized entries take tens of seconds), paid by each
-#: compiled row's untimed warm-up; each timed run then pays its tracing (a few seconds).
+#: compiled row's untimed warm-up; each timed run then reuses the compiled graph in the same
+#: process (TRACE_SECONDS is a margin for guard checks and a possible recompile).
 COMPILE_SECONDS = 45.0
 TRACE_SECONDS = 5.0
 #: held-out loss the GPU runs train to: below the add-0.1 bigram model's loss on the gpu

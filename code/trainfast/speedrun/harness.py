@@ -9,12 +9,16 @@ clock runs during training only, and a training step on it runs from fetching it
 optimizer's update: evaluation is timed apart and reported, as the NanoGPT speedrun
 (KellerJordan/modded-nanogpt) does, whose clock includes its data loader too. Unlike that
 speedrun, which warms up (and compiles) before it starts the clock, compilation here is on the
-clock: with ``compile=True`` every run pays its tracing (and, the first time on a machine, the
-code generation that the on-disk cache keeps for later runs), which is what a reader's own run
-would pay. A configuration that has not reached the target after ``max_steps`` stops there and
-says so. A run can be checkpointed and resumed exactly (:mod:`trainfast.speedrun.checkpoint`).
-:func:`compare` says whether one configuration's times beat another's by more than their
-spread (the book's rank-sum test).
+clock: with ``compile=True`` a run pays whatever compiling its step still costs in this
+process. The first compiled run in a process traces and generates code (minutes on a 2-core
+CPU; the on-disk cache saves the code generation for a later process); later runs of the same
+configuration in that process reuse the compiled graph, for a fresh model too, and pay almost
+nothing (checked: one graph for twelve fresh models). A study therefore warms each compiled
+entry up once, untimed (:mod:`trainfast.speedrun.study`), and says so; a data-parallel run's
+ranks are fresh processes and compile again, on their clock. A configuration that has not
+reached the target after ``max_steps`` stops there and says so. A run can be checkpointed and
+resumed exactly (:mod:`trainfast.speedrun.checkpoint`). :func:`compare` says whether one
+configuration's times beat another's by more than their spread (the book's rank-sum test).
 """
 
 from __future__ import annotations

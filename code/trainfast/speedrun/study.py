@@ -127,8 +127,10 @@ class _Study:
             )
 
     def warm_up(self, entry: Entry, split: str) -> None:
-        """One short untimed run of a compiled entry, so that its generated code is in the
-        on-disk cache before its timed runs (each of which still traces, on its clock)."""
+        """One short untimed run of a compiled entry before its timed runs: it compiles the step
+        in this process, whose later runs of the entry reuse the compiled graph (a
+        data-parallel entry's ranks, fresh processes, find the generated code in the on-disk
+        cache and still trace, on their clock)."""
         if not entry.config.compile or entry.name in self.warmed:
             return
         target = replace(self.chosen.target, max_steps=self.chosen.target.eval_every)
@@ -286,8 +288,9 @@ def run_log(
         + " then measured afresh, interleaved, on the validation split, the headline from "
         f"those runs. On the validation windows a unigram count model scores "
         f"{references.unigram:.3f} and an add-{references.k} bigram model "
-        f"{references.bigram:.3f} nats/token. Compiled entries had one untimed warm-up run to "
-        "fill the compile cache."
+        f"{references.bigram:.3f} nats/token. Each compiled entry had one untimed warm-up run "
+        "first, so its timed single-process runs reuse a compiled graph (data-parallel ranks "
+        "compile again on their clock)."
         + (f" Left out: {', '.join(skip)} (this CPU has no bf16 instructions)." if skip else "")
         + (f" CPU: {study.cpu}." if study.cpu else "")
     )

@@ -589,6 +589,46 @@ def test_delayed_scaling_uses_the_history_before_the_tensor_and_saturates_on_a_j
         DelayedScaling(amax_compute="mean")
 
 
+def _delayed_scaling_through(steps: list[torch.Tensor], history_len: int = 1024):
+    """Quantise each step with one DelayedScaling: the scale used and the relative error of the
+    finite values, per step."""
+    from trainfast.precision import DelayedScaling
+
+    delayed = DelayedScaling(history_len=history_len)
+    scales, errors = [], []
+    for x in steps:
+        x8, scale = delayed.quantize(x)
+        finite = torch.isfinite(x)
+        back = from_fp8(x8, scale)
+        scales.append(float(scale))
+        errors.append(((back - x)[finite].norm() / x[finite].norm()).item())
+    return scales, errors
+
+
+def test_delayed_scaling_keeps_its_scale_through_an_inf_as_transformer_engine_does():
+    """The review's demonstration: activations near 1e-3 and one inf at step 2. Transformer
+    Engine keeps the previous scale where the history's amax is not finite
+    (``torch.where(torch.isfinite(amax), sf, scale)``); falling back to 1 flushed most of
+    the activations (error 0.56 instead of 0.026) until the inf left the history."""
+    generator = torch.Generator().manual_seed(0)
+    steps = [torch.randn(4096, generator=generator) * 1e-3 for _ in range(8)]
+    steps[2][0] = float("inf")
+    scales, errors = _delayed_scaling_through(steps)
+    assert scales[0] == 1.0 and errors[0] > 0.3  # empty history: no scale yet
+    assert all(s == scales[2] for s in scales[3:]), scales  # frozen at the last finite scale
+    assert scales[2] > 1e5
+    assert max(errors[1:]) < 0.04, errors  # what e4m3's 3 bits allow, inf or not
+    # with a short history the inf leaves it, and the scale follows the data again
+    short_scales, short_errors = _delayed_scaling_through(steps, history_len=2)
+    assert short_scales[3] == short_scales[4] == short_scales[2]  # the inf is in the window
+    assert short_scales[5] != short_scales[2] and max(short_errors[1:]) < 0.04
+    # a NaN and an all-zero step keep the scale too (TE: amax > 0 and isfinite)
+    nan_step, zero_step = steps[5].clone(), torch.zeros(4096)
+    nan_step[3] = float("nan")
+    scales, errors = _delayed_scaling_through([steps[0], steps[1], nan_step, zero_step, steps[6]])
+    assert scales[3] == scales[4] == scales[2] > 1e5 and errors[-1] < 0.04
+
+
 def test_limited_precision_sum_is_float32_at_23_bits_and_promotion_bounds_its_error():
     from trainfast.precision import accumulation_error, limited_precision_sum
 
@@ -693,6 +733,22 @@ def test_block_scaling_rounds_like_torch_and_resists_outliers_that_per_tensor_sc
     assert blocks.shape == (64, 8, 32)
     with pytest.raises(ValueError, match="multiple of the block size 16"):
         fake_quantize(torch.randn(3, 24), "NVFP4")
+
+
+def test_round_to_minifloat_saturates_infinities_and_keeps_nan_as_its_docstring_says():
+    """OFP8's saturating conversion: an overflow, infinity included, becomes the largest finite
+    value of its sign, NaN stays NaN (log2(inf) once made the step infinite and inf / inf NaN)."""
+    from trainfast.precision import BLOCK_FORMATS
+    from trainfast.precision.block_scaling import round_to_minifloat
+
+    inf, nan = float("inf"), float("nan")
+    x = torch.tensor([inf, -inf, nan, 1e30, -465.0, 448.0, 3.0])
+    e4m3 = round_to_minifloat(x, BLOCK_FORMATS["MXFP8"].element)
+    assert e4m3[:2].tolist() == [448.0, -448.0] and bool(torch.isnan(e4m3[2]))
+    assert e4m3[3:].tolist() == [448.0, -448.0, 448.0, 3.0]
+    e2m1 = round_to_minifloat(x, BLOCK_FORMATS["NVFP4"].element)
+    assert e2m1[:2].tolist() == [6.0, -6.0] and bool(torch.isnan(e2m1[2]))
+    assert e2m1[3:].tolist() == [6.0, -6.0, 6.0, 3.0]
 
 
 def test_the_playbooks_fp8_recipes_add_up_to_its_totals():
@@ -823,6 +879,21 @@ def test_fp8_quantize_check(capsys):
     with pytest.raises(AssertionError, match="normal values: amax maps to"):
         ex.check_fp8_quantize(fixed_scale)
 
+    def power_of_two(rounding):  # the scale 448 / amax rounded to a power of two
+        def quantize(x):
+            amax = x.abs().max().float()
+            if amax == 0:
+                return x.to(torch.float8_e4m3fn), torch.tensor(1.0)
+            scale = torch.exp2(rounding(torch.log2(448.0 / amax)))
+            return (x.float() * scale).clamp(-448, 448).to(torch.float8_e4m3fn), scale
+
+        return quantize
+
+    ex.check_fp8_quantize(power_of_two(torch.floor))  # amax lands in [224, 448]: valid
+    assert "All 4 cases passed" in capsys.readouterr().out
+    with pytest.raises(AssertionError, match="normal values: dequantised values differ"):
+        ex.check_fp8_quantize(power_of_two(torch.ceil))  # amax above 448: saturates
+
 
 def _stochastic(x, generator):
     bits = x.view(torch.int32)
@@ -842,6 +913,41 @@ def test_stochastic_rounding_check(capsys):
 
     with pytest.raises(AssertionError, match="not a neighbour"):
         ex.check_stochastic_rounding(two_ulps)
+
+
+def _biased_stochastic(bias):
+    """Stochastic rounding away from zero with probability f + bias (f: the dropped fraction)."""
+
+    def round_stochastic(x, generator):
+        bits = x.view(torch.int32)
+        dropped = (bits & 0xFFFF).double() / 2**16
+        away = torch.rand(x.shape, generator=generator, dtype=torch.float64) < dropped + bias
+        return ((bits & ~0xFFFF) + away.int() * 0x10000).view(torch.float32).bfloat16()
+
+    return round_stochastic
+
+
+def _coarse_stochastic(random_bits):
+    """Stochastic rounding that adds only ``random_bits`` random bits below bfloat16's 16."""
+
+    def round_stochastic(x, generator):
+        noise = torch.randint(0, 1 << random_bits, x.shape, generator=generator, dtype=torch.int32)
+        noise = noise << (16 - random_bits)
+        return ((x.view(torch.int32) + noise) & ~0xFFFF).view(torch.float32).bfloat16()
+
+    return round_stochastic
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_stochastic_rounding_check_rejects_a_bias_of_five_percent_and_four_random_bits(seed):
+    """The review's wrong answers, each accepted by the check before (4000 samples, a tolerance
+    of 8 standard errors, dyadic test fractions): a bias of 0.05 spacing is half of the update
+    of a tenth of a spacing that the exercise is about."""
+    ex.check_stochastic_rounding(_stochastic, seed=seed)
+    ex.check_stochastic_rounding(_biased_stochastic(0.0), seed=seed)  # unbiased: passes
+    for wrong in (_biased_stochastic(0.05), _coarse_stochastic(4), _coarse_stochastic(3)):
+        with pytest.raises(AssertionError, match="biased by"):
+            ex.check_stochastic_rounding(wrong, seed=seed)
 
 
 # --- the chapter ---------------------------------------------------------------------------------
@@ -975,6 +1081,24 @@ def test_kahan_add_check(capsys):
         AssertionError, match="one step, bf16 weights: weights match but the compensation"
     ):
         ex.check_kahan_add(plain)
+
+    def textbook(param, update, compensation):  # Kahan's signs: c = (t - s) - y, subtracted
+        y = update.float() - compensation.float()
+        before = param.float().clone()
+        param.copy_(before + y)
+        compensation.copy_((param.float() - before) - y)
+
+    ex.check_kahan_add(textbook)
+    assert "All 3 cases passed" in capsys.readouterr().out
+
+    def textbook_added(param, update, compensation):  # Kahan's c, but added: the sign is wrong
+        y = update.float() + compensation.float()
+        before = param.float().clone()
+        param.copy_(before + y)
+        compensation.copy_((param.float() - before) - y)
+
+    with pytest.raises(AssertionError, match="1000 updates below half a spacing: weights differ"):
+        ex.check_kahan_add(textbook_added)
 
 
 def test_recipe_choice_check(capsys):

@@ -200,6 +200,14 @@ class DelayedScaling:
     is recorded afterwards. Values above the delayed scale's range saturate at ``fp8_max``
     (the price of a sudden jump); with an empty history the scale is 1. Current scaling
     (:func:`to_fp8`) is the special case ``history_len=1`` applied to the same step.
+
+    An amax that is not finite (one ``inf`` or ``NaN`` in a tensor) or zero does not reset the
+    scale: the scale of the previous step is kept, as Transformer Engine's
+    ``_default_sf_compute`` does (``torch.where(torch.isfinite(amax), sf, scale)``, and likewise
+    for ``amax > 0``; ``transformer_engine/pytorch/fp8.py``). The non-finite amax stays in the
+    history, so under ``"max"`` the scale is frozen at its last finite value until that entry
+    leaves the history; falling back to 1 instead would flush every small value to zero for
+    up to ``history_len`` steps.
     """
 
     def __init__(
@@ -224,18 +232,24 @@ class DelayedScaling:
             dtype,
         )
         self.amax_history: list[float] = []
+        self.previous_scale = torch.tensor(1.0)  # the scale the last quantize used
 
     @property
     def scale(self) -> Tensor:
-        """The scale the next :meth:`quantize` will use (float32 scalar)."""
+        """The scale the next :meth:`quantize` will use (float32 scalar): from the history, or
+        the previous step's where the history's amax is not finite or is zero."""
         if not self.amax_history:
-            return torch.tensor(1.0)
-        amax = max(self.amax_history) if self.amax_compute == "max" else self.amax_history[-1]
-        return fp8_scale(torch.tensor(amax), self.dtype) / 2.0**self.margin
+            return self.previous_scale
+        window = self.amax_history if self.amax_compute == "max" else self.amax_history[-1:]
+        amax = torch.tensor(window).max()  # NaN propagates, as torch.max does in TE
+        if not (torch.isfinite(amax) and amax > 0):
+            return self.previous_scale
+        return fp8_scale(amax, self.dtype) / 2.0**self.margin
 
     def quantize(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """``(x_fp8, scale)`` with the delayed scale, then record ``amax(x)`` in the history."""
-        scale = self.scale.to(x.device)
+        self.previous_scale = self.scale
+        scale = self.previous_scale.to(x.device)
         largest = torch.finfo(self.dtype).max
         x_fp8 = (x.float() * scale).clamp(-largest, largest).to(self.dtype)
         self.amax_history = [*self.amax_history, float(x.detach().abs().amax())][

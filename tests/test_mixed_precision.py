@@ -148,6 +148,20 @@ def test_representable_values_counts_and_matches_casting():
         representable_values("e4m3", 2, 1)
 
 
+def test_representable_values_of_a_subnormal_binade_match_the_256_bytes_of_e4m3():
+    """The comb figure's caption: e4m3's subnormal binades hold 1, 2 and 4 values, its normal
+    ones 8 (the top one 7). A range entirely below the smallest normal once returned nothing."""
+    every = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
+    positive = every[torch.isfinite(every) & (every > 0)]
+    counts = []
+    for k in range(-10, 9):
+        low, high = 2.0**k, 2.0 ** (k + 1)
+        counts.append(len(representable_values("e4m3", low, high)))
+        assert counts[-1] == int(((positive >= low) & (positive < high)).sum()), k
+    assert counts[:5] == [0, 1, 2, 4, 8] and set(counts[5:-1]) == {8}
+    assert counts[-1] == 7  # [256, 512): its eighth pattern, 0x7f, is NaN
+
+
 # --- GradScaler against torch.amp.GradScaler ---------------------------------------------------
 
 
@@ -1002,6 +1016,39 @@ def test_kahan_adamw_matches_torch_adamw_on_float32_weights():
         KahanAdamW(ours_params, betas=(0.9, 1.0))
 
 
+def test_kahan_adamw_without_compensation_is_the_float32_moment_control():
+    """compensated=False: the same float32 moments, the update added plainly. On float32
+    weights it is torch's AdamW; on bf16 weights it rounds away what the compensation keeps."""
+    from trainfast.precision import KahanAdamW
+
+    generator = torch.Generator().manual_seed(0)
+    start = torch.randn(64, generator=generator)
+    grads = [1 + 0.1 * torch.randn(64, generator=generator) for _ in range(1000)]  # one way
+
+    def run(dtype, **kwargs):
+        param = nn.Parameter(start.clone().to(dtype))
+        optimizer = KahanAdamW([param], lr=1e-4, **kwargs)
+        for grad in grads:
+            param.grad = grad.to(dtype)
+            optimizer.step()
+        return param.detach().float()
+
+    reference = nn.Parameter(start.clone())
+    torch_adamw = torch.optim.AdamW([reference], lr=1e-4)
+    for grad in grads:
+        reference.grad = grad.clone()
+        torch_adamw.step()
+    float32_plain = run(torch.float32, compensated=False)  # 1000 steps of float32 rounding
+    torch.testing.assert_close(float32_plain, reference.detach(), rtol=1e-4, atol=2e-4)
+    moved = run(torch.float32) - start  # each step moves a weight by about lr
+    rounded = start.bfloat16().float()
+    plain = run(torch.bfloat16, compensated=False) - rounded
+    kahan = run(torch.bfloat16) - rounded
+    assert (plain - moved).norm() > 3 * (kahan - moved).norm()
+    with pytest.raises(ValueError, match="compensated: 'no'"):
+        KahanAdamW([nn.Parameter(start.clone())], compensated="no")
+
+
 def test_kahan_add_keeps_the_updates_a_bf16_weight_rounds_away():
     from trainfast.precision import kahan_add_
 
@@ -1154,3 +1201,51 @@ def test_step_memory_peak_is_within_one_and_a_half_of_every_gpu_record():
             )
             ratio = row["peak_memory_gb"] * 1e9 / memory.peak
             assert 1 / 1.5 < ratio < 1.5, (record.created, row["recipe"], ratio)
+
+
+def test_the_step_model_splits_and_reassembles_a_step():
+    from trainfast.precision.step_model import StepSplit, amdahl_step_seconds, split_step
+
+    split = split_step(0.1, 6e12, 1e14)  # 60 ms of products, 40 ms of the rest
+    assert split == StepSplit(pytest.approx(0.06), pytest.approx(0.04))
+    assert split.total_seconds == pytest.approx(0.1)
+    assert amdahl_step_seconds(split, 6e12, 1e14, 1.0) == pytest.approx(0.1)  # nothing changed
+    assert amdahl_step_seconds(split, 6e12, 1e15, 2.0) == pytest.approx(0.006 + 0.02)
+    with pytest.raises(ValueError, match="matmul_flops_per_s: 10000000000000.0 .the products"):
+        split_step(0.1, 6e12, 1e13)  # the products alone would take 0.6 s
+    with pytest.raises(ValueError, match="other_speedup"):
+        amdahl_step_seconds(split, 6e12, 1e14, 0.0)
+
+
+def test_the_step_model_brackets_the_16_bit_steps_of_every_gpu_record():
+    """The chapter's Amdahl reading against the committed records: a 16-bit step lies between the
+    rest twice as fast and the rest unchanged (within 5 %: autocast adds casts), and faster than
+    its products alone allow no recipe to be."""
+    from trainfast.accounting import training_flops
+    from trainfast.precision.benchmarks import gpu_step_shape
+    from trainfast.precision.step_model import amdahl_step_seconds, split_step
+    from trainfast.records import section_records
+
+    records = section_records(["precision-step-time", "matmul-throughput"])
+    pairs = list(zip(records["precision-step-time"], records["matmul-throughput"], strict=False))
+    if not pairs:
+        pytest.skip("no GPU records of precision-step-time and matmul-throughput")
+    for steps, rates in pairs[:1]:
+        largest = max(r["m"] for r in rates.rows if r["shape"].startswith("square "))
+        rate = {
+            r["dtype"]: 1e12 * r["tflops"]
+            for r in rates.rows
+            if r["timing"] == "harness" and r["shape"] == f"square {largest}"
+        }
+        flops = training_flops(gpu_step_shape("n_layers=2," in steps.description))
+        row = {r["recipe"]: r for r in steps.rows}
+        split = split_step(row["fp32"]["step_ms"] / 1e3, flops, rate["fp32"])
+        for recipe, dtype in (
+            ("bf16 autocast", "bf16"),
+            ("fp16 autocast + scaler", "fp16"),
+            ("pure bf16", "bf16"),
+        ):
+            low = amdahl_step_seconds(split, flops, rate[dtype], 2.0)
+            high = amdahl_step_seconds(split, flops, rate[dtype], 1.0)
+            measured = row[recipe]["step_ms"] / 1e3
+            assert low <= measured <= 1.05 * high, (recipe, low, measured, high)

@@ -159,7 +159,8 @@ def representable_values(
     count = 0  # an upper bound: whole binades from the one holding low to the one holding high
     for exponent_field in range(2**fmt.exponent_bits):
         scale = 2.0 ** (max(exponent_field, 1) - bias)
-        if scale * 2 > low and not (scale >= high or scale > fmt.max):
+        lowest = scale if exponent_field else scale / 2**m  # the subnormals lie below scale
+        if scale * 2 > low and not (lowest >= high or scale > fmt.max):
             count += 2**m
     if count > max_count:
         raise ValueError(
@@ -171,7 +172,8 @@ def representable_values(
         scale = 2.0 ** (max(exponent_field, 1) - bias)
         if scale * 2 <= low:
             continue
-        if scale >= high or scale > fmt.max:
+        lowest = scale if exponent_field else scale / 2**m  # the subnormals lie below scale
+        if lowest >= high or scale > fmt.max:
             break
         lead = 0 if exponent_field == 0 else 1
         for mantissa in range(2**m):

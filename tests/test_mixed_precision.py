@@ -852,6 +852,17 @@ def test_rounding_check(capsys):
     with pytest.raises(AssertionError, match="values differ"):
         ex.check_rounding(ties_away)
 
+    def unguarded(x, bits):  # right on finite values, but rounds the bits of inf and NaN too
+        drop = 23 - bits
+        raw = x.view(torch.int32)
+        odd = (raw >> drop) & 1
+        return ((raw + (1 << (drop - 1)) - 1 + odd) & ~((1 << drop) - 1)).view(torch.float32)
+
+    finite = torch.tensor([1.0, 1 + 2.0**-8, 3.0e38, -2.5e-3])
+    assert torch.equal(unguarded(finite, 7), round_mantissa(finite, 7))
+    with pytest.raises(AssertionError, match=r"x=nan -> (inf|-0\.0)"):
+        ex.check_rounding(unguarded)
+
 
 def test_scale_update_check(capsys):
     def reference(scale, tracker, found, growth, backoff, interval):
@@ -1175,6 +1186,16 @@ def test_fp8_linear_check(capsys):
 
     with pytest.raises(AssertionError, match="step 0"):
         ex.check_fp8_linear(current_scaling)
+
+    def weight_recorded_twice(x, weight, x_scaling, w_scaling):  # right outputs, wrong history
+        out = fp8_linear(x, weight, x_scaling, w_scaling)
+        w_scaling.quantize(weight)  # e.g. quantising the weight again for the backward pass
+        return out
+
+    with pytest.raises(
+        AssertionError, match=r"step 0 \(activations x[0-9.]+\): weight amax history"
+    ):
+        ex.check_fp8_linear(weight_recorded_twice)
 
 
 def test_step_memory_peak_is_within_one_and_a_half_of_every_gpu_record():

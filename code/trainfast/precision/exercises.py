@@ -62,21 +62,27 @@ def _rounding_inputs(seed: int) -> Tensor:
     ties = torch.tensor(
         [1 + 2.0**-8, 1 + 3 * 2.0**-8, -(1 + 2.0**-8), 1 + 2.0**-11, 1 + 3 * 2.0**-11]
     )
-    return torch.cat([spread, ties, torch.tensor([0.0, -0.0, 1.0, 3.0e38])])
+    special = torch.tensor([0.0, -0.0, 1.0, 3.0e38, float("inf"), -float("inf"), 1e-40, -1e-45])
+    # NaNs whose payload the rounding must not touch: a low payload that rounds to infinity, a
+    # high one whose carry would flip the sign, and the same negated
+    nans = torch.tensor([0x7F800001, 0x7FFFFFFF, -0x7FFFFFFF, -0x00800001], dtype=torch.int32)
+    return torch.cat([spread, ties, special, nans.view(torch.float32)])
 
 
 def check_rounding(round_to_bits: Callable[[Tensor, int], Tensor], *, seed: int = 0) -> None:
     """Check ``round_to_bits(x, mantissa_bits)``: float32 in, float32 out, round-to-nearest-even.
 
     Cases: 7 bits (bfloat16's), 10 (TF32's) and 3 (e4m3's mantissa, in float32's exponent
-    range), on values spread over 2^±60 plus exact ties, which must go to the even neighbour.
+    range), on values spread over 2^±60 plus exact ties, which must go to the even neighbour,
+    subnormals, a value that rounds past float32's maximum (to infinity), and infinities and
+    NaNs, which must come back unchanged (a NaN as a NaN).
     """
     x = _rounding_inputs(seed)
     results: list[Case] = []
     for bits in (7, 10, 3):
         expected = round_mantissa(x, bits)
         got = round_to_bits(x.clone(), bits)
-        case = f"{bits} mantissa bits on {x.numel()} values (ties included)"
+        case = f"{bits} mantissa bits on {x.numel()} values (ties, inf and NaN included)"
         if got.dtype != torch.float32 or got.shape != x.shape:
             results.append(
                 (
@@ -85,7 +91,8 @@ def check_rounding(round_to_bits: Callable[[Tensor, int], Tensor], *, seed: int 
                 )
             )
             continue
-        wrong = (got != expected).nonzero().flatten()
+        same = (got == expected) | (got.isnan() & expected.isnan())
+        wrong = (~same).nonzero().flatten()
         problem = None
         if wrong.numel():
             i = int(wrong[0])
@@ -321,8 +328,9 @@ def check_fp8_linear(
     linear: Callable[[Tensor, Tensor, DelayedScaling, DelayedScaling], Tensor], *, seed: int = 0
 ) -> None:
     """Check ``linear(x, weight, x_scaling, weight_scaling)`` against :func:`fp8_linear` over six
-    steps with a jump in the activations: same outputs, and the same amax histories afterwards
-    (the function must use each scaling's delayed scale, then record the amax)."""
+    steps with a jump in the activations: same outputs, and the same amax histories of the
+    activations and of the weight afterwards (the function must use each scaling's delayed
+    scale, then record the amax, once per step)."""
     generator = torch.Generator().manual_seed(seed)
     weight = torch.randn(16, 32, generator=generator) * 0.1  # (out, in)
     steps = [torch.randn(4, 8, 32, generator=generator) * s for s in (1, 1.2, 1.1, 20, 1, 1)]
@@ -339,6 +347,8 @@ def check_fp8_linear(
             problem = f"outputs differ by up to {(got.float() - expected).abs().max().item():.3g}"
         elif ours_x.amax_history != ref_x.amax_history:
             problem = f"x amax history {ours_x.amax_history}, expected {ref_x.amax_history}"
+        elif ours_w.amax_history != ref_w.amax_history:
+            problem = f"weight amax history {ours_w.amax_history}, expected {ref_w.amax_history}"
         results.append((f"step {step} (activations x{x.abs().max().item():.3g})", problem))
         if problem:
             break

@@ -149,7 +149,7 @@ def gpu_properties(device: torch.device | str | int | None = None) -> dict[str, 
     properties: dict[str, Any] = {
         "name": p.name,
         "sm_count": p.multi_processor_count,
-        "l2_bytes": getattr(p, "L2_cache_size", None),  # torch >= 2.3 reports it
+        "l2_bytes": getattr(p, "L2_cache_size", None),  # torch >= 2.5 reports it (pytorch#132819)
         "memory_bytes": p.total_memory,
         "compute_capability": [p.major, p.minor],
         "shared_memory_per_block_optin_bytes": getattr(p, "shared_memory_per_block_optin", None),

@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from trainfast.device import parse_device
+
 __all__ = ["GPUS", "GPUSpec", "gpu_for_device", "gpu_spec"]
 
 
@@ -214,7 +216,7 @@ def gpu_for_device(device: torch.device | str | int | None = None) -> GPUSpec | 
     """The :data:`GPUS` entry of a live CUDA device, matched by name and compute capability;
     None for a CPU or MPS device and for a GPU the table does not list."""
     if device is not None and not isinstance(device, int):
-        device = torch.device(device)
+        device = parse_device(device)
         if device.type != "cuda":
             return None
     if not torch.cuda.is_available():

@@ -134,6 +134,7 @@ def as_lambda(schedule: Callable[..., float], **kwargs: Any) -> Callable[[int], 
     parameter group with another base ``lr`` gets the same shape, scaled to its own peak.
     """
     check_number("max_lr", kwargs.get("max_lr"), above=0.0)
+    schedule(0, **kwargs)  # the other arguments are named now, not at LambdaLR's first step
     return functools.partial(_ratio, schedule=schedule, kwargs=kwargs)
 
 

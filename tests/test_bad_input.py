@@ -1355,6 +1355,15 @@ TRAINER_DATA = [
         r"train_data: label 7",
     ),
     Case(
+        "a bad label in a Subset, past its first batch",
+        lambda: _train_on(
+            torch.utils.data.Subset(
+                TensorDataset(X4, torch.cat([Y3[:-1], torch.tensor([9])])), [0, 1, 15]
+            )
+        ),
+        r"train_data: label 9",
+    ),
+    Case(
         "inputs whose feature count does not fit",
         lambda: _train(torch.randn(16, 5), Y3),
         r"train_data: inputs of shape \(5,\) per example do not fit the model",

@@ -148,7 +148,8 @@ def _check_data(
     every_input = dataset.tensors[0] if isinstance(dataset, TensorDataset) else inputs
     if every_input.is_floating_point() and not torch.isfinite(every_input).all():
         raise ValueError(f"Invalid {name}: its inputs hold NaN or inf (expected finite inputs)")
-    device = next(model.parameters()).device
+    parameter = next(iter(model.parameters()), None)
+    device = parameter.device if parameter is not None else torch.device("cpu")
     was_training = model.training
     with torch.no_grad():
         model.eval()
@@ -209,7 +210,8 @@ def evaluate(
     ``nn.functional.cross_entropy`` does); the result weights each batch by its size. The
     model's training mode is restored afterwards.
     """
-    device = next(model.parameters()).device
+    parameter = next(iter(model.parameters()), None)
+    device = parameter.device if parameter is not None else torch.device("cpu")
     was_training = model.training
     model.eval()
     total_loss, correct, count = 0.0, 0, 0

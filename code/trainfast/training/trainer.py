@@ -163,8 +163,9 @@ class Trainer:
         raise ValueError(
             f"Training diverged: the loss is {float(losses[first])} at step {step} of "
             f"{self.total_steps} (lr {self.args.lr:g}, {self.args.optimizer}); a lower learning "
-            "rate, or finite inputs, would fix it. Trainer(..., allow_divergence=True) trains on "
-            "for a run whose divergence is the result."
+            "rate, or finite inputs, would fix it. torch's optimizers would step on its NaN "
+            "gradients without a word; Trainer(..., allow_divergence=True) trains on, for a run "
+            "whose divergence is the result."
         )
 
     def evaluate(self, dataset: Dataset | None = None) -> Evaluation | None:

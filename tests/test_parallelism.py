@@ -687,7 +687,7 @@ def test_interleaved_schedule_runs_each_forward_before_its_backward_and_shrinks_
     # Korthikanti et al. 2022, Section 4.2.3: the first rank holds 1 + (p - 1) / (p v) times 1F1B's
     peak = peak_activations(interleaved_schedule(4, 8, 2))[0] / 2
     assert peak / peak_activations(one_f_one_b_schedule(4, 8))[0] == 1 + 3 / 8
-    with pytest.raises(ValueError, match="Invalid interleaving"):
+    with pytest.raises(ValueError, match="Invalid n_micro: 6 .expected a multiple of n_stages, 4"):
         interleaved_schedule(4, 6, 2)
 
 

@@ -36,19 +36,33 @@ __all__ = [
 _KINDS = ("cpu", "cuda", "mps")
 
 
-def parse_device(name: str | torch.device) -> torch.device:
+def parse_device(
+    name: str | torch.device, *, field: str = "device", note: str = ""
+) -> torch.device:
     """``name`` ("cuda", "cuda:1", "cpu", a ``torch.device``) as a device of a kind the book
-    knows, whether or not this machine has one; anything else raises ``ValueError`` naming it.
+    knows, whether or not this machine has one; anything else raises ``ValueError`` naming it
+    (as ``field``, the argument it came in: ``device`` unless the caller says otherwise).
+
+    The one check of a device argument in the package: every public function that takes a
+    device passes it through here (or :func:`pick_device`, which also checks that the machine
+    has one), so ``'tpu'`` is named, not answered by torch's list of twenty backends. A kind
+    torch knows but the book does not run on (``'meta'``, ``'xla'``) is refused too, saying so.
     A config may name a device it will run on elsewhere: :func:`pick_device` checks that too.
+    ``note`` is appended to the message (what the torch function the caller wraps would do).
     """
+    expected = "'cpu', 'cuda' or 'mps', with an index if need be, such as 'cuda:1'"
+    note = f"; {note}" if note else ""
     if not isinstance(name, (str, torch.device)):
-        raise ValueError(f"Invalid device: {name!r} (expected a string such as 'cuda')")
+        raise ValueError(f"Invalid {field}: {name!r} (expected {expected}, as a string){note}")
     try:
         device = torch.device(name)
     except RuntimeError:
-        device = None
-    if device is None or device.type not in _KINDS:
-        raise ValueError(f"Unknown device kind: {name!r} (expected one of {list(_KINDS)})")
+        raise ValueError(f"Invalid {field}: {name!r} (expected {expected}){note}") from None
+    if device.type not in _KINDS:
+        raise ValueError(
+            f"Invalid {field}: {name!r} (expected {expected}; torch.device accepts "
+            f"{device.type!r}, but the book runs on none of its kind){note}"
+        )
     return device
 
 

@@ -36,6 +36,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from trainfast.device import parse_device
+
 if TYPE_CHECKING:
     from trainfast.records import Published, Record
 
@@ -302,7 +304,7 @@ def gpu_for_device(device: torch.device | str | int | None = None) -> GPUSpec | 
     the table does not list.
     """
     if device is not None and not isinstance(device, int):
-        device = torch.device(device)
+        device = parse_device(device)
         if device.type != "cuda":
             return None
     if not torch.cuda.is_available():

@@ -54,6 +54,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from trainfast.device import parse_device
+
 # the layers, re-exported for the callers that import them from here; documented where they live
 from trainfast.transformer_layers import CausalSelfAttention as CausalSelfAttention
 from trainfast.transformer_layers import RMSNorm as RMSNorm
@@ -61,7 +63,7 @@ from trainfast.transformer_layers import TransformerMLP as TransformerMLP
 from trainfast.transformer_layers import apply_rope as apply_rope
 from trainfast.transformer_layers import norm_layer
 from trainfast.transformer_layers import rope_angles as rope_angles
-from trainfast.validation import check_positive
+from trainfast.validation import check_instance, check_int, check_positive
 
 __all__ = [
     "MLP_KINDS",
@@ -315,12 +317,12 @@ class Transformer(nn.Module):
             nn.init.zeros_(module.bias)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        batch, seq = tokens.shape
-        if seq > self.shape.seq_len:
-            raise ValueError(
-                f"Invalid sequence length: {seq} (the model's is {self.shape.seq_len})"
-            )
-        x = self.token_embedding(tokens)  # (batch, seq, d_model)
+        _check_token_layout(tokens, self.shape.seq_len)  # metadata only: no device work
+        seq = tokens.shape[1]
+        try:
+            x = self.token_embedding(tokens)  # (batch, seq, d_model)
+        except IndexError:  # on the CPU; a GPU fails in a device-side assert instead
+            raise _token_range_error(tokens, self.shape.vocab_size) from None
         if self.position_embedding is not None:  # learned positions, broadcast over the batch
             x = x + self.position_embedding(torch.arange(seq, device=tokens.device))
         x = self.dropout(x)
@@ -333,8 +335,45 @@ class Transformer(nn.Module):
 
     def loss(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Mean next-token cross-entropy of ``(batch, seq)`` ``targets`` (``tokens`` shifted)."""
+        if not isinstance(targets, torch.Tensor) or targets.shape != tokens.shape:
+            raise ValueError(
+                f"Invalid targets: shape {tuple(getattr(targets, 'shape', ()))} (expected the "
+                f"tokens' shape, {tuple(tokens.shape)}: the next token of each)"
+            )
         logits = self(tokens)  # (batch, seq, vocab_size)
         return F.cross_entropy(logits.flatten(0, 1), targets.flatten())  # (batch * seq, vocab)
+
+
+def _check_token_layout(tokens: object, seq_len: int) -> None:
+    """Raise ``ValueError`` naming ``tokens`` unless it is a ``(batch, seq)`` tensor of integer
+    ids with ``seq <= seq_len``. It reads only the tensor's metadata, so it costs nothing per
+    step; the ids' range is checked where the embedding finds one out of it."""
+    if not isinstance(tokens, torch.Tensor):
+        raise ValueError(f"Invalid tokens: {tokens!r:.80} (expected a tensor of token ids)")
+    if tokens.dtype not in (torch.int64, torch.int32):
+        raise ValueError(
+            f"Invalid tokens: a {tokens.dtype} tensor (expected integer token ids, int64 or "
+            "int32; a float tensor of ids needs .long())"
+        )
+    if tokens.ndim != 2:
+        raise ValueError(
+            f"Invalid tokens: shape {tuple(tokens.shape)} (expected (batch, seq); one sequence "
+            "is tokens[None])"
+        )
+    if tokens.shape[1] > seq_len:
+        raise ValueError(
+            f"Invalid sequence length: {tokens.shape[1]} (expected at most the model's "
+            f"seq_len, {seq_len})"
+        )
+
+
+def _token_range_error(tokens: torch.Tensor, vocab_size: int) -> ValueError:
+    low, high = int(tokens.min()), int(tokens.max())
+    bad = high if high >= vocab_size else low
+    return ValueError(
+        f"Invalid tokens: id {bad} (expected ids from 0 to vocab_size - 1 = {vocab_size - 1}; "
+        f"these run from {low} to {high})"
+    )
 
 
 def random_batch(
@@ -344,6 +383,9 @@ def random_batch(
 
     Enough to measure time, FLOPs and memory, which do not depend on the token values.
     """
+    check_instance("shape", shape, TransformerShape)
+    check_int("seed", seed)
+    device = parse_device(device)
     generator = torch.Generator().manual_seed(seed)
     size = (shape.batch_size, shape.seq_len + 1)  # (batch, seq + 1): inputs, then one more
     ids = torch.randint(shape.vocab_size, size, generator=generator)

@@ -24,9 +24,18 @@ overlap limits, attention left out.
 from __future__ import annotations
 
 from trainfast.distributed.cost_model import Link
-from trainfast.validation import check_int, check_number
+from trainfast.validation import check_instance, check_int, check_number
 
 __all__ = ["data_parallel_min_tokens", "tensor_parallel_min_width"]
+
+
+def _check_rates(
+    peak_flops: float, link: Link, value_bytes: float, matmul_efficiency: float, bytes_name: str
+) -> None:
+    check_number("peak_flops", peak_flops, above=0.0)
+    check_instance("link", link, Link)
+    check_number(bytes_name, value_bytes, above=0.0)
+    check_number("matmul_efficiency", matmul_efficiency, above=0.0, maximum=1.0)
 
 
 def data_parallel_min_tokens(
@@ -42,8 +51,7 @@ def data_parallel_min_tokens(
     ``4 P b / C = 2 (N-1)/N * gradient_bytes * P / W``, and ``P`` cancels.
     """
     check_int("world_size", world_size, minimum=1)
-    check_number("peak_flops", peak_flops, above=0.0)
-    check_number("matmul_efficiency", matmul_efficiency, above=0.0, maximum=1.0)
+    _check_rates(peak_flops, link, gradient_bytes, matmul_efficiency, "gradient_bytes")
     flops = peak_flops * matmul_efficiency
     return (world_size - 1) / world_size * gradient_bytes * flops * link.beta / 2
 
@@ -58,7 +66,6 @@ def tensor_parallel_min_width(
     """Hidden width per tensor-parallel rank, ``F / t``, below which the MLP's all-reduces are
     slower than its matmuls: ``4 b D F / (t C) = 2 (t-1)/t * activation_bytes * b D / W``."""
     check_int("tensor", tensor, minimum=1)
-    check_number("peak_flops", peak_flops, above=0.0)
-    check_number("matmul_efficiency", matmul_efficiency, above=0.0, maximum=1.0)
+    _check_rates(peak_flops, link, activation_bytes, matmul_efficiency, "activation_bytes")
     flops = peak_flops * matmul_efficiency
     return (tensor - 1) / tensor * activation_bytes * flops * link.beta / 2

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from trainfast.distributed.step_time import NVLINK_GPUS, StepEstimate, TrainingSetup, estimate
+from trainfast.validation import check_instance, check_int
 
 __all__ = [
     "LayoutRecommendation",
@@ -50,7 +51,10 @@ def layout_choices(base: TrainingSetup, n_devices: int, max_tensor: int = 8) -> 
     pipeline stages: sharded gradients cost a reduce-scatter per micro-batch, and DeepSpeed's
     pipeline engine refuses them.
     """
-    if n_devices < 1 or n_devices % base.context:
+    check_instance("base", base, TrainingSetup)
+    check_int("n_devices", n_devices, minimum=1)
+    check_int("max_tensor", max_tensor, minimum=1)
+    if n_devices % base.context:
         raise ValueError(
             f"Invalid n_devices: {n_devices!r} (expected a positive multiple of context "
             f"{base.context})"

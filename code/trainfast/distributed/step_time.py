@@ -83,7 +83,7 @@ from trainfast.distributed.training_setup import TrainingSetup as TrainingSetup
 from trainfast.recipes import RECIPES
 from trainfast.transformer import TransformerShape
 from trainfast.utilization import mfu_peak_flops, model_flops_utilization
-from trainfast.validation import check_int
+from trainfast.validation import check_counts, check_instance, check_int, check_number
 
 __all__ = [
     "StepEstimate",
@@ -179,6 +179,12 @@ def layer_activation_bytes(
     )
 
 
+def _sizes(**sizes: float) -> None:
+    """Each of ``sizes`` is a finite number >= 0 (of parameters or bytes)."""
+    for name, value in sizes.items():
+        check_number(name, value, minimum=0.0)
+
+
 def layers_in_flight(
     n_layers: int, pipeline: int, micro_batches: int, virtual_stages: int = 1
 ) -> tuple[int, int]:
@@ -192,6 +198,7 @@ def layers_in_flight(
     below Korthikanti et al.'s ``L (1 + (p - 1) / (p v))``, which holds for ``m`` large.
     """
     p, m, v = pipeline, micro_batches, virtual_stages
+    check_counts(n_layers=n_layers, pipeline=p, micro_batches=m, virtual_stages=v)
     if v == 1:
         stage = -(-n_layers // p)
         return stage * min(p, m), stage * min(1, m)
@@ -206,6 +213,7 @@ def context_block_scores(seq_len: int, context: int) -> float:
     meets one full ``(s / 2c)^2`` block of each of two chunk pairs and skips the other two: half
     of the ``(s / c)^2`` a non-causal step computes (the context-parallel module's
     ``ring_attention_work`` counts them; a test compares)."""
+    check_counts(seq_len=seq_len, context=context)
     return (seq_len / context) ** 2 / 2
 
 
@@ -229,6 +237,11 @@ def data_parallel_bytes(
     ``Zero2Optimizer`` does), then one all-gather of the weights.
     Stage 3: per micro-batch, a reduce-scatter and all-gathers of the weights for forward and for
     backward."""
+    check_counts(replicas=replicas, micro_batches=micro_batches)
+    _sizes(
+        n_parameters=n_parameters, gradient_bytes=gradient_bytes, parameter_bytes=parameter_bytes
+    )
+    check_int("zero_stage", zero_stage, minimum=0, maximum=3)
     share = (replicas - 1) / replicas
     grads, weights = n_parameters * gradient_bytes, n_parameters * parameter_bytes
     if zero_stage <= 1:
@@ -241,6 +254,9 @@ def data_parallel_bytes(
 def all_to_all_time(n_bytes: float, world_size: int, link: Link) -> float:
     """Pairwise all-to-all of ``n_bytes`` per rank: ``(N-1) alpha + ((N-1)/N) n beta`` (each rank
     keeps ``1 / N`` and sends one block to each of the others, Thakur et al. 2005)."""
+    check_counts(world_size=world_size)
+    _sizes(n_bytes=n_bytes)
+    check_instance("link", link, Link)
     n = world_size
     return (n - 1) * link.alpha + (n - 1) / n * n_bytes * link.beta
 
@@ -282,6 +298,7 @@ def data_parallel_link(
 
 def estimate(setup: TrainingSetup) -> StepEstimate:
     """Memory per GPU and step time of ``setup`` (the model is in the module's docstring)."""
+    check_instance("setup", setup, TrainingSetup)
     a, shape, gpu = setup.assumptions, setup.shape, NVLINK_GPUS[setup.gpu]
     d, t, p, c = setup.data, setup.tensor, setup.pipeline, setup.context
     v, m, k, e = setup.virtual_stages, setup.micro_batches, setup.top_k, setup.expert_parallel

@@ -16,7 +16,13 @@ from trainfast.accounting import bytes_per_parameter
 from trainfast.distributed.cost_model import INFINIBAND_NDR, NVLINK4
 from trainfast.gpus import GPUS
 from trainfast.transformer import TransformerShape
-from trainfast.validation import check_flag, check_int, check_number, check_positive
+from trainfast.validation import (
+    check_flag,
+    check_instance,
+    check_int,
+    check_number,
+    check_positive,
+)
 
 __all__ = ["NVLINK_GPUS", "RECOMPUTE", "Recompute", "StepAssumptions", "TrainingSetup"]
 
@@ -107,6 +113,8 @@ class TrainingSetup:
     assumptions: StepAssumptions = field(default_factory=StepAssumptions)
 
     def __post_init__(self) -> None:
+        check_instance("shape", self.shape, TransformerShape)
+        check_instance("assumptions", self.assumptions, StepAssumptions)
         for name in (
             "data",
             "tensor",
@@ -129,6 +137,7 @@ class TrainingSetup:
             (self.gpu not in NVLINK_GPUS, "gpu", f"expected one of {sorted(NVLINK_GPUS)}"),
             (self.recompute not in RECOMPUTE, "recompute", f"expected one of {RECOMPUTE}"),
             (s.n_heads % self.tensor, "tensor", f"must divide n_heads = {s.n_heads}"),
+            (s.d_ff % self.tensor, "tensor", f"must divide d_ff = {s.d_ff}"),
             (s.seq_len % (2 * self.context), "context", f"2 x context must divide {s.seq_len}"),
             (
                 self.pipeline * self.virtual_stages > s.n_layers,

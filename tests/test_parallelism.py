@@ -34,6 +34,7 @@ from trainfast.distributed.cost_model import (
 )
 from trainfast.distributed.data_parallel import (
     DataParallelConfig,
+    TorchDDP,
     train_data_parallel,
     train_single_process,
 )
@@ -468,6 +469,67 @@ def test_ddp_buckets_match_one_process(bucket_cap_mb, tied_reference):
     strategy = DDPStrategy(bucket_cap_mb=bucket_cap_mb)
     results = spawn(strategy_worker, 3, strategy, StrategyConfig(), timeout=300)
     assert _max_difference(results[0].parameters, tied_reference.parameters) < 1e-6
+
+
+#: Gradient accumulation: 3 micro-batches per step on 2 ranks, against one process on the whole
+#: batch. Our DDP with many buckets and with one per parameter, torch's DDP (which must find the
+#: unused layer), and the strategies that reduce-scatter in every backward.
+ACCUMULATING = {
+    "our DDP, 1e-4 MiB buckets": DDPStrategy(bucket_cap_mb=1e-4),
+    "our DDP, a bucket per parameter": DDPStrategy(bucket_cap_mb=None),
+    "torch's DDP": TorchDDP(bucket_cap_mb=1e-4, find_unused_parameters=True),
+    "our ZeRO-2": "zero2",
+    "our FSDP": "fsdp",
+}
+
+
+@pytest.mark.parametrize("no_sync", [False, True])
+@pytest.mark.parametrize("name", ACCUMULATING)
+def test_gradient_accumulation_matches_one_process(name, no_sync, tied_reference):
+    """Three backward passes before each step: without the switch every backward all-reduces
+    (the next forward finishes the previous synchronisation, as torch's reducer does when a
+    backward ends); under no_sync the gradients add up locally and the last backward sends them.
+    Before the fix our DDP relaunched full buckets early on the second backward (an error of
+    28 with small buckets); torch's DDP was right."""
+    strategy = ACCUMULATING[name]
+    results = spawn(strategy_worker, 2, strategy, StrategyConfig(), 3, no_sync, timeout=300)
+    for result in results:
+        assert _max_difference(result.parameters, tied_reference.parameters) < 1e-6, name
+        assert result.losses == pytest.approx(tied_reference.losses, rel=1e-6)
+
+
+def test_ddp_refuses_a_second_backward_before_the_first_is_synchronised(one_rank_gloo_group):
+    """Two backward passes of one forward: the second would relaunch buckets whose all-reduce
+    from the first is in flight, so our DDP says so instead of averaging the wrong sum."""
+    torch.manual_seed(0)
+    ddp = DDP(nn.Linear(3, 2))
+    loss = ddp(torch.randn(4, 3)).square().mean()
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="second backward reached bucket 0"):
+        loss.backward()
+
+
+def test_ddp_no_sync_accumulates_locally_and_sends_once(one_rank_gloo_group):
+    """Under no_sync no bucket leaves; the first backward after it sends every bucket once."""
+    torch.manual_seed(0)
+    ddp = DDP(nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 2)))  # a bucket per parameter: 4
+    sent = []
+    ddp.register_comm_hook(
+        lambda index, buffer: sent.append(index) or dist.all_reduce(buffer, async_op=True)
+    )
+    x = torch.randn(6, 3)
+    with ddp.no_sync():
+        ddp(x[:3]).sum().backward()
+        ddp(x[3:5]).sum().backward()
+    assert sent == []
+    ddp(x[5:]).sum().backward()
+    ddp.finish_gradient_synchronization()
+    assert sorted(sent) == [0, 1, 2, 3]
+    reference = nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 2))
+    reference.load_state_dict(ddp.module.state_dict())
+    reference(x).sum().backward()
+    for ours, theirs in zip(ddp.module.parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(ours.grad, theirs.grad)
 
 
 def test_ddp_buckets_follow_reverse_registration_order():

@@ -111,13 +111,20 @@ def train_reference(config: StrategyConfig) -> StrategyResult:
 
 
 def strategy_worker(
-    rank: int, world_size: int, strategy: Strategy | str, config: StrategyConfig
+    rank: int,
+    world_size: int,
+    strategy: Strategy | str,
+    config: StrategyConfig,
+    micro_batches: int = 1,
+    no_sync: bool = False,
 ) -> StrategyResult:
     """Train on this rank's slice of every batch with ``strategy``; return the full parameters.
 
     ``strategy`` is a :class:`~trainfast.distributed.strategy.Strategy` (with its options, e.g.
-    ``DDPStrategy(bucket_cap_mb=1e-3)``) or its name. Each rank initialises differently
-    (seed + rank): the strategy's broadcast must fix that.
+    ``DDPStrategy(bucket_cap_mb=1e-3)``, or torch's ``TorchDDP()``) or its name. Each rank
+    initialises differently (seed + rank): the strategy's broadcast must fix that.
+    ``micro_batches`` and ``no_sync``: gradient accumulation over equal micro-batches of the
+    rank's slice (:func:`~trainfast.distributed.training_loop.train_with_strategy`).
     """
     strategy = make_strategy(strategy)
     if config.batch_size % world_size:
@@ -126,7 +133,15 @@ def strategy_worker(
     per_rank = config.batch_size // world_size
     mine = slice(rank * per_rank, (rank + 1) * per_rank)
     batches = [(tokens[mine], targets[mine]) for tokens, targets in _batches(config)]
-    return train_with_strategy(TiedModel(config), strategy, config.optimizer_config, batches, _loss)
+    return train_with_strategy(
+        TiedModel(config),
+        strategy,
+        config.optimizer_config,
+        batches,
+        _loss,
+        micro_batches=micro_batches,
+        no_sync=no_sync,
+    )
 
 
 def zero_resume_worker(

@@ -445,6 +445,16 @@ def test_bad_setups_name_the_value(change, message):
         StepAssumptions(overlap=-0.5)
 
 
+def test_an_odd_sequence_length_needs_no_context_parallelism():
+    """Only the balanced split of context parallelism (2c chunks) needs 2c to divide the sequence:
+    c = 1 takes any length, and the message names the sequence length when c > 1 refuses it."""
+    odd = replace(SMALL, seq_len=1025)
+    assert estimate(TrainingSetup(odd, global_batch=4)).step_s > 0
+    with pytest.raises(ValueError, match="Invalid context: 2 .*seq_len = 1026"):
+        TrainingSetup(replace(SMALL, seq_len=1026), context=2, global_batch=4)
+    assert any(case["setup"]["shape"]["seq_len"] % 2 for case in export()["cases"])  # the widget
+
+
 def test_layout_search_uses_the_one_model():
     shape = TransformerShape.gpt_like(n_layers=32, d_model=4096, n_heads=32, seq_len=4096)
     base = TrainingSetup(shape, global_batch=512)

@@ -112,7 +112,7 @@
       [!(x.gpu in data.gpus), "gpu", "must be one of the listed NVLink GPUs"],
       [!data.recompute.includes(x.recompute), "recompute", "must be none, selective or full"],
       [s.n_heads % x.tensor, "tensor", `must divide the heads (${s.n_heads})`],
-      [s.seq_len % (2 * x.context), "context", `2 × it must divide the sequence length (${s.seq_len})`],
+      [x.context > 1 && s.seq_len % (2 * x.context), "context", `2 × it must divide the sequence length (${s.seq_len})`],
       [x.pipeline * x.virtual_stages > s.n_layers, "virtual_stages", `× pipeline parallel p must not exceed the layers (${s.n_layers})`],
       [x.top_k > x.experts, "top_k", `must not exceed the experts per MLP (${x.experts})`],
       [x.experts % x.expert_parallel, "expert_parallel", `must divide the experts per MLP (${x.experts})`],

@@ -156,6 +156,8 @@ def grid() -> list[TrainingSetup]:
                 assumptions=assumptions,
             )
         )
+    # an odd sequence length without context parallelism (only c > 1 needs 2c to divide it)
+    cases.append(TrainingSetup(replace(small, seq_len=1025, batch_size=2), data=2, global_batch=8))
     for shape in _CHOICE_SHAPES:
         for recompute, t, p in (("none", 1, 1), ("selective", 2, 2), ("full", 4, 1)):
             cases.append(

@@ -129,7 +129,11 @@ class TrainingSetup:
             (self.gpu not in NVLINK_GPUS, "gpu", f"expected one of {sorted(NVLINK_GPUS)}"),
             (self.recompute not in RECOMPUTE, "recompute", f"expected one of {RECOMPUTE}"),
             (s.n_heads % self.tensor, "tensor", f"must divide n_heads = {s.n_heads}"),
-            (s.seq_len % (2 * self.context), "context", f"2 x context must divide {s.seq_len}"),
+            (
+                self.context > 1 and s.seq_len % (2 * self.context),  # the balanced split's chunks
+                "context",
+                f"2 x context must divide seq_len = {s.seq_len}",
+            ),
             (
                 self.pipeline * self.virtual_stages > s.n_layers,
                 "virtual_stages",

@@ -32,6 +32,7 @@ __all__ = [
     "TiedModel",
     "strategy_worker",
     "train_reference",
+    "zero_owners_worker",
     "zero_resume_worker",
 ]
 
@@ -186,3 +187,26 @@ def zero_resume_worker(
         optimizer.step()
         losses.append(loss.item())
     return StrategyResult(losses, zero.full_parameters(model))
+
+
+def zero_owners_worker(rank: int, world_size: int, numels: list[list[int]]) -> dict[str, list]:
+    """Which rank owns each parameter under our ``ZeroOptimizer`` and under torch's
+    ``ZeroRedundancyOptimizer``, for parameter groups of 1-D tensors of ``numels`` elements."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    from trainfast.distributed.zero import ZeroOptimizer
+
+    groups = [[nn.Parameter(torch.zeros(n)) for n in group] for group in numels]
+    ours = ZeroOptimizer([{"params": g} for g in groups], torch.optim.SGD, lr=0.1)
+    theirs = ZeroRedundancyOptimizer(groups[0], torch.optim.SGD, lr=0.1)
+    for group in groups[1:]:
+        theirs.add_param_group({"params": group})
+    partition = theirs._partition_parameters()  # per rank, its share of every group
+    torch_owner = {
+        id(p): r for r, per_rank in enumerate(partition) for g in per_rank for p in g["params"]
+    }
+    flat = [p for g in groups for p in g]
+    return {
+        "ours": [ours.owner[p] for p in flat],
+        "torch": [torch_owner[id(p)] for p in flat],
+    }

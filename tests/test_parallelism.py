@@ -916,10 +916,28 @@ def everything_everywhere_evaluation(model, dataset, rank, world_size):  # not d
     return [(model(x).argmax(-1) == y).sum().item(), len(y)]
 
 
-def mean_accuracy_evaluation(model, dataset, rank, world_size):  # averages, so totals differ
+def unreduced_evaluation(model, dataset, rank, world_size):  # forgets to sum over ranks
     x, y = dataset[rank::world_size]
     counts = torch.tensor([(model(x).argmax(-1) == y).sum().item(), len(y)])
     return counts.tolist()
+
+
+def averaged_accuracy_evaluation(model, dataset, rank, world_size):  # the exercise's mistake
+    x, y = dataset[rank::world_size]  # every world_size-th example
+    accuracy = torch.tensor([(model(x).argmax(-1) == y).float().mean().item()])
+    total = torch.tensor([len(y)])
+    dist.all_reduce(accuracy)
+    dist.all_reduce(total)
+    return [round(accuracy.item() / world_size * total.item()), total.item()]
+
+
+def averaged_block_accuracy_evaluation(model, dataset, rank, world_size):  # contiguous shares
+    x, y = (t.tensor_split(world_size)[rank] for t in dataset[:])
+    accuracy = torch.tensor([(model(x).argmax(-1) == y).float().mean().item()])
+    total = torch.tensor([len(y)])
+    dist.all_reduce(accuracy)
+    dist.all_reduce(total)
+    return [round(accuracy.item() / world_size * total.item()), total.item()]
 
 
 @pytest.mark.parametrize(
@@ -927,7 +945,9 @@ def mean_accuracy_evaluation(model, dataset, rank, world_size):  # averages, so 
     [
         (check_broadcast, right_broadcast, root_only_broadcast),
         (check_all_reduce, right_all_reduce, reduce_only_all_reduce),
-        (check_distributed_evaluation, right_evaluation, mean_accuracy_evaluation),
+        (check_distributed_evaluation, right_evaluation, unreduced_evaluation),
+        (check_distributed_evaluation, right_evaluation, averaged_accuracy_evaluation),
+        (check_distributed_evaluation, right_evaluation, averaged_block_accuracy_evaluation),
         (check_broadcast, right_broadcast, collective_broadcast),
         (check_all_reduce, right_all_reduce, collective_all_reduce),
         (check_distributed_evaluation, right_evaluation, everything_everywhere_evaluation),

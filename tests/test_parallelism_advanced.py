@@ -17,6 +17,8 @@ import torch
 from trainfast.distributed import SpawnError, spawn
 from trainfast.distributed.communication_bound import (
     data_parallel_min_tokens,
+    fsdp_tensor_parallel_min_tokens,
+    fsdp_tensor_split,
     tensor_parallel_min_width,
 )
 from trainfast.distributed.context_parallel import (
@@ -448,6 +450,47 @@ def test_tensor_parallel_threshold_is_where_the_all_reduce_equals_the_mlp(tensor
     all_reduce = all_reduce_time("ring", 2 * tokens * d_model, tensor, link)
     assert all_reduce == pytest.approx(mlp_forward)
     assert tensor_parallel_min_width(peak, link, 1) == 0  # no tensor parallelism, no traffic
+
+
+def test_an_moe_mlp_needs_e_over_k_times_the_tokens():
+    """The scaling book's MoE rule: E experts' gradients against k experts' FLOPs. At the
+    threshold the ring all-reduce of an MoE MLP's gradients takes its backward's time."""
+    peak, link, d_model, d_ff, world = 989e12, Link(alpha=0.0, beta=1 / 50e9), 4096, 14336, 64
+    experts, top_k = 8, 2
+    tokens = data_parallel_min_tokens(peak, link, world, experts=experts, top_k=top_k)
+    assert tokens == pytest.approx(4 * data_parallel_min_tokens(peak, link, world))
+    mlp = 2 * d_model * d_ff  # one expert's weights
+    backward = 4 * top_k * mlp * tokens / peak  # each token through k experts
+    assert all_reduce_time("ring", 2 * experts * mlp, world, link) == pytest.approx(backward)
+
+
+def test_fsdp_times_tensor_parallelism_at_its_best_split():
+    """The scaling book's mixed rule in the ring's terms, in the large-ring limit it takes: the
+    split minimises the forward's communication, and at B / N = 4 alpha^2 / F that
+    communication (FSDP's two weight all-gathers over X, tensor parallelism's all-gather and
+    reduce-scatter of the activations over Y) takes exactly the MLP's forward time."""
+    peak, link, d_model, d_ff, n = 989e12, Link(alpha=0.0, beta=1 / 450e9), 8192, 28672, 1024
+    per_device = fsdp_tensor_parallel_min_tokens(peak, link, d_ff)
+    batch = per_device * n
+    x = fsdp_tensor_split(batch, d_ff, n)
+    y = n / x
+
+    def ring(nbytes, ranks):  # a ring's time without its (N-1)/N: the book's approximation
+        return all_gather_time(nbytes * ranks / (ranks - 1), ranks, link)
+
+    def comms(x):
+        y = n / x
+        fsdp = 2 * ring(2 * d_model * d_ff / y, x)  # W_in and W_out shards, bf16
+        tensor = 2 * ring(2 * batch * d_model / x, y)  # all-gather in, reduce-scatter out
+        return fsdp + tensor
+
+    math = 4 * batch * d_model * d_ff / (n * peak)
+    assert comms(x) == pytest.approx(math)
+    assert comms(x) < min(comms(0.9 * x), comms(1.1 * x))
+    alpha = peak * link.beta  # pure FSDP's threshold, in the same limit
+    assert data_parallel_min_tokens(peak, link, n) == pytest.approx(alpha * (n - 1) / n)
+    assert per_device == pytest.approx(4 * alpha / d_ff * alpha)  # 4 alpha / F of it
+    assert 1 < y < n and per_device < alpha
 
 
 def test_thresholds_reject_bad_input():

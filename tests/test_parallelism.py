@@ -121,35 +121,38 @@ def test_listings_show_a_few_lines_and_their_markers_exist():
     from sphinx.config import Config
     from sphinx.directives.code import LiteralIncludeReader
 
-    path = chapters.chapter_path("parallelism")
     config = Config({}, {})
-    for block in chapters.blocks(path.read_text()):
-        if block.directive != "literalinclude":
-            continue
-        options = dict(block.options)
-        dedent = int(options.pop("dedent", 0))
-        where = f"parallelism.md:{block.line} {options.get('pyobject')}"
-        text, n_lines = LiteralIncludeReader(
-            str((path.parent / block.argument).resolve()), options, config
-        ).read()
-        lines = [line for line in text.splitlines() if line.strip()]
-        assert all(line[:dedent].isspace() for line in lines if dedent), where
-        assert n_lines <= MAX_LISTING_LINES, f"{where}: {n_lines} lines"
+    for page in chapters.pages_of("parallelism"):
+        path = chapters.chapter_path(page)
+        for block in chapters.blocks(path.read_text()):
+            if block.directive != "literalinclude":
+                continue
+            options = dict(block.options)
+            dedent = int(options.pop("dedent", 0))
+            where = f"{page}.md:{block.line} {options.get('pyobject')}"
+            text, n_lines = LiteralIncludeReader(
+                str((path.parent / block.argument).resolve()), options, config
+            ).read()
+            lines = [line for line in text.splitlines() if line.strip()]
+            assert all(line[:dedent].isspace() for line in lines if dedent), where
+            assert n_lines <= MAX_LISTING_LINES, f"{where}: {n_lines} lines"
 
 
-#: Constants the parallelism chapter may type; every other number in its prose is glued.
+#: Constants the parallelism chapter's pages may type (tests/chapters.py, PROSE_CONSTANTS); every
+#: other number in their prose is glued.
 #: - Names and counting: rank 0 and 1, bucket 0, layer 0 and 1, ZeRO stages 0-3, Llama 3,
-#:   exercises 4 to 6, "not exactly 1", dropout 0, 2 stages of 2 blocks, 4 ranks, 2 of 8
-#:   experts, 8 experts and 8 clusters (the MoE module's defaults, stated as the inputs).
+#:   exercises 1 to 4, dropout 0, 2 stages of 2 blocks, 4 ranks, 2 of 8 experts, 8 experts and 8
+#:   clusters (the MoE module's defaults, stated as the inputs), 16 experts with top-1, the
+#:   ZeRO-1 imbalance at 64 and 256 ranks (inputs).
 #: - Definitions: bytes per parameter of mixed-precision Adam as the ZeRO paper counts them
-#:   (Rajbhandari et al. 2020, Section 3.1: 2 + 2 + 12 = 16, K = 12), of fp32 (4) and AdamW
-#:   state (K = 8); 16-bit values; Korthikanti et al.'s 34 sbh per layer (Eq. 1).
-#: - Published: an H100's 80 GB; torch's DDP default bucket_cap_mb of 25 MiB; ZeRO-3's 50 %
-#:   (1.5 times) more traffic than DP (ZeRO, Section 7.2);
-#:   eight devices per NVLink node; Switch's balancing weight 0.01; Narayanan et al. 2021
-#:   (Table 1, Eq. 3, Section 2.2.2): 2,304 sequences of 2,048 tokens at 148 teraFLOP/s, 47 %
-#:   of peak; Llama 3 (Table 4): 8,192-token sequences at 400 teraFLOP/s, 38-43 % (41 %) MFU;
-#:   Korthikanti et al. Section 4.2.3; the years of cited papers (2019-2021).
+#:   (Rajbhandari et al. 2020, Section 3.1: 2 + 2 + 12 = 16), of fp32 (4) and AdamW state
+#:   (K = 8); 16-bit values; Korthikanti et al.'s 34 sbh per layer (Eq. 1).
+#: - Published: an H100's 80 GB; torch's DDP default bucket_cap_mb of 25 MiB; ZeRO-3's 1.5 times
+#:   the traffic of DP (ZeRO, Section 7.2); eight devices per NVLink node; Switch's balancing
+#:   weight 0.01; Narayanan et al. 2021 (Table 1, Eq. 3, Section 2.2.2; Section 5: eight 200
+#:   Gb/s HDR InfiniBand adapters a Selene node, 25 GB/s a GPU): 2,304 sequences of 2,048 tokens
+#:   at 148 teraFLOP/s; Llama 3 (Dubey et al. 2024, Table 4, Section 3.3.2): 8,192-token
+#:   sequences at 400 teraFLOP/s, 41 % MFU, p = 16; Korthikanti et al. Section 4.2.3.
 
 
 # ---------------------------------------------------------------------------- collectives

@@ -249,6 +249,76 @@ def test_causal_convention_is_sdpas_top_left_mask():
     torch.testing.assert_close(attention_reference(q, k, v, is_causal=True)[0, :, 0], expected)
 
 
+def _masks(n_queries, n_keys):
+    """Boolean masks (True: attend) of several patterns, broadcast like SDPA's attn_mask."""
+    generator = torch.Generator().manual_seed(3)
+    rows = torch.arange(n_queries)[:, None]
+    cols = torch.arange(n_keys)[None, :]
+    padded = torch.ones(2, 1, 1, n_keys, dtype=torch.bool)
+    padded[1, ..., n_keys - 5 :] = False  # the second sequence's last 5 keys are padding
+    documents = (rows // 4) == (cols // 4)  # block-diagonal: queries see their own document
+    return {
+        "random": torch.rand(2, 3, n_queries, n_keys, generator=generator) > 0.4,
+        "padding": padded,
+        "sliding window": (cols <= rows) & (cols > rows - 3),
+        "documents": documents,
+        "a query that sees nothing": documents & (rows != 2),
+    }
+
+
+@pytest.mark.parametrize("pattern", list(_masks(9, 11)))
+def test_attention_reference_takes_sdpas_boolean_mask(pattern):
+    """Output and gradients against SDPA with the same mask, in float64; a query row with no
+    visible key gets zeros and zero gradients from both (PyTorch 2.5's safe softmax)."""
+    q, k, v = _qkv((2, 3, 9, 16), (2, 3, 11, 16), torch.float64, device="cpu")
+    mask = _masks(9, 11)[pattern]
+    out = attention_reference(q, k, v, attn_mask=mask)
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    torch.testing.assert_close(out, expected, **TOLERANCE[torch.float64])
+    grad_out = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), grad_out)
+    expected_grads = torch.autograd.grad(expected, (q, k, v), grad_out)
+    for name, grad, reference in zip("qkv", grads, expected_grads, strict=True):
+        assert torch.isfinite(grad).all(), name
+        torch.testing.assert_close(grad, reference, **TOLERANCE[torch.float64], msg=name)
+    if pattern == "a query that sees nothing":
+        assert out[..., 2, :].abs().max() == 0
+
+
+def test_attention_reference_mask_equal_to_causal_is_causal():
+    q, k, v = _qkv((1, 2, 7, 16), (1, 2, 7, 16), torch.float64, device="cpu")
+    causal = torch.ones(7, 7, dtype=torch.bool).tril()
+    torch.testing.assert_close(
+        attention_reference(q, k, v, attn_mask=causal), attention_reference(q, k, v, True)
+    )
+
+
+@pytest.mark.parametrize(
+    ("mask", "is_causal", "message"),
+    [
+        (
+            torch.ones(7, 7),
+            False,
+            r"attn_mask must be a boolean tensor \(True: attend\), got "
+            r"torch.float32",
+        ),
+        ([[True]], False, r"attn_mask must be a boolean tensor \(True: attend\), got list"),
+        (
+            torch.ones(7, 6, dtype=torch.bool),
+            False,
+            r"attn_mask of shape \(7, 6\) does not "
+            r"broadcast to the scores' \(..., n_queries, n_keys\) = \(1, 2, 7, 7\)",
+        ),
+        (torch.ones(3, 1, 7, 7, dtype=torch.bool), False, r"attn_mask of shape \(3, 1, 7, 7\)"),
+        (torch.ones(7, 7, dtype=torch.bool), True, r"Give attn_mask or is_causal=True, not both"),
+    ],
+)
+def test_attention_reference_names_a_bad_mask(mask, is_causal, message):
+    q, k, v = _qkv((1, 2, 7, 16), (1, 2, 7, 16), torch.float64, device="cpu")
+    with pytest.raises(ValueError, match=message):
+        attention_reference(q, k, v, is_causal, attn_mask=mask)
+
+
 def _saved_shapes(out):
     return [tuple(t.shape) for t in out.grad_fn.saved_tensors]
 
@@ -426,6 +496,71 @@ def test_registered_op_differentiates_like_explicit_softmax_and_logsumexp(is_cau
         expected = _expected_grads(q, k, v, is_causal, only_out, only_lse)
         for name, grad, reference in zip("qkv", grads[:3], expected, strict=True):
             torch.testing.assert_close(grad.double(), reference, atol=1e-4, rtol=1e-4, msg=name)
+
+
+def _op_case(name):
+    """(q, k, v) of one bad-input case for the registered operator, float32 on the CPU."""
+    q, k, v = (t.detach() for t in _qkv((1, 4, 16, 16), (1, 4, 16, 16), torch.float32))
+    if name == "gqa heads":  # 4 query heads on 3 KV heads: 3 does not divide 4
+        k, v = k[:, :3], v[:, :3]
+    elif name == "more kv heads":
+        k, v = torch.cat([k, k[:, :1]], 1), torch.cat([v, v[:, :1]], 1)
+    elif name == "head dim":
+        q, k, v = (torch.randn(1, 4, 16, 256) for _ in range(3))
+    elif name == "dtype":
+        q, k, v = (t.double() for t in (q, k, v))
+    elif name == "one dtype":
+        k = k.half()
+    elif name == "device":
+        k = k.to("meta")
+    elif name == "last-dim stride":  # a transposed view: (16, 16) with strides (1, 16)
+        q = q.transpose(-2, -1)
+    elif name == "batch":
+        k, v = torch.cat([k, k]), torch.cat([v, v])
+    elif name == "keys and values":
+        v = v[:, :, :8]
+    return q, k, v
+
+
+OP_BAD_INPUTS = {
+    "gqa heads": r"q has 4 heads and k 3: the KV heads must divide the query heads",
+    "more kv heads": r"q has 4 heads and k 5: the KV heads must divide the query heads",
+    "head dim": r"Unsupported head dimension 256 for the Triton kernels \(need 16 to 128\)",
+    "dtype": r"Unsupported dtype torch.float64",
+    "one dtype": r"q, k, v must share a dtype, got torch.float32, torch.float16",
+    "device": r"q, k, v must share a device, got cpu, meta, cpu",
+    "last-dim stride": r"q has stride 16 in its last dimension; the operator needs 1",
+    "batch": r"q, k, v must have the same leading dimensions, got \(1, 4\), \(2, 4\)",
+    "keys and values": r"k has 16 keys but v has 8 values",
+}
+
+
+@pytest.mark.parametrize("case", sorted(OP_BAD_INPUTS))
+def test_registered_op_refuses_bad_input_naming_the_value(case):
+    """``torch.ops.trainfast_kernels.flash_attention_forward`` checks what it is given. Before it
+    did, 4 query heads on 3 KV heads ran with ``group = 4 // 3 = 1`` and read past K and V
+    (a finite output, no error), and head dimension 256 compiled."""
+    _registered_flash_attention_op()
+    q, k, v = _op_case(case)
+    with pytest.raises(ValueError, match=OP_BAD_INPUTS[case]):
+        torch.ops.trainfast_kernels.flash_attention_forward(q, k, v, False)
+
+
+def test_registered_backward_op_refuses_tensors_that_do_not_match_the_forward():
+    _registered_flash_attention_op()
+    q, k, v = (t.detach() for t in _qkv((1, 2, 16, 16), (1, 2, 16, 16), torch.float32))
+    out, lse = torch.ops.trainfast_kernels.flash_attention_forward(q, k, v, True)
+    backward = torch.ops.trainfast_kernels.flash_attention_backward
+    with pytest.raises(ValueError, match=r"grad_out must have q's shape \(1, 2, 16, 16\)"):
+        backward(out[..., :8], q, k, v, out, lse, None, True)
+    with pytest.raises(ValueError, match=r"lse must have shape \(1, 2, 16\)"):
+        backward(out, q, k, v, out, lse[..., :8], None, True)
+    with pytest.raises(ValueError, match=r"grad_lse must have shape \(1, 2, 16\)"):
+        backward(out, q, k, v, out, lse, lse[0], True)
+    with pytest.raises(ValueError, match=r"q has 2 heads and k 3"):
+        backward(
+            out, q, torch.cat([k, k[:, :1]], 1), torch.cat([v, v[:, :1]], 1), out, lse, None, True
+        )
 
 
 def test_triton_backward_names_a_grad_lse_of_the_wrong_shape():
@@ -1278,6 +1413,49 @@ def test_cached_block_use_follows_best_fit_and_the_split_rules():
         cached_block_use(1, 2, pool="medium")
 
 
+def test_the_chapters_max_split_example_holds_for_a_setting_pytorch_accepts():
+    """The chapter's example of ``max_split_size_mb``: a freed 60 MiB segment under
+    ``max_split_size_mb:32``, a limit PyTorch accepts (20 MiB or more)."""
+    from trainfast.kernels.allocator import cached_block_use, segment_bytes
+
+    mib = 1 << 20
+    block = segment_bytes(60 * mib)
+    assert block == 60 * mib
+    limited = {"pool": "large", "max_split_size_bytes": 32 * mib}
+    assert cached_block_use(8 * mib, block, pool="large") == 8 * mib  # unlimited: split
+    assert cached_block_use(8 * mib, block, **limited) is None  # too big a block for 8 MiB
+    assert cached_block_use(40 * mib, block, **limited) is None  # 20 MiB or more to spare
+    assert cached_block_use(48 * mib, block, **limited) == block  # whole, never split
+    assert cached_block_use(48 * mib, block, pool="large") == 48 * mib
+
+
+@pytest.mark.parametrize(
+    ("setting", "value"), [("max_split_size_mb", 10), ("max_non_split_rounding_mb", 19)]
+)
+def test_cached_block_use_refuses_settings_pytorch_refuses(setting, value):
+    """torch 2.14 refuses ``max_split_size_mb:10`` ("too small, must be >= 20", in
+    ``parseMaxSplitSize``); so does the model, for both limits, and 20 MiB is accepted."""
+    from trainfast.kernels.allocator import cached_block_use
+
+    keyword = {"max_split_size_mb": "max_split_size_bytes"}.get(
+        setting, "max_non_split_rounding_bytes"
+    )
+    with pytest.raises(ValueError, match=rf"Invalid {setting}: {value} MiB .*least 20 MiB"):
+        cached_block_use(2 << 20, 15 << 20, pool="large", **{keyword: value << 20})
+    assert cached_block_use(2 << 20, 15 << 20, pool="large", **{keyword: 20 << 20}) is not None
+
+
+def test_pytorch_refuses_a_max_split_size_below_20_mib():
+    """The rule the model copies, read from the installed PyTorch (parsed without a GPU)."""
+    setter = getattr(torch._C, "_accelerator_setAllocatorSettings", None)
+    if setter is None:
+        pytest.skip(f"torch {torch.__version__} has no _accelerator_setAllocatorSettings")
+    with pytest.raises(
+        (ValueError, RuntimeError), match="max_split_size_mb too small, must be >= 20"
+    ):
+        setter("max_split_size_mb:10")  # refused before anything is set: nothing to restore
+
+
 def test_trimmed_snapshot_is_small_json_and_memory_viz_reads_it():
     import json
 
@@ -1419,6 +1597,22 @@ def test_exercise_checks_pass_right_answers_and_catch_wrong_ones(capsys):
         check_causal_key_tiles(
             lambda q, bq, n, bk: list(range(0, min(n, q), bk))
         )  # misses the diagonal tile
+    with pytest.raises(
+        AssertionError,
+        match=r"3 of 9 cases failed; first: queries 0..127, 4096 "
+        r"keys in tiles of 64: \[0, 64\]: got \[0\]",
+    ):
+        check_causal_key_tiles(  # the first query's keys only: drops tiles when block_k < block_q
+            lambda q, bq, n, bk: list(range(0, min(n, q + 1), bk))
+        )
+    with pytest.raises(
+        AssertionError,
+        match=r"1 of 9 cases failed; first: queries 3..6, 100 keys "
+        r"in tiles of 1",
+    ):
+        check_causal_key_tiles(  # one query short of the tile's last
+            lambda q, bq, n, bk: list(range(0, min(n, q + bq - 1), bk))
+        )
 
     def reserve(nbytes):
         size = 512 * math.ceil(nbytes / 512)
@@ -1453,6 +1647,24 @@ def test_triton_exercise_check_passes_a_kernel_and_catches_a_missing_mask():
         check_triton_axpb(launcher(False))
     with pytest.raises(AssertionError, match=r"4 of 4 cases failed.*raised"):
         check_triton_axpb(lambda x, a, b, out: out.copy_(a * x + b).nonexistent)
+
+
+@pytest.mark.skipif(CUDA, reason="the loads are watched in Triton's CPU interpreter")
+def test_triton_exercise_check_catches_a_load_without_a_mask(capsys):
+    """The half-fixed answer: the store is masked, the load is not. Its output is right and it
+    writes nothing past ``out``; only the addresses it loads show the bug (255 past the end of a
+    one-element ``x`` with blocks of 256)."""
+    from axpb_kernel import launcher
+    from trainfast.kernels.exercises import check_triton_axpb
+
+    with pytest.raises(
+        AssertionError,
+        match=r"4 of 4 cases failed; first: 1 elements of torch.float32: read 255 values past "
+        r"the end of x \(a load without a mask\?\)",
+    ):
+        check_triton_axpb(launcher(True, mask_load=False))
+    check_triton_axpb(launcher(True))  # the loads are watched, and the watch is removed after
+    assert "not watched" not in capsys.readouterr().out
 
 
 # --- the chapter -----------------------------------------------------------------------------

@@ -563,6 +563,52 @@ def test_registered_backward_op_refuses_tensors_that_do_not_match_the_forward():
         )
 
 
+#: the sm_90 launchers' backward tiles at head dimension 128, run here in the interpreter: each
+#: tile shape drives both backward kernels (dK/dV: 128 keys a program, 32 queries a step; dQ:
+#: 128 queries a program, 32 keys a step, and the reverse)
+HOPPER_BACKWARD_TILES = [
+    pytest.param((32, 128), id="32x128"),
+    pytest.param((128, 32), id="128x32"),
+]
+
+
+@pytest.mark.parametrize("blocks", HOPPER_BACKWARD_TILES)
+@pytest.mark.parametrize(
+    ("n_queries", "n_keys", "is_causal", "n_kv_heads"),
+    [(300, 300, True, 2), (77, 200, False, 1), (200, 77, True, 1)],
+)
+def test_triton_backward_with_the_hopper_head_dim_128_tiles_matches_float64_autograd(
+    blocks, n_queries, n_keys, is_causal, n_kv_heads
+):
+    """The tiles :func:`attention_dkdv_tiles` and :func:`attention_dq_tiles` pick on an H100 or
+    H200 at head dimension 128 (16-bit), here in float32 under the interpreter: several full tiles
+    below the diagonal, partial last tiles, more keys than queries and fewer, GQA."""
+    from trainfast.gpus import GPUS
+    from trainfast.kernels.attention_triton import (
+        AttentionTiles,
+        attention_dkdv_tiles,
+        attention_dq_tiles,
+        flash_attention_triton_backward,
+        flash_attention_triton_forward,
+    )
+
+    h100 = GPUS["H100 SXM 80GB"]
+    launched = {
+        attention_dkdv_tiles(h100, torch.bfloat16, 128),
+        attention_dq_tiles(h100, torch.bfloat16, 128),
+    }
+    assert {(t.block_q, t.block_k) for t in launched} == {(32, 128), (128, 32)}
+    tiles = AttentionTiles(*blocks, num_warps=8, num_stages=3)
+    q, k, v = _qkv((1, 2, n_queries, 128), (1, n_kv_heads, n_keys, 128), torch.float32)
+    with torch.no_grad():
+        out, lse = flash_attention_triton_forward(q, k, v, is_causal, enable_gqa=True)
+    grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(5))
+    grads = flash_attention_triton_backward(grad_out, q, k, v, out, lse, is_causal, tiles)
+    expected = _expected_grads(q, k, v, is_causal, grad_out, None)
+    for name, grad, reference in zip("qkv", grads, expected, strict=True):
+        torch.testing.assert_close(grad.double(), reference, atol=1e-4, rtol=1e-4, msg=name)
+
+
 def test_triton_backward_names_a_grad_lse_of_the_wrong_shape():
     from trainfast.kernels.attention_triton import (
         flash_attention_triton_backward,
@@ -1891,3 +1937,96 @@ def test_chunked_cross_entropy_names_bad_input():
         chunked_cross_entropy(hidden, weight, targets[:5])
     with pytest.raises(ValueError, match="share a dtype and a device"):
         chunked_cross_entropy(hidden, weight.double(), targets)
+
+
+# --- the matmul's launch order and its wave model ----------------------------------------------
+
+
+def test_program_tile_is_the_kernels_grouped_order():
+    """Each program gets one tile of C, every tile is computed once; group 1 is row by row, and
+    group 8 goes down 8 rows of tiles before moving right (the kernel's first lines)."""
+    from trainfast.kernels.tiled_matmul import MatmulTiles, program_tile
+
+    for group in (1, 3, 8):
+        tiles = MatmulTiles(32, 64, 32, group_m=group)
+        grid = [program_tile(pid, 300, 500, tiles) for pid in range(10 * 8)]  # 10 × 8 tiles
+        assert sorted(grid) == [(r, c) for r in range(10) for c in range(8)]
+    row_major = MatmulTiles(32, 64, 32, group_m=1)
+    assert [program_tile(pid, 300, 500, row_major) for pid in range(9)] == [
+        *((0, c) for c in range(8)),
+        (1, 0),
+    ]
+    grouped = MatmulTiles(32, 64, 32, group_m=8)
+    assert [program_tile(pid, 300, 500, grouped) for pid in (0, 1, 7, 8, 63, 64, 65)] == [
+        (0, 0),
+        (1, 0),
+        (7, 0),
+        (0, 1),
+        (7, 7),
+        (8, 0),
+        (9, 0),  # the last group has 2 rows
+    ]
+    with pytest.raises(ValueError, match="Invalid pid: 80"):
+        program_tile(80, 300, 500, grouped)
+
+
+def test_matmul_kernel_computes_every_tile_in_either_launch_order():
+    """The interpreted kernel with group 1 and group 3 (ragged: 5 rows of tiles) gives the same
+    product: the launch order changes which program computes a tile, not the result."""
+    from trainfast.kernels.tiled_matmul import MatmulTiles, matmul
+
+    a, b = torch.randn(150, 40), torch.randn(40, 70)
+    for group in (1, 3):
+        tiles = MatmulTiles(32, 32, 32, group_m=group, num_warps=4, num_stages=1)
+        torch.testing.assert_close(matmul(a, b, tiles=tiles), a @ b, atol=1e-4, rtol=1e-4)
+
+
+def test_wave_traffic_counts_the_strips_each_wave_touches():
+    """Brute force on a small grid, the bounds (A and B once ≤ waves ≤ no cache), and the
+    launch order's effect: a wave narrower than a row of tiles reads a new B strip per program
+    row by row, and far fewer grouped."""
+    from trainfast.kernels.tiled_matmul import (
+        MatmulTiles,
+        program_tile,
+        tile_traffic_bytes,
+        wave_traffic_bytes,
+    )
+
+    tiles = MatmulTiles(16, 32, 16, group_m=2)
+    m, n, k = 64, 128, 48  # 4 × 4 tiles
+    expected = 0
+    for start in range(0, 16, 5):  # waves of 5 programs
+        wave = [program_tile(p, m, n, tiles) for p in range(start, min(16, start + 5))]
+        expected += len({r for r, _ in wave}) * 16 + len({c for _, c in wave}) * 32
+    assert wave_traffic_bytes(m, n, k, tiles, 5, 2) == (expected * k + m * n) * 2
+    assert wave_traffic_bytes(m, n, k, tiles, 1, 2) == tile_traffic_bytes(m, n, k, tiles, 2)
+    assert wave_traffic_bytes(m, n, k, tiles, 16, 2) == (m * k + k * n + m * n) * 2
+    size, row_major, grouped = 32768, MatmulTiles(128, 256, 64, 1), MatmulTiles(128, 256, 64, 8)
+    assert wave_traffic_bytes(size, size, size, row_major, 132, 2) > 5 * wave_traffic_bytes(
+        size, size, size, grouped, 132, 2
+    )
+
+
+def test_launch_order_shows_first_at_32768_on_an_h100_and_not_on_an_h200():
+    """The wave model at the 4096³ rate the H100 record measured for these tiles (about 470
+    TFLOP/s, an input here): the two orders tie up to 16384³; at 32768³ the row-by-row order's
+    bytes bind on an H100 (3.35 TB/s) and not on an H200 (4.8 TB/s)."""
+    from trainfast.gpus import GPUS
+    from trainfast.kernels.matmul_benchmarks import launch_order_prediction
+    from trainfast.kernels.tiled_matmul import MatmulTiles
+
+    rate = 470e12
+    for name, slower_at_32768 in (("H100 SXM 80GB", True), ("H200 SXM 141GB", False)):
+        gpu = GPUS[name]
+        for size in (4096, 8192, 16384, 32768):
+            rates = [
+                launch_order_prediction(gpu, size, MatmulTiles(128, 256, 64, group), rate).value
+                for group in (1, 8)
+            ]
+            assert rates[1] == pytest.approx(rate / 1e12)
+            slower = rates[0] < 0.99 * rates[1]
+            assert slower == (slower_at_32768 and size == 32768), (name, size, rates)
+    at_peak = launch_order_prediction(
+        GPUS["H100 SXM 80GB"], 16384, MatmulTiles(128, 256, 64, 1), 989.4e12
+    )
+    assert at_peak.value < 0.9 * 989.4  # near the peak, 16384³ would show it already

@@ -30,7 +30,6 @@ PAGE_BUDGET_CPU_SECONDS = 60
 ONE_PAGE_CHAPTER_BUDGET_CPU_SECONDS = {
     "hyperparameters": 150,
     "mixed_precision": 150,
-    "memory_hierarchy": 240,
     "profiling": 150,
     "parallelism": 150,
     "speedrun": 150,

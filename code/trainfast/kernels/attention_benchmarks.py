@@ -448,7 +448,14 @@ def _cache_text(cache: str) -> str:
 
 
 def attention_sweep_prediction(
-    gpu: GPUSpec, seq: int, head_dim: int, dtype: str = "bf16", *, cache: str = "none"
+    gpu: GPUSpec,
+    seq: int,
+    head_dim: int,
+    dtype: str = "bf16",
+    *,
+    cache: str = "none",
+    dkdv_tiles: Any = None,
+    dq_tiles: Any = None,
 ) -> Prediction:
     """The forward + backward FLOP/s of causal flash attention on ``gpu``, from the roofline.
 
@@ -464,7 +471,8 @@ def attention_sweep_prediction(
     dQ). The time is the larger of FLOPs / peak and bytes
     / bandwidth; the rate is reported in :func:`attention_sweep_record`'s convention
     (``3.5 · 4 · seq² · head_dim`` per time), so it is comparable with the record.
-    ``attention-fwd-bwd`` measures it.
+    ``attention-fwd-bwd`` measures it. ``dkdv_tiles`` and ``dq_tiles`` replace the backward
+    launchers' tiles, to predict what other tiles would do.
     """
     from trainfast.kernels.attention_triton_backward import attention_dkdv_tiles, attention_dq_tiles
     from trainfast.kernels.attention_triton_forward import attention_forward_tiles
@@ -472,8 +480,8 @@ def attention_sweep_prediction(
     element = _checked_element_bytes(gpu, seq, head_dim, dtype, cache)
     torch_dtype = _TORCH_DTYPES[dtype]
     forward = attention_forward_tiles(gpu, torch_dtype, head_dim)
-    dkdv = attention_dkdv_tiles(gpu, torch_dtype, head_dim)
-    dq = attention_dq_tiles(gpu, torch_dtype, head_dim)
+    dkdv = dkdv_tiles or attention_dkdv_tiles(gpu, torch_dtype, head_dim)
+    dq = dq_tiles or attention_dq_tiles(gpu, torch_dtype, head_dim)
     executed = (4 + 14) * seq * seq * head_dim
     streamed = sum(
         streamed_elements(gpu, seq, head_dim, block, element, cache)
@@ -485,8 +493,8 @@ def attention_sweep_prediction(
         3.5 * 4 * seq * seq * head_dim / seconds / 1e12,
         "TFLOP/s",
         f"roofline of the {gpu.name} datasheet, {dtype} forward + backward, seq {seq}, "
-        f"head dim {head_dim}, the launchers' tiles ({forward.block_q} queries a forward program, "
-        f"{dkdv.block_k} keys a dK/dV program, {dq.block_q} queries a dQ program), "
+        f"head dim {head_dim}, tiles of {forward.block_q} queries a forward program, "
+        f"{dkdv.block_k} keys a dK/dV program, {dq.block_q} queries a dQ program, "
         f"{_cache_text(cache)}",
     )
 

@@ -2030,3 +2030,15 @@ def test_launch_order_shows_first_at_32768_on_an_h100_and_not_on_an_h200():
         GPUS["H100 SXM 80GB"], 16384, MatmulTiles(128, 256, 64, 1), 989.4e12
     )
     assert at_peak.value < 0.9 * 989.4  # near the peak, 16384³ would show it already
+
+
+def test_a_one_stage_launch_is_described_without_a_plural_seam():
+    """The compile report's tile text reads "1 stage", not "1 stages" (the T4's and the copy's
+    launches have one stage), and keeps the plural otherwise."""
+    from trainfast.kernels.compile_report import _describe
+    from trainfast.kernels.elementwise import CopyTiles
+
+    one = CopyTiles(block_size=1024, num_warps=4, num_stages=1)
+    three = CopyTiles(block_size=1024, num_warps=4, num_stages=3)
+    assert _describe(one) == "1024, 4 warps, 1 stage"
+    assert _describe(three) == "1024, 4 warps, 3 stages"

@@ -129,7 +129,8 @@ def _describe(tiles: Any) -> str:
         ("block_q", "block_k") if hasattr(tiles, "block_q") else ("block_m", "block_n", "block_k")
     )
     blocks = [getattr(tiles, n) for n in names if hasattr(tiles, n)] or [tiles.block_size]
-    return f"{'×'.join(map(str, blocks))}, {tiles.num_warps} warps, {tiles.num_stages} stages"
+    stages = "stage" if tiles.num_stages == 1 else "stages"
+    return f"{'×'.join(map(str, blocks))}, {tiles.num_warps} warps, {tiles.num_stages} {stages}"
 
 
 _CACHE: dict[tuple, dict[str, Any]] = {}

@@ -115,8 +115,8 @@ def matmul_tile_candidates(target: GPUSpec | None, dtype: torch.dtype) -> list[M
     The candidates :func:`tune_matmul_tiles` times, and the rule :func:`matmul_tiles` applies:
     those of :data:`_CANDIDATES` whose pipelined A and B tiles
     (:meth:`MatmulTiles.shared_memory_bytes`) fit the target's shared memory per block (on
-    sm_90 the compiled kernel asks for exactly that; on sm_80 less, one stage stays in
-    registers), the smallest if none fits. A test compiles every candidate for every listed GPU
+    sm_90 the compiled kernel asks for exactly that; on sm_80 for one stage less), the smallest
+    if none fits. A test compiles every candidate for every listed GPU
     and checks that it fits and, without an epilogue, spills nothing. On sm_75, which has no
     asynchronous copies, one stage; and since Triton emits no tensor-core instructions for
     sm_75, 16-bit dots run on CUDA cores there and need registers, not shared memory: 64 × 64 ×

@@ -202,7 +202,7 @@ def test_names_in_listings_and_cells_link_to_their_entries(small_build):
     listing = text[text.index('<span class="nf">training_memory</span>') :]
     listing = listing[: listing.index("</pre>")]
     assert any(
-        h.endswith("trainfast.transformer.html#trainfast.transformer.TransformerShape")
+        h.endswith("trainfast.transformer_shape.html#trainfast.transformer_shape.TransformerShape")
         for h in _links(listing)
     ), "the listing of training_memory does not link TransformerShape"
     cells = text[text.index("<h1") :]
@@ -227,7 +227,8 @@ def test_the_calculator_is_embedded_with_the_package_data(small_build):
     html, _ = small_build
     text = (html / "book" / f"{CHAPTER}.html").read_text()
     assert 'class="trainfast-calculator"' in text
-    loaded = [re.search(rf'<script src="\.\./_static/{script}', text) for script in SCRIPTS]
+    up = r"\.\./" * (CHAPTER.count("/") + 1)  # the page's depth under book/
+    loaded = [re.search(rf'<script src="{up}_static/{script}', text) for script in SCRIPTS]
     for script, found in zip(SCRIPTS, loaded, strict=True):
         assert found, f"{script} not loaded"
         assert (html / "_static" / script).exists()

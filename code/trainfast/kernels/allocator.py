@@ -47,6 +47,7 @@ from typing import Any
 import torch
 
 from trainfast.records import Record, make_record
+from trainfast.validation import check_choice, check_counts, check_int
 
 __all__ = [
     "K_LARGE_BUFFER",
@@ -82,8 +83,7 @@ MIN_SPLIT_SETTING_BYTES = K_LARGE_BUFFER
 def rounded_bytes(nbytes: int) -> int:
     """A request of ``nbytes`` rounded up to a multiple of 512 bytes (``round_size``), the least
     block it can occupy (0 for an empty tensor)."""
-    if nbytes < 0:
-        raise ValueError(f"Invalid nbytes: {nbytes} (need 0 or more)")
+    check_int("nbytes", nbytes, minimum=0)
     if nbytes == 0:
         return 0
     return K_MIN_BLOCK_SIZE * -(-nbytes // K_MIN_BLOCK_SIZE)
@@ -146,6 +146,11 @@ def cached_block_use(
     be >= 20"), so this raises ``ValueError`` for them too: a prediction for a setting that no
     process can have would describe nothing.
     """
+    check_choice("pool", pool, ("small", "large"))
+    check_counts(nbytes=nbytes, free_block_bytes=free_block_bytes)
+    check_counts(max_non_split_rounding_bytes=max_non_split_rounding_bytes)
+    if max_split_size_bytes is not None:
+        check_int("max_split_size_bytes", max_split_size_bytes, minimum=1)
     for name, value in (
         ("max_split_size_mb", max_split_size_bytes),
         ("max_non_split_rounding_mb", max_non_split_rounding_bytes),
@@ -155,10 +160,6 @@ def cached_block_use(
                 f"Invalid {name}: {value / 2**20:g} MiB ({value:,} bytes); PyTorch requires at "
                 f"least {MIN_SPLIT_SETTING_BYTES >> 20} MiB"
             )
-    if pool not in ("small", "large"):
-        raise ValueError(f"Invalid pool: {pool!r} (expected 'small' or 'large')")
-    if nbytes <= 0 or free_block_bytes <= 0:
-        raise ValueError(f"Invalid sizes: {nbytes}, {free_block_bytes} (both must be positive)")
     size = rounded_bytes(nbytes)
     if _pool(size) != pool or free_block_bytes < size:
         return None

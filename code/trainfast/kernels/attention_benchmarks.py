@@ -132,8 +132,10 @@ def attention_record(device: torch.device, quick: bool) -> Record:
 
     On CUDA: bfloat16, batch 4 (2 quick), sequence 4096 (2048 quick), model width 2048 as 32
     heads of 64 or 16 heads of 128, causal and not; SDPA with its default backend choice (its
-    ``config`` names the backend it picks, :func:`sdpa_default_backend`) and with each fused
-    backend of :data:`SDPA_BACKENDS` forced (a backend that refuses the inputs has no row).
+    ``config`` names the backend it picks,
+    :func:`~trainfast.kernels.attention_benchmarks.sdpa_default_backend`) and with each fused
+    backend of :data:`~trainfast.kernels.attention_benchmarks.SDPA_BACKENDS` forced (a backend
+    that refuses the inputs has no row).
     FLOPs are ``4·b·h·n²·d``, halved for causal. On a CPU (float32, 4 heads of 64, sequence
     256, 64 quick): the tiled PyTorch FlashAttention, the textbook attention and SDPA, with the
     bytes each saves for the backward pass.

@@ -45,7 +45,7 @@ def attention_dkdv_tiles(
     a query tile of 64 rows for every 64 keys: 128 FLOPs per byte loaded a step, against 256
     with 128 keys. The new tiles hold 230 registers, still one block of 8 warps (the compile
     report), and spill nothing; 4 warps would spill 2 KiB and on sm_80 (``mma.sync``, more
-    registers) 8 warps spill 52 bytes, so other GPUs keep :func:`_backward_tiles`.
+    registers) 8 warps spill 52 bytes, so other GPUs keep ``_backward_tiles``.
     """
     if _hopper_16_bit_wide(target, dtype, head_dim):
         return AttentionTiles(32, 128, num_warps=8, num_stages=3)

@@ -22,7 +22,7 @@ from trainfast.kernels.roofline import Roofline, matmul_cost
 from trainfast.kernels.tiled_matmul import MatmulTiles, epilogue_traffic_bytes, tile_traffic_bytes
 from trainfast.records import Prediction, Record
 from trainfast.timing import benchmark
-from trainfast.validation import plural
+from trainfast.validation import check_int, plural
 
 __all__ = [
     "FUSED_LINEAR_GELU_SHAPE",
@@ -67,8 +67,9 @@ def matmul_record(device: torch.device, quick: bool) -> Record:
     On CUDA at 4096³ (2048³ quick) in float16 and bfloat16, with a row autotuned over
     :func:`~trainfast.kernels.tiled_matmul.matmul_tile_candidates` (``tiles="autotune"``);
     tiles that need more shared memory than the GPU has are recorded with no time. Then, not
-    quick, the launch order at :data:`LAUNCH_ORDER_SIZES` in bfloat16: 128 × 256 × 64 tiles with
-    ``group_m`` 1 and 8, beside ``torch.matmul``. On a CPU, the interpreter at 64³ in float32.
+    quick, the launch order at :data:`~trainfast.kernels.matmul_benchmarks.LAUNCH_ORDER_SIZES`
+    in bfloat16: 128 × 256 × 64 tiles with ``group_m`` 1 and 8, beside ``torch.matmul``. On a
+    CPU, the interpreter at 64³ in float32.
     """
     from trainfast.kernels.tiled_matmul import (
         MatmulTiles,
@@ -399,8 +400,7 @@ def matmul_prediction(
     launch overhead and tile quantisation, so it is a ceiling, not a forecast of cuBLAS.
     ``roofline`` and ``matmul-tiles`` measure it.
     """
-    if size < 1:
-        raise ValueError(f"Invalid matrix size: {size!r} (expected >= 1)")
+    check_int("size", size, minimum=1)
     check_dtype(gpu, dtype)
     element = ELEMENT_BYTES[dtype]
     cost = matmul_cost(size, size, size, element_bytes=element)

@@ -46,8 +46,9 @@ weights; stage 3: per micro-batch two all-gathers and a reduce-scatter, or one r
 step, Rajbhandari et al. 2020). ``overlap`` of the backward hides the gradient reduction: the last
 micro-batch's backward a reduction that waits for the accumulated gradient (stages 0 and 1, and 2
 with ``accumulate_before_reduce``), every micro-batch's for stage 2's reduce-scatters; ZeRO-2's
-all-gather of the updated weights follows the optimizer step, after the last backward, so nothing
-hides it; stage 3's traffic hides behind all the compute, as FSDP prefetches.
+all-gather of the updated weights follows the optimizer step, after the last backward, so the
+model hides none of it (at best it could overlap the next step's forward); stage 3's traffic
+hides behind all the compute, as FSDP prefetches.
 
 Not modelled: kernel efficiency beyond the one ``matmul_efficiency``, stragglers, the
 embedding stage's imbalance, communication buffers and fragmentation (the ``reserve``).

@@ -58,13 +58,16 @@ class StepAssumptions:
     a few microseconds per message, not measurements. ``reserve``: the share of memory left for the
     CUDA context, the allocator and buffers.
     ``accumulate_before_reduce``: how ZeRO-2 and 3 accumulate gradients over the ``m``
-    micro-batches. ``False`` (as our ``Zero2Optimizer`` and DeepSpeed's ZeRO-2 do): every
-    micro-batch's backward reduce-scatters into the shard, so no full gradient is kept. ``True``
-    (as Llama 3 did, Dubey et al. 2024, Section 3.3.2: "FP32 gradient accumulation during
-    backward computation over multiple micro-batches", then a reduce-scatter; PyTorch's
-    pipelining turns FSDP2's ``set_requires_gradient_sync`` off for every backward but the last,
-    ``torch/distributed/pipelining/stage.py``): unsharded gradients add up locally and are
-    reduce-scattered once a step, at the price of holding them whole during the step.
+    micro-batches. ``False`` (as our ``Zero2Optimizer`` and DeepSpeed's ZeRO-2 do: "ZeRO stage
+    >= 2 communicates during non gradient accumulation boundaries as well",
+    ``deepspeed/runtime/engine.py``): every micro-batch's backward reduces into the shard, so no
+    full gradient is kept. ``True`` (as PyTorch's pipelining does: it turns FSDP2's
+    ``set_requires_gradient_sync`` off for every backward but the last,
+    ``torch/distributed/pipelining/stage.py``; the book reads Llama 3 this way, Dubey et al. 2024,
+    Section 3.3.2: "FP32 gradient accumulation during backward computation over multiple
+    micro-batches" and "reduce-scatter gradients in FP32", which does not say how often):
+    unsharded gradients add up locally and are reduce-scattered once a step, at the price of
+    holding them whole during the step.
     """
 
     matmul_efficiency: float = 0.5

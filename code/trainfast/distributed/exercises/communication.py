@@ -289,7 +289,7 @@ EVALUATION_CASES: tuple[tuple[int, tuple[bool, ...]], ...] = (
 
 
 def _evaluation_sets(model: torch.nn.Module, test_set: Any) -> list[tuple[int, Any]]:
-    """The digits test set on 4 ranks, then :data:`EVALUATION_CASES`, each built from test
+    """The digits test set on 4 ranks, then ``EVALUATION_CASES``, each built from test
     examples that ``model`` gets right or wrong, in the case's order."""
     from torch.utils.data import TensorDataset
 
@@ -310,7 +310,7 @@ def check_distributed_evaluation(
 ) -> None:
     """Exercise: ``(correct, total)`` over the whole test set, summed across ranks, on every
     rank, each example evaluated once, on one rank (the ranks split the work). Cases: the digits
-    test split on 4 ranks, and :data:`EVALUATION_CASES`, where the shares differ in size and the
+    test split on 4 ranks, and ``EVALUATION_CASES``, where the shares differ in size and the
     model's accuracy differs between them."""
     from trainfast.datasets import digits
     from trainfast.distributed.data_parallel import (

@@ -551,3 +551,53 @@ def test_two_processes_compiling_one_kernel_keep_their_own_ptx(monkeypatch, tmp_
     resources = compile_jobs._ptxas_resources("// ptx", [9, 0], "same-hash")
     assert resources == {"registers": 40, "spill_bytes": 0}
     assert len(set(calls)) == 2
+
+
+@compiles
+@pytest.mark.parametrize(
+    "gpu", [g for g in GPUS.values() if g.compute_capability >= (8, 0)], ids=lambda g: g.name
+)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_every_matmul_autotuning_candidate_fits_and_spills_nothing(gpu, dtype):
+    """The configurations :func:`tune_matmul_tiles` times are those the compile report accepts:
+    each fits the GPU's shared memory per block, holds at least one block per SM, uses the
+    tensor cores and, without an epilogue, spills no register."""
+    from trainfast.kernels.tiled_matmul import matmul_tile_candidates
+
+    candidates = matmul_tile_candidates(gpu, dtype)
+    assert len(candidates) >= 4  # the L4's 99 KiB a block leaves 4 of them
+    for tiles in candidates:
+        row = compile_kernel("matmul", gpu, dtype, tiles=tiles)
+        assert row.fits and row.blocks_per_sm >= 1, row.verdict
+        assert row.spill_bytes == 0, (row.tiles, row.spill_bytes)
+        assert row.tensor_cores == ("wgmma" if gpu.compute_capability >= (9, 0) else "mma")
+
+
+@compiles
+@pytest.mark.parametrize("gpu", [H100, GPUS["H200 SXM 141GB"]], ids=lambda g: g.name)
+def test_hopper_backward_tiles_at_head_dim_128_double_the_work_a_step_and_spill_nothing(gpu):
+    """Why the head-dim-128 backward was slow and what its new tiles change, read from the
+    compile report: the 64 × 64 tiles with 8 warps held 209 (dK/dV) and 138 (dQ) registers a
+    thread, so one block of 8 warps per SM, each step loading 64 rows for 64 keys or queries;
+    the new ones (128 keys × 32 queries, 128 queries × 32 keys) keep one block of 8 warps,
+    spill nothing, and load each 32-row tile for 128 rows of the program's own."""
+    from trainfast.kernels.attention_triton import (
+        AttentionTiles,
+        attention_dkdv_tiles,
+        attention_dq_tiles,
+    )
+
+    old = AttentionTiles(64, 64, num_warps=8, num_stages=2)
+    for kernel, tiles, own in (
+        ("attention_dkdv", attention_dkdv_tiles(gpu, torch.bfloat16, 128), "block_k"),
+        ("attention_dq", attention_dq_tiles(gpu, torch.bfloat16, 128), "block_q"),
+    ):
+        assert getattr(tiles, own) == 128 and tiles.num_warps == 8
+        new = compile_kernel(kernel, gpu, torch.bfloat16, head_dim=128, tiles=tiles)
+        before = compile_kernel(kernel, gpu, torch.bfloat16, head_dim=128, tiles=old)
+        assert before.blocks_per_sm == new.blocks_per_sm == 1, (before, new)
+        assert before.limited_by == "registers"
+        assert new.spill_bytes == 0 and new.fits and new.tensor_cores == "wgmma", new
+    # sm_80's mma.sync needs more registers: the dK/dV tiles would spill there, so it keeps 64 × 64
+    assert attention_dkdv_tiles(A100, torch.bfloat16, 128) == old
+    assert attention_dkdv_tiles(H100, torch.bfloat16, 64) == AttentionTiles(64, 64, 4, 2)

@@ -249,6 +249,76 @@ def test_causal_convention_is_sdpas_top_left_mask():
     torch.testing.assert_close(attention_reference(q, k, v, is_causal=True)[0, :, 0], expected)
 
 
+def _masks(n_queries, n_keys):
+    """Boolean masks (True: attend) of several patterns, broadcast like SDPA's attn_mask."""
+    generator = torch.Generator().manual_seed(3)
+    rows = torch.arange(n_queries)[:, None]
+    cols = torch.arange(n_keys)[None, :]
+    padded = torch.ones(2, 1, 1, n_keys, dtype=torch.bool)
+    padded[1, ..., n_keys - 5 :] = False  # the second sequence's last 5 keys are padding
+    documents = (rows // 4) == (cols // 4)  # block-diagonal: queries see their own document
+    return {
+        "random": torch.rand(2, 3, n_queries, n_keys, generator=generator) > 0.4,
+        "padding": padded,
+        "sliding window": (cols <= rows) & (cols > rows - 3),
+        "documents": documents,
+        "a query that sees nothing": documents & (rows != 2),
+    }
+
+
+@pytest.mark.parametrize("pattern", list(_masks(9, 11)))
+def test_attention_reference_takes_sdpas_boolean_mask(pattern):
+    """Output and gradients against SDPA with the same mask, in float64; a query row with no
+    visible key gets zeros and zero gradients from both (PyTorch 2.5's safe softmax)."""
+    q, k, v = _qkv((2, 3, 9, 16), (2, 3, 11, 16), torch.float64, device="cpu")
+    mask = _masks(9, 11)[pattern]
+    out = attention_reference(q, k, v, attn_mask=mask)
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    torch.testing.assert_close(out, expected, **TOLERANCE[torch.float64])
+    grad_out = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), grad_out)
+    expected_grads = torch.autograd.grad(expected, (q, k, v), grad_out)
+    for name, grad, reference in zip("qkv", grads, expected_grads, strict=True):
+        assert torch.isfinite(grad).all(), name
+        torch.testing.assert_close(grad, reference, **TOLERANCE[torch.float64], msg=name)
+    if pattern == "a query that sees nothing":
+        assert out[..., 2, :].abs().max() == 0
+
+
+def test_attention_reference_mask_equal_to_causal_is_causal():
+    q, k, v = _qkv((1, 2, 7, 16), (1, 2, 7, 16), torch.float64, device="cpu")
+    causal = torch.ones(7, 7, dtype=torch.bool).tril()
+    torch.testing.assert_close(
+        attention_reference(q, k, v, attn_mask=causal), attention_reference(q, k, v, True)
+    )
+
+
+@pytest.mark.parametrize(
+    ("mask", "is_causal", "message"),
+    [
+        (
+            torch.ones(7, 7),
+            False,
+            r"attn_mask must be a boolean tensor \(True: attend\), got "
+            r"torch.float32",
+        ),
+        ([[True]], False, r"attn_mask must be a boolean tensor \(True: attend\), got list"),
+        (
+            torch.ones(7, 6, dtype=torch.bool),
+            False,
+            r"attn_mask of shape \(7, 6\) does not "
+            r"broadcast to the scores' \(..., n_queries, n_keys\) = \(1, 2, 7, 7\)",
+        ),
+        (torch.ones(3, 1, 7, 7, dtype=torch.bool), False, r"attn_mask of shape \(3, 1, 7, 7\)"),
+        (torch.ones(7, 7, dtype=torch.bool), True, r"Give attn_mask or is_causal=True, not both"),
+    ],
+)
+def test_attention_reference_names_a_bad_mask(mask, is_causal, message):
+    q, k, v = _qkv((1, 2, 7, 16), (1, 2, 7, 16), torch.float64, device="cpu")
+    with pytest.raises(ValueError, match=message):
+        attention_reference(q, k, v, is_causal, attn_mask=mask)
+
+
 def _saved_shapes(out):
     return [tuple(t.shape) for t in out.grad_fn.saved_tensors]
 
@@ -428,6 +498,117 @@ def test_registered_op_differentiates_like_explicit_softmax_and_logsumexp(is_cau
             torch.testing.assert_close(grad.double(), reference, atol=1e-4, rtol=1e-4, msg=name)
 
 
+def _op_case(name):
+    """(q, k, v) of one bad-input case for the registered operator, float32 on the CPU."""
+    q, k, v = (t.detach() for t in _qkv((1, 4, 16, 16), (1, 4, 16, 16), torch.float32))
+    if name == "gqa heads":  # 4 query heads on 3 KV heads: 3 does not divide 4
+        k, v = k[:, :3], v[:, :3]
+    elif name == "more kv heads":
+        k, v = torch.cat([k, k[:, :1]], 1), torch.cat([v, v[:, :1]], 1)
+    elif name == "head dim":
+        q, k, v = (torch.randn(1, 4, 16, 256) for _ in range(3))
+    elif name == "dtype":
+        q, k, v = (t.double() for t in (q, k, v))
+    elif name == "one dtype":
+        k = k.half()
+    elif name == "device":
+        k = k.to("meta")
+    elif name == "last-dim stride":  # a transposed view: (16, 16) with strides (1, 16)
+        q = q.transpose(-2, -1)
+    elif name == "batch":
+        k, v = torch.cat([k, k]), torch.cat([v, v])
+    elif name == "keys and values":
+        v = v[:, :, :8]
+    return q, k, v
+
+
+OP_BAD_INPUTS = {
+    "gqa heads": r"q has 4 heads and k 3: the KV heads must divide the query heads",
+    "more kv heads": r"q has 4 heads and k 5: the KV heads must divide the query heads",
+    "head dim": r"Unsupported head dimension 256 for the Triton kernels \(need 16 to 128\)",
+    "dtype": r"Unsupported dtype torch.float64",
+    "one dtype": r"q, k, v must share a dtype, got torch.float32, torch.float16",
+    "device": r"q, k, v must share a device, got cpu, meta, cpu",
+    "last-dim stride": r"q has stride 16 in its last dimension; the operator needs 1",
+    "batch": r"q, k, v must have the same leading dimensions, got \(1, 4\), \(2, 4\)",
+    "keys and values": r"k has 16 keys but v has 8 values",
+}
+
+
+@pytest.mark.parametrize("case", sorted(OP_BAD_INPUTS))
+def test_registered_op_refuses_bad_input_naming_the_value(case):
+    """``torch.ops.trainfast_kernels.flash_attention_forward`` checks what it is given. Before it
+    did, 4 query heads on 3 KV heads ran with ``group = 4 // 3 = 1`` and read past K and V
+    (a finite output, no error), and head dimension 256 compiled."""
+    _registered_flash_attention_op()
+    q, k, v = _op_case(case)
+    with pytest.raises(ValueError, match=OP_BAD_INPUTS[case]):
+        torch.ops.trainfast_kernels.flash_attention_forward(q, k, v, False)
+
+
+def test_registered_backward_op_refuses_tensors_that_do_not_match_the_forward():
+    _registered_flash_attention_op()
+    q, k, v = (t.detach() for t in _qkv((1, 2, 16, 16), (1, 2, 16, 16), torch.float32))
+    out, lse = torch.ops.trainfast_kernels.flash_attention_forward(q, k, v, True)
+    backward = torch.ops.trainfast_kernels.flash_attention_backward
+    with pytest.raises(ValueError, match=r"grad_out must have q's shape \(1, 2, 16, 16\)"):
+        backward(out[..., :8], q, k, v, out, lse, None, True)
+    with pytest.raises(ValueError, match=r"lse must have shape \(1, 2, 16\)"):
+        backward(out, q, k, v, out, lse[..., :8], None, True)
+    with pytest.raises(ValueError, match=r"grad_lse must have shape \(1, 2, 16\)"):
+        backward(out, q, k, v, out, lse, lse[0], True)
+    with pytest.raises(ValueError, match=r"q has 2 heads and k 3"):
+        backward(
+            out, q, torch.cat([k, k[:, :1]], 1), torch.cat([v, v[:, :1]], 1), out, lse, None, True
+        )
+
+
+#: the sm_90 launchers' backward tiles at head dimension 128, run here in the interpreter: each
+#: tile shape drives both backward kernels (dK/dV: 128 keys a program, 32 queries a step; dQ:
+#: 128 queries a program, 32 keys a step, and the reverse)
+HOPPER_BACKWARD_TILES = [
+    pytest.param((32, 128), id="32x128"),
+    pytest.param((128, 32), id="128x32"),
+]
+
+
+@pytest.mark.parametrize("blocks", HOPPER_BACKWARD_TILES)
+@pytest.mark.parametrize(
+    ("n_queries", "n_keys", "is_causal", "n_kv_heads"),
+    [(300, 300, True, 2), (77, 200, False, 1), (200, 77, True, 1)],
+)
+def test_triton_backward_with_the_hopper_head_dim_128_tiles_matches_float64_autograd(
+    blocks, n_queries, n_keys, is_causal, n_kv_heads
+):
+    """The tiles :func:`attention_dkdv_tiles` and :func:`attention_dq_tiles` pick on an H100 or
+    H200 at head dimension 128 (16-bit), here in float32 under the interpreter: several full tiles
+    below the diagonal, partial last tiles, more keys than queries and fewer, GQA."""
+    from trainfast.gpus import GPUS
+    from trainfast.kernels.attention_triton import (
+        AttentionTiles,
+        attention_dkdv_tiles,
+        attention_dq_tiles,
+        flash_attention_triton_backward,
+        flash_attention_triton_forward,
+    )
+
+    h100 = GPUS["H100 SXM 80GB"]
+    launched = {
+        attention_dkdv_tiles(h100, torch.bfloat16, 128),
+        attention_dq_tiles(h100, torch.bfloat16, 128),
+    }
+    assert {(t.block_q, t.block_k) for t in launched} == {(32, 128), (128, 32)}
+    tiles = AttentionTiles(*blocks, num_warps=8, num_stages=3)
+    q, k, v = _qkv((1, 2, n_queries, 128), (1, n_kv_heads, n_keys, 128), torch.float32)
+    with torch.no_grad():
+        out, lse = flash_attention_triton_forward(q, k, v, is_causal, enable_gqa=True)
+    grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(5))
+    grads = flash_attention_triton_backward(grad_out, q, k, v, out, lse, is_causal, tiles)
+    expected = _expected_grads(q, k, v, is_causal, grad_out, None)
+    for name, grad, reference in zip("qkv", grads, expected, strict=True):
+        torch.testing.assert_close(grad.double(), reference, atol=1e-4, rtol=1e-4, msg=name)
+
+
 def test_triton_backward_names_a_grad_lse_of_the_wrong_shape():
     from trainfast.kernels.attention_triton import (
         flash_attention_triton_backward,
@@ -555,7 +736,7 @@ def test_matmul_tiles_is_the_first_candidate_and_candidates_respect_the_budget()
             candidates = matmul_tile_candidates(gpu, dtype)
             assert candidates and matmul_tiles(gpu, dtype) == candidates[0]
             element = torch.empty((), dtype=dtype).element_size()
-            budget = gpu.shared_memory_per_block_bytes * 3 // 4
+            budget = gpu.shared_memory_per_block_bytes  # the compile report checks the real use
             assert all(t.shared_memory_bytes(element) <= budget for t in candidates), gpu.name
 
 
@@ -1278,6 +1459,49 @@ def test_cached_block_use_follows_best_fit_and_the_split_rules():
         cached_block_use(1, 2, pool="medium")
 
 
+def test_the_chapters_max_split_example_holds_for_a_setting_pytorch_accepts():
+    """The chapter's example of ``max_split_size_mb``: a freed 60 MiB segment under
+    ``max_split_size_mb:32``, a limit PyTorch accepts (20 MiB or more)."""
+    from trainfast.kernels.allocator import cached_block_use, segment_bytes
+
+    mib = 1 << 20
+    block = segment_bytes(60 * mib)
+    assert block == 60 * mib
+    limited = {"pool": "large", "max_split_size_bytes": 32 * mib}
+    assert cached_block_use(8 * mib, block, pool="large") == 8 * mib  # unlimited: split
+    assert cached_block_use(8 * mib, block, **limited) is None  # too big a block for 8 MiB
+    assert cached_block_use(40 * mib, block, **limited) is None  # 20 MiB or more to spare
+    assert cached_block_use(48 * mib, block, **limited) == block  # whole, never split
+    assert cached_block_use(48 * mib, block, pool="large") == 48 * mib
+
+
+@pytest.mark.parametrize(
+    ("setting", "value"), [("max_split_size_mb", 10), ("max_non_split_rounding_mb", 19)]
+)
+def test_cached_block_use_refuses_settings_pytorch_refuses(setting, value):
+    """torch 2.14 refuses ``max_split_size_mb:10`` ("too small, must be >= 20", in
+    ``parseMaxSplitSize``); so does the model, for both limits, and 20 MiB is accepted."""
+    from trainfast.kernels.allocator import cached_block_use
+
+    keyword = {"max_split_size_mb": "max_split_size_bytes"}.get(
+        setting, "max_non_split_rounding_bytes"
+    )
+    with pytest.raises(ValueError, match=rf"Invalid {setting}: {value} MiB .*least 20 MiB"):
+        cached_block_use(2 << 20, 15 << 20, pool="large", **{keyword: value << 20})
+    assert cached_block_use(2 << 20, 15 << 20, pool="large", **{keyword: 20 << 20}) is not None
+
+
+def test_pytorch_refuses_a_max_split_size_below_20_mib():
+    """The rule the model copies, read from the installed PyTorch (parsed without a GPU)."""
+    setter = getattr(torch._C, "_accelerator_setAllocatorSettings", None)
+    if setter is None:
+        pytest.skip(f"torch {torch.__version__} has no _accelerator_setAllocatorSettings")
+    with pytest.raises(
+        (ValueError, RuntimeError), match="max_split_size_mb too small, must be >= 20"
+    ):
+        setter("max_split_size_mb:10")  # refused before anything is set: nothing to restore
+
+
 def test_trimmed_snapshot_is_small_json_and_memory_viz_reads_it():
     import json
 
@@ -1419,6 +1643,22 @@ def test_exercise_checks_pass_right_answers_and_catch_wrong_ones(capsys):
         check_causal_key_tiles(
             lambda q, bq, n, bk: list(range(0, min(n, q), bk))
         )  # misses the diagonal tile
+    with pytest.raises(
+        AssertionError,
+        match=r"3 of 9 cases failed; first: queries 0..127, 4096 "
+        r"keys in tiles of 64: \[0, 64\]: got \[0\]",
+    ):
+        check_causal_key_tiles(  # the first query's keys only: drops tiles when block_k < block_q
+            lambda q, bq, n, bk: list(range(0, min(n, q + 1), bk))
+        )
+    with pytest.raises(
+        AssertionError,
+        match=r"1 of 9 cases failed; first: queries 3..6, 100 keys "
+        r"in tiles of 1",
+    ):
+        check_causal_key_tiles(  # one query short of the tile's last
+            lambda q, bq, n, bk: list(range(0, min(n, q + bq - 1), bk))
+        )
 
     def reserve(nbytes):
         size = 512 * math.ceil(nbytes / 512)
@@ -1453,6 +1693,24 @@ def test_triton_exercise_check_passes_a_kernel_and_catches_a_missing_mask():
         check_triton_axpb(launcher(False))
     with pytest.raises(AssertionError, match=r"4 of 4 cases failed.*raised"):
         check_triton_axpb(lambda x, a, b, out: out.copy_(a * x + b).nonexistent)
+
+
+@pytest.mark.skipif(CUDA, reason="the loads are watched in Triton's CPU interpreter")
+def test_triton_exercise_check_catches_a_load_without_a_mask(capsys):
+    """The half-fixed answer: the store is masked, the load is not. Its output is right and it
+    writes nothing past ``out``; only the addresses it loads show the bug (255 past the end of a
+    one-element ``x`` with blocks of 256)."""
+    from axpb_kernel import launcher
+    from trainfast.kernels.exercises import check_triton_axpb
+
+    with pytest.raises(
+        AssertionError,
+        match=r"4 of 4 cases failed; first: 1 elements of torch.float32: read 255 values past "
+        r"the end of x \(a load without a mask\?\)",
+    ):
+        check_triton_axpb(launcher(True, mask_load=False))
+    check_triton_axpb(launcher(True))  # the loads are watched, and the watch is removed after
+    assert "not watched" not in capsys.readouterr().out
 
 
 # --- the chapter -----------------------------------------------------------------------------
@@ -1582,3 +1840,205 @@ def test_shuffled_order_keeps_passes_pages_and_lines():
         )
     lines = shuffled_order(n, 1, unit_elements=unit, page_elements=page).view(-1, unit)
     assert torch.equal(lines - lines[:, :1], torch.arange(unit).expand_as(lines))
+
+
+# --- the chunked cross-entropy over the LM head ------------------------------------------------
+
+
+def _head(tokens, vocab, width, dtype, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(tokens, width, generator=generator).to(dtype).requires_grad_()
+    weight = (torch.randn(vocab, width, generator=generator) / width**0.5).to(dtype)
+    targets = torch.randint(0, vocab, (tokens,), generator=generator)
+    return hidden, weight.requires_grad_(), targets
+
+
+@pytest.mark.parametrize("chunk_size", [1, 7, 64, 1000])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_chunked_cross_entropy_matches_f_cross_entropy_in_value_and_gradient(chunk_size, dtype):
+    """Against ``F.cross_entropy`` of the whole logits, with chunks that do not divide the 100
+    tokens, one chunk larger than all of them, and ignored targets (``ignore_index``)."""
+    from trainfast.kernels.chunked_cross_entropy import chunked_cross_entropy
+
+    hidden, weight, targets = _head(100, 300, 24, dtype)
+    targets[::9] = -100  # ignored, as F.cross_entropy ignores them: not in the mean
+    loss = chunked_cross_entropy(hidden, weight, targets, chunk_size)
+    expected = F.cross_entropy((hidden @ weight.T).float(), targets, ignore_index=-100)
+    tolerance = TOLERANCE[torch.float32]  # the logits are float32 in both
+    torch.testing.assert_close(loss.double(), expected.double(), **tolerance)
+    grads = torch.autograd.grad(loss * 3.0, (hidden, weight))  # an upstream gradient of 3
+    expected_grads = torch.autograd.grad(expected * 3.0, (hidden, weight))
+    for name, grad, reference in zip(("hidden", "weight"), grads, expected_grads, strict=True):
+        assert grad.dtype == dtype, name
+        torch.testing.assert_close(grad.double(), reference.double(), **tolerance, msg=name)
+
+
+def test_chunked_cross_entropy_in_bfloat16_matches_the_float32_logits_path():
+    from trainfast.kernels.chunked_cross_entropy import (
+        chunked_cross_entropy,
+        cross_entropy_reference,
+    )
+
+    hidden, weight, targets = _head(64, 500, 32, torch.bfloat16)
+    loss = chunked_cross_entropy(hidden, weight, targets, 16)
+    expected = cross_entropy_reference(hidden, weight, targets)
+    torch.testing.assert_close(loss, expected, atol=1e-5, rtol=1e-5)
+    grads = torch.autograd.grad(loss, (hidden, weight))
+    expected_grads = torch.autograd.grad(expected, (hidden, weight))
+    for grad, reference in zip(grads, expected_grads, strict=True):
+        torch.testing.assert_close(grad.float(), reference.float(), **TOLERANCE[torch.bfloat16])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("chunk_size", [128, 512])
+def test_chunked_cross_entropy_memory_is_its_model_and_far_below_the_whole_logits(
+    dtype, chunk_size
+):
+    """The allocator's peak (CPU, profiler memory events) of forward + backward: the chunked
+    path within 2% of :func:`chunked_loss_buffer_bytes` in float32 (15% in bfloat16), the
+    whole-logits path its 12
+    bytes a logit (log-probabilities and two float32 gradients; the step that keeps its
+    logits alive holds 16, ``loss_buffer_bytes``)."""
+    from trainfast.counters import peak_allocated_bytes
+    from trainfast.kernels.chunked_cross_entropy import (
+        chunked_cross_entropy,
+        chunked_loss_buffer_bytes,
+        cross_entropy_reference,
+    )
+
+    torch.set_num_threads(1)
+    tokens, vocab, width = 2048, 4096, 64
+    hidden, weight, targets = _head(tokens, vocab, width, dtype)
+    chunked = peak_allocated_bytes(
+        lambda: chunked_cross_entropy(hidden, weight, targets, chunk_size).backward()
+    )
+    whole = peak_allocated_bytes(
+        lambda: cross_entropy_reference(hidden, weight, targets).backward()
+    )
+    predicted = chunked_loss_buffer_bytes(
+        tokens, vocab, width, chunk_size, value_bytes=hidden.element_size()
+    )
+    # bfloat16 on this CPU: its 16-bit products copy an operand, a workspace the model leaves out
+    slack = 1.02 if dtype == torch.float32 else 1.15
+    assert predicted <= chunked <= slack * predicted, (chunked, predicted)
+    assert 12 * tokens * vocab <= whole <= 12 * tokens * vocab + 512  # and the loss itself
+    assert whole > 3 * chunked
+
+
+def test_chunked_cross_entropy_names_bad_input():
+    from trainfast.kernels.chunked_cross_entropy import chunked_cross_entropy
+
+    hidden, weight, targets = _head(10, 30, 8, torch.float32)
+    with pytest.raises(ValueError, match="chunk_size"):
+        chunked_cross_entropy(hidden, weight, targets, 0)
+    with pytest.raises(ValueError, match=r"one width, got \(10, 8\) and \(30, 9\)"):
+        chunked_cross_entropy(hidden, torch.randn(30, 9), targets)
+    with pytest.raises(ValueError, match=r"targets must be int64 of shape \(10,\)"):
+        chunked_cross_entropy(hidden, weight, targets[:5])
+    with pytest.raises(ValueError, match="share a dtype and a device"):
+        chunked_cross_entropy(hidden, weight.double(), targets)
+
+
+# --- the matmul's launch order and its wave model ----------------------------------------------
+
+
+def test_program_tile_is_the_kernels_grouped_order():
+    """Each program gets one tile of C, every tile is computed once; group 1 is row by row, and
+    group 8 goes down 8 rows of tiles before moving right (the kernel's first lines)."""
+    from trainfast.kernels.tiled_matmul import MatmulTiles, program_tile
+
+    for group in (1, 3, 8):
+        tiles = MatmulTiles(32, 64, 32, group_m=group)
+        grid = [program_tile(pid, 300, 500, tiles) for pid in range(10 * 8)]  # 10 × 8 tiles
+        assert sorted(grid) == [(r, c) for r in range(10) for c in range(8)]
+    row_major = MatmulTiles(32, 64, 32, group_m=1)
+    assert [program_tile(pid, 300, 500, row_major) for pid in range(9)] == [
+        *((0, c) for c in range(8)),
+        (1, 0),
+    ]
+    grouped = MatmulTiles(32, 64, 32, group_m=8)
+    assert [program_tile(pid, 300, 500, grouped) for pid in (0, 1, 7, 8, 63, 64, 65)] == [
+        (0, 0),
+        (1, 0),
+        (7, 0),
+        (0, 1),
+        (7, 7),
+        (8, 0),
+        (9, 0),  # the last group has 2 rows
+    ]
+    with pytest.raises(ValueError, match="Invalid pid: 80"):
+        program_tile(80, 300, 500, grouped)
+
+
+def test_matmul_kernel_computes_every_tile_in_either_launch_order():
+    """The interpreted kernel with group 1 and group 3 (ragged: 5 rows of tiles) gives the same
+    product: the launch order changes which program computes a tile, not the result."""
+    from trainfast.kernels.tiled_matmul import MatmulTiles, matmul
+
+    a, b = torch.randn(150, 40), torch.randn(40, 70)
+    for group in (1, 3):
+        tiles = MatmulTiles(32, 32, 32, group_m=group, num_warps=4, num_stages=1)
+        torch.testing.assert_close(matmul(a, b, tiles=tiles), a @ b, atol=1e-4, rtol=1e-4)
+
+
+def test_wave_traffic_counts_the_strips_each_wave_touches():
+    """Brute force on a small grid, the bounds (A and B once ≤ waves ≤ no cache), and the
+    launch order's effect: a wave narrower than a row of tiles reads a new B strip per program
+    row by row, and far fewer grouped."""
+    from trainfast.kernels.tiled_matmul import (
+        MatmulTiles,
+        program_tile,
+        tile_traffic_bytes,
+        wave_traffic_bytes,
+    )
+
+    tiles = MatmulTiles(16, 32, 16, group_m=2)
+    m, n, k = 64, 128, 48  # 4 × 4 tiles
+    expected = 0
+    for start in range(0, 16, 5):  # waves of 5 programs
+        wave = [program_tile(p, m, n, tiles) for p in range(start, min(16, start + 5))]
+        expected += len({r for r, _ in wave}) * 16 + len({c for _, c in wave}) * 32
+    assert wave_traffic_bytes(m, n, k, tiles, 5, 2) == (expected * k + m * n) * 2
+    assert wave_traffic_bytes(m, n, k, tiles, 1, 2) == tile_traffic_bytes(m, n, k, tiles, 2)
+    assert wave_traffic_bytes(m, n, k, tiles, 16, 2) == (m * k + k * n + m * n) * 2
+    size, row_major, grouped = 32768, MatmulTiles(128, 256, 64, 1), MatmulTiles(128, 256, 64, 8)
+    assert wave_traffic_bytes(size, size, size, row_major, 132, 2) > 5 * wave_traffic_bytes(
+        size, size, size, grouped, 132, 2
+    )
+
+
+def test_launch_order_shows_first_at_32768_on_an_h100_and_not_on_an_h200():
+    """The wave model at the 4096³ rate the H100 record measured for these tiles (about 470
+    TFLOP/s, an input here): the two orders tie up to 16384³; at 32768³ the row-by-row order's
+    bytes bind on an H100 (3.35 TB/s) and not on an H200 (4.8 TB/s)."""
+    from trainfast.gpus import GPUS
+    from trainfast.kernels.matmul_benchmarks import launch_order_prediction
+    from trainfast.kernels.tiled_matmul import MatmulTiles
+
+    rate = 470e12
+    for name, slower_at_32768 in (("H100 SXM 80GB", True), ("H200 SXM 141GB", False)):
+        gpu = GPUS[name]
+        for size in (4096, 8192, 16384, 32768):
+            rates = [
+                launch_order_prediction(gpu, size, MatmulTiles(128, 256, 64, group), rate).value
+                for group in (1, 8)
+            ]
+            assert rates[1] == pytest.approx(rate / 1e12)
+            slower = rates[0] < 0.99 * rates[1]
+            assert slower == (slower_at_32768 and size == 32768), (name, size, rates)
+    at_peak = launch_order_prediction(
+        GPUS["H100 SXM 80GB"], 16384, MatmulTiles(128, 256, 64, 1), 989.4e12
+    )
+    assert at_peak.value < 0.9 * 989.4  # near the peak, 16384³ would show it already
+
+
+def test_a_one_stage_launch_is_described_without_a_plural_seam():
+    """The compile report's tile text reads "1 stage", not "1 stages" (the T4's and the copy's
+    launches have one stage), and keeps the plural otherwise."""
+    from trainfast.kernels.compile_report import _describe
+    from trainfast.kernels.elementwise import CopyTiles
+
+    one = CopyTiles(block_size=1024, num_warps=4, num_stages=1)
+    three = CopyTiles(block_size=1024, num_warps=4, num_stages=3)
+    assert _describe(one) == "1024, 4 warps, 1 stage"
+    assert _describe(three) == "1024, 4 warps, 3 stages"

@@ -189,7 +189,8 @@ def test_attention_sweep_prediction_counts_three_kernels_and_recomputation():
         attention_dkdv_tiles(H100, torch.bfloat16, head_dim).block_k,
         attention_dq_tiles(H100, torch.bfloat16, head_dim).block_q,
     )
-    assert blocks == (128, 64, 64)  # the launchers' tiles, not 64 rows for the forward too
+    # the launchers' tiles: 128 rows a program in all three kernels on sm_90 at head dim 128
+    assert blocks == (128, 128, 128)
     executed = 18 * seq * seq * head_dim  # forward 2 products, backward 7 (S and dP twice)
     streamed = sum(seq // block * 2 * seq * head_dim for block in blocks)
     # once each: forward Q, O; preprocessing O, dO; dK/dV kernel K, V, dK, dV; dQ kernel Q, dO, dQ

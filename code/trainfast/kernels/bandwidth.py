@@ -192,8 +192,9 @@ def strided_traffic_bytes(
 def strided_buffer_elements(
     largest_stride: int, last_cache_bytes: int, *, unit_bytes: int, element_bytes: int = 4
 ) -> int:
-    """The smallest power-of-two element count whose buffer exceeds twice ``last_cache_bytes``
-    and whose pass at ``largest_stride`` (the units it touches) does too, so that no pass of
+    """The smallest power-of-two element count whose buffer is at least twice
+    ``last_cache_bytes`` and whose pass at ``largest_stride`` (the units it touches) is too
+    (exactly twice for a power-of-two cache), so that no pass of
     :func:`strided_bandwidth` can be served from the previous one's cached units."""
     check_counts(largest_stride=largest_stride, last_cache_bytes=last_cache_bytes)
     check_counts(unit_bytes=unit_bytes, element_bytes=element_bytes)

@@ -362,8 +362,8 @@ def test_profile_steps_asks_for_the_gpu_kernels_on_cuda(monkeypatch, tmp_path):
 
 def test_the_chapter_profiles_on_its_device():
     """Without ``device=`` the profiler records no kernel on a GPU: every call must pass it."""
-    page = (ROOT / "book" / "profiling.md").read_text()
-    calls = page.split("profile_steps(")[1:]
+    pages = sorted((ROOT / "book" / "profiling").glob("*.md"))
+    calls = [call for page in pages for call in page.read_text().split("profile_steps(")[1:]]
     assert calls
     for call in calls:
         arguments = call[: call.index(")\n")]
@@ -1132,7 +1132,8 @@ def test_listings_show_no_restructuredtext_markup():
 
     markup = re.compile(r":(func|meth|class|data|mod|attr|math|obj):`|``")
     found = []
-    for block in chapters.blocks(chapters.chapter_path("profiling").read_text()):
+    text = "\n".join(chapters.chapter_path(p).read_text() for p in chapters.pages_of("profiling"))
+    for block in chapters.blocks(text):
         if block.directive == "literalinclude":
             found += [
                 f"{block.options['pyobject']}: {line.strip()}"

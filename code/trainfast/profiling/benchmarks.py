@@ -311,17 +311,22 @@ def gpu_bound_case_study_record(device: torch.device, quick: bool = False) -> Re
     else:
         total = torch.cuda.get_device_properties(device).total_memory
         config = GpuBoundConfig.for_memory(total)
+    import gc
+
     sizes = dict(steps_per_sample=1 if quick else 2, rounds=4 if quick else 5)
+    rows = None
     for attempt in range(3):
         try:
             rows = compare_gpu_bound(gpu_bound_chain(), config, device, **sizes)
-            break
         except torch.cuda.OutOfMemoryError:  # the baseline did not fit: a smaller batch
             if attempt == 2:
                 raise
-            torch.cuda.empty_cache()
-            shape = config.shape
-            config = replace(config, shape=replace(shape, batch_size=shape.batch_size * 4 // 5))
+        if rows is not None:
+            break
+        gc.collect()  # outside the except block: its traceback no longer holds the tensors
+        torch.cuda.empty_cache()
+        shape = config.shape
+        config = replace(config, shape=replace(shape, batch_size=shape.batch_size * 4 // 5))
     for row in rows:
         row.pop("curve")
     shape = config.shape

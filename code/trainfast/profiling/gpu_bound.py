@@ -230,7 +230,8 @@ def padded_copy(model: Transformer, vocab_size: int) -> Transformer:
     and the head's new rows zero (no token uses the embedding's; the head's give logits of 0,
     which take a share of the softmax that training pushes down)."""
     shape = replace(model.shape, vocab_size=vocab_size)
-    padded = Transformer(shape, attention=model.blocks[0].attn.attention)
+    with next(model.parameters()).device:
+        padded = Transformer(shape, attention=model.blocks[0].attn.attention)
     state = model.state_dict()
     for name, tensor in padded.state_dict().items():
         source = state[name]
@@ -253,10 +254,11 @@ class GpuBoundStudy:
     ) -> None:
         self.device, self.fixes, self.config = torch.device(device), fixes, config
         torch.manual_seed(config.seed)
-        model = Transformer(config.shape, attention="sdpa" if fixes.sdpa else "manual")
-        if fixes.padded_vocab:
-            model = padded_copy(model, config.shape_for(fixes).vocab_size)
-        self.model = model.to(self.device)
+        with self.device:  # initialised where it trains: the same weights in every run
+            model = Transformer(config.shape, attention="sdpa" if fixes.sdpa else "manual")
+            if fixes.padded_vocab:
+                model = padded_copy(model, config.shape_for(fixes).vocab_size)
+        self.model = model.to(self.device)  # and the rotary angles, which are made on the CPU
         self.loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = model.loss
         if fixes.compile:
             self.loss_fn = torch.compile(model.loss, backend=config.compile_backend)

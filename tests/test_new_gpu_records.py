@@ -380,7 +380,6 @@ def read_copy_compute_overlap(record: Record) -> None:
 
 def read_gpu_bound_case_study(record: Record) -> None:
     import matplotlib
-
     from trainfast.profiling.gpu_bound import predicted_chain, record_shape
     from trainfast.profiling.plots import plot_waterfall
 

@@ -94,8 +94,11 @@ def test_link_speedups_draw_each_chains_own_links_and_pale_the_noise():
     measured = [
         {"variant": "baseline", "step_ms": 10.0, "samples_ms": noisy},
         {"variant": "+ a", "step_ms": 5.0, "samples_ms": [t / 2 for t in noisy]},
-        {"variant": "+ b", "step_ms": 4.9, "samples_ms": [t / 2 + 0.1 * (-1) ** i
-                                                          for i, t in enumerate(noisy)]},
+        {
+            "variant": "+ b",
+            "step_ms": 4.9,
+            "samples_ms": [t / 2 + 0.1 * (-1) ** i for i, t in enumerate(noisy)],
+        },
     ]
     predicted = [{"variant": "baseline", "step_ms": 8.0}, {"variant": "+ c", "step_ms": 2.0}]
     ax = plot_link_speedups([("one", measured, False), ("two", predicted, True)])

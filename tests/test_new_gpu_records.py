@@ -380,11 +380,13 @@ def read_copy_compute_overlap(record: Record) -> None:
 
 def read_gpu_bound_case_study(record: Record) -> None:
     import matplotlib
-    from trainfast.profiling.gpu_bound import predicted_chain, record_shape
+    from trainfast.profiling.gpu_bound import predicted_chain, read_measurement, record_shape
     from trainfast.profiling.plots import plot_waterfall
 
-    predicted = predicted_chain(record_shape(record), _spec(record))
+    spec = _spec(record)
+    predicted = predicted_chain(record_shape(record), spec)
     assert [row["variant"] for row in predicted] == [row["variant"] for row in record.rows]
+    assert "predicted ×" in read_measurement(record, predicted, spec)
     matplotlib.use("Agg")
     plot_waterfall(record.rows)
     to_markdown(record, columns=["variant", "step_ms", "speedup", "peak_gb"])

@@ -1585,3 +1585,62 @@ def test_the_gpu_bound_study_runs_quick_on_a_cpu_and_every_fix_keeps_the_loss():
     assert "gpu-bound-case-study" in CUDA_ONLY
     with pytest.raises(ValueError, match="needs a CUDA device at full size"):
         run_benchmark("gpu-bound-case-study", torch.device("cpu"), quick=False)
+
+
+def _gpu_bound_record(rows):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(name="gpu-bound-case-study", device_name="NVIDIA H200", rows=rows)
+
+
+def _gpu_bound_row(variant, samples, deviation=0.0, tolerance=0.01):
+    return {
+        "variant": variant,
+        "step_ms": statistics.median(samples),
+        "samples_ms": samples,
+        "loss_deviation": deviation,
+        "tolerance": tolerance,
+        "model_flops": 1.0e14,
+    }
+
+
+def test_read_measurement_sets_each_measured_link_beside_its_prediction():
+    """Each link with its measured ratio, the rank-sum verdict where it is within the noise, its
+    prediction; the MFU on the record's GPU; the runs whose loss strayed, named."""
+    from trainfast.gpus import GPUS
+    from trainfast.profiling.gpu_bound import read_measurement
+
+    rows = [
+        _gpu_bound_row("baseline", [1400.0, 1410.0, 1390.0, 1405.0, 1395.0]),
+        _gpu_bound_row("+ bf16", [280.0, 282.0, 279.0, 281.0, 283.0]),
+        _gpu_bound_row("+ fused_optimizer", [281.0, 279.0, 282.0, 280.0, 283.0], 0.05),
+    ]
+    predicted = [
+        {"variant": "baseline", "link": 1.0, "predicted_ms": 1385.0},
+        {"variant": "+ bf16", "link": 5.17, "predicted_ms": 268.0},
+        {"variant": "+ fused_optimizer", "link": 1.004, "predicted_ms": 267.0},
+    ]
+    spec = GPUS["H200 SXM 141GB"]
+    text = read_measurement(_gpu_bound_record(rows), predicted, spec)
+    assert "`+ bf16` ×4.98 (predicted ×5.17)" in text
+    assert "`+ fused_optimizer` ×1.00 (within the noise, predicted ×1.00)" in text
+    assert "from 1400 ms to 281 ms against a predicted 267 ms" in text
+    mfu = 1.0e14 / 0.281 / 989.4e12  # the H200's dense bf16 peak, the H100's
+    assert f", {100 * mfu:.0f}% MFU." in text
+    assert "Beyond their loss tolerance: `+ fused_optimizer` (at most 5.00% " in text
+    assert "no datasheet" not in text
+
+
+def test_read_measurement_of_an_unlisted_gpu_sets_no_prediction_and_needs_two_rows():
+    from trainfast.profiling.gpu_bound import read_measurement
+
+    rows = [
+        _gpu_bound_row("baseline", [10.0, 11.0, 12.0, 10.5, 11.5]),
+        _gpu_bound_row("+ bf16", [5.0, 5.5, 6.0, 5.2, 5.8]),
+    ]
+    text = read_measurement(_gpu_bound_record(rows))
+    assert "`+ bf16` ×2.00." in text and "predicted" not in text and "MFU" not in text
+    assert "no datasheet of this GPU" in text
+    assert "Every run kept the baseline's loss within its tolerance." in text
+    with pytest.raises(ValueError, match="has 1 rows"):
+        read_measurement(_gpu_bound_record(rows[:1]))

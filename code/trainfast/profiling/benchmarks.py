@@ -297,7 +297,12 @@ def gpu_bound_case_study_record(device: torch.device, quick: bool = False) -> Re
     was too large for what this GPU holds), the batch shrinks by a fifth and the study starts
     again, at most twice; the record's description says which batch ran.
     """
-    from trainfast.profiling.gpu_bound import GpuBoundConfig, compare_gpu_bound, gpu_bound_chain
+    from trainfast.profiling.gpu_bound import (
+        GPU_TIMING,
+        GpuBoundConfig,
+        compare_gpu_bound,
+        gpu_bound_chain,
+    )
 
     if quick:
         config = GpuBoundConfig.quick()
@@ -313,7 +318,7 @@ def gpu_bound_case_study_record(device: torch.device, quick: bool = False) -> Re
         config = GpuBoundConfig.for_memory(total)
     import gc
 
-    sizes = dict(steps_per_sample=1 if quick else 2, rounds=4 if quick else 5)
+    sizes = dict(steps_per_sample=1, rounds=4) if quick else dict(GPU_TIMING)
     rows = None
     for attempt in range(3):
         try:

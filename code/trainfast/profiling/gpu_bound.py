@@ -37,7 +37,7 @@ study covers.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
@@ -64,6 +64,7 @@ from trainfast.validation import check_int, check_number
 
 __all__ = [
     "GPU_BOUND_FIXES",
+    "GPU_TIMING",
     "VOCAB_MULTIPLE",
     "GpuBoundConfig",
     "GpuBoundFixes",
@@ -75,12 +76,18 @@ __all__ = [
     "padded_copy",
     "padded_vocab_size",
     "predicted_chain",
+    "read_measurement",
     "record_shape",
     "text_batches",
 ]
 
 #: The fixes in the order the study switches them on.
 GPU_BOUND_FIXES = ("bf16", "sdpa", "fused_optimizer", "padded_vocab", "compile")
+
+#: How the benchmark times each run on a GPU (:func:`compare_gpu_bound`'s arguments): after a
+#: first step timed on its own (it includes compiling), one untimed sample, then five samples of
+#: two steps each: 13 steps a run, 78 for the chain.
+GPU_TIMING: dict[str, int] = {"steps_per_sample": 2, "rounds": 5, "warmup_samples": 1}
 
 #: nanoGPT pads GPT-2's 50,257 tokens to 50,304, the next multiple of 64.
 VOCAB_MULTIPLE = 64
@@ -429,3 +436,57 @@ def predicted_chain(
             }
         )
     return rows
+
+
+def read_measurement(
+    record: Any,
+    predicted: Sequence[Mapping[str, Any]] | None = None,
+    spec: GPUSpec | None = None,
+    alpha: float = 0.05,
+) -> str:
+    """What a ``gpu-bound-case-study`` record says, as sentences a page can show: each link (the
+    run before it over the run with it) with its rank-sum verdict on the record's samples
+    (:func:`~trainfast.profiling.plots.fix_verdict`), beside its prediction where ``predicted``
+    (:func:`predicted_chain`'s rows for the record's own GPU and batch) has the variant; the
+    whole step, and its MFU on ``spec``'s dense bf16 peak where ``spec`` (the record's GPU) is
+    given; and the runs whose loss left their tolerance. With neither ``predicted`` nor ``spec``
+    (a GPU the book has no datasheet of) it says that no prediction is set beside the record.
+    """
+    from trainfast.profiling.plots import fix_verdict
+
+    rows = list(record.rows)
+    if len(rows) < 2:
+        raise ValueError(f"Record {record.name!r} has {len(rows)} rows (need a baseline and a fix)")
+    expected = {str(row["variant"]): row for row in predicted or []}
+    links = []
+    for before, after in zip(rows, rows[1:], strict=False):
+        text = f"`{after['variant']}` ×{before['step_ms'] / after['step_ms']:.2f}"
+        notes = []
+        if fix_verdict(before, after, alpha) == "noise":
+            notes.append("within the noise")
+        if after["variant"] in expected:
+            notes.append(f"predicted ×{expected[after['variant']]['link']:.2f}")
+        links.append(text + (f" ({', '.join(notes)})" if notes else ""))
+    first, last = rows[0], rows[-1]
+    text = (
+        f"On the {record.device_name} the links measured {', '.join(links)}. The step went "
+        f"from {first['step_ms']:.0f} ms to {last['step_ms']:.0f} ms"
+    )
+    if last["variant"] in expected:
+        text += f" against a predicted {expected[last['variant']]['predicted_ms']:.0f} ms"
+    if spec is not None:
+        mfu = model_flops_utilization(
+            float(last["model_flops"]), last["step_ms"] / 1e3, mfu_peak_flops(spec)
+        )
+        text += f", {100 * mfu:.0f}% MFU"
+    text += "."
+    if not expected and spec is None:
+        text += " The book has no datasheet of this GPU, so it sets no prediction beside it."
+    strays = [row for row in rows if row["loss_deviation"] > row["tolerance"]]
+    if strays:
+        worst = max(row["loss_deviation"] for row in strays)
+        names = ", ".join(f"`{row['variant']}`" for row in strays)
+        text += f" Beyond their loss tolerance: {names} (at most {worst:.2%} from the baseline)."
+    else:
+        text += " Every run kept the baseline's loss within its tolerance."
+    return text

@@ -33,7 +33,7 @@ import torch
 from trainfast.gpus import GPUSpec
 from trainfast.records import Record
 from trainfast.timing import benchmark_side_by_side
-from trainfast.validation import check_positive_number
+from trainfast.validation import check_instance, check_int, check_positive_number
 
 __all__ = [
     "CudaPrefetcher",
@@ -55,8 +55,8 @@ def host_to_device_seconds(nbytes: int, gpu: GPUSpec, *, bytes_per_s: float | No
     slower than the datasheet's bandwidth, so the datasheet's time is the shortest a copy
     can take, not the time it takes.
     """
-    if nbytes < 0:
-        raise ValueError(f"Invalid nbytes: {nbytes} (need at least 0)")
+    check_int("nbytes", nbytes, minimum=0)
+    check_instance("gpu", gpu, GPUSpec, hint="trainfast.gpus.GPUS holds one per GPU")
     if bytes_per_s is not None:
         check_positive_number("bytes_per_s", bytes_per_s)
         return nbytes / bytes_per_s
@@ -75,8 +75,7 @@ def prefetch_saving_seconds(
     bandwidth the copy really runs at: at the datasheet's (the default) the copy is predicted
     shorter than it is, and a measured saving can exceed the prediction.
     """
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"Invalid steps: {steps!r} (need an int of at least 1)")
+    check_int("steps", steps, minimum=1)
     return (steps - 1) / steps * host_to_device_seconds(nbytes, gpu, bytes_per_s=bytes_per_s)
 
 

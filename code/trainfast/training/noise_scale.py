@@ -29,6 +29,8 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
+from trainfast.validation import check_counts, check_int
+
 __all__ = ["NoiseScale", "gradient_noise_scale"]
 
 
@@ -69,10 +71,8 @@ def gradient_noise_scale(
     ``batches`` pairs of gradients: one on a random batch of ``big`` examples, one on the first
     ``small`` of them (McCandlish et al., 2018, Appendix A). The model is left unchanged, in
     eval mode for the estimate (no dropout noise) and then restored; gradients are cleared."""
-    if not 1 <= small < big:
-        raise ValueError(
-            f"Invalid batch sizes: small={small}, big={big} (expected 1 <= small < big)"
-        )
+    check_counts(small=small, batches=batches)
+    check_int("big", big, minimum=small + 1)  # the two batch sizes must differ
     n_examples = len(dataset)  # type: ignore[arg-type]
     if big > n_examples:
         raise ValueError(f"Invalid big={big}: the data set has only {n_examples} examples")

@@ -378,6 +378,20 @@ def read_copy_compute_overlap(record: Record) -> None:
     _figure(record, "prefetch saving", "ms", lambda r: 0.01, prediction)
 
 
+def read_gpu_bound_case_study(record: Record) -> None:
+    import matplotlib
+    from trainfast.profiling.gpu_bound import predicted_chain, read_measurement, record_shape
+    from trainfast.profiling.plots import plot_waterfall
+
+    spec = _spec(record)
+    predicted = predicted_chain(record_shape(record), spec)
+    assert [row["variant"] for row in predicted] == [row["variant"] for row in record.rows]
+    assert "predicted ×" in read_measurement(record, predicted, spec)
+    matplotlib.use("Agg")
+    plot_waterfall(record.rows)
+    to_markdown(record, columns=["variant", "step_ms", "speedup", "peak_gb"])
+
+
 def read_scaling_study(record: Record) -> None:
     from trainfast.training.scaling import ScalingRun, compute_frontier
 
@@ -425,6 +439,7 @@ READERS = {
     "compile-time": read_rendered,
     "compile-by-width": read_compile_by_width,
     "copy-compute-overlap": read_copy_compute_overlap,
+    "gpu-bound-case-study": read_gpu_bound_case_study,
     "scaling-study": read_scaling_study,
     "speedrun": read_speedrun,
 }

@@ -68,3 +68,44 @@ def test_the_waterfall_colours_a_fix_by_the_sign_tests_verdict():
     assert colors[2] == to_rgb(VERDICT_COLORS["noise"])  # faster median, but within the noise
     labels = {t.get_text(): t.xy[1] for t in ax.texts}
     assert labels["×1.01"] > 8.7 + 0.3  # above the error bar's cap, not through it
+
+
+def test_a_predicted_waterfall_is_hatched_has_no_spread_and_says_so():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from trainfast.profiling.plots import plot_waterfall
+
+    rows = [{"variant": "baseline", "step_ms": 10.0}, {"variant": "+ a", "step_ms": 5.0}]
+    ax = plot_waterfall(rows, predicted=True)
+    assert all(patch.get_hatch() == "//" for patch in ax.patches)
+    assert not ax.collections  # no error bars: a prediction has no spread
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "fix: predicted faster" in labels and not any("rank-sum" in label for label in labels)
+
+
+def test_link_speedups_draw_each_chains_own_links_and_pale_the_noise():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from trainfast.profiling.plots import plot_link_speedups
+
+    noisy = [10.0, 10.2, 9.9, 10.1, 10.3]
+    measured = [
+        {"variant": "baseline", "step_ms": 10.0, "samples_ms": noisy},
+        {"variant": "+ a", "step_ms": 5.0, "samples_ms": [t / 2 for t in noisy]},
+        {
+            "variant": "+ b",
+            "step_ms": 4.9,
+            "samples_ms": [t / 2 + 0.1 * (-1) ** i for i, t in enumerate(noisy)],
+        },
+    ]
+    predicted = [{"variant": "baseline", "step_ms": 8.0}, {"variant": "+ c", "step_ms": 2.0}]
+    ax = plot_link_speedups([("one", measured, False), ("two", predicted, True)])
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["a", "b", "c"]
+    widths = sorted(round(p.get_width(), 3) for p in ax.patches)
+    assert widths == sorted([round(2.0 - 1, 3), round(5.0 / 4.9 - 1, 3), 3.0])
+    alphas = {round(p.get_width(), 3): p.get_alpha() for p in ax.patches}
+    assert alphas[round(5.0 / 4.9 - 1, 3)] == 0.35  # within the noise: pale
+    with pytest.raises(ValueError, match="nothing to draw"):
+        plot_link_speedups([])

@@ -47,6 +47,7 @@ from trainfast.profiling.benchmarks import (
     compile_by_width_record,
     compile_time_record,
     copy_compute_overlap_record,
+    gpu_bound_case_study_record,
     launch_overhead_record,
     timing_pitfalls_record,
 )
@@ -99,6 +100,7 @@ BENCHMARKS: dict[str, Benchmark] = {
     "compile-time": compile_time_record,
     "compile-by-width": compile_by_width_record,
     "copy-compute-overlap": copy_compute_overlap_record,
+    "gpu-bound-case-study": gpu_bound_case_study_record,
     "scaling-study": scaling_study_record,
     "speedrun": speedrun_record,
 }
@@ -139,7 +141,7 @@ def not_on_this_gpu(name: str, device: torch.device) -> str | None:
 
 #: Benchmarks that measure something only a CUDA device has (a side stream's overlap); a run of
 #: the whole table on another device skips them, and naming one there is an error.
-CUDA_ONLY = frozenset({"copy-compute-overlap"})
+CUDA_ONLY = frozenset({"copy-compute-overlap", "gpu-bound-case-study"})
 
 
 def output_folder_problem(out: str) -> str | None:

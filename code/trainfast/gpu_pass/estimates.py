@@ -71,6 +71,13 @@ ESTIMATES: dict[str, Estimate] = {
     "measure:copy-compute-overlap": Estimate(77, f"{_GAP} (may include a killed step)"),
     "measure:profiling-case-study": Estimate(75, _CASE),
     "measure:scaling-study": Estimate(98, _CASE),
+    "measure:gpu-bound-case-study": Estimate(
+        100,
+        "issue 47's sizing, an estimate, not a timing: 78 steps at the H200's predicted step "
+        "times (31 s at batch 53), a cold Inductor compile of GPT-2 small's step (about 45 s, "
+        "three times the case study's 12 s on the H100 for three times the layers), a process "
+        "start and the models' builds",
+    ),
     "measure:speedrun": Estimate(360, "issue 50: the speedrun's GPU log, sized to about 6 min"),
     "measure": Estimate(
         58,

@@ -33,7 +33,6 @@ ONE_PAGE_CHAPTER_BUDGET_CPU_SECONDS = {
     "memory_hierarchy": 240,
     "profiling": 150,
     "parallelism": 150,
-    "speedrun": 150,
 }
 
 

@@ -437,8 +437,8 @@ PROSE_CONSTANTS: dict[str, set[str]] = {
     ),
     "optimizers": {"0", "0.1", "0.95", "1", "2", "4", "8", "20", "30", "50", "64", "95", "256"},
     "parallelism": set(
-        "0 1 2 3 4 6 8 12 16 25 34 38 41 43 47 50 80 148 400 0.01 1.5 2,048 2,304 8,192 "
-        "2019 2020 2021 2.2.2 4.2.3".split()
+        "0 1 2 3 4 5 8 16 25 34 41 64 80 148 200 256 400 0.01 1.5 2,048 2,304 8,192 "
+        "2.2.2 3.3.2 4.2.3".split()
     ),
     "profiling": {"1", "2", "3", "4", "5", "6", "7", "8", "64", "256", "3.14"},
     # the NanoGPT speedrun's published rules (KellerJordan/modded-nanogpt, README: 3.28 validation

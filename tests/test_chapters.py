@@ -32,7 +32,6 @@ ONE_PAGE_CHAPTER_BUDGET_CPU_SECONDS = {
     "mixed_precision": 150,
     "memory_hierarchy": 240,
     "profiling": 150,
-    "parallelism": 150,
 }
 
 

@@ -71,15 +71,10 @@ from trainfast.transformer_shape import Attention as Attention
 from trainfast.transformer_shape import TransformerShape as TransformerShape
 from trainfast.validation import check_instance, check_int
 
+# the shape's names are re-exported above and documented where they live (transformer_shape)
 __all__ = [
-    "MLP_KINDS",
-    "NORMS",
-    "POSITIONS",
-    "PRESET_SHAPES",
-    "Attention",
     "Transformer",
     "TransformerBlock",
-    "TransformerShape",
     "random_batch",
 ]
 

@@ -16,7 +16,11 @@ not shrink the bubble, it shrinks the memory.
 * Interleaved 1F1B (Narayanan et al., 2021, "Efficient Large-Scale Language Model Training on
   GPU Clusters", Section 2.2.2): each rank holds ``v`` non-consecutive chunks of layers (virtual
   stages ``r, r + p, ..., r + (v - 1) p``), so the pipeline fills ``v`` times faster: the bubble
-  is ``(p - 1) / (v m)`` of the ideal time, at the price of ``v`` times more messages.
+  is ``(p - 1) / (v m)`` of the ideal time. The price is messages: a rank in the middle sends
+  ``2 v m`` a step instead of ``2 m`` (``v`` times as many, each as large), and the pipeline as a
+  whole ``2 (v p - 1) m`` instead of ``2 (p - 1) m``, since a micro-batch crosses ``v p - 1``
+  boundaries instead of ``p - 1``: ``(v p - 1) / (p - 1)`` times as many, a little more than
+  ``v`` (the chapter counts the pipeline's).
 
 The schedules are pure functions; :func:`simulate` times them with fixed op costs, and
 :func:`pipeline_worker` runs them for real, one rank per stage (``v`` chunks per rank when

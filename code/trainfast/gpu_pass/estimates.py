@@ -118,7 +118,9 @@ def recorded_estimates(directory: Path) -> dict[str, Estimate]:
     left out."""
     from trainfast.records import records_for
 
-    newest = {}
+    newest: dict[str, Estimate] = {}
+    if not Path(directory).is_dir():  # a folder not made yet holds no pass record
+        return newest
     for record in sorted(records_for("gpu-pass", "cuda", directory), key=lambda r: r.created):
         source = f"gpu-pass record, {record.device_name}, {record.created[:10]}"
         for row in record.rows:

@@ -29,7 +29,6 @@ PAGE_BUDGET_CPU_SECONDS = 60
 #: this table when it becomes a folder: its pages then get the page budget.
 ONE_PAGE_CHAPTER_BUDGET_CPU_SECONDS = {
     "hyperparameters": 150,
-    "speedrun": 150,
 }
 
 

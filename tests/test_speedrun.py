@@ -371,12 +371,12 @@ def test_data_parallel_trains_the_same_model_over_two_processes(data):
 def test_the_embedding_lr_moves_the_embedding_alone(optimizer):
     """With ``embedding_lr`` the token table is in a group of its own at that lr, under AdamW
     and under Muon (on AdamW's side); every other parameter keeps its group and lr."""
-    from trainfast.speedrun.harness import _optimizer
+    from trainfast.speedrun.harness import make_optimizer
 
     config = _config(optimizer=optimizer, muon_ns_dtype="float32")
     model = Transformer(config.shape)
-    before = _optimizer(config, model).param_groups
-    after = _optimizer(replace(config, embedding_lr=0.5), model).param_groups
+    before = make_optimizer(config, model).param_groups
+    after = make_optimizer(replace(config, embedding_lr=0.5), model).param_groups
     embedding = model.token_embedding.weight
 
     def lr_of(groups):
@@ -688,14 +688,17 @@ _TIME = {"RoPE": 0.8, "untied head": 1.1, "Muon": 0.7, "SDPA": 1.05, "torch.comp
 _TOKENS = {"RoPE": 0.8, "Muon": 0.5, "untied head": 1.0}
 
 
-def _planted(calls):
+def _planted(calls, times=None, token_factors=None):
+    times = _TIME if times is None else times
+    token_factors = _TOKENS if token_factors is None else token_factors
+
     def run(config, data, target, *, seed, device=None, progress=None, split="validation"):
         calls.append((config.name, seed, split))
         seconds, tokens = 10.0, 10_000.0
         for change in log_module.LOG:  # the product of the factors of the changes it holds
             if change.apply(config, name=config.name) == config:
-                seconds *= _TIME.get(change.name, 1.0)
-                tokens *= _TOKENS.get(change.name, 1.0)
+                seconds *= times.get(change.name, 1.0)
+                tokens *= token_factors.get(change.name, 1.0)
         seconds *= 1 + 0.01 * ((seed * 7) % 5)  # a little noise, the same for every entry
         result = RunResult(config.name, seed, True, seconds, 0.1, 10, int(tokens), 5.0)
         result.split, result.threads = split, 1
@@ -1089,34 +1092,371 @@ def test_each_exercise_check_passes_the_right_answer(capsys):
     assert "FAILED" not in capsys.readouterr().out
 
 
+# ------------------------------------------------------------ reading a record, the profile
+def _study_record(monkeypatch, times=None, tokens=None):
+    """A planted study of the ``tiny`` preset, through the real ``run_log``."""
+    from trainfast.speedrun import study as study_module
+
+    monkeypatch.setattr(study_module, "run_to_target", _planted([], times, tokens))
+    return run_log(log_module.preset("tiny"), progress=None, skip=())
+
+
+def test_the_chapter_finds_this_editions_record_and_says_how_to_make_one(monkeypatch, tmp_path):
+    from trainfast.records import records_for, write_record
+    from trainfast.speedrun.reading import RECORDS_VARIABLE, find_study_record, study_record
+
+    with pytest.raises(ValueError, match="make measure ONLY=speedrun"):
+        study_record(tmp_path)
+    assert find_study_record(tmp_path) is None  # a page then says what will be measured
+    first_edition = [r for r in records_for(RECORD_NAME, "cpu") if "block" not in r.columns]
+    for record in first_edition:  # a first edition's record is not this edition's
+        write_record(record, tmp_path)
+    with pytest.raises(ValueError, match=RECORDS_VARIABLE):
+        study_record(tmp_path)
+    record = _study_record(monkeypatch)
+    other = tmp_path / "other"
+    write_record(record, other)
+    assert study_record(other).rows == record.rows == find_study_record(other).rows
+    monkeypatch.setenv(RECORDS_VARIABLE, str(other))
+    assert study_record().rows == record.rows  # the variable points the chapter elsewhere
+
+
+def test_the_waterfall_multiplies_the_kept_changes_factors_from_the_baseline(monkeypatch):
+    from trainfast.speedrun.reading import log_readings, waterfall
+
+    record = _study_record(monkeypatch)
+    readings = log_readings(record)
+    steps = waterfall(record)
+    kept = [b for b in readings if b.decision.kept]
+    assert [s.name for s in steps] == [b.after.entry for b in kept] == [
+        "RoPE", "Muon", "torch.compile"
+    ]  # fmt: skip
+    assert steps[0].before_seconds == readings[0].before.median_seconds  # the baseline's
+    for before, after in zip(steps, steps[1:], strict=False):
+        assert after.before_seconds == pytest.approx(before.after_seconds)
+    muon = steps[1]
+    assert muon.kind == "learning" and muon.token_ratio == pytest.approx(2.0)
+    assert muon.after_tokens_seconds == pytest.approx(muon.before_seconds / 2.0)
+    assert steps[2].kind == "systems" and steps[2].token_ratio == 1
+    product = math.prod(s.token_ratio * s.throughput_ratio for s in steps)
+    assert steps[-1].after_seconds == pytest.approx(steps[0].before_seconds / product)
+
+
+def test_the_first_editions_waterfall_chains_its_kept_changes_to_its_final_entry(monkeypatch):
+    """Until this edition's record is committed, the chapter's opening figure draws the first
+    edition's: its kept changes' factors multiply from the baseline's median to the final's."""
+    from trainfast.records import records_for
+    from trainfast.speedrun.first_edition import summarize
+    from trainfast.speedrun.reading import first_edition_waterfall
+
+    (record,) = [r for r in records_for(RECORD_NAME, "cpu") if "block" not in r.columns]
+    summaries = {s.entry: s for s in summarize(record)}
+    steps = first_edition_waterfall(record)
+    kept = [s.entry for s in summaries.values() if s.part == "log" and s.kept]
+    assert [s.name for s in steps] == kept and kept[-1] == "data parallel"
+    assert steps[0].before_seconds == summaries["baseline"].median_seconds
+    assert steps[-1].after_seconds == pytest.approx(summaries["data parallel"].median_seconds)
+    rope = steps[0]  # 102,400 tokens to the target, then 61,440 with RoPE
+    assert rope.kind == "learning" and rope.token_ratio == pytest.approx(102_400 / 61_440)
+    assert steps[-1].kind == "systems" and steps[-1].token_ratio == 1
+    with pytest.raises(ValueError, match="of this edition"):
+        first_edition_waterfall(_study_record(monkeypatch))
+
+
+def test_the_headline_is_read_seed_by_seed_from_the_validation_block(monkeypatch):
+    from trainfast.speedrun.reading import (
+        ablation_readings,
+        references_of,
+        seed_ratios,
+        validation_reading,
+    )
+
+    record = _study_record(monkeypatch)
+    final = validation_reading(record)
+    assert (final.before.entry, final.after.entry) == ("baseline", "torch.compile")
+    times = {
+        (r["entry"], r["seed"]): r["train_seconds"]
+        for r in record.rows
+        if r["part"] == "validation"
+    }
+    expected = [times["baseline", s] / times["torch.compile", s] for s in range(5)]
+    assert seed_ratios(record) == pytest.approx(expected)
+    assert [b.after.entry for b in ablation_readings(record)] == ["without RoPE", "without Muon"]
+    refs = references_of(record, "validation")
+    row = next(r for r in record.rows if r["split"] == "validation")
+    assert (refs.unigram, refs.bigram, refs.target) == (
+        row["unigram_loss"], row["bigram_loss"], row["target_loss"]
+    )  # fmt: skip
+    assert refs.fraction == pytest.approx(
+        (row["unigram_loss"] - row["target_loss"]) / (row["unigram_loss"] - row["bigram_loss"])
+    )
+    with pytest.raises(ValueError, match="Invalid split: 'test'"):
+        references_of(record, "test")
+
+
+def test_a_log_that_kept_nothing_has_no_headline_and_no_waterfall(monkeypatch):
+    from trainfast.speedrun.reading import seed_ratios, validation_reading, waterfall
+
+    record = _study_record(monkeypatch, times={}, tokens={})  # every change does nothing
+    assert not any(r["kept"] for r in record.rows)
+    assert validation_reading(record) is None and seed_ratios(record) == []
+    assert waterfall(record) == []
+    with pytest.raises(ValueError, match="no validation block"):
+        headline_of(record)
+
+
+def test_a_drifting_load_fakes_gains_in_a_blocked_order_and_not_in_an_interleaved_one():
+    from trainfast.speedrun.protocol import planted_false_keeps
+
+    rule = KeepRule()
+    assert planted_false_keeps(blocked, drift=0.0, studies=300, rule=rule) <= 0.1
+    falling_blocked = planted_false_keeps(blocked, drift=-0.01, studies=300, rule=rule)
+    falling_interleaved = planted_false_keeps(interleaved, drift=-0.01, studies=300, rule=rule)
+    assert falling_blocked > 0.5 and falling_interleaved < 0.1
+    assert planted_false_keeps(blocked, drift=0.01, studies=300, rule=rule) == 0  # rising: drops
+    with pytest.raises(ValueError, match="drift"):
+        planted_false_keeps(blocked, drift=-0.5)
+
+
+def test_the_evaluation_starts_are_where_the_windows_start():
+    from trainfast.speedrun.data import evaluation_starts
+
+    tokens = np.arange(5_001, dtype=np.uint16)
+    starts = evaluation_starts(len(tokens), 16, 16 * 40)
+    windows = evaluation_windows(tokens, 16, 16 * 40)
+    assert windows[:, 0].tolist() == starts.tolist()
+    with pytest.raises(ValueError, match="do not fit"):
+        evaluation_starts(100, 16, 16 * 40)
+
+
+def test_the_step_profile_splits_a_step_into_parts_and_kinds_of_operator():
+    from torch.utils.flop_counter import FlopCounterMode
+    from trainfast.speedrun.step_profile import (
+        KINDS,
+        PARTS,
+        StepBreakdown,
+        operator_kind,
+        profile_step,
+    )
+
+    config = _config(attention="manual")
+    breakdown = profile_step(config, steps=2)
+    assert set(breakdown.parts) == set(PARTS) and set(breakdown.kinds) == set(KINDS)
+    assert sum(breakdown.part_share(p) for p in PARTS) == pytest.approx(1)
+    assert sum(breakdown.kind_share(k) for k in KINDS) == pytest.approx(1)
+    assert all(breakdown.kinds[k] > 0 for k in KINDS) and breakdown.parts["optimizer"] > 0
+    # the dense layers' FLOPs are what torch counts for mm and addmm in a forward and backward
+    model = Transformer(config.shape)
+    tokens = torch.randint(0, config.shape.vocab_size, (config.shape.batch_size, 33))
+    with FlopCounterMode(display=False) as counter:
+        model.loss(tokens[:, :-1], tokens[:, 1:]).backward()
+    by_op = counter.get_flop_counts()["Global"]
+    dense = sum(v for op, v in by_op.items() if str(op).split(".")[1] in ("mm", "addmm"))
+    assert breakdown.linear_flops == dense
+    assert operator_kind("aten::addmm") == "linear" and operator_kind("aten::bmm") == "attention"
+    assert operator_kind("aten::_scaled_dot_product_flash_attention_for_cpu") == "attention"
+    assert operator_kind("aten::native_layer_norm") == "other" and operator_kind("forward") is None
+    assert StepBreakdown.amdahl(0.5) == 2 and StepBreakdown.amdahl(0.5, 2) == pytest.approx(4 / 3)
+    assert StepBreakdown.amdahl(0.0) == 1 and StepBreakdown.amdahl(1.0) == math.inf
+    with pytest.raises(ValueError, match="share"):
+        StepBreakdown.amdahl(1.5)
+    with pytest.raises(ValueError, match="Unknown part: 'data'"):
+        breakdown.part_share("data")
+    with pytest.raises(ValueError, match="Invalid config"):
+        profile_step("baseline")
+
+
+def test_the_bf16_calibration_is_the_models_own_line_against_a_measured_step():
+    from trainfast.records import records_for
+    from trainfast.speedrun.gpu import bf16_calibration
+
+    (record,) = [r for r in records_for("precision-step-time", "cuda") if "H100" in r.device_name]
+    measured = next(r["tokens_per_s"] for r in record.rows if r["recipe"] == "bf16 autocast")
+    from trainfast.distributed.step_time import TrainingSetup, estimate
+    from trainfast.precision.benchmarks import gpu_step_shape
+
+    shape = gpu_step_shape(False)
+    step = estimate(TrainingSetup(shape=shape, recipe="bf16 autocast", global_batch=8)).step_s
+    assert bf16_calibration(record) == pytest.approx(measured / (shape.tokens / step))
+    assert 0.2 < bf16_calibration(record) < 0.6  # the model is optimistic for bf16
+    no_bf16 = replace(record, rows=[r for r in record.rows if r["recipe"] != "bf16 autocast"])
+    with pytest.raises(ValueError, match="no 'bf16 autocast' row"):
+        bf16_calibration(no_bf16)
+
+
+def test_a_gpu_log_is_read_row_by_row_beside_its_own_gpus_prediction():
+    from trainfast.records import Record
+    from trainfast.speedrun.gpu import gpu_preset, gpu_rows, predict, read_gpu_log
+
+    spec = "H200 SXM 141GB"
+    planned = gpu_rows(gpu_preset(spec))
+    rows = []
+    for seed in range(3):
+        for i, entry in enumerate(planned):
+            seconds = 100.0 / (1 + 0.1 * i) * (1 + 0.01 * seed)
+            rows.append({
+                "part": "gpu", "block": 0, "entry": entry.name,
+                "compared_to": entry.compared_to or "", "kind": entry.kind, "seed": seed,
+                "split": "validation", "reached": True, "train_seconds": seconds,
+                "tokens": 1_000_000, "kept": None,
+            })  # fmt: skip
+    record = Record("speedrun", "", list(rows[0]), rows, {"device": "cuda"}, "", "")
+    readings = {r.entry: r for r in read_gpu_log(record, spec)}
+    assert list(readings) == [e.name for e in planned]
+    for entry in planned:
+        reading = readings[entry.name]
+        assert reading.predicted == predict(entry.config, spec)
+        assert reading.measured_tokens_per_second == pytest.approx(1e6 / reading.median_seconds)
+    assert math.isnan(readings["baseline"].time_ratio)
+    compiled = readings["torch.compile"]  # row 5, built on row 1: every seed faster
+    assert compiled.time_ratio == pytest.approx(1.5 / 1.1) and compiled.p_value == 0.05
+    bad = replace(record, rows=[{**r, "entry": "x" if r["entry"] == "SDPA" else r["entry"]}
+                                for r in rows])  # fmt: skip
+    with pytest.raises(ValueError, match="'x' is not a row of the GPU log"):
+        read_gpu_log(bad, spec)
+
+
 # ------------------------------------------------- the chapter and the first edition's record
+#: the chapter's section pages, in reading order
+PAGES = ["target", "harness", "rules", "log", "systems", "ablation", "gpu", "run_it"]
+
+
 def test_the_chapter_listings_resolve():
+    import book_site
     import chapters
 
     assert chapters.listing_problems("speedrun") == []
+    assert book_site.chapter_pages("speedrun") == [
+        "speedrun/index",
+        *(f"speedrun/{p}" for p in PAGES),
+    ]
+
+
+def _outputs(notebook) -> str:
+    """Everything the executed page shows or glues, as text."""
+    return "".join(
+        str(o.get("text", ""))
+        + "".join(str(v) for k, v in o.get("data", {}).items() if "image" not in k)  # fmt: skip
+        for cell in notebook.cells
+        if cell.cell_type == "code"
+        for o in cell.get("outputs", [])
+    )
 
 
 @pytest.mark.chapter
-def test_the_chapter_executes_and_renders_the_record():
+@pytest.mark.parametrize("page", PAGES)
+def test_each_page_executes_without_machine_paths(page):
     import chapters
 
-    notebook = chapters.executed_notebook("speedrun")
+    notebook = chapters.executed_notebook(f"speedrun/{page}")
     assert chapters.cell_errors(notebook) == []
-    text = "".join(
-        str(o.get("text", "")) + "".join(str(v) for v in o.get("data", {}).values())
-        for cell in notebook.cells
-        if cell.cell_type == "code"
-        for o in cell.outputs
-    )
-    assert "| baseline |" in text and "median time to target (s)" in text
-    assert "Predicted (book's model)" in text
-    assert "/work/" not in text and "/home/" not in text  # no machine paths
+    text = _outputs(notebook)
+    assert "/work/" not in text and "/home/" not in text and "/tmp/" not in text
 
 
-def test_the_first_editions_record_still_reads_as_the_chapter_reads_it():
-    """The chapter shows the record of 2026-11-26, which the first edition's log made; its
-    reader (trainfast.speedrun.first_edition) must still read it until the chapter renders a
-    record of the second edition."""
+#: what a page says in place of the study's results until its record is committed
+NOT_YET = "not in the book yet"
+
+
+@pytest.mark.chapter
+def test_the_log_page_renders_the_records_headline_and_every_block():
+    import chapters
+    from trainfast.speedrun.reading import find_study_record, log_readings, validation_reading
+
+    record = find_study_record()
+    text = _outputs(chapters.executed_notebook("speedrun/log"))
+    if record is None:  # the plan, and the first edition's waterfall as the opening figure
+        assert NOT_YET in text and "the first edition's log" in text
+        assert "| baseline |" not in text  # no table of a record that is not there
+        return
+    for reading in log_readings(record):
+        assert f"| {reading.after.entry} | {reading.after.kind} |" in text
+    if validation_reading(record) is not None:
+        assert headline_of(record).text() in text  # the headline as its interval rounds it
+    else:
+        assert "no headline" in text
+    assert "log_waterfall" in text or "Figure" in text
+
+
+@pytest.mark.chapter
+def test_the_target_page_places_the_records_target_between_its_count_models():
+    import chapters
+    from trainfast.speedrun.reading import find_study_record, references_of
+
+    record = find_study_record()
+    text = _outputs(chapters.executed_notebook("speedrun/target"))
+    if record is None:
+        assert NOT_YET in text and "nats/token) |" not in text
+        return
+    refs = references_of(record)
+    assert f"| validation split | {refs.unigram:.3f} | {refs.bigram:.3f} |" in text
+    assert f"{refs.fraction:.2f} |" in text
+
+
+@pytest.mark.chapter
+def test_the_systems_page_names_the_records_cpu_and_its_own():
+    import chapters
+    from trainfast.speedrun.machine import describe_cpu
+    from trainfast.speedrun.reading import find_study_record
+
+    record = find_study_record()
+    text = _outputs(chapters.executed_notebook("speedrun/systems"))
+    assert describe_cpu().text() in text
+    assert "| change | speeds up | its share here | the profile allows |" in text
+    if record is None:
+        assert NOT_YET in text and "ratio in the record" not in text
+    else:
+        assert record.rows[0]["cpu"] in text and "ratio in the record" in text
+
+
+@pytest.mark.chapter
+def test_the_ablation_page_reads_every_ablation_row():
+    import chapters
+    from trainfast.speedrun.reading import ablation_readings, find_study_record
+
+    record = find_study_record()
+    text = _outputs(chapters.executed_notebook("speedrun/ablation"))
+    if record is None:
+        assert NOT_YET in text
+        return
+    for reading in ablation_readings(record):
+        assert reading.after.entry.removeprefix("without ") in text
+
+
+@pytest.mark.chapter
+def test_the_gpu_page_labels_every_prediction_and_sizes_the_log_for_its_slot():
+    import chapters
+    from trainfast.speedrun.gpu import GPU_SLOT_SECONDS, gpu_preset, planned_seconds
+
+    text = _outputs(chapters.executed_notebook("speedrun/gpu"))
+    assert "predicted tokens/s (book's model)" in text and "step-time model" in text
+    for name in ("H200 SXM 141GB", "H100 SXM 80GB"):
+        assert f"| {name} |" in text
+        assert planned_seconds(gpu_preset(name), name) <= GPU_SLOT_SECONDS
+
+
+def test_the_chapter_trains_on_the_device_it_printed():
+    # on the H100 the chapter printed "device: cpu" and its live study, given no device, picked
+    # CUDA, where the final entry's two data-parallel processes need two GPUs
+    import ast
+
+    from chapters import read_chapter
+
+    calls = []
+    for page in PAGES:
+        for cell in read_chapter(f"speedrun/{page}").cells:
+            if cell.cell_type == "code":
+                for node in ast.walk(ast.parse(cell.source)):
+                    name = getattr(getattr(node, "func", None), "id", None)
+                    if name in {"run_study", "run_log", "run_to_target"}:
+                        calls.append((page, name, {k.arg for k in node.keywords}))
+    assert calls, "the chapter trains nothing live"
+    assert all("device" in keywords for _, _, keywords in calls), calls
+
+
+def test_the_first_editions_record_still_reads_as_its_reader_reads_it():
+    """The first edition's record of 2026-11-26 stays in book/records until this edition's
+    replaces it; its reader (trainfast.speedrun.first_edition) must still read it."""
     from trainfast.records import records_for
     from trainfast.speedrun import first_edition
 
@@ -1141,24 +1481,6 @@ def test_the_first_editions_record_still_reads_as_the_chapter_reads_it():
     # the review's reading of it: 14.04 s against 2.45 s
     assert summaries["baseline"].median_seconds == pytest.approx(14.04, abs=0.01)
     assert summaries[final].median_seconds == pytest.approx(2.45, abs=0.01)
-
-
-def test_the_chapter_trains_on_the_device_it_printed():
-    # on the H100 the chapter printed "device: cpu" and its live study, given no device, picked
-    # CUDA, where the final entry's two data-parallel processes need two GPUs
-    import ast
-
-    from chapters import read_chapter
-
-    calls = []
-    for cell in read_chapter("speedrun").cells:
-        if cell.cell_type == "code":
-            for node in ast.walk(ast.parse(cell.source)):
-                name = getattr(getattr(node, "func", None), "id", None)
-                if name in {"run_study", "run_log", "run_to_target"}:
-                    calls.append((name, {k.arg for k in node.keywords}))
-    assert calls, "the chapter trains nothing live"
-    assert all("device" in keywords for _, keywords in calls), calls
 
 
 def test_the_ablation_is_read_backwards_against_the_final_entry():

@@ -23,7 +23,7 @@
    ``:name:`` and ``:alt:`` does both: the intro opens with the speedrun chapter's figure::
 
        ```{glued-figure} log_waterfall
-       :doc: speedrun.md
+       :doc: speedrun/log.md
        :name: fig-intro-waterfall
        :alt: What the figure shows, in words.
 

@@ -50,6 +50,7 @@ __all__ = [
     "TokenStream",
     "batches",
     "corpus_files",
+    "evaluation_starts",
     "evaluation_windows",
     "prepare",
     "split_of",
@@ -315,15 +316,10 @@ def batches(
     raise ValueError(f"Invalid batch order: {order!r} (expected one of {BATCH_ORDERS})")
 
 
-def evaluation_windows(tokens: np.ndarray, seq_len: int, eval_tokens: int) -> torch.Tensor:
-    """``eval_tokens // seq_len`` windows of ``seq_len + 1`` tokens (inputs and the targets one
-    later), at evenly spaced starts from the first token of ``tokens`` to the last window that
-    fits: spread over the whole split, so that every part of it counts, unlike its first
-    ``eval_tokens`` tokens (a few files). ``ValueError`` if they would overlap (ask for fewer).
-
-    Returns an int64 tensor of shape ``(windows, seq_len + 1)``; the reference losses of
-    :mod:`trainfast.speedrun.references` and the harness's evaluation both read these windows.
-    """
+def evaluation_starts(length: int, seq_len: int, eval_tokens: int) -> np.ndarray:
+    """Where the ``eval_tokens // seq_len`` evaluation windows of a split of ``length`` tokens
+    start: evenly spaced from its first token to the last window (with its target) that fits.
+    ``ValueError`` if they would overlap (ask for fewer)."""
     check_positive("seq_len", seq_len)
     check_positive("eval_tokens", eval_tokens)
     count = eval_tokens // seq_len
@@ -331,11 +327,23 @@ def evaluation_windows(tokens: np.ndarray, seq_len: int, eval_tokens: int) -> to
         raise ValueError(
             f"Invalid eval_tokens: {eval_tokens} (fewer than one window of {seq_len} tokens)"
         )
-    last = len(tokens) - seq_len - 1  # the last start whose window (with its target) fits
+    last = length - seq_len - 1  # the last start whose window (with its target) fits
     if last < 0 or (count > 1 and last // (count - 1) < seq_len):
         raise ValueError(
             f"Invalid eval_tokens: {eval_tokens} ({count} windows of {seq_len} tokens do not "
-            f"fit without overlapping targets in a split of {len(tokens):,} tokens)"
+            f"fit without overlapping targets in a split of {length:,} tokens)"
         )
-    starts = np.arange(count) * last // max(count - 1, 1)  # 0, ..., last: at least seq_len apart
+    return np.arange(count) * last // max(count - 1, 1)  # 0, ..., last: at least seq_len apart
+
+
+def evaluation_windows(tokens: np.ndarray, seq_len: int, eval_tokens: int) -> torch.Tensor:
+    """``eval_tokens // seq_len`` windows of ``seq_len + 1`` tokens (inputs and the targets one
+    later), at the starts :func:`evaluation_starts` spreads over the whole split, so that every
+    part of it counts, unlike its first ``eval_tokens`` tokens (a few files). ``ValueError`` if
+    they would overlap (ask for fewer).
+
+    Returns an int64 tensor of shape ``(windows, seq_len + 1)``; the reference losses of
+    :mod:`trainfast.speedrun.references` and the harness's evaluation both read these windows.
+    """
+    starts = evaluation_starts(len(tokens), seq_len, eval_tokens)
     return _windows_at(tokens, starts, seq_len)

@@ -51,12 +51,15 @@ __all__ = [
     "GPU_SYSTEMS",
     "GPU_TARGET",
     "LADDER",
+    "GpuRowReading",
     "RowPrediction",
+    "bf16_calibration",
     "gpu_preset",
     "gpu_rows",
     "newton_schulz_flops",
     "planned_seconds",
     "predict",
+    "read_gpu_log",
     "run_gpu_log",
 ]
 
@@ -339,3 +342,75 @@ def dry_run_preset(shape: TransformerShape, corpus_bytes: int, vocab_size: int) 
         horizon=40,  # at least the log's warmup of 20 steps
         min_fraction=None,
     )
+
+
+def bf16_calibration(record: Record) -> float:
+    """Measured over predicted tokens/s of a bf16-autocast GPT-2-small step on the record's GPU,
+    from a ``precision-step-time`` record (:mod:`trainfast.precision.benchmarks`): how far the
+    step-time model's bf16 line is from that GPU's. ``ValueError`` if the record has no bf16
+    row or its GPU has no datasheet in :data:`~trainfast.gpus.GPUS`."""
+    from trainfast.gpus import spec_for_record
+    from trainfast.precision.benchmarks import gpu_step_shape
+
+    spec = spec_for_record(record)
+    if spec is None:
+        raise ValueError(f"Invalid record: {record.device_name!r} has no datasheet to predict for")
+    rows = [r for r in record.rows if r.get("recipe") == "bf16 autocast"]
+    if not rows:
+        raise ValueError(f"Invalid record: {record.name!r} has no 'bf16 autocast' row")
+    shape = gpu_step_shape(False)
+    setup = TrainingSetup(
+        shape=shape, recipe="bf16 autocast", global_batch=shape.batch_size, gpu=spec.name
+    )
+    return rows[0]["tokens_per_s"] / (shape.tokens / estimate(setup).step_s)
+
+
+@dataclass(frozen=True)
+class GpuRowReading:
+    """One row of a GPU log as measured, beside the book's prediction for it."""
+
+    entry: str
+    kind: str
+    compared_to: str
+    reached: int  # seeds that reached the target
+    seeds: int
+    median_seconds: float  # inf unless most seeds reached the target
+    measured_tokens_per_second: float  # median over seeds
+    predicted: RowPrediction
+    time_ratio: float  # the entry it was built on over this one (nan for the baseline)
+    p_value: float  # one-sided rank-sum test of the time (nan for the baseline)
+
+    @property
+    def measured_over_predicted(self) -> float:
+        return self.measured_tokens_per_second / self.predicted.tokens_per_second
+
+
+def read_gpu_log(record: Record, spec: GPUSpec | str) -> list[GpuRowReading]:
+    """Each row of a GPU log's ``record`` (:func:`run_gpu_log`) with its measured median tokens/s,
+    its time ratio to the entry it was built on (one-sided rank-sum p-value), and the book's
+    prediction for ``spec`` (the record's own GPU) from the row's configuration in
+    :func:`gpu_rows` of the preset the record's GPU would be given."""
+    from trainfast.speedrun.protocol import KeepRule
+    from trainfast.speedrun.study import summarize
+
+    spec = _check_spec(spec)
+    seeds_run = 1 + max(r["seed"] for r in record.rows)
+    configs = {e.name: e.config for e in gpu_rows(gpu_preset(spec, seeds=seeds_run))}
+    rule = KeepRule(min_seeds=1)
+    summaries = {s.entry: s for s in summarize(record)}
+    out = []
+    for s in summaries.values():
+        if s.entry not in configs:
+            raise ValueError(f"Invalid record: its row {s.entry!r} is not a row of the GPU log")
+        before = summaries.get(s.compared_to)
+        ratio, p_value = math.nan, math.nan
+        if before is not None:
+            decision = rule.decide(before.seconds(record), s.seconds(record))
+            ratio, p_value = decision.time_ratio, decision.p_value
+        out.append(
+            GpuRowReading(
+                s.entry, s.kind, s.compared_to, s.reached, s.seeds, s.median_seconds,
+                s.median_tokens_per_second, predict(configs[s.entry], spec), ratio, p_value,
+            )
+        )  # fmt: skip
+    return out

@@ -52,6 +52,7 @@ __all__ = [
     "Target",
     "compare",
     "default_threads",
+    "make_optimizer",
     "run_to_target",
 ]
 
@@ -260,7 +261,11 @@ class RunResult:
         return self.tokens / self.train_seconds if self.train_seconds > 0 else math.nan
 
 
-def _optimizer(config: SpeedrunConfig, model: Transformer) -> torch.optim.Optimizer:
+def make_optimizer(config: SpeedrunConfig, model: Transformer) -> torch.optim.Optimizer:
+    """The optimizer a run of ``config`` trains ``model`` with: AdamW, or Muon on the hidden
+    matrices with AdamW for the rest, the token embedding in a group of its own where
+    ``config.embedding_lr`` is set (the harness's, and
+    :mod:`~trainfast.speedrun.step_profile`'s)."""
     embedding = model.token_embedding.weight
     if config.optimizer == "muon":  # the hidden matrices; embeddings, head, gains on AdamW
         groups = muon_param_groups(model, output_layer=model.lm_head)
@@ -454,7 +459,7 @@ def _train(config, data, target, seed, device, progress, split, checkpoint, resu
         shape, attention=config.attention, zero_init_projections=config.zero_init_projections
     ).to(device)
     ddp = DDP(model, bucket_cap_mb=1.0) if ranks > 1 else None  # broadcasts rank 0's weights
-    optimizer = _optimizer(config, model)
+    optimizer = make_optimizer(config, model)
     source = batches(
         config.batch_order, data.tokens_of("train"), shape.batch_size, shape.seq_len, seed
     )

@@ -28,14 +28,16 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
+
+import numpy as np
 
 from trainfast.timing import rank_sum_one_sided
 from trainfast.validation import check_int, check_number
 
-__all__ = ["Decision", "KeepRule", "blocked", "interleaved"]
+__all__ = ["Decision", "KeepRule", "blocked", "interleaved", "planted_false_keeps"]
 
 
 def _check_order(names: Sequence[str], seeds: int) -> None:
@@ -125,3 +127,37 @@ def _ratio(before: float, after: float) -> float:
     if math.isinf(before) and math.isinf(after):
         return math.nan
     return before / after if after else math.inf
+
+
+def planted_false_keeps(
+    order: Callable[[Sequence[str], int], list[tuple[str, int]]],
+    *,
+    drift: float,
+    noise: float = 0.03,
+    seeds: int = 5,
+    studies: int = 1_000,
+    rule: KeepRule | None = None,
+    seed: int = 0,
+) -> float:
+    """The share of planted studies in which ``rule`` keeps a change that does nothing.
+
+    Each study compares a change with the entry it is measured on, as a block of the log does
+    (the entry first, then the change, in ``order``: :func:`interleaved` or :func:`blocked`).
+    Both take the same time but for noise (each run's time multiplied by ``exp(N(0,
+    noise))``), and the machine's load moves through the study: the ``i``-th run (from 0) is
+    slowed by a factor ``1 + drift * i`` (``drift`` < 0: the machine grows quieter, so the
+    later runs look faster). Under no drift the share is at most the rule's ``alpha``; a
+    blocked order turns a steady drift into false keeps (or, rising, into false drops)."""
+    rule = rule or KeepRule(min_seeds=seeds)
+    check_number("drift", drift, above=-1.0 / (2 * seeds), below=1.0)
+    check_number("noise", noise, minimum=0.0)
+    check_int("studies", studies, minimum=1)
+    runs = order(["entry", "change"], seeds)
+    rng = np.random.default_rng(seed)
+    load = 1 + drift * np.arange(len(runs))
+    is_change = np.array([name == "change" for name, _ in runs])
+    kept = 0
+    for _ in range(studies):
+        times = load * np.exp(rng.normal(0.0, noise, len(runs)))
+        kept += rule.decide(list(times[~is_change]), list(times[is_change])).kept
+    return kept / studies

@@ -28,7 +28,6 @@ PAGE_BUDGET_CPU_SECONDS = 60
 #: whole chapter had (150 s of wall-clock time on an idle CPU), in CPU seconds. A chapter leaves
 #: this table when it becomes a folder: its pages then get the page budget.
 ONE_PAGE_CHAPTER_BUDGET_CPU_SECONDS = {
-    "hyperparameters": 150,
     "mixed_precision": 150,
     "memory_hierarchy": 240,
     "profiling": 150,

@@ -1,4 +1,4 @@
-"""Chapter "Hyperparameters and experiment tracking" (book/hyperparameters.md).
+"""Chapter "Hyperparameters and experiment tracking" (book/hyperparameters/, its section pages).
 
 The trainer (a short run lowers the loss, train/eval modes, frozen layers stay frozen,
 parameter groups get their learning rates, also in a plain torch optimizer, an exact resume),
@@ -1040,7 +1040,8 @@ def test_scaling_study_widens_a_multiplier_chosen_at_the_grid_edge(monkeypatch):
 #: are keyed by (16, 64, 256, 1,024; digits 0–4 and 5–9; 8×8 images; 20% dropout; logging
 #: every 25 steps; 3×3 grids and Hyperband's eta 3 with brackets 1, 3, 9), published settings
 #: (β₂ 0.999 and 0.95, Hoffmann et al.'s exponent 0.5), the 2 + 4 = 6 FLOPs per weight per token
-#: of Kaplan et al.'s section 2.1, and the unit noise of the optimizer's-curse simulation (1).
+#: of Kaplan et al.'s section 2.1, the unit noise of the optimizer's-curse simulation (1), 95% for
+#: every interval, McCandlish et al.'s section 2.3, and the noise scale's former 32 batch pairs.
 
 
 def test_robust_shrinkage_shrinks_a_heavy_tailed_sweep_that_gaussian_shrinkage_leaves_alone():
@@ -1132,11 +1133,10 @@ def test_training_arguments_listing_lines_are_exactly_the_fields():
     import dataclasses
     import inspect
     import re
-    from pathlib import Path
 
     from trainfast.training import TrainingArguments
 
-    page = (Path(__file__).parents[1] / "book" / "hyperparameters.md").read_text()
+    page = chapters.chapter_path("hyperparameters/trainer").read_text()
     start, end = map(
         int, re.search(r":pyobject: TrainingArguments\n:lines: (\d+)-(\d+)", page).groups()
     )
@@ -1151,7 +1151,7 @@ EXCERPTS = {
         "def scaling_study_record(",
         "widths_by_sqrt2(",
         "lr_of_width=",
-        "best[key] = ",
+        "outward = ",
     ),
     "Trainer.setup": ("def setup(", "args = self.args", "build_optimizer(", "LambdaLR("),
     "Trainer.training_step": (
@@ -1186,13 +1186,14 @@ def test_excerpted_listings_show_the_lines_that_carry_the_idea(name: str) -> Non
     """
     import inspect
     import re
-    from pathlib import Path
 
     from trainfast import loop
     from trainfast.training.benchmarks import scaling_study_record
     from trainfast.training.trainer import Trainer
 
-    page = (Path(__file__).parents[1] / "book" / "hyperparameters.md").read_text()
+    page = "\n".join(
+        chapters.chapter_path(p).read_text() for p in chapters.pages_of("hyperparameters")
+    )
     spec = re.search(rf":pyobject: {re.escape(name)}\n:lines: ([\d,-]+)\n", page).group(1)
     functions = {"evaluate": loop.evaluate, "scaling_study_record": scaling_study_record}
     obj = functions.get(name) or getattr(Trainer, name.split(".")[1])
@@ -1216,6 +1217,8 @@ def test_excerpted_listings_show_the_lines_that_carry_the_idea(name: str) -> Non
         "lr_multiplier",
         "gradient_noise_scale",
         "training_flops",
+        "random_states",
+        "train_digits",
     ],
 )
 def test_listings_without_docstrings_show_the_rest_of_the_object(name: str) -> None:
@@ -1223,7 +1226,14 @@ def test_listings_without_docstrings_show_the_rest_of_the_object(name: str) -> N
     nothing else; an edit that shifts the lines fails here."""
     import chapters
     from trainfast.sweeps import engine
-    from trainfast.training import noise_scale, scaling, schedules, tracking
+    from trainfast.training import (
+        digits_sweep,
+        noise_scale,
+        random_state,
+        scaling,
+        schedules,
+        tracking,
+    )
 
     objects = {
         "start_run": tracking.start_run,
@@ -1232,6 +1242,8 @@ def test_listings_without_docstrings_show_the_rest_of_the_object(name: str) -> N
         "lr_multiplier": schedules.lr_multiplier,
         "gradient_noise_scale": noise_scale.gradient_noise_scale,
         "training_flops": scaling.training_flops,
+        "random_states": random_state.random_states,
+        "train_digits": digits_sweep.train_digits,
     }
     assert chapters.listing_lines("hyperparameters", name) == chapters.docstring_free_lines(
         objects[name]
@@ -1241,20 +1253,21 @@ def test_listings_without_docstrings_show_the_rest_of_the_object(name: str) -> N
 # ------------------------------------------------------------------------ the gradient noise scale
 
 
-def _exact_noise_scale(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor):
-    """``(|G|², tr(Σ))`` of ``model`` on these examples from their exact per-example gradients
-    (``Σ`` the covariance of the ``N`` gradients, divided by ``N``)."""
-    from torch.func import functional_call, grad, vmap
+def test_exact_noise_scale_is_what_one_backward_per_example_gives():
+    from trainfast.training.noise_scale import exact_noise_scale
 
-    params = {name: p.detach() for name, p in model.named_parameters()}
-
-    def loss(p, x, y):
-        return nn.functional.cross_entropy(functional_call(model, p, (x[None],)), y[None])
-
-    per_example = vmap(grad(loss), in_dims=(None, 0, 0))(params, inputs, targets)
-    flat = torch.cat([g.reshape(len(targets), -1) for g in per_example.values()], 1).double()
-    mean = flat.mean(0)
-    return mean.square().sum().item(), (flat - mean).square().sum(1).mean().item()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(5, 4), nn.Tanh(), nn.Linear(4, 3))
+    inputs, targets = torch.randn(12, 5), torch.randint(0, 3, (12,))
+    grads = []
+    for x, y in zip(inputs, targets, strict=True):
+        model.zero_grad()
+        nn.functional.cross_entropy(model(x[None]), y[None]).backward()
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]).double())
+    flat = torch.stack(grads)
+    g2, trace = exact_noise_scale(model, inputs, targets)
+    assert g2 == pytest.approx(flat.mean(0).square().sum().item(), rel=1e-6)
+    assert trace == pytest.approx(flat.var(0, unbiased=False).sum().item(), rel=1e-6)
 
 
 def _standard_error_of_gradient_norm_sq(estimate) -> float:
@@ -1275,13 +1288,13 @@ def test_the_noise_scale_estimate_meets_the_exact_per_example_value():
     """Batches drawn without replacement from a finite set: the corrected estimator is centred on
     the exact |G|² and B_simple of the per-example gradients; McCandlish et al.'s uncorrected
     formulas, on the very same norms, are many standard errors off (|G|² low, B_simple high)."""
-    from trainfast.training.noise_scale import NoiseScale, gradient_noise_scale
+    from trainfast.training.noise_scale import NoiseScale, exact_noise_scale, gradient_noise_scale
 
     inputs, targets = load_images("digits").train.tensors
     inputs, targets = inputs[:240].flatten(1), targets[:240]  # N = 240, big = half of it
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 16), nn.Tanh(), nn.Linear(16, 10))
-    exact_g2, exact_trace = _exact_noise_scale(model, inputs, targets)
+    exact_g2, exact_trace = exact_noise_scale(model, inputs, targets)
     dataset = TensorDataset(inputs, targets)
     estimate = gradient_noise_scale(model, dataset, small=4, big=120, batches=600)
     assert estimate.population == 240
@@ -1334,3 +1347,51 @@ def test_a_noise_scale_without_a_positive_gradient_norm_is_reported_not_returned
         noise_scale_from_norms([1.0], [1.0], small=8, big=8, population=None)
     with pytest.raises(ValueError, match="big=256: the data set has only 100"):
         noise_scale_from_norms([1.0], [1.0], small=8, big=256, population=100)
+
+
+# ------------------------------------------------------------------------ quasi-random search
+
+
+def test_quasi_random_configs_respect_the_ranges_and_spread_more_evenly_than_random():
+    from scipy.stats import qmc
+
+    config = {
+        "method": "random",
+        "parameters": {
+            "lr": {"distribution": "log_uniform_values", "min": 1e-4, "max": 1e-1},
+            "other": {"min": 0.0, "max": 1.0},
+            "layers": {"min": 1, "max": 4},
+            "schedule": {"values": ["a", "b"], "probabilities": [0.25, 0.75]},
+            "epochs": {"value": 2},
+        },
+    }
+    configs = sweeps.quasi_random(config, 64, seed=0)
+    assert len(configs) == 64 and all(c["epochs"] == 2 for c in configs)
+    assert all(1e-4 <= c["lr"] <= 1e-1 and 0 <= c["other"] < 1 for c in configs)
+    assert {c["layers"] for c in configs} == {1, 2, 3, 4}  # int_uniform, inferred from int bounds
+    assert abs(sum(c["schedule"] == "b" for c in configs) - 48) <= 2  # 3/4 of 64, as weighted
+    unit = np.array([[(math.log10(c["lr"]) + 4) / 3, c["other"]] for c in configs])
+    pseudo = np.array(
+        [
+            [(math.log10(c["lr"]) + 4) / 3, c["other"]]
+            for c in sweeps.sample(
+                {
+                    "method": "random",
+                    "parameters": {k: config["parameters"][k] for k in ("lr", "other")},
+                },
+                64,
+            )
+        ]
+    )
+    assert qmc.discrepancy(unit) < qmc.discrepancy(pseudo) / 2
+    assert sweeps.quasi_random(config, 8, seed=1) != sweeps.quasi_random(config, 8, seed=2)
+    with pytest.raises(ValueError, match="Invalid count: 0"):
+        sweeps.quasi_random(config, 0)
+    with pytest.raises(sweeps.SweepConfigError, match="q_uniform"):
+        sweeps.quasi_random(
+            {
+                "method": "random",
+                "parameters": {"x": {"distribution": "q_uniform", "min": 0, "max": 1, "q": 0.5}},
+            },
+            4,
+        )

@@ -15,6 +15,7 @@ module named after its concept:
 * :mod:`~trainfast.training.selection`: the optimizer's curse;
 * :mod:`~trainfast.training.scaling`: a small scaling-law study and its power-law fits;
 * :mod:`~trainfast.training.noise_scale`: the gradient noise scale (critical batch size);
+* :mod:`~trainfast.training.digits_sweep`: the chapter's sweep function and search space;
 * :mod:`~trainfast.training.benchmarks`: the study as a ``python -m trainfast.measure`` benchmark;
 * :mod:`~trainfast.training.exercises`: the chapter's exercise checks.
 

@@ -49,7 +49,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-__all__ = ["NoiseScale", "gradient_noise_scale", "noise_scale_from_norms"]
+__all__ = ["NoiseScale", "exact_noise_scale", "gradient_noise_scale", "noise_scale_from_norms"]
 
 
 def _u(batch: int, population: int | None) -> float:
@@ -261,3 +261,27 @@ def gradient_noise_scale(
         big=big,
         population=None if replacement else n_examples,
     )
+
+
+def exact_noise_scale(
+    model: nn.Module,
+    inputs: torch.Tensor,
+    targets: torch.Tensor,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = nn.functional.cross_entropy,
+) -> tuple[float, float]:
+    """``(|G|², tr(Σ))`` of ``model`` on the examples ``inputs`` from every per-example gradient
+    (``torch.func``: ``vmap`` of ``grad``), ``Σ`` their covariance divided by ``N``: the values
+    :func:`gradient_noise_scale` estimates. Memory grows as examples times parameters, so this
+    is for small models and data sets, to check the estimator, not to replace it. The model is
+    evaluated in its current mode."""
+    from torch.func import functional_call, grad, vmap
+
+    params = {name: p.detach() for name, p in model.named_parameters()}
+
+    def loss(p: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return loss_fn(functional_call(model, p, (x[None],)), y[None])  # one example
+
+    per_example = vmap(grad(loss), in_dims=(None, 0, 0))(params, inputs, targets)
+    flat = torch.cat([g.reshape(len(targets), -1) for g in per_example.values()], 1).double()
+    mean = flat.mean(0)  # G, the full-data gradient
+    return mean.square().sum().item(), (flat - mean).square().sum(1).mean().item()

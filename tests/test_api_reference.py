@@ -202,7 +202,7 @@ def test_names_in_listings_and_cells_link_to_their_entries(small_build):
     listing = text[text.index('<span class="nf">training_memory</span>') :]
     listing = listing[: listing.index("</pre>")]
     assert any(
-        h.endswith("trainfast.transformer.html#trainfast.transformer.TransformerShape")
+        h.endswith("trainfast.transformer_shape.html#trainfast.transformer_shape.TransformerShape")
         for h in _links(listing)
     ), "the listing of training_memory does not link TransformerShape"
     cells = text[text.index("<h1") :]

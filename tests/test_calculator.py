@@ -11,6 +11,7 @@ import json
 from dataclasses import replace
 
 import pytest
+import torch
 from trainfast.accounting import (
     parameter_count,
     training_flops,
@@ -20,10 +21,18 @@ from trainfast.accounting import (
 from trainfast.calculator import estimate_dict, export, setup_from_dict, write_script
 from trainfast.distributed.communication_bound import data_parallel_min_tokens
 from trainfast.distributed.context_parallel import ring_attention_work
-from trainfast.distributed.cost_model import Link, all_gather_time, all_reduce_time
+from trainfast.distributed.cost_model import (
+    Link,
+    all_gather_time,
+    all_reduce_time,
+    reduce_scatter_time,
+)
 from trainfast.distributed.launch import spawn
 from trainfast.distributed.layout import layout_choices, propose_layout, recommend_layout
-from trainfast.distributed.parity.collectives import zero_traffic_worker
+from trainfast.distributed.parity.collectives import (
+    torch_fsdp_traffic_worker,
+    zero_traffic_worker,
+)
 from trainfast.distributed.pipeline import (
     interleaved_schedule,
     one_f_one_b_schedule,
@@ -41,6 +50,7 @@ from trainfast.distributed.step_time import (
     layer_activation_bytes,
     layers_in_flight,
 )
+from trainfast.distributed.strategy import FSDP_ON_CPU
 from trainfast.gpus import GPUS
 from trainfast.transformer import PRESET_SHAPES, TransformerShape
 
@@ -326,21 +336,85 @@ def test_zero2_pays_a_reduce_scatter_per_micro_batch_and_zero1_does_not():
     assert [e for e in choices if e.setup.zero_stage >= 2]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize(("stage", "m"), [(0, 3), (1, 3), (2, 1), (2, 3), (3, 1), (3, 3)])
-def test_the_model_counts_the_bytes_our_zero_sends(stage, m):
-    sent = spawn(zero_traffic_worker, 4, stage, m, timeout=120)
+def test_the_model_counts_the_bytes_our_zero_sends(stage, m, dtype):
+    """In fp32 and in bf16 (2-byte weights and gradients on the wire: our ZeRO-2 once sent its
+    fp32 casts, twice the bytes the model charges)."""
+    sent = spawn(zero_traffic_worker, 4, stage, m, dtype, timeout=120)
     weights, biases = 8 * 16 + 16 * 4, 16 + 4  # the worker's two Linear layers
-    n = weights + biases
-    model = data_parallel_bytes(n, 4, stage, m, gradient_bytes=4, parameter_bytes=4)
+    n, width = weights + biases, torch.finfo(dtype).bits // 8
+    model = data_parallel_bytes(n, 4, stage, m, gradient_bytes=width, parameter_bytes=width)
     if stage == 1:  # as built: an all-reduce, then each owner broadcasts to the 3 others
-        assert sum(sent) == 4 * model + 3 * 4 * n
+        assert sum(sent) == 4 * model + 3 * width * n
         assert sum(sent) == pytest.approx(1.5 * 4 * model)
-    elif stage == 3:  # our FSDP shards the weights; the biases stay whole, all-reduced once
-        sharded = data_parallel_bytes(weights, 4, 3, m, gradient_bytes=4, parameter_bytes=4)
+    elif stage == 3:  # our FSDP shards the weights; the biases stay whole and fp32, all-reduced
+        sharded = data_parallel_bytes(weights, 4, 3, m, gradient_bytes=width, parameter_bytes=width)
         replicated = data_parallel_bytes(biases, 4, 0, m, gradient_bytes=4, parameter_bytes=4)
         assert sent == [pytest.approx(sharded + replicated, rel=1e-12)] * 4
     else:
         assert sent == [model] * 4
+
+
+@pytest.mark.skipif(not FSDP_ON_CPU, reason="FSDP on CPU needs torch >= 2.9")
+@pytest.mark.parametrize("m", [1, 3])
+@pytest.mark.parametrize("stage", [2, 3])
+def test_accumulating_before_the_reduction_counts_what_torchs_fsdp_sends(stage, m):
+    """PyTorch's fully_shard with gradient sync off until the last micro-batch (its pipelining's
+    way, Llama 3's): one fp32 reduce-scatter a step, bf16 weights gathered once (ZeRO-2: kept
+    from the first forward to the last backward) or for every forward and backward (ZeRO-3)."""
+    sent = spawn(torch_fsdp_traffic_worker, 4, stage == 3, m, timeout=120)
+    n = 8 * 16 + 16 + 16 * 4 + 4  # weights and biases, all sharded by FSDP2
+    model = data_parallel_bytes(n, 4, stage, m, 4, 2, accumulate_before_reduce=True)
+    assert sent == [pytest.approx(model, rel=1e-12)] * 4
+    if m > 1:  # the other scheme sends more: a reduce-scatter per micro-batch
+        assert data_parallel_bytes(n, 4, stage, m, 4, 2) > model
+
+
+def test_accumulating_before_the_reduction_holds_whole_gradients_and_reduces_once():
+    """accumulate_before_reduce: ZeRO-2 and 3 pay one reduce-scatter a step, hidden behind the
+    last micro-batch's backward, and hold the whole gradients during the step; with one
+    micro-batch the two schemes are the same; the layout search then pairs them with pipelines."""
+    base = TrainingSetup(SMALL, zero_stage=2, data=16, global_batch=256, assumptions=NO_OVERLAP)
+    m, n = base.micro_batches, parameter_count(SMALL)
+    assert m == 4
+    both = replace(NO_OVERLAP, accumulate_before_reduce=True)
+    for stage in (2, 3):
+        each, once = (
+            estimate(replace(base, zero_stage=stage, assumptions=x)) for x in (NO_OVERLAP, both)
+        )
+        link = data_parallel_link(1, 16, GPUS[base.gpu].nvlink_bytes_per_s, NO_OVERLAP)
+        one = reduce_scatter_time(n * 2, 16, link)
+        assert each.data_parallel_s - once.data_parallel_s == pytest.approx((m - 1) * one)
+        assert once.memory.gradients == n * 2  # whole bf16 gradients on every rank
+        assert each.memory.gradients == pytest.approx(n * 2 / 16)
+    single = replace(base, global_batch=64)  # one micro-batch: nothing to accumulate
+    for stage in (2, 3):
+        a, b = (
+            estimate(replace(single, zero_stage=stage, assumptions=x)) for x in (NO_OVERLAP, both)
+        )
+        assert a == replace(b, setup=a.setup)
+    hidden = estimate(replace(base, assumptions=replace(both, overlap=1.0)))
+    exposed = estimate(replace(base, assumptions=both))
+    backward = exposed.compute_s * 2 / 3
+    assert exposed.data_parallel_s - hidden.data_parallel_s == pytest.approx(min(backward / m, one))
+    plain = layout_choices(TrainingSetup(SMALL, global_batch=64), 8)
+    paired = layout_choices(TrainingSetup(SMALL, global_batch=64, assumptions=both), 8)
+    assert not [e for e in plain if e.setup.zero_stage >= 2 and e.setup.pipeline > 1]
+    assert [e for e in paired if e.setup.zero_stage >= 2 and e.setup.pipeline > 1]
+
+
+def test_zero2s_gather_of_the_updated_weights_is_never_hidden():
+    """The all-gather of ZeRO-2's updated weights follows the optimizer step, after the last
+    backward: with full overlap and a long backward, the reduce-scatters hide and it does not."""
+    free = replace(NO_OVERLAP, overlap=1.0)
+    setup = TrainingSetup(SMALL, zero_stage=2, data=16, global_batch=256, assumptions=free)
+    e = estimate(setup)
+    link = data_parallel_link(1, 16, GPUS[setup.gpu].nvlink_bytes_per_s, free)
+    gather = all_gather_time(parameter_count(SMALL) * 2, 16, link)
+    scatter = setup.micro_batches * reduce_scatter_time(parameter_count(SMALL) * 2, 16, link)
+    assert scatter < e.compute_s * 2 / 3  # the backward hides every reduce-scatter
+    assert e.data_parallel_s == pytest.approx(gather, rel=1e-12)
 
 
 def test_sequence_parallel_activations_are_what_our_block_saves():
@@ -443,6 +517,16 @@ def test_bad_setups_name_the_value(change, message):
         StepAssumptions(network_bytes_per_s=0)
     with pytest.raises(ValueError, match="Invalid overlap: -0.5"):
         StepAssumptions(overlap=-0.5)
+
+
+def test_an_odd_sequence_length_needs_no_context_parallelism():
+    """Only the balanced split of context parallelism (2c chunks) needs 2c to divide the sequence:
+    c = 1 takes any length, and the message names the sequence length when c > 1 refuses it."""
+    odd = replace(SMALL, seq_len=1025)
+    assert estimate(TrainingSetup(odd, global_batch=4)).step_s > 0
+    with pytest.raises(ValueError, match="Invalid context: 2 .*seq_len = 1026"):
+        TrainingSetup(replace(SMALL, seq_len=1026), context=2, global_batch=4)
+    assert any(case["setup"]["shape"]["seq_len"] % 2 for case in export()["cases"])  # the widget
 
 
 def test_layout_search_uses_the_one_model():

@@ -31,7 +31,6 @@ ONE_PAGE_CHAPTER_BUDGET_CPU_SECONDS = {
     "mixed_precision": 150,
     "memory_hierarchy": 240,
     "profiling": 150,
-    "parallelism": 150,
     "speedrun": 150,
 }
 

@@ -952,8 +952,16 @@ def test_an_offline_wandb_run_logs_the_checkpoint_as_an_artifact(monkeypatch, tm
         save_checkpoint(trainer, tmp_path / "ckpt.pt", tracker=tracker, name="tiny")
         run_id = tracker.id
     assert (tmp_path / "ckpt.pt").exists()
-    # an offline run's record (the file `wandb sync` uploads) holds the artifact
-    transactions = b"".join(p.read_bytes() for p in tmp_path.rglob("run-*.wandb"))
+    # an offline run's record (the file `wandb sync` uploads) holds the artifact; W&B's service
+    # writes it after the run has finished, so on a busy machine it may take a while to appear
+    import time
+
+    deadline = time.monotonic() + 120
+    while True:
+        transactions = b"".join(p.read_bytes() for p in tmp_path.rglob("run-*.wandb"))
+        if (b"tiny" in transactions and b"ckpt.pt" in transactions) or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
     assert b"tiny" in transactions and b"ckpt.pt" in transactions
     with start_run("trainfast-tests", {"x": 1}, directory=tmp_path, run_id=run_id) as again:
         assert again.id == run_id

@@ -917,7 +917,7 @@ def test_roofline_arithmetic():
     assert reduction_cost("sum", 1001).bytes == 1002 * 4
     square = matmul_cost(4096, 4096, 4096, element_bytes=2)
     assert square.flops == 2 * 4096**3 and square.intensity == pytest.approx(4096 / 3)
-    with pytest.raises(ValueError, match="Invalid roofline"):
+    with pytest.raises(ValueError, match="Invalid peak_flops: 0.0"):
         Roofline(0.0, 1.0)
 
 

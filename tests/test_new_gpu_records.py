@@ -388,13 +388,12 @@ def read_scaling_study(record: Record) -> None:
 
 
 def read_speedrun(record: Record) -> None:
-    from trainfast.distributed.step_time import TrainingSetup, estimate
-    from trainfast.speedrun.changes import preset
+    from trainfast.speedrun.gpu import gpu_preset, gpu_rows, predict
 
-    gpu = preset("gpu")
     spec = _spec(record)
-    step = estimate(TrainingSetup(shape=gpu.shape, recipe="fp32", global_batch=8, gpu=spec.name))
-    assert step.step_s > 0 and record.rows[0]["preset"] == "gpu"
+    rows = gpu_rows(gpu_preset(spec))
+    assert all(predict(entry.config, spec).step_seconds > 0 for entry in rows)
+    assert record.rows[0]["preset"] == "gpu"
     to_markdown(record)
 
 

@@ -34,6 +34,7 @@ from trainfast.distributed.cost_model import (
 )
 from trainfast.distributed.data_parallel import (
     DataParallelConfig,
+    TorchDDP,
     train_data_parallel,
     train_single_process,
 )
@@ -62,6 +63,7 @@ from trainfast.distributed.parity.strategies import (
     TiedModel,
     strategy_worker,
     train_reference,
+    zero_owners_worker,
     zero_resume_worker,
 )
 from trainfast.distributed.pipeline import (
@@ -88,7 +90,7 @@ from trainfast.distributed.strategy import (
 from trainfast.distributed.tensor_parallel import tensor_parallel_worker
 from trainfast.distributed.torch_apis import torch_fully_shard
 from trainfast.distributed.training_loop import OptimizerConfig, Strategy, train_with_strategy
-from trainfast.distributed.zero import Zero2Optimizer, ZeroOptimizer
+from trainfast.distributed.zero import Zero2Optimizer, ZeroOptimizer, largest_share
 
 WORLD_SIZES = [1, 2, 3, 4]
 
@@ -119,35 +121,38 @@ def test_listings_show_a_few_lines_and_their_markers_exist():
     from sphinx.config import Config
     from sphinx.directives.code import LiteralIncludeReader
 
-    path = chapters.chapter_path("parallelism")
     config = Config({}, {})
-    for block in chapters.blocks(path.read_text()):
-        if block.directive != "literalinclude":
-            continue
-        options = dict(block.options)
-        dedent = int(options.pop("dedent", 0))
-        where = f"parallelism.md:{block.line} {options.get('pyobject')}"
-        text, n_lines = LiteralIncludeReader(
-            str((path.parent / block.argument).resolve()), options, config
-        ).read()
-        lines = [line for line in text.splitlines() if line.strip()]
-        assert all(line[:dedent].isspace() for line in lines if dedent), where
-        assert n_lines <= MAX_LISTING_LINES, f"{where}: {n_lines} lines"
+    for page in chapters.pages_of("parallelism"):
+        path = chapters.chapter_path(page)
+        for block in chapters.blocks(path.read_text()):
+            if block.directive != "literalinclude":
+                continue
+            options = dict(block.options)
+            dedent = int(options.pop("dedent", 0))
+            where = f"{page}.md:{block.line} {options.get('pyobject')}"
+            text, n_lines = LiteralIncludeReader(
+                str((path.parent / block.argument).resolve()), options, config
+            ).read()
+            lines = [line for line in text.splitlines() if line.strip()]
+            assert all(line[:dedent].isspace() for line in lines if dedent), where
+            assert n_lines <= MAX_LISTING_LINES, f"{where}: {n_lines} lines"
 
 
-#: Constants the parallelism chapter may type; every other number in its prose is glued.
+#: Constants the parallelism chapter's pages may type (tests/chapters.py, PROSE_CONSTANTS); every
+#: other number in their prose is glued.
 #: - Names and counting: rank 0 and 1, bucket 0, layer 0 and 1, ZeRO stages 0-3, Llama 3,
-#:   exercises 4 to 6, "not exactly 1", dropout 0, 2 stages of 2 blocks, 4 ranks, 2 of 8
-#:   experts, 8 experts and 8 clusters (the MoE module's defaults, stated as the inputs).
+#:   exercises 1 to 4, dropout 0, 2 stages of 2 blocks, 4 ranks, 2 of 8 experts, 8 experts and 8
+#:   clusters (the MoE module's defaults, stated as the inputs), 16 experts with top-1, the
+#:   ZeRO-1 imbalance at 64 and 256 ranks (inputs).
 #: - Definitions: bytes per parameter of mixed-precision Adam as the ZeRO paper counts them
-#:   (Rajbhandari et al. 2020, Section 3.1: 2 + 2 + 12 = 16, K = 12), of fp32 (4) and AdamW
-#:   state (K = 8); 16-bit values; Korthikanti et al.'s 34 sbh per layer (Eq. 1).
-#: - Published: an H100's 80 GB; torch's DDP default bucket_cap_mb of 25 MiB; ZeRO-3's 50 %
-#:   (1.5 times) more traffic than DP (ZeRO, Section 7.2);
-#:   eight devices per NVLink node; Switch's balancing weight 0.01; Narayanan et al. 2021
-#:   (Table 1, Eq. 3, Section 2.2.2): 2,304 sequences of 2,048 tokens at 148 teraFLOP/s, 47 %
-#:   of peak; Llama 3 (Table 4): 8,192-token sequences at 400 teraFLOP/s, 38-43 % (41 %) MFU;
-#:   Korthikanti et al. Section 4.2.3; the years of cited papers (2019-2021).
+#:   (Rajbhandari et al. 2020, Section 3.1: 2 + 2 + 12 = 16), of fp32 (4) and AdamW state
+#:   (K = 8); 16-bit values; Korthikanti et al.'s 34 sbh per layer (Eq. 1).
+#: - Published: an H100's 80 GB; torch's DDP default bucket_cap_mb of 25 MiB; ZeRO-3's 1.5 times
+#:   the traffic of DP (ZeRO, Section 7.2); eight devices per NVLink node; Switch's balancing
+#:   weight 0.01; Narayanan et al. 2021 (Table 1, Eq. 3, Section 2.2.2; Section 5: eight 200
+#:   Gb/s HDR InfiniBand adapters a Selene node, 25 GB/s a GPU): 2,304 sequences of 2,048 tokens
+#:   at 148 teraFLOP/s; Llama 3 (Dubey et al. 2024, Table 4, Section 3.3.2): 8,192-token
+#:   sequences at 400 teraFLOP/s, 41 % MFU, p = 16; Korthikanti et al. Section 4.2.3.
 
 
 # ---------------------------------------------------------------------------- collectives
@@ -470,6 +475,67 @@ def test_ddp_buckets_match_one_process(bucket_cap_mb, tied_reference):
     assert _max_difference(results[0].parameters, tied_reference.parameters) < 1e-6
 
 
+#: Gradient accumulation: 3 micro-batches per step on 2 ranks, against one process on the whole
+#: batch. Our DDP with many buckets and with one per parameter, torch's DDP (which must find the
+#: unused layer), and the strategies that reduce-scatter in every backward.
+ACCUMULATING = {
+    "our DDP, 1e-4 MiB buckets": DDPStrategy(bucket_cap_mb=1e-4),
+    "our DDP, a bucket per parameter": DDPStrategy(bucket_cap_mb=None),
+    "torch's DDP": TorchDDP(bucket_cap_mb=1e-4, find_unused_parameters=True),
+    "our ZeRO-2": "zero2",
+    "our FSDP": "fsdp",
+}
+
+
+@pytest.mark.parametrize("no_sync", [False, True])
+@pytest.mark.parametrize("name", ACCUMULATING)
+def test_gradient_accumulation_matches_one_process(name, no_sync, tied_reference):
+    """Three backward passes before each step: without the switch every backward all-reduces
+    (the next forward finishes the previous synchronisation, as torch's reducer does when a
+    backward ends); under no_sync the gradients add up locally and the last backward sends them.
+    Before the fix our DDP relaunched full buckets early on the second backward (an error of
+    28 with small buckets); torch's DDP was right."""
+    strategy = ACCUMULATING[name]
+    results = spawn(strategy_worker, 2, strategy, StrategyConfig(), 3, no_sync, timeout=300)
+    for result in results:
+        assert _max_difference(result.parameters, tied_reference.parameters) < 1e-6, name
+        assert result.losses == pytest.approx(tied_reference.losses, rel=1e-6)
+
+
+def test_ddp_refuses_a_second_backward_before_the_first_is_synchronised(one_rank_gloo_group):
+    """Two backward passes of one forward: the second would relaunch buckets whose all-reduce
+    from the first is in flight, so our DDP says so instead of averaging the wrong sum."""
+    torch.manual_seed(0)
+    ddp = DDP(nn.Linear(3, 2))
+    loss = ddp(torch.randn(4, 3)).square().mean()
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="second backward reached bucket 0"):
+        loss.backward()
+
+
+def test_ddp_no_sync_accumulates_locally_and_sends_once(one_rank_gloo_group):
+    """Under no_sync no bucket leaves; the first backward after it sends every bucket once."""
+    torch.manual_seed(0)
+    ddp = DDP(nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 2)))  # a bucket per parameter: 4
+    sent = []
+    ddp.register_comm_hook(
+        lambda index, buffer: sent.append(index) or dist.all_reduce(buffer, async_op=True)
+    )
+    x = torch.randn(6, 3)
+    with ddp.no_sync():
+        ddp(x[:3]).sum().backward()
+        ddp(x[3:5]).sum().backward()
+    assert sent == []
+    ddp(x[5:]).sum().backward()
+    ddp.finish_gradient_synchronization()
+    assert sorted(sent) == [0, 1, 2, 3]
+    reference = nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 2))
+    reference.load_state_dict(ddp.module.state_dict())
+    reference(x).sum().backward()
+    for ours, theirs in zip(ddp.module.parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(ours.grad, theirs.grad)
+
+
 def test_ddp_buckets_follow_reverse_registration_order():
     layers = [nn.Linear(10, 10) for _ in range(4)]  # 110 parameters (440 bytes) each
     params = [p for layer in layers for p in layer.parameters()][::-1]
@@ -575,6 +641,29 @@ def test_zero_optimizers_resume_from_their_shards(strategy, tied_reference):
     results = spawn(zero_resume_worker, 3, strategy, StrategyConfig(), 2, timeout=300)
     for result in results:
         assert _max_difference(result.parameters, tied_reference.parameters) < 1e-6
+
+
+def test_zero1_owners_are_torchs_sorted_greedy_split():
+    """Our ZeRO-1 gives each tensor the owner torch's ZeroRedundancyOptimizer gives it: largest
+    first, to the rank owning the fewest elements (before, in registration order)."""
+    numels = [[3, 50, 7, 50, 1, 20], [9, 40, 2]]  # two groups: the running totals are shared
+    for result in spawn(zero_owners_worker, 3, numels, timeout=120):
+        assert result["ours"] == result["torch"]
+
+
+def test_a_whole_tensor_split_is_uneven_when_one_tensor_is_large():
+    """The busiest owner holds at least the largest tensor: GPT-7B's 206M-element embedding is
+    about 2 times the mean share at 64 ranks and 8 at 256; equal small tensors split evenly."""
+    from trainfast.transformer import Transformer, TransformerShape
+
+    shape = TransformerShape.gpt_like(n_layers=32, d_model=4096, n_heads=32, seq_len=4096)
+    with torch.device("meta"):
+        numels = [p.numel() for p in Transformer(shape).parameters()]
+    assert largest_share(numels, 8) < 1.01
+    assert largest_share(numels, 64) == pytest.approx(64 * max(numels) / sum(numels))
+    assert 1.9 < largest_share(numels, 64) < 2.0
+    assert 7.8 < largest_share(numels, 256) < 8.0
+    assert largest_share([10] * 64, 64) == 1.0
 
 
 def test_zero_optimizer_is_a_torch_optimizer():
@@ -687,7 +776,7 @@ def test_interleaved_schedule_runs_each_forward_before_its_backward_and_shrinks_
     # Korthikanti et al. 2022, Section 4.2.3: the first rank holds 1 + (p - 1) / (p v) times 1F1B's
     peak = peak_activations(interleaved_schedule(4, 8, 2))[0] / 2
     assert peak / peak_activations(one_f_one_b_schedule(4, 8))[0] == 1 + 3 / 8
-    with pytest.raises(ValueError, match="Invalid interleaving"):
+    with pytest.raises(ValueError, match="Invalid n_micro: 6 .expected a multiple of n_stages, 4"):
         interleaved_schedule(4, 6, 2)
 
 
@@ -830,10 +919,28 @@ def everything_everywhere_evaluation(model, dataset, rank, world_size):  # not d
     return [(model(x).argmax(-1) == y).sum().item(), len(y)]
 
 
-def mean_accuracy_evaluation(model, dataset, rank, world_size):  # averages, so totals differ
+def unreduced_evaluation(model, dataset, rank, world_size):  # forgets to sum over ranks
     x, y = dataset[rank::world_size]
     counts = torch.tensor([(model(x).argmax(-1) == y).sum().item(), len(y)])
     return counts.tolist()
+
+
+def averaged_accuracy_evaluation(model, dataset, rank, world_size):  # the exercise's mistake
+    x, y = dataset[rank::world_size]  # every world_size-th example
+    accuracy = torch.tensor([(model(x).argmax(-1) == y).float().mean().item()])
+    total = torch.tensor([len(y)])
+    dist.all_reduce(accuracy)
+    dist.all_reduce(total)
+    return [round(accuracy.item() / world_size * total.item()), total.item()]
+
+
+def averaged_block_accuracy_evaluation(model, dataset, rank, world_size):  # contiguous shares
+    x, y = (t.tensor_split(world_size)[rank] for t in dataset[:])
+    accuracy = torch.tensor([(model(x).argmax(-1) == y).float().mean().item()])
+    total = torch.tensor([len(y)])
+    dist.all_reduce(accuracy)
+    dist.all_reduce(total)
+    return [round(accuracy.item() / world_size * total.item()), total.item()]
 
 
 @pytest.mark.parametrize(
@@ -841,7 +948,9 @@ def mean_accuracy_evaluation(model, dataset, rank, world_size):  # averages, so 
     [
         (check_broadcast, right_broadcast, root_only_broadcast),
         (check_all_reduce, right_all_reduce, reduce_only_all_reduce),
-        (check_distributed_evaluation, right_evaluation, mean_accuracy_evaluation),
+        (check_distributed_evaluation, right_evaluation, unreduced_evaluation),
+        (check_distributed_evaluation, right_evaluation, averaged_accuracy_evaluation),
+        (check_distributed_evaluation, right_evaluation, averaged_block_accuracy_evaluation),
         (check_broadcast, right_broadcast, collective_broadcast),
         (check_all_reduce, right_all_reduce, collective_all_reduce),
         (check_distributed_evaluation, right_evaluation, everything_everywhere_evaluation),

@@ -17,6 +17,8 @@ import torch
 from trainfast.distributed import SpawnError, spawn
 from trainfast.distributed.communication_bound import (
     data_parallel_min_tokens,
+    fsdp_tensor_parallel_min_tokens,
+    fsdp_tensor_split,
     tensor_parallel_min_width,
 )
 from trainfast.distributed.context_parallel import (
@@ -38,8 +40,8 @@ from trainfast.distributed.exercises import (
     check_layout_choice,
     check_next_change,
 )
-from trainfast.distributed.exercises.advanced import LAYOUT_RESERVES, layout_exercise_setup
-from trainfast.distributed.layout import recommend_layout
+from trainfast.distributed.exercises.advanced import layout_cases
+from trainfast.distributed.layout import describe, propose_layout, recommend_layout
 from trainfast.distributed.mesh import tensor_data_parallel_worker
 from trainfast.distributed.moe import (
     ExpertParallelMoE,
@@ -331,7 +333,10 @@ def _overheads_next_change(e):
 
 def test_layout_exercise_passes_the_fastest_and_fails_wrong_choices(capsys):
     check_layout_choice(_fastest_layout)
-    assert "All 2 cases passed." in capsys.readouterr().out
+    assert "All 3 cases passed." in capsys.readouterr().out
+
+    def first_that_fits(base, n):  # the memory-first rule: never estimates a step time
+        return propose_layout(base, n).setup
 
     def pure_data(base, n):  # the fastest with 90 % of the memory, too big with 80 % or half
         return replace(base, data=n, zero_stage=3)
@@ -346,6 +351,7 @@ def test_layout_exercise_passes_the_fastest_and_fails_wrong_choices(capsys):
         return replace(base, data=1, tensor=16, pipeline=2)
 
     for wrong, why in [
+        (first_that_fits, "64 H100s.* takes"),
         (pure_data, "does not fit"),
         (deep_model_parallel, "takes"),
         (ignores_the_budget, "does not fit"),
@@ -358,23 +364,23 @@ def test_layout_exercise_passes_the_fastest_and_fails_wrong_choices(capsys):
 def test_the_layout_exercise_has_one_clear_answer_not_at_the_memory_limit():
     """The fastest layout leaves a tenth of the usable memory free, and every other layout
     (d, t, p) is more than 1.5 tolerances slower, so a reader's sound choice is not failed by
-    a knife-edge (with the default tenth held back the fastest used 99.6 % of the memory and the
-    runner-up was 3.5 % slower)."""
-    base, n = layout_exercise_setup()
+    a knife-edge (with the default tenth held back on 32 GPUs the fastest used 99.6 % of the
+    memory and the runner-up was 3.5 % slower). In the last case the first layout that fits is
+    more than a tolerance slower than the fastest, so the memory-first rule fails there."""
     tolerance = inspect.signature(check_layout_choice).parameters["tolerance"].default
-    for reserve in LAYOUT_RESERVES:
-        considered = recommend_layout(
-            replace(base, assumptions=StepAssumptions(reserve=reserve)), n
-        ).considered
+    for name, setup, n in layout_cases():
+        considered = recommend_layout(setup, n).considered
         best = considered[0]
-        usable = GPUS[base.gpu].memory_bytes * (1 - reserve)
-        assert best.memory.total < 0.9 * usable, reserve
+        usable = GPUS[setup.gpu].memory_bytes * (1 - setup.assumptions.reserve)
+        assert best.memory.total < 0.9 * usable, name
 
         def grid(e):
             return e.setup.data, e.setup.tensor, e.setup.pipeline
 
         others = [e for e in considered if grid(e) != grid(best)]
-        assert others[0].step_s > best.step_s * (1 + 1.5 * tolerance), (reserve, others[0].step_s)
+        assert others[0].step_s > best.step_s * (1 + 1.5 * tolerance), (name, others[0].step_s)
+    first = propose_layout(setup, n)
+    assert first.step_s > best.step_s * (1 + tolerance), (describe(first.setup), first.step_s)
 
 
 def test_next_change_exercise_passes_the_best_change_only(capsys):
@@ -444,6 +450,47 @@ def test_tensor_parallel_threshold_is_where_the_all_reduce_equals_the_mlp(tensor
     all_reduce = all_reduce_time("ring", 2 * tokens * d_model, tensor, link)
     assert all_reduce == pytest.approx(mlp_forward)
     assert tensor_parallel_min_width(peak, link, 1) == 0  # no tensor parallelism, no traffic
+
+
+def test_an_moe_mlp_needs_e_over_k_times_the_tokens():
+    """The scaling book's MoE rule: E experts' gradients against k experts' FLOPs. At the
+    threshold the ring all-reduce of an MoE MLP's gradients takes its backward's time."""
+    peak, link, d_model, d_ff, world = 989e12, Link(alpha=0.0, beta=1 / 50e9), 4096, 14336, 64
+    experts, top_k = 8, 2
+    tokens = data_parallel_min_tokens(peak, link, world, experts=experts, top_k=top_k)
+    assert tokens == pytest.approx(4 * data_parallel_min_tokens(peak, link, world))
+    mlp = 2 * d_model * d_ff  # one expert's weights
+    backward = 4 * top_k * mlp * tokens / peak  # each token through k experts
+    assert all_reduce_time("ring", 2 * experts * mlp, world, link) == pytest.approx(backward)
+
+
+def test_fsdp_times_tensor_parallelism_at_its_best_split():
+    """The scaling book's mixed rule in the ring's terms, in the large-ring limit it takes: the
+    split minimises the forward's communication, and at B / N = 4 alpha^2 / F that
+    communication (FSDP's two weight all-gathers over X, tensor parallelism's all-gather and
+    reduce-scatter of the activations over Y) takes exactly the MLP's forward time."""
+    peak, link, d_model, d_ff, n = 989e12, Link(alpha=0.0, beta=1 / 450e9), 8192, 28672, 1024
+    per_device = fsdp_tensor_parallel_min_tokens(peak, link, d_ff)
+    batch = per_device * n
+    x = fsdp_tensor_split(batch, d_ff, n)
+    y = n / x
+
+    def ring(nbytes, ranks):  # a ring's time without its (N-1)/N: the book's approximation
+        return all_gather_time(nbytes * ranks / (ranks - 1), ranks, link)
+
+    def comms(x):
+        y = n / x
+        fsdp = 2 * ring(2 * d_model * d_ff / y, x)  # W_in and W_out shards, bf16
+        tensor = 2 * ring(2 * batch * d_model / x, y)  # all-gather in, reduce-scatter out
+        return fsdp + tensor
+
+    math = 4 * batch * d_model * d_ff / (n * peak)
+    assert comms(x) == pytest.approx(math)
+    assert comms(x) < min(comms(0.9 * x), comms(1.1 * x))
+    alpha = peak * link.beta  # pure FSDP's threshold, in the same limit
+    assert data_parallel_min_tokens(peak, link, n) == pytest.approx(alpha * (n - 1) / n)
+    assert per_device == pytest.approx(4 * alpha / d_ff * alpha)  # 4 alpha / F of it
+    assert 1 < y < n and per_device < alpha
 
 
 def test_thresholds_reject_bad_input():

@@ -123,7 +123,7 @@ def test_the_forward_measurement_is_the_row_with_the_launchers_tiles():
 def test_adamw_step_prediction_is_its_bytes_per_parameter_over_hbm():
     assert adamw_step_prediction(H100, 10**9).value == pytest.approx(84e9 / 3.35e12 * 1e3)
     assert adamw_step_prediction(H100, 10**9, "fused").value == pytest.approx(28e9 / 3.35e12 * 1e3)
-    with pytest.raises(ValueError, match="count: 0"):
+    with pytest.raises(ValueError, match="n_params: 0"):
         adamw_step_prediction(H100, 0)
 
 

@@ -210,7 +210,7 @@ def test_load_records_filters_by_name_and_puts_gpu_records_first(tmp_path):
     write_record(_record("b"), tmp_path)
     records = load_records(tmp_path, "a")
     assert [r.environment["device"] for r in records] == ["cuda", "cpu"]
-    assert load_records(tmp_path / "missing") == []
+    assert load_records(tmp_path, "c") == []  # a folder without them: none measured
 
 
 def test_a_file_that_is_not_a_record_is_named_in_the_error(tmp_path):

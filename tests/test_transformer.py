@@ -345,3 +345,22 @@ def test_rotary_angles_stay_float32_when_the_model_is_cast():
 def test_bad_rope_and_norm_arguments_name_the_value(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+def test_the_layers_do_not_import_the_model():
+    """The model imports its layers and its shape; the layers import the shape only (not even
+    for their type hints), so the two modules are not an import circle."""
+    import ast
+    from pathlib import Path
+
+    import trainfast.transformer_layers as layers
+
+    tree = ast.parse(Path(layers.__file__).read_text())
+    imported = {
+        node.module if isinstance(node, ast.ImportFrom) else alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Import, ast.ImportFrom))
+        for alias in node.names
+    }
+    assert "trainfast.transformer" not in imported, sorted(imported)
+    assert "trainfast.transformer_shape" in imported

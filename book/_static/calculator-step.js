@@ -112,7 +112,7 @@
       [!(x.gpu in data.gpus), "gpu", "must be one of the listed NVLink GPUs"],
       [!data.recompute.includes(x.recompute), "recompute", "must be none, selective or full"],
       [s.n_heads % x.tensor, "tensor", `must divide the heads (${s.n_heads})`],
-      [s.seq_len % (2 * x.context), "context", `2 × it must divide the sequence length (${s.seq_len})`],
+      [x.context > 1 && s.seq_len % (2 * x.context), "context", `2 × it must divide the sequence length (${s.seq_len})`],
       [x.pipeline * x.virtual_stages > s.n_layers, "virtual_stages", `× pipeline parallel p must not exceed the layers (${s.n_layers})`],
       [x.top_k > x.experts, "top_k", `must not exceed the experts per MLP (${x.experts})`],
       [x.experts % x.expert_parallel, "expert_parallel", `must divide the experts per MLP (${x.experts})`],
@@ -152,11 +152,13 @@
     denseParams += x.experts > 1 ? L * h * x.experts : 0;
     const parts = [[denseParams / (t * p), d * c], [expertParams / (t * p * e), Math.floor((d * c) / e)]];
     const state = [0.0, 0.0, 0.0, 0.0];
+    // ZeRO-2 and 3 accumulating before the reduction hold whole gradients during the step
+    const accumulate = a.accumulate_before_reduce && x.zero_stage >= 2 && m > 1;
     for (const [n, replicas] of parts) {
       const shard = A.zeroMemory(n, replicas, x.zero_stage, per.parameters, per.gradients, per.optimizer_state);
       const master = A.zeroMemory(n, replicas, x.zero_stage, 2, 2, per.master_weights);
       state[0] += shard.parameters;
-      state[1] += shard.gradients;
+      state[1] += accumulate ? n * per.gradients : shard.gradients;
       state[2] += master.optimizer_state;
       state[3] += shard.optimizer_state;
     }
@@ -224,29 +226,37 @@
       pipeline = 2 * v * m * (hop.alpha + (activation / t) * hop.beta);
     }
 
-    let dataParallel = 0.0;
+    let reduceS = 0.0, gatherS = 0.0; // the gradient reduction, and the gathers of weights
     // each part has its own ring: the experts' replicas are d / e ranks t c p e apart
     const expertLink = d % e === 0
       ? dataParallelLink(t * c * p * e, d / e, nvlink, a)
       : dataParallelLink(t * c * p * d, 1, nvlink, a);
     const links = [dataParallelLink(t * c * p, d, nvlink, a), expertLink];
+    const reductions = accumulate ? 1 : m; // ZeRO-2 and 3: reduce-scatters a step
     for (const [i, [n, r]] of parts.entries()) {
       if (!n || r <= 1) continue;
       const dataLink = links[i];
       const gradBytes = n * per.gradients, weightBytes = n * per.parameters;
       if (x.zero_stage <= 1) {
-        dataParallel += allReduceRing(gradBytes, r, dataLink);
+        reduceS += allReduceRing(gradBytes, r, dataLink);
       } else if (x.zero_stage === 2) {
-        dataParallel += m * reduceScatter(gradBytes, r, dataLink);
-        dataParallel += allGather(weightBytes, r, dataLink);
+        reduceS += reductions * reduceScatter(gradBytes, r, dataLink);
+        gatherS += allGather(weightBytes, r, dataLink);
       } else {
-        dataParallel += m * reduceScatter(gradBytes, r, dataLink);
-        dataParallel += 2 * m * allGather(weightBytes, r, dataLink);
+        reduceS += reductions * reduceScatter(gradBytes, r, dataLink);
+        gatherS += 2 * m * allGather(weightBytes, r, dataLink);
       }
     }
+    // the last backward hides a reduction of accumulated gradients, every backward stage 2's
+    // reduce-scatters; ZeRO-2's gather follows the optimizer step; ZeRO-3 hides behind all compute
     const backward = (compute * (forwards + 1)) / (forwards + 2);
-    const hidden = [backward / m, backward / m, backward, compute][x.zero_stage];
-    dataParallel = Math.max(0.0, dataParallel - a.overlap * hidden);
+    let dataParallel;
+    if (x.zero_stage === 3) {
+      dataParallel = Math.max(0.0, reduceS + gatherS - a.overlap * compute);
+    } else {
+      const hidden = x.zero_stage === 2 && !accumulate ? backward : backward / m;
+      dataParallel = Math.max(0.0, reduceS - a.overlap * hidden) + gatherS;
+    }
 
     const time = {
       compute: compute, bubble: bubble, data_parallel: dataParallel, tensor_parallel: tensorParallel,

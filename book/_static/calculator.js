@@ -53,6 +53,7 @@
     ["network_latency_s", "network latency (s)"],
     ["network_bytes_per_s", "network bytes/s per GPU"],
     ["hierarchical_data_parallel", "data parallel reduces inside a node first", "checkbox"],
+    ["accumulate_before_reduce", "ZeRO-2/3: accumulate whole gradients, reduce once a step", "checkbox"],
     ["reserve", "memory reserve"],
   ];
 

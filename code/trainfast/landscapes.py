@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from trainfast.validation import check_number
+
 if TYPE_CHECKING:  # matplotlib is optional and imported lazily in plot_trajectories
     from matplotlib.axes import Axes
 
@@ -58,6 +60,10 @@ def rosenbrock(x: torch.Tensor, y: torch.Tensor, a: float = 1.0, b: float = 100.
     it to the minimum is hard. Rosenbrock (1960), "An automatic method for finding the greatest
     or least value of a function", The Computer Journal 3(3).
     """
+
+    check_number("a", a)
+
+    check_number("b", b, minimum=0.0)  # b < 0 turns the valley into a ridge
     return (a - x) ** 2 + b * (y - x**2) ** 2
 
 

@@ -20,7 +20,6 @@ import shlex
 import sys
 import tempfile
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 
@@ -54,6 +53,7 @@ from trainfast.profiling.benchmarks import (
 from trainfast.records import Record, write_record
 from trainfast.speedrun.study import speedrun_record
 from trainfast.training.benchmarks import scaling_study_record
+from trainfast.validation import output_folder
 
 __all__ = [
     "BENCHMARKS",
@@ -147,15 +147,12 @@ def output_folder_problem(out: str) -> str | None:
 
     Checked before any benchmark runs, since a result that cannot be written is lost.
     """
-    if not out.strip():
-        return f"--out {out!r}: an empty path (give a folder, e.g. --out book/records)"
-    folder = Path(out)
-    if folder.exists() and not folder.is_dir():
-        return f"--out {out!r}: is a file, not a folder"
     try:
-        folder.mkdir(parents=True, exist_ok=True)
+        folder = output_folder("--out", out)  # the package's one check of an output folder
         with tempfile.TemporaryFile(dir=folder):
             pass
+    except ValueError as error:
+        return f"{error}; e.g. --out book/records"
     except OSError as error:
         return f"--out {out!r}: cannot write there ({error.strerror or error})"
     return None

@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from trainfast.device import device_name, nvidia_smi_query, pick_device
+from trainfast.device import device_name, nvidia_smi_query, parse_device, pick_device
 from trainfast.validation import check_flag, check_int, plural
 
 __all__ = [
@@ -136,7 +136,7 @@ def timestamp(device: torch.device | str = "cpu") -> float:
     which warms up, repeats and keeps every sample. Waiting for a GPU costs a synchronisation
     each call, so do not put one between every kernel of a fast loop.
     """
-    device = torch.device(device)
+    device = parse_device(device)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     elif device.type == "mps":

@@ -47,6 +47,7 @@ from typing import Any
 import torch
 
 from trainfast.records import Record, make_record
+from trainfast.validation import check_choice, check_counts, check_int
 
 __all__ = [
     "K_LARGE_BUFFER",
@@ -79,8 +80,7 @@ K_ROUND_LARGE = 2 << 20  # larger allocations are rounded up to 2 MiB
 def rounded_bytes(nbytes: int) -> int:
     """A request of ``nbytes`` rounded up to a multiple of 512 bytes (``round_size``), the least
     block it can occupy (0 for an empty tensor)."""
-    if nbytes < 0:
-        raise ValueError(f"Invalid nbytes: {nbytes} (need 0 or more)")
+    check_int("nbytes", nbytes, minimum=0)
     if nbytes == 0:
         return 0
     return K_MIN_BLOCK_SIZE * -(-nbytes // K_MIN_BLOCK_SIZE)
@@ -138,10 +138,11 @@ def cached_block_use(
     its rounded size (:func:`rounded_bytes`) and the rest stays free; if not, the whole block.
     ``max_split_size_bytes`` is ``max_split_size_mb`` in bytes (None: unlimited, the default).
     """
-    if pool not in ("small", "large"):
-        raise ValueError(f"Invalid pool: {pool!r} (expected 'small' or 'large')")
-    if nbytes <= 0 or free_block_bytes <= 0:
-        raise ValueError(f"Invalid sizes: {nbytes}, {free_block_bytes} (both must be positive)")
+    check_choice("pool", pool, ("small", "large"))
+    check_counts(nbytes=nbytes, free_block_bytes=free_block_bytes)
+    check_counts(max_non_split_rounding_bytes=max_non_split_rounding_bytes)
+    if max_split_size_bytes is not None:
+        check_int("max_split_size_bytes", max_split_size_bytes, minimum=1)
     size = rounded_bytes(nbytes)
     if _pool(size) != pool or free_block_bytes < size:
         return None

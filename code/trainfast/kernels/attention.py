@@ -107,6 +107,7 @@ def flash_attention_forward(
     ``L`` has shape (..., n_queries), in float32 (float64 for float64 inputs).
     """
     check_tile_sizes(tile_queries, tile_keys)
+    check_flag("is_causal", is_causal)
     n_queries, n_keys, scale = q.shape[-2], k.shape[-2], q.shape[-1] ** -0.5
     dtype = _compute_dtype(q.dtype)
     out = torch.empty_like(q)
@@ -150,6 +151,7 @@ def flash_attention_backward(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """The tiled backward pass: ``(dq, dk, dv)``, recomputing probabilities tile by tile."""
     check_tile_sizes(tile_queries, tile_keys)
+    check_flag("is_causal", is_causal)
     n_queries, n_keys, scale = q.shape[-2], k.shape[-2], q.shape[-1] ** -0.5
     dtype = lse.dtype
     delta = (grad_out.to(dtype) * out.to(dtype)).sum(dim=-1)  # D = rowsum(dO ∘ O), (..., n_queries)

@@ -22,7 +22,7 @@ from trainfast.kernels.roofline import Roofline, matmul_cost
 from trainfast.kernels.tiled_matmul import MatmulTiles, epilogue_traffic_bytes, tile_traffic_bytes
 from trainfast.records import Prediction, Record
 from trainfast.timing import benchmark
-from trainfast.validation import plural
+from trainfast.validation import check_int, plural
 
 __all__ = [
     "FUSED_LINEAR_GELU_SHAPE",
@@ -273,8 +273,7 @@ def matmul_prediction(
     launch overhead and tile quantisation, so it is a ceiling, not a forecast of cuBLAS.
     ``roofline`` and ``matmul-tiles`` measure it.
     """
-    if size < 1:
-        raise ValueError(f"Invalid matrix size: {size!r} (expected >= 1)")
+    check_int("size", size, minimum=1)
     check_dtype(gpu, dtype)
     element = ELEMENT_BYTES[dtype]
     cost = matmul_cost(size, size, size, element_bytes=element)

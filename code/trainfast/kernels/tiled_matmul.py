@@ -33,6 +33,7 @@ from torch import Tensor
 from trainfast.gpus import GPUSpec
 from trainfast.kernels.targets import launch_target, pipelines_loads
 from trainfast.kernels.triton_runtime import check_launch, is_interpreted, tl, triton
+from trainfast.validation import check_choice, check_counts, check_flag, check_instance, check_int
 
 __all__ = [
     "ACTIVATIONS",
@@ -69,11 +70,11 @@ class MatmulTiles:
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "block_k"):
-            value = getattr(self, name)
-            if value < 16 or value & (value - 1):
+            value = check_int(name, getattr(self, name), minimum=16)
+            if value & (value - 1):
                 raise ValueError(f"Invalid {name}: {value} (need a power of two, at least 16)")
-        if self.group_m < 1 or self.num_warps < 1 or self.num_stages < 1:
-            raise ValueError(f"Invalid tiles: {self} (group_m, num_warps, num_stages must be >= 1)")
+        for name in ("group_m", "num_warps", "num_stages"):
+            check_int(name, getattr(self, name), minimum=1)
 
     def shared_memory_bytes(self, element_bytes: int) -> int:
         """Bytes of shared memory the pipelined A and B tiles need."""
@@ -260,6 +261,9 @@ def matmul_reference(
     ``"gelu_tanh"`` is ``torch.nn.functional.gelu(..., approximate="tanh")``, the GELU that
     cuBLASLt's epilogue and GPT-2 use.
     """
+
+    if activation is not None:
+        check_choice("activation", activation, ACTIVATIONS)
     c = torch.matmul(a, b)
     if bias is not None:
         c = c + bias
@@ -365,6 +369,8 @@ def tile_traffic_bytes(m: int, n: int, k: int, tiles: MatmulTiles, element_bytes
     of A and a ``k × block_n`` strip of B and writes its tile of C once. An L2 cache (and the
     grouped launch order) cuts the reads further; this is the upper bound that tiling controls.
     """
+    check_counts(m=m, n=n, k=k, element_bytes=element_bytes)
+    check_instance("tiles", tiles, MatmulTiles)
     tiles_m, tiles_n = -(-m // tiles.block_m), -(-n // tiles.block_n)
     reads = tiles_m * tiles_n * (tiles.block_m + tiles.block_n) * k
     return (reads + m * n) * element_bytes
@@ -383,9 +389,9 @@ def epilogue_traffic_bytes(
     the difference is exactly the traffic that fusion removes: ``4·m·n`` elements with a bias,
     ``2·m·n`` without one.
     """
-    for name, value in (("m", m), ("n", n), ("k", k), ("element_bytes", element_bytes)):
-        if value < 1:
-            raise ValueError(f"Invalid {name}: {value!r} (expected >= 1)")
+    check_counts(m=m, n=n, k=k, element_bytes=element_bytes)
+    check_flag("has_bias", has_bias)
+    check_flag("fused", fused)
     bias = n if has_bias else 0
     matmul = m * k + k * n + m * n
     if fused:

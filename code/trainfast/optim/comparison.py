@@ -33,6 +33,7 @@ from torch.utils.data import Dataset
 
 from trainfast.loop import History, evaluate, train
 from trainfast.records import Record
+from trainfast.validation import check_flag
 
 __all__ = [
     "Interval",
@@ -137,6 +138,7 @@ def verdict(
     difference is inside the noise of the repeats; otherwise it names the one ahead (the higher,
     or with ``lower_is_better`` the lower, as for a loss) and the interval of its advantage.
     """
+    check_flag("lower_is_better", lower_is_better)
     diff = paired_difference(a, b)
     if diff.contains(0.0):
         where = f"95% interval {_two_digits(diff.low, '+')} to {_two_digits(diff.high, '+')} "

@@ -25,7 +25,7 @@ from torch.optim.optimizer import ParamsT
 from trainfast.optim._foreach import group_by_device_and_dtype
 from trainfast.optim._validate import CheckedOptimizer, check_hyperparameters
 from trainfast.optim.adam import adam, init_adam_state
-from trainfast.validation import check_int
+from trainfast.validation import check_counts, check_int, check_number
 
 __all__ = [
     "init_muon_state",
@@ -67,6 +67,7 @@ def zeropower_via_newtonschulz5(
     """
     if G.ndim != 2:
         raise ValueError(f"Newton-Schulz orthogonalises a 2-D matrix, got shape {tuple(G.shape)}")
+    check_int("steps", steps, minimum=0)  # range(-3) would return G merely normalised
     check_ns_dtype(dtype)
     a, b, c = coefficients
     X = G.to(dtype)  # (rows, cols)
@@ -123,6 +124,8 @@ def update_scale(rows: int, cols: int, adjust_lr_fn: str = "original") -> float:
     ``0.2 * sqrt(max(rows, cols))``, which gives the update an RMS of about 0.2, that of a
     typical AdamW update, so Muon can share AdamW's learning rate and weight decay.
     """
+
+    check_counts(rows=rows, cols=cols)
     if adjust_lr_fn == "original":
         return max(1, rows / cols) ** 0.5
     if adjust_lr_fn == "match_rms_adamw":
@@ -145,6 +148,7 @@ def orthogonalized_update(
     keeps tall matrices' updates as large as those of square ones. Returns ``ns_dtype``.
     """
     rows, cols = update.shape
+    check_number("eps", eps, above=0.0)  # what keeps the first division finite
     scale = update_scale(rows, cols, adjust_lr_fn)
     update = zeropower_via_newtonschulz5(update, ns_steps, coefficients, eps, ns_dtype)
     update *= scale

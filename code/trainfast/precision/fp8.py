@@ -24,10 +24,13 @@ of the running sum, and ``use_fast_accum=True`` leaves the whole sum to them, wh
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
 from trainfast.recipes import Recipe
+from trainfast.validation import check_choice, check_int
 
 __all__ = [
     "FP8_RECIPES",
@@ -82,6 +85,17 @@ FP8_STATED_BYTES: dict[str, float] = {
 def _check_fp8(dtype: torch.dtype) -> None:
     if dtype not in _FP8:
         raise ValueError(f"Unsupported FP8 dtype: {dtype} (expected one of {_FP8})")
+
+
+def _check_margin(margin: int, dtype: torch.dtype) -> None:
+    """A margin (in binades, an int as Transformer Engine's) that keeps something of the range:
+    a negative one maps the history's amax past ``fp8_max``, so the largest values saturate
+    (``margin=-200``: every nonzero value), and one of ``log2(fp8_max / smallest subnormal)``
+    or more maps the amax below the smallest subnormal, so every value rounds to zero or to
+    that one subnormal."""
+    finfo = torch.finfo(dtype)
+    widest = math.floor(math.log2(finfo.max / (finfo.smallest_normal * finfo.eps)))
+    check_int("margin", margin, minimum=0, maximum=widest)
 
 
 def fp8_scale(amax: Tensor, dtype: torch.dtype = torch.float8_e4m3fn) -> Tensor:
@@ -210,13 +224,10 @@ class DelayedScaling:
         amax_compute: str = "max",
         dtype: torch.dtype = torch.float8_e4m3fn,
     ) -> None:
-        if history_len < 1:
-            raise ValueError(f"Invalid history_len: {history_len} (need at least 1)")
-        if amax_compute not in ("max", "most_recent"):
-            raise ValueError(
-                f"Invalid amax_compute: {amax_compute!r} (expected 'max' or 'most_recent')"
-            )
+        check_int("history_len", history_len, minimum=1)
+        check_choice("amax_compute", amax_compute, ("max", "most_recent"))
         _check_fp8(dtype)
+        _check_margin(margin, dtype)
         self.history_len, self.margin, self.amax_compute, self.dtype = (
             history_len,
             margin,

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from trainfast.timing import benchmark, benchmark_side_by_side
+from trainfast.validation import check_int
 
 __all__ = [
     "autocast_matmul_ratio",
@@ -94,8 +95,7 @@ def autocast_matmul_ratio(
     device_type = torch.device(device).type
     rows = []
     for width in widths:
-        if width < 1:
-            raise ValueError(f"Invalid width: {width} (need at least 1)")
+        check_int("width", width, minimum=1)
         x = torch.randn(tokens, width, device=device)
         weight = torch.randn(width, width, device=device)
 
@@ -161,8 +161,7 @@ def compile_speedup_by_width(
     """
     rows = []
     for width in widths:
-        if width < 1:
-            raise ValueError(f"Invalid width: {width} (need at least 1)")
+        check_int("width", width, minimum=1)
         generator = torch.Generator().manual_seed(width)
         x = torch.randn(tokens, width, generator=generator).to(device)
         w_in = (torch.randn(4 * width, width, generator=generator) / width**0.5).to(device)

@@ -31,6 +31,7 @@ import torch
 
 from trainfast.gpus import GPUSpec
 from trainfast.timing import benchmark_side_by_side
+from trainfast.validation import check_instance, check_int
 
 __all__ = [
     "CudaPrefetcher",
@@ -48,8 +49,8 @@ def host_to_device_seconds(nbytes: int, gpu: GPUSpec) -> float:
     half of it (as :func:`trainfast.kernels.benchmarks.host_transfer_prediction` does). A real
     copy may run slower than the datasheet's bandwidth.
     """
-    if nbytes < 0:
-        raise ValueError(f"Invalid nbytes: {nbytes} (need at least 0)")
+    check_int("nbytes", nbytes, minimum=0)
+    check_instance("gpu", gpu, GPUSpec, hint="trainfast.gpus.GPUS holds one per GPU")
     return nbytes / (gpu.pcie_bytes_per_s / 2)
 
 
@@ -62,8 +63,7 @@ def prefetch_saving_seconds(nbytes: int, gpu: GPUSpec, steps: int) -> float:
     of :func:`host_to_device_seconds`, at the datasheet's bandwidth: a copy that runs slower
     takes longer and has more to hide.
     """
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"Invalid steps: {steps!r} (need an int of at least 1)")
+    check_int("steps", steps, minimum=1)
     return (steps - 1) / steps * host_to_device_seconds(nbytes, gpu)
 
 

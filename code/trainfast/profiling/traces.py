@@ -42,7 +42,8 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
-from trainfast.validation import plural
+from trainfast.device import parse_device
+from trainfast.validation import check_flag, check_int, output_folder, plural
 
 __all__ = [
     "OperatorTime",
@@ -130,11 +131,25 @@ def profiler_activities(device: torch.device | str | None) -> list[ProfilerActiv
     Without ``ProfilerActivity.CUDA`` the profiler records only the host side: the operators and
     their launches, and no kernel at all, so a GPU trace would show nothing of the GPU.
     """
-    device = torch.device(device) if device is not None else torch.device("cpu")
+    device = parse_device(device) if device is not None else torch.device("cpu")
     activities = [ProfilerActivity.CPU]
     if device.type == "cuda":
         activities.append(ProfilerActivity.CUDA)
     return activities
+
+
+def _check_profile_arguments(
+    step_fn: object, wait: int, warmup: int, active: int, row_limit: int, *flags: bool
+) -> None:
+    """:func:`profile_steps`'s arguments, each named if wrong (``warmup=1.5`` would otherwise
+    reach ``range()``, ``record_shapes='no'`` be taken for True)."""
+    if not callable(step_fn):
+        raise ValueError(f"Invalid step_fn: {step_fn!r:.80} (expected a function to call)")
+    for name, value, least in (("wait", wait, 0), ("warmup", warmup, 0), ("active", active, 1)):
+        check_int(name, value, minimum=least)
+    check_int("row_limit", row_limit, minimum=1)
+    for name, flag in zip(("record_shapes", "profile_memory", "with_stack"), flags, strict=True):
+        check_flag(name, flag)
 
 
 def profile_steps(
@@ -159,12 +174,10 @@ def profile_steps(
     and ``with_stack`` are the profiler's own options; each makes the trace larger and slower
     to record. Pass the ``device`` the step runs on: the default, the CPU, records no kernel.
     """
-    for name, value, least in (("wait", wait, 0), ("warmup", warmup, 0), ("active", active, 1)):
-        if value < least:
-            raise ValueError(f"Invalid {name}: {value} (need at least {least})")
-    device = torch.device(device) if device is not None else torch.device("cpu")
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    flags = (record_shapes, profile_memory, with_stack)
+    _check_profile_arguments(step_fn, wait, warmup, active, row_limit, *flags)
+    device = parse_device(device) if device is not None else torch.device("cpu")
+    out_dir = output_folder("out_dir", out_dir)
     trace = out_dir / "trace.json.gz"
     activities = profiler_activities(device)
 
@@ -222,8 +235,7 @@ def operator_table(profile: StepProfile, rows: int = 12) -> str:
     page can lay out: milliseconds per step, each row's share of the step's self time, and the
     device columns only when the profile has device time.
     """
-    if rows < 1:
-        raise ValueError(f"Invalid rows: {rows} (need at least 1)")
+    check_int("rows", rows, minimum=1)
     steps = profile.active_steps
     on_device = any(row.self_device_s > 0 for row in profile.operators)
     kind = "self_device_s" if on_device else "self_cpu_s"

@@ -70,7 +70,9 @@ def train_digits(
     if report is not None:
         callbacks.append(lambda row: report({"eval/loss": row["eval/loss"], "epoch": row["epoch"]}))
     data = digits_data()
-    trainer = Trainer(model, args, data.train, data.validation, callbacks=callbacks)
+    trainer = Trainer(  # a sweep runs past the stable edge: a diverged run is a result
+        model, args, data.train, data.validation, callbacks=callbacks, allow_divergence=True
+    )
     trainer.train()
     last = trainer.history[-1]
     return {

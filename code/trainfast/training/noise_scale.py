@@ -49,6 +49,8 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
+from trainfast.validation import check_int
+
 __all__ = ["NoiseScale", "exact_noise_scale", "gradient_noise_scale", "noise_scale_from_norms"]
 
 
@@ -173,7 +175,9 @@ def noise_scale_from_norms(
     """A :class:`NoiseScale` from squared gradient norms measured elsewhere (for instance each
     data-parallel rank's local gradient against the all-reduced one), with a warning when the
     ``|G|²`` estimate is not positive."""
-    if not 1 <= small < big:
+    check_int("small", small, minimum=1)
+    check_int("big", big, minimum=1)
+    if not small < big:
         raise ValueError(
             f"Invalid batch sizes: small={small}, big={big} (expected 1 <= small < big)"
         )
@@ -227,12 +231,13 @@ def gradient_noise_scale(
     and then restored; gradients are cleared. Read :attr:`NoiseScale.simple_stderr` before
     trusting a value: with a few dozen pairs it is often ten percent or more.
     """
-    if not 1 <= small < big:
+    check_int("small", small, minimum=1)
+    check_int("big", big, minimum=1)
+    if not small < big:
         raise ValueError(
             f"Invalid batch sizes: small={small}, big={big} (expected 1 <= small < big)"
         )
-    if batches < 2:
-        raise ValueError(f"Invalid batches={batches} (expected at least 2 pairs)")
+    check_int("batches", batches, minimum=2)  # a standard error needs two pairs
     n_examples = len(dataset)  # type: ignore[arg-type]
     if big > n_examples:
         raise ValueError(f"Invalid big={big}: the data set has only {n_examples} examples")

@@ -427,7 +427,9 @@ def numbers_in_prose(page: str, allow: Iterable[str] = ()) -> list[str]:
 #: Numbers a page's prose may type (constants of the argument, not results), by chapter; every
 #: other number in prose is glued (:func:`typed_numbers`, run on every page by test_chapters.py).
 PROSE_CONSTANTS: dict[str, set[str]] = {
-    "hyperparameters": set("0 1 2 3 4 5 6 8 9 16 20 25 64 256 1,024 0.5 0.95 0.999 2.1".split()),
+    "hyperparameters": set(
+        "0 1 2 3 4 5 6 8 9 16 20 25 32 64 95 256 1,024 0.5 0.95 0.999 2.1 2.3".split()
+    ),
     "memory_hierarchy": set("1 2 4 6 12 16 32 64 100 128 256 300 512 1,024 4096 2.6".split()),
     "mixed_precision": set(
         (

@@ -74,7 +74,7 @@ def test_the_teaching_chapter_comes_from_listings_and_imports_not_mentions():
     # the pages come in reading order, a folder chapter's sections under it
     pages = list(chapters)
     assert pages.index("optimizers/gradient_descent") < pages.index("optimizers/adam")
-    assert pages.index("optimizers/step_cost") < pages.index("hyperparameters")
+    assert pages.index("optimizers/step_cost") < pages.index("hyperparameters/trainer")
     modules = ["trainfast", "trainfast.device", "trainfast.optim", "trainfast.optim.adam"]
     taught = build_support.teaching_chapters(modules, chapters)
     # every chapter's first cell imports the device helper: machinery, taught by none

@@ -1877,6 +1877,26 @@ def test_every_load_records_caller_reads_a_folder_that_exists() -> None:
     assert records.records_for("launcher-failure", None)  # what the appendix reads now
 
 
+def test_a_checkpoint_from_before_every_generator_was_kept_still_loads() -> None:
+    from trainfast.training import Trainer
+
+    def trainer() -> Trainer:
+        args = TrainingArguments(device="cpu", progress_bar=False, batch_size=2)
+        return Trainer(_tiny_classifier(), args, TensorDataset(X4, Y3))
+
+    state = trainer().state_dict()
+    saved = state.pop("random_states")  # the old layout: two RNG states of its own
+    old = {**state, "torch_rng": saved["cpu"], "data_order": saved["generators"]["data_order"]}
+    resumed = trainer()
+    torch.manual_seed(123)  # knocked out of place: loading must put it back
+    resumed.load_state_dict(old)
+    assert torch.equal(torch.get_rng_state(), saved["cpu"])
+    assert torch.equal(resumed.train_loader.generator.get_state(), old["data_order"])
+    del old["data_order"]  # neither layout: named
+    with pytest.raises(ValueError, match=r"not a Trainer checkpoint .*'data_order'"):
+        resumed.load_state_dict(old)
+
+
 # ------------------------------------ VAGUE before: files that are not what they claim to be
 def test_a_dict_that_is_not_a_trainer_checkpoint_is_named(tmp_path: Path) -> None:
     from trainfast.training import Trainer

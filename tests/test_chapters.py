@@ -24,18 +24,12 @@ PAGES = book_site.notebook_pages()
 APPENDICES = ["appendix/launching", "appendix/sweep_agents"]
 #: CPU seconds a section page may take to execute on this CPU (the sections issue's budget).
 PAGE_BUDGET_CPU_SECONDS = 60
-#: Chapters still on one page until their own issue splits them into sections, with the budget a
-#: whole chapter had (150 s of wall-clock time on an idle CPU), in CPU seconds. A chapter leaves
-#: this table when it becomes a folder: its pages then get the page budget.
-ONE_PAGE_CHAPTER_BUDGET_CPU_SECONDS = {
-    "hyperparameters": 150,
-}
 
 
 def budget_cpu_seconds(page: str) -> float:
-    """The CPU seconds page ``page`` may take: a section page's budget, or, for a chapter that is
-    still one page, that chapter's."""
-    return ONE_PAGE_CHAPTER_BUDGET_CPU_SECONDS.get(page, PAGE_BUDGET_CPU_SECONDS)
+    """The CPU seconds page ``page`` may take: every page is a section page now (the last
+    chapters on one page became folders with issues 46-50), so every page has the page budget."""
+    return PAGE_BUDGET_CPU_SECONDS
 
 
 def budget_problem(page: str, execution: chapters.Execution, budget: float) -> str | None:
@@ -80,13 +74,6 @@ def test_the_budget_is_cpu_time_not_wall_time() -> None:
     )
     unknown = chapters.Execution(notebook=None, seconds=61.0, cpu_seconds=None)
     assert "CPU time was not recorded" in budget_problem("x", unknown, 60)
-
-
-def test_every_one_page_chapter_with_a_budget_of_its_own_is_still_one_page() -> None:
-    """The table of chapter budgets shrinks as chapters become folders of sections."""
-    pages = set(PAGES)
-    moved = [name for name in ONE_PAGE_CHAPTER_BUDGET_CPU_SECONDS if name not in pages]
-    assert moved == [], f"{moved} are folders now: their pages get the page budget"
 
 
 def test_cpu_time_of_a_kernel_is_measured() -> None:

@@ -582,6 +582,7 @@ def test_pages_come_from_the_toc_with_chapters_as_folders_and_flat_chapters(tmp_
     # the book today: every chapter of _toc.yml that is a notebook, in its order
     book = executable_pages(ROOT)
     assert book[0].startswith("optimizers") and "speedrun/log" in book
+    assert book.index("optimizers/step_cost") < book.index("hyperparameters/trainer")
     assert all((ROOT / "book" / f"{page}.md").exists() for page in book)
 
 

@@ -1,4 +1,4 @@
-"""Chapter "Hyperparameters and experiment tracking" (book/hyperparameters.md).
+"""Chapter "Hyperparameters and experiment tracking" (book/hyperparameters/, its section pages).
 
 The trainer (a short run lowers the loss, train/eval modes, frozen layers stay frozen,
 parameter groups get their learning rates, also in a plain torch optimizer, an exact resume),
@@ -841,6 +841,104 @@ def test_a_resumed_run_ends_where_an_uninterrupted_one_does(digits_data, tmp_pat
         load_checkpoint(fresh(), "checkpoint:latest")
 
 
+class _NoiseLayer(nn.Module):
+    """Adds noise drawn from a generator of its own while training: a generator that no global
+    seed or state covers, as an augmentation's would be."""
+
+    def __init__(self, generator: torch.Generator) -> None:
+        super().__init__()
+        self.generator = generator
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training:
+            return x
+        return x + 0.1 * torch.randn(x.shape, generator=self.generator, device=x.device)
+
+
+def _resume_twice(data, device: str, make_model, generators=lambda: {}, tmp_path=None):
+    """An uninterrupted run and one that "crashes" after epoch 1, has every generator it draws
+    from knocked out of place (planted draws), and resumes from its checkpoint."""
+    from trainfast.training.checkpoints import load_checkpoint, save_checkpoint
+
+    args = quiet(lr=3e-3, batch_size=64, epochs=3, log_every=128, device=device)
+
+    def fresh():
+        torch.manual_seed(0)
+        run_generators = generators()
+        return Trainer(
+            make_model(run_generators), args, data.train, data.test, generators=run_generators
+        )
+
+    whole = fresh()
+    whole.train()
+    interrupted = fresh()
+    interrupted.callbacks.append(lambda record: record["epoch"] >= 1)
+    interrupted.train()
+    path = save_checkpoint(interrupted, tmp_path / "checkpoint.pt")
+    resumed = fresh()
+    torch.manual_seed(12345)  # planted: every default generator elsewhere
+    torch.rand(7, device=device)
+    for generator in [resumed.train_loader.generator, *resumed.generators.values()]:
+        generator.manual_seed(12345)
+    load_checkpoint(resumed, path)
+    resumed.train()
+    return whole, resumed
+
+
+def test_a_resume_restores_every_generator_the_run_draws_from(digits_data, tmp_path):
+    """Dropout (the CPU generator), the data order and a generator of the run's own: all three
+    are knocked out of place before the resume, and the resumed run still ends bit for bit where
+    the uninterrupted one does. A generator the run does not name is not restored (the control:
+    the same runs then end elsewhere)."""
+
+    def noisy_cnn(generators):
+        return nn.Sequential(_NoiseLayer(generators["noise"]), ScalingCNN(4, dropout=0.2))
+
+    def named():
+        return {"noise": torch.Generator().manual_seed(7)}
+
+    whole, resumed = _resume_twice(digits_data, "cpu", noisy_cnn, named, tmp_path)
+    assert resumed.steps == whole.steps
+    for a, b in zip(resumed.model.parameters(), whole.model.parameters(), strict=True):
+        assert torch.equal(a, b)
+    shared = torch.Generator().manual_seed(7)  # the run's generator, kept from the trainer
+
+    def unnamed_cnn(generators):
+        return nn.Sequential(_NoiseLayer(shared), ScalingCNN(4, dropout=0.2))
+
+    shared.manual_seed(7)
+    whole, resumed = _resume_twice(digits_data, "cpu", unnamed_cnn, tmp_path=tmp_path)
+    assert not all(
+        torch.equal(a, b)
+        for a, b in zip(resumed.model.parameters(), whole.model.parameters(), strict=True)
+    )
+    with pytest.raises(ValueError, match=r"holds the generators \['data_order'\], this run has"):
+        from trainfast.training.random_state import random_states, restore_random_states
+
+        restore_random_states(
+            random_states(torch.device("cpu"), {"data_order": torch.Generator()}),
+            {"data_order": torch.Generator(), "noise": torch.Generator()},
+        )
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_resume_on_a_gpu_continues_dropout_exactly(tmp_path):
+    """Dropout on a CUDA tensor draws from the CUDA generator: a resume that restored only the
+    CPU's (torch.get_rng_state) would draw other masks after the crash. An MLP, so that no
+    nondeterministic kernel (a convolution's backward) blurs the comparison."""
+
+    def mlp(generators):
+        return nn.Sequential(
+            nn.Flatten(), nn.Linear(64, 128), nn.ReLU(), nn.Dropout(0.3), nn.Linear(128, 10)
+        )
+
+    whole, resumed = _resume_twice(load_images("digits"), "cuda", mlp, tmp_path=tmp_path)
+    assert next(resumed.model.parameters()).is_cuda
+    for a, b in zip(resumed.model.parameters(), whole.model.parameters(), strict=True):
+        assert torch.equal(a, b)
+
+
 def test_an_offline_wandb_run_logs_the_checkpoint_as_an_artifact(monkeypatch, tmp_path):
     pytest.importorskip("wandb")
     from trainfast.training.checkpoints import save_checkpoint
@@ -908,11 +1006,50 @@ def test_scaling_study_benchmark_quick_record():
     assert small["lr"] > large["lr"]  # 1/sqrt(fan_in)
 
 
+def test_scaling_study_widens_a_multiplier_chosen_at_the_grid_edge(monkeypatch):
+    """A planted study whose loss is lowest at a learning-rate multiplier of 8 for the widest
+    model and of 1 elsewhere: the record tries 4 and 8 (and 16, to see 8 is interior) for that
+    width only, leaves the others at the three-point grid, and says so in its rows."""
+    from trainfast.training import benchmarks
+    from trainfast.training.scaling import ScalingRun
+
+    calls = []
+
+    def planted(widths, fractions, *, dropout, seeds, data, args, lr_of_width):
+        calls.append((tuple(widths), tuple(fractions)))
+        runs = []
+        for fraction in fractions:
+            for width in widths:
+                lr = lr_of_width(width)
+                multiplier = lr / (1e-2 * math.sqrt(benchmarks.BASE_WIDTH / width))
+                best = 8.0 if width == max(benchmarks.widths_by_sqrt2(4, 8)) else 1.0
+                loss = 0.5 + abs(math.log2(multiplier / best))
+                runs.append(
+                    ScalingRun(width, fraction, dropout, 100, 100, 1e6, loss, 0.0, loss, lr)
+                )
+        return runs
+
+    monkeypatch.setattr(benchmarks, "scaling_study", planted)
+    monkeypatch.setattr(benchmarks, "load_images", lambda *a, **k: None)
+    record = benchmarks.scaling_study_record(torch.device("cpu"))
+    widest = max(r["width"] for r in record.rows)
+    for row in record.rows:
+        if row["width"] == widest:
+            assert row["lr_multiplier"] == pytest.approx(8.0)
+            assert row["lr_multipliers_tried"] == 6 and not row["lr_at_edge"]  # 0.5 ... 16
+        else:
+            assert row["lr_multiplier"] == 1.0 and row["lr_multipliers_tried"] == 3
+    single = [call for call in calls if len(call[0]) == 1]  # widening: one configuration a call
+    assert len(calls) - len(single) == 2 * 3  # the grid, per dropout setting
+    assert {w for (w,), _ in single} == {widest} and len(single) == 2 * 3 * 3  # 4, 8, 16
+
+
 #: Constants the hyperparameters chapter may type: the batch sizes and data settings its runs
 #: are keyed by (16, 64, 256, 1,024; digits 0–4 and 5–9; 8×8 images; 20% dropout; logging
 #: every 25 steps; 3×3 grids and Hyperband's eta 3 with brackets 1, 3, 9), published settings
 #: (β₂ 0.999 and 0.95, Hoffmann et al.'s exponent 0.5), the 2 + 4 = 6 FLOPs per weight per token
-#: of Kaplan et al.'s section 2.1, and the unit noise of the optimizer's-curse simulation (1).
+#: of Kaplan et al.'s section 2.1, the unit noise of the optimizer's-curse simulation (1), 95% for
+#: every interval, McCandlish et al.'s section 2.3, and the noise scale's former 32 batch pairs.
 
 
 def test_robust_shrinkage_shrinks_a_heavy_tailed_sweep_that_gaussian_shrinkage_leaves_alone():
@@ -964,7 +1101,11 @@ def test_choose_batch_check_catches_ignoring_the_noise_scale_or_the_curve(capsys
         return min(b for b in candidates if throughput[b] >= 0.95 * best)
 
     check_choose_batch(choose_batch)
-    assert "All 5 cases passed." in capsys.readouterr().out
+    assert "All 6 cases passed." in capsys.readouterr().out
+    with pytest.raises(AssertionError, match="B_simple 256: batch 256"):  # "up to" read as "<"
+        check_choose_batch(
+            lambda tp, b: choose_batch({s: v for s, v in tp.items() if s < b} or tp, b)
+        )
     with pytest.raises(AssertionError, match="B_simple 100"):  # the fastest, whatever B_simple
         check_choose_batch(lambda tp, b: max(tp, key=tp.get))
     with pytest.raises(AssertionError, match="B_simple 2000"):  # the largest below B_simple
@@ -1000,11 +1141,10 @@ def test_training_arguments_listing_lines_are_exactly_the_fields():
     import dataclasses
     import inspect
     import re
-    from pathlib import Path
 
     from trainfast.training import TrainingArguments
 
-    page = (Path(__file__).parents[1] / "book" / "hyperparameters.md").read_text()
+    page = chapters.chapter_path("hyperparameters/trainer").read_text()
     start, end = map(
         int, re.search(r":pyobject: TrainingArguments\n:lines: (\d+)-(\d+)", page).groups()
     )
@@ -1019,7 +1159,7 @@ EXCERPTS = {
         "def scaling_study_record(",
         "widths_by_sqrt2(",
         "lr_of_width=",
-        "best[key] = ",
+        "outward = ",
     ),
     "Trainer.setup": ("def setup(", "args = self.args", "build_optimizer(", "LambdaLR("),
     "Trainer.training_step": (
@@ -1054,13 +1194,14 @@ def test_excerpted_listings_show_the_lines_that_carry_the_idea(name: str) -> Non
     """
     import inspect
     import re
-    from pathlib import Path
 
     from trainfast import loop
     from trainfast.training.benchmarks import scaling_study_record
     from trainfast.training.trainer import Trainer
 
-    page = (Path(__file__).parents[1] / "book" / "hyperparameters.md").read_text()
+    page = "\n".join(
+        chapters.chapter_path(p).read_text() for p in chapters.pages_of("hyperparameters")
+    )
     spec = re.search(rf":pyobject: {re.escape(name)}\n:lines: ([\d,-]+)\n", page).group(1)
     functions = {"evaluate": loop.evaluate, "scaling_study_record": scaling_study_record}
     obj = functions.get(name) or getattr(Trainer, name.split(".")[1])
@@ -1084,6 +1225,8 @@ def test_excerpted_listings_show_the_lines_that_carry_the_idea(name: str) -> Non
         "lr_multiplier",
         "gradient_noise_scale",
         "training_flops",
+        "random_states",
+        "train_digits",
     ],
 )
 def test_listings_without_docstrings_show_the_rest_of_the_object(name: str) -> None:
@@ -1091,7 +1234,14 @@ def test_listings_without_docstrings_show_the_rest_of_the_object(name: str) -> N
     nothing else; an edit that shifts the lines fails here."""
     import chapters
     from trainfast.sweeps import engine
-    from trainfast.training import noise_scale, scaling, schedules, tracking
+    from trainfast.training import (
+        digits_sweep,
+        noise_scale,
+        random_state,
+        scaling,
+        schedules,
+        tracking,
+    )
 
     objects = {
         "start_run": tracking.start_run,
@@ -1100,7 +1250,156 @@ def test_listings_without_docstrings_show_the_rest_of_the_object(name: str) -> N
         "lr_multiplier": schedules.lr_multiplier,
         "gradient_noise_scale": noise_scale.gradient_noise_scale,
         "training_flops": scaling.training_flops,
+        "random_states": random_state.random_states,
+        "train_digits": digits_sweep.train_digits,
     }
     assert chapters.listing_lines("hyperparameters", name) == chapters.docstring_free_lines(
         objects[name]
     )
+
+
+# ------------------------------------------------------------------------ the gradient noise scale
+
+
+def test_exact_noise_scale_is_what_one_backward_per_example_gives():
+    from trainfast.training.noise_scale import exact_noise_scale
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(5, 4), nn.Tanh(), nn.Linear(4, 3))
+    inputs, targets = torch.randn(12, 5), torch.randint(0, 3, (12,))
+    grads = []
+    for x, y in zip(inputs, targets, strict=True):
+        model.zero_grad()
+        nn.functional.cross_entropy(model(x[None]), y[None]).backward()
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]).double())
+    flat = torch.stack(grads)
+    g2, trace = exact_noise_scale(model, inputs, targets)
+    assert g2 == pytest.approx(flat.mean(0).square().sum().item(), rel=1e-6)
+    assert trace == pytest.approx(flat.var(0, unbiased=False).sum().item(), rel=1e-6)
+
+
+def _standard_error_of_gradient_norm_sq(estimate) -> float:
+    """The |G|² estimate is a fixed linear combination of the two mean norms: its standard
+    error is that of the per-pair combination."""
+    from trainfast.training.noise_scale import _u
+
+    u_small, u_big = _u(estimate.small, estimate.population), _u(estimate.big, estimate.population)
+    weight = u_big / (u_small - u_big)
+    per_pair = [
+        (1 + weight) * big - weight * small
+        for small, big in zip(estimate.small_norms_sq, estimate.big_norms_sq, strict=True)
+    ]
+    return float(np.std(per_pair, ddof=1) / math.sqrt(len(per_pair)))
+
+
+def test_the_noise_scale_estimate_meets_the_exact_per_example_value():
+    """Batches drawn without replacement from a finite set: the corrected estimator is centred on
+    the exact |G|² and B_simple of the per-example gradients; McCandlish et al.'s uncorrected
+    formulas, on the very same norms, are many standard errors off (|G|² low, B_simple high)."""
+    from trainfast.training.noise_scale import NoiseScale, exact_noise_scale, gradient_noise_scale
+
+    inputs, targets = load_images("digits").train.tensors
+    inputs, targets = inputs[:240].flatten(1), targets[:240]  # N = 240, big = half of it
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 16), nn.Tanh(), nn.Linear(16, 10))
+    exact_g2, exact_trace = exact_noise_scale(model, inputs, targets)
+    dataset = TensorDataset(inputs, targets)
+    estimate = gradient_noise_scale(model, dataset, small=4, big=120, batches=600)
+    assert estimate.population == 240
+    z_g2 = (estimate.gradient_norm_sq - exact_g2) / _standard_error_of_gradient_norm_sq(estimate)
+    z_simple = (estimate.simple - exact_trace / exact_g2) / estimate.simple_stderr
+    assert abs(z_g2) < 4 and abs(z_simple) < 4, (z_g2, z_simple)
+    uncorrected = NoiseScale(4, 120, None, estimate.small_norms_sq, estimate.big_norms_sq)
+    z_g2 = (uncorrected.gradient_norm_sq - exact_g2) / _standard_error_of_gradient_norm_sq(
+        uncorrected
+    )
+    z_simple = (uncorrected.simple - exact_trace / exact_g2) / uncorrected.simple_stderr
+    assert z_g2 < -6 and z_simple > 3, (z_g2, z_simple)
+    # independent draws need no correction: the uncorrected formulas are then the right ones
+    independent = gradient_noise_scale(
+        model, dataset, small=4, big=120, batches=600, replacement=True, seed=1
+    )
+    assert independent.population is None
+    z_simple = (independent.simple - exact_trace / exact_g2) / independent.simple_stderr
+    assert abs(z_simple) < 4, z_simple
+
+
+def test_the_noise_scale_reports_its_precision_and_the_pairs_a_precision_needs():
+    from trainfast.training.noise_scale import noise_scale_from_norms
+
+    generator = np.random.default_rng(0)
+    small = 1.0 + generator.normal(0, 0.2, 400)  # |G_8|² about 1.0, |G_256|² about 0.1
+    big = 0.1 + generator.normal(0, 0.01, 400)
+    full = noise_scale_from_norms(small, big, small=8, big=256, population=None)
+    quarter = noise_scale_from_norms(small[:100], big[:100], small=8, big=256, population=None)
+    assert full.simple_stderr < quarter.simple_stderr  # more pairs, a smaller error
+    low, high = full.interval()
+    assert low < full.simple < high and high - low == pytest.approx(2 * 1.96 * full.simple_stderr)
+    needed = quarter.pairs_for(quarter.relative_error / 2)  # half the error: four times the pairs
+    assert needed == pytest.approx(4 * 100, rel=0.01)
+    with pytest.raises(ValueError, match="relative_error"):
+        full.pairs_for(0.0)
+
+
+def test_a_noise_scale_without_a_positive_gradient_norm_is_reported_not_returned():
+    from trainfast.training.noise_scale import noise_scale_from_norms
+
+    with pytest.warns(RuntimeWarning, match=r"\|G\|\^2 estimate is -.* <= 0 after 2 batch pairs"):
+        estimate = noise_scale_from_norms(
+            [100.0, 100.0], [1.0, 1.0], small=8, big=256, population=None
+        )
+    assert not estimate.resolved and estimate.gradient_norm_sq < 0
+    with pytest.raises(ValueError, match=r"No B_simple: the \|G\|\^2 estimate is -"):
+        _ = estimate.simple
+    with pytest.raises(ValueError, match="small=8, big=8"):
+        noise_scale_from_norms([1.0], [1.0], small=8, big=8, population=None)
+    with pytest.raises(ValueError, match="big=256: the data set has only 100"):
+        noise_scale_from_norms([1.0], [1.0], small=8, big=256, population=100)
+
+
+# ------------------------------------------------------------------------ quasi-random search
+
+
+def test_quasi_random_configs_respect_the_ranges_and_spread_more_evenly_than_random():
+    from scipy.stats import qmc
+
+    config = {
+        "method": "random",
+        "parameters": {
+            "lr": {"distribution": "log_uniform_values", "min": 1e-4, "max": 1e-1},
+            "other": {"min": 0.0, "max": 1.0},
+            "layers": {"min": 1, "max": 4},
+            "schedule": {"values": ["a", "b"], "probabilities": [0.25, 0.75]},
+            "epochs": {"value": 2},
+        },
+    }
+    configs = sweeps.quasi_random(config, 64, seed=0)
+    assert len(configs) == 64 and all(c["epochs"] == 2 for c in configs)
+    assert all(1e-4 <= c["lr"] <= 1e-1 and 0 <= c["other"] < 1 for c in configs)
+    assert {c["layers"] for c in configs} == {1, 2, 3, 4}  # int_uniform, inferred from int bounds
+    assert abs(sum(c["schedule"] == "b" for c in configs) - 48) <= 2  # 3/4 of 64, as weighted
+    unit = np.array([[(math.log10(c["lr"]) + 4) / 3, c["other"]] for c in configs])
+    pseudo = np.array(
+        [
+            [(math.log10(c["lr"]) + 4) / 3, c["other"]]
+            for c in sweeps.sample(
+                {
+                    "method": "random",
+                    "parameters": {k: config["parameters"][k] for k in ("lr", "other")},
+                },
+                64,
+            )
+        ]
+    )
+    assert qmc.discrepancy(unit) < qmc.discrepancy(pseudo) / 2
+    assert sweeps.quasi_random(config, 8, seed=1) != sweeps.quasi_random(config, 8, seed=2)
+    with pytest.raises(ValueError, match="Invalid count: 0"):
+        sweeps.quasi_random(config, 0)
+    with pytest.raises(sweeps.SweepConfigError, match="q_uniform"):
+        sweeps.quasi_random(
+            {
+                "method": "random",
+                "parameters": {"x": {"distribution": "q_uniform", "min": 0, "max": 1, "q": 0.5}},
+            },
+            4,
+        )

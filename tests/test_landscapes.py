@@ -211,6 +211,9 @@ def test_plot_trajectories_draws_one_line_per_path_and_a_legend(plt):
     assert "_" not in ax.figure.axes[-1].get_ylabel()  # the colour bar's label
     assert ax.get_xlim() == surface.xlim and ax.get_ylim() == surface.ylim
     ax.figure.canvas.draw()  # renders with NaNs present
+    # The legend sits below the axes, so it covers no path (inside, "best" hid end points).
+    legend_box = ax.get_legend().get_window_extent()
+    assert legend_box.y1 < ax.get_window_extent().y0
 
 
 def test_plot_trajectories_uses_the_given_axes_and_title(plt):

@@ -29,6 +29,7 @@ from trainfast.validation import check_counts, check_int, check_number
 
 __all__ = [
     "init_muon_state",
+    "newton_schulz_flops",
     "multi_tensor_muon",
     "Muon",
     "muon",
@@ -82,6 +83,23 @@ def zeropower_via_newtonschulz5(
     if transposed:
         X = X.T  # (rows, cols)
     return X
+
+
+def newton_schulz_flops(rows: int, cols: int, steps: int = 5) -> int:
+    """The floating-point operations of :func:`zeropower_via_newtonschulz5` on a (rows, cols)
+    matrix, counting a multiply-add as 2: per step, with ``m = min`` and ``n = max`` of the two,
+    ``X Xᵀ`` (2·m·n·m), ``A @ A`` (2·m³) and ``B @ X`` (2·m·m·n), so ``steps · (4m²n + 2m³)``.
+
+    The products' part only (the scalings and additions are ``O(m·n)``), which is what a FLOP
+    counter counts: against a step's forward and backward passes, ``6·batch·m·n`` for the same
+    matrix, the ratio is ``steps·(4 + 2m/n)·m / (6·batch)``, about ``steps·m / batch`` for a
+    square one. Newton–Schulz is a large share of a step at a small batch and a negligible one
+    at a language model's batch of hundreds of thousands of tokens.
+    """
+    if rows < 1 or cols < 1 or steps < 0:
+        raise ValueError(f"Invalid shape ({rows}, {cols}) or steps {steps}")
+    m, n = min(rows, cols), max(rows, cols)
+    return steps * (4 * m * m * n + 2 * m**3)
 
 
 #: The formats the Newton–Schulz iteration may run in

@@ -40,6 +40,7 @@ from torch.utils.data import DataLoader, Dataset
 from trainfast.device import pick_device
 from trainfast.loop import Evaluation, check_data, evaluate
 from trainfast.training.arguments import TrainingArguments, build_optimizer
+from trainfast.training.random_state import random_states, restore_random_states
 from trainfast.training.schedules import lr_multiplier
 from trainfast.training.tracking import LocalTracker, Tracker
 from trainfast.validation import check_flag, check_instance
@@ -58,7 +59,9 @@ class Trainer:
     backbone gets a smaller learning rate than a new head
     (:func:`trainfast.training.transfer.parameter_groups`); the schedule scales every group's
     peak alike. By default all parameters that require gradients form one group. ``loss_fn`` maps
-    ``(outputs, targets)`` to a mean loss. The history of logged records is in
+    ``(outputs, targets)`` to a mean loss. ``generators`` names any generators of the run's own
+    (an augmentation's, a noise layer's), which checkpoints save and restore with the data
+    order's, the CPU's and the accelerator's. The history of logged records is in
     :attr:`history` (and in ``tracker.history``). A non-finite loss raises ``ValueError``
     naming its step unless ``allow_divergence`` (module docstring).
     """
@@ -74,6 +77,7 @@ class Trainer:
         loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = nn.functional.cross_entropy,
         tracker: Tracker | None = None,
         callbacks: Sequence[EvalCallback] = (),
+        generators: dict[str, torch.Generator] | None = None,
         allow_divergence: bool = False,
     ) -> None:
         check_instance("model", model, nn.Module)
@@ -89,6 +93,11 @@ class Trainer:
         self.loss_fn = loss_fn
         self.tracker = tracker if tracker is not None else LocalTracker(args.as_dict())
         self.callbacks = list(callbacks)
+        self.generators = dict(generators or {})
+        for name, generator in self.generators.items():
+            check_instance(f"generators[{name!r}]", generator, torch.Generator)
+        if "data_order" in self.generators:
+            raise ValueError("Invalid generators: 'data_order' is the name of the loader's own")
         self.examples_seen = 0
         self.steps = 0
         self.setup(parameter_groups)
@@ -186,17 +195,20 @@ class Trainer:
     def history(self) -> list[dict[str, Any]]:
         return self.tracker.history
 
+    def _all_generators(self) -> dict[str, torch.Generator]:
+        return {"data_order": self.train_loader.generator, **self.generators}  # type: ignore[dict-item]
+
     def state_dict(self) -> dict[str, Any]:
         """Everything a resumed run needs to continue exactly: model, optimizer, schedule,
-        progress, the data order's generator and torch's global RNG (dropout)."""
+        progress, and every generator it draws from (:mod:`trainfast.training.random_state`:
+        the data order's, the CPU's, the CUDA devices' for dropout on a GPU, the run's own)."""
         return {
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "examples_seen": self.examples_seen,
             "steps": self.steps,
-            "data_order": self.train_loader.generator.get_state(),  # type: ignore[union-attr]
-            "torch_rng": torch.get_rng_state(),
+            "random_states": random_states(self.device, self._all_generators()),
             "args": self.args.as_dict(),
         }
 
@@ -204,9 +216,10 @@ class Trainer:
         """Continue from :meth:`state_dict`: :meth:`train` then runs the remaining epochs.
         A dict that is not a trainer's checkpoint (a model's own ``state_dict()``, say) raises
         ``ValueError`` naming the keys it lacks."""
-        keys = ("model", "optimizer", "scheduler", "examples_seen", "steps", "data_order")
-        keys += ("torch_rng", "args")
+        keys = ("model", "optimizer", "scheduler", "examples_seen", "steps", "args")
         missing = [key for key in keys if key not in state] if isinstance(state, dict) else keys
+        if not missing and "random_states" not in state:  # a checkpoint from before: both RNGs
+            missing = [key for key in ("torch_rng", "data_order") if key not in state]
         if missing:
             raise ValueError(
                 f"Invalid state: not a Trainer checkpoint (it lacks {list(missing)}; expected "
@@ -219,8 +232,11 @@ class Trainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.examples_seen, self.steps = state["examples_seen"], state["steps"]
-        self.train_loader.generator.set_state(state["data_order"])  # type: ignore[union-attr]
-        torch.set_rng_state(state["torch_rng"])
+        saved = state.get("random_states") or {  # a checkpoint from before every generator was kept
+            "cpu": state["torch_rng"],
+            "generators": {"data_order": state["data_order"]},
+        }
+        restore_random_states(saved, self._all_generators())
 
     def learning_rates(self) -> dict[str, float]:
         """The current learning rate of each parameter group (``lr/<name>`` for named groups)."""

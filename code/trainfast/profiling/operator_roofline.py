@@ -106,7 +106,7 @@ class TracedOp:
     rest: element-wise, reductions, copies, the optimizer's update). ``phase``: ``"forward"``,
     ``"backward"`` or ``"optimizer"``. ``bytes`` counts every tensor operand and result once (a
     view at its own extent, a broadcast one at its storage's). ``reads`` and ``writes`` name
-    the tensors (by node number, with their bytes in :attr:`StepTrace.sizes`), for
+    the tensors (by node number, with their bytes in ``StepTrace.sizes``), for
     :func:`fused_runs`. ``dims`` is a matmul's ``(m, k, n)``; ``dtype_bytes`` its operands'
     element size.
     """

@@ -474,14 +474,14 @@ def test_a_real_chapter_executes_and_its_environment_line_is_in_the_summary(tmp_
         "--records",
         str(tmp_path / "book-records"),
         "--only",
-        "chapter:speedrun",  # the shortest chapter
+        "page:speedrun/target",  # a short page
     ]
     run = subprocess.run(command, capture_output=True, text=True, timeout=900, env=ENV)
     assert run.returncode == 0, run.stdout[-3000:]
     (step,) = json.loads((tmp_path / "summary.json").read_text())["steps"]
-    assert step["status"] == "passed" and step["name"] == "page:speedrun"
+    assert step["status"] == "passed" and step["name"] == "page:speedrun/target"
     assert step["details"]["environment"].startswith("device: cpu")
-    assert (tmp_path / "notebooks" / "speedrun.ipynb").exists()
+    assert (tmp_path / "notebooks" / "speedrun" / "target.ipynb").exists()
     (record,) = load_records(tmp_path / "records", "gpu-pass")  # a dry run's stays in OUT
     (row,) = record.rows
     assert row["environment"] == step["details"]["environment"] and row["status"] == "passed"
@@ -527,8 +527,8 @@ def test_the_device_call_script_runs_the_planned_commands_on_the_cpu_too(tmp_pat
     for number in (1, 2):
         assert listed(str(number)) == plan.command(number).names
     assert listed() == plan.command(1).names  # command 1 by default
-    assert listed("custom", "60", "page:speedrun", "measure:roofline") == [
-        "page:speedrun",
+    assert listed("custom", "60", "page:speedrun/target", "measure:roofline") == [
+        "page:speedrun/target",
         "measure:roofline",
     ]  # a rerun of chosen steps, in the order named
     returned = sorted(p.name for p in (tmp_path / "out").iterdir())

@@ -476,7 +476,11 @@ def test_fsdp_times_tensor_parallelism_at_its_best_split():
     y = n / x
 
     def ring(nbytes, ranks):  # a ring's time without its (N-1)/N: the book's approximation
-        return all_gather_time(nbytes * ranks / (ranks - 1), ranks, link)
+        return link.alpha + nbytes * link.beta  # the split's ranks need not be whole here
+
+    for ranks in (round(x), round(y)):  # where they are whole, the package's ring agrees
+        whole = all_gather_time(2 * d_model * d_ff * ranks / (ranks - 1), ranks, link)
+        assert whole == pytest.approx(ring(2 * d_model * d_ff, ranks))
 
     def comms(x):
         y = n / x

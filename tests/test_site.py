@@ -126,6 +126,10 @@ def _search_index(site: Path) -> dict:
     return json.loads(match.group(1))
 
 
+#: Sphinx's smartquotes turn a title's ' and " into typographic quotes; back to the source's.
+SMART_QUOTES = str.maketrans({"\u2018": "'", "\u2019": "'", "\u201c": '"', "\u201d": '"'})
+
+
 def test_the_search_index_holds_every_chapter_and_its_words(site):
     index = _search_index(site)
     for name in CHAPTERS:
@@ -133,7 +137,8 @@ def test_the_search_index_holds_every_chapter_and_its_words(site):
         assert docname in index["docnames"], f"{docname} is not in searchindex.js"
         number = index["docnames"].index(docname)
         title = re.search(r"^# (.+)$", (book_site.ROOT / "book" / f"{name}.md").read_text(), re.M)
-        assert index["titles"][number] == title.group(1).strip()
+        plain = index["titles"][number].translate(SMART_QUOTES)  # Sphinx's smartquotes
+        assert plain == title.group(1).strip()
         indexed = {
             term
             for term, docs in index["terms"].items()
@@ -256,8 +261,9 @@ def template_seams(text: str) -> list[str]:
 
 
 class _VisibleText(HTMLParser):
-    """The text of a page's article without its code cells' source (code, not prose: a line
-    ``rows.append(...)`` after ``- 1`` is no seam); outputs, captions and prose are kept."""
+    """The text of a page's article without its code cells' source and its listings (code, not
+    prose: a line ``rows.append(...)`` after ``- 1``, or a comment ``# N - 1 steps``, is no seam);
+    outputs, captions and prose are kept."""
 
     def __init__(self) -> None:
         super().__init__(convert_charrefs=True)
@@ -273,7 +279,8 @@ class _VisibleText(HTMLParser):
         classes = (dict(attrs).get("class") or "").split()
         if tag == "article":
             self.depth += 1
-        if tag in ("script", "style") or "cell_input" in classes:
+        listing = "output" not in classes and any(c.startswith("highlight-") for c in classes)
+        if tag in ("script", "style") or "cell_input" in classes or listing:
             self.skipping.append(self.level)
 
     def handle_endtag(self, tag: str) -> None:
@@ -316,9 +323,11 @@ def test_the_template_check_sees_each_planted_seam(tmp_path):
     page.write_text(
         '<html><body><nav>1 runs</nav><article><p>It took 2 runs.</p><div class="cell '
         'tag_hide-input"><div class="cell_input"><pre>n - 1 rows.append(x)</pre></div>'
-        '<div class="cell_output"><pre>after 1 epochs</pre></div></div></article></body></html>'
+        '<div class="cell_output"><pre>after 1 epochs</pre></div></div><div class="'
+        'highlight-default notranslate"><pre># N - 1 steps per phase</pre></div><div class="'
+        'output stream highlight-myst-ansi"><pre>ran 1 seeds</pre></div></article></body></html>'
     )
-    assert visible_text(page) == "It took 2 runs. after 1 epochs"
+    assert visible_text(page) == "It took 2 runs. after 1 epochs ran 1 seeds"
 
 
 @pytest.mark.parametrize(

@@ -34,6 +34,7 @@
 from __future__ import annotations
 
 import base64
+import hashlib
 import struct
 from collections import Counter
 from dataclasses import dataclass, field
@@ -164,9 +165,23 @@ class GluedFigure(SphinxDirective):
 
 
 class SizeGluedFigures(SphinxPostTransform):
-    """After myst-nb put the image in (its priority 5): the alt text and the print width."""
+    """After myst-nb put the image in (its priority 5): the alt text and the print width, and
+    the image file itself. myst-nb's cross-page glue points at ``_images/<sha256>.png`` and
+    assumes the other page's own output wrote it there; a figure glued there with
+    ``display=False`` (shown only on a landing page) was never written, and the landing page
+    showed a missing image (a 404 the site tests caught). So the file is written here, under the
+    name myst-nb gives it."""
 
     default_priority = 6
+
+    def _write_image(self, data: bytes) -> None:
+        builder = self.app.builder
+        if not getattr(builder, "imagedir", None):
+            return
+        path = Path(builder.outdir) / builder.imagedir / f"{hashlib.sha256(data).hexdigest()}.png"
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
 
     def apply(self, **kwargs) -> None:
         for figure in list(self.document.findall(nodes.figure)):
@@ -176,6 +191,8 @@ class SizeGluedFigures(SphinxPostTransform):
                 image["alt"] = figure["glue_alt"]
                 glued = read_glue_cache(self.env.mystnb_config.output_folder, figure["glue_doc"])
                 png = glued.get(figure["glue_key"], {}).get("data", {}).get("image/png")
+                if png:
+                    self._write_image(base64.b64decode(png))
                 if png and "width" not in image:
                     width, _, dpi = png_info(base64.b64decode(png))
                     if dpi:

@@ -35,8 +35,10 @@ def kernel_profile(build: Path) -> Path:
     """An IPython folder under ``build`` whose default profile runs the scripts of
     ``book/_ext/kernel_startup`` when a kernel starts (``IPYTHONDIR`` points kernels at it).
 
-    Today that is one script, ``figure_text.py``: each PNG a figure writes records its smallest
-    text in points, which the layout tests read. The scripts are copied afresh at every build.
+    Today that is two scripts: ``figure_text.py`` (each PNG a figure writes records its
+    smallest text in points, which the layout tests read) and ``build_machine_logs.py`` (drops
+    one log message of the build machine's CUDA toolkit without a GPU). The scripts are copied
+    afresh at every build.
     """
     folder = build / "ipython"
     startup = folder / "profile_default" / "startup"

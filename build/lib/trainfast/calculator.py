@@ -78,8 +78,9 @@ def grid() -> list[TrainingSetup]:
     """The cases the browser test compares: every recipe, optimizer, ZeRO stage, GPU and
     recomputation choice, and layouts with tensor, pipeline (plain and interleaved), context and
     expert parallelism, sequence parallelism, grouped-query attention, dropout, accumulation and
-    both ends of the overlap assumption, and data parallelism across nodes with and without the
-    hierarchical link (dense and expert replicas, port- and NVLink-bound)."""
+    both ends of the overlap assumption, data parallelism across nodes with and without the
+    hierarchical link (dense and expert replicas, port- and NVLink-bound), ZeRO-2 and 3 that
+    accumulate before reducing, and an odd sequence length."""
     small, large = WIDGET_SHAPES["gpt2-small"], WIDGET_SHAPES["llama2-7b"]
     cases = [
         TrainingSetup(
@@ -156,6 +157,25 @@ def grid() -> list[TrainingSetup]:
                 assumptions=assumptions,
             )
         )
+    # ZeRO-2 and 3 accumulating whole gradients before one reduce-scatter, with pipelines too
+    accumulating = StepAssumptions(accumulate_before_reduce=True)
+    for t, p, d, stage, v in [(8, 4, 4, 2, 1), (8, 4, 4, 3, 2), (1, 1, 16, 2, 1), (2, 1, 8, 3, 1)]:
+        cases.append(
+            TrainingSetup(
+                replace(large, batch_size=1),
+                "bf16 + fp32 master and gradients",
+                zero_stage=stage,
+                data=d,
+                tensor=t,
+                pipeline=p,
+                virtual_stages=v,
+                global_batch=16 * d,
+                sequence_parallel=t > 1,
+                assumptions=accumulating,
+            )
+        )
+    # an odd sequence length without context parallelism (only c > 1 needs 2c to divide it)
+    cases.append(TrainingSetup(replace(small, seq_len=1025, batch_size=2), data=2, global_batch=8))
     for shape in _CHOICE_SHAPES:
         for recompute, t, p in (("none", 1, 1), ("selective", 2, 2), ("full", 4, 1)):
             cases.append(

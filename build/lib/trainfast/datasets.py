@@ -12,6 +12,8 @@ from __future__ import annotations
 import torch
 from torch.utils.data import TensorDataset
 
+from trainfast.validation import check_flag, check_int, check_number
+
 __all__ = ["SPLITS", "digits"]
 
 #: The splits :func:`digits` knows; "validation" exists only when ``validation_fraction > 0``.
@@ -38,9 +40,11 @@ def digits(
     """
     if split not in SPLITS:
         raise ValueError(f"Unknown split: {split!r} (expected one of {SPLITS})")
-    if not 0.0 < test_fraction < 1.0:
-        raise ValueError(f"Invalid test_fraction: {test_fraction} (expected 0 < test_fraction < 1)")
-    if not 0.0 <= validation_fraction < 1.0 - test_fraction:
+    check_number("test_fraction", test_fraction, above=0.0, below=1.0)
+    check_number("validation_fraction", validation_fraction, minimum=0.0)
+    check_flag("images", images)
+    check_int("seed", seed)
+    if not validation_fraction < 1.0 - test_fraction:
         raise ValueError(
             f"Invalid validation_fraction: {validation_fraction} "
             f"(expected 0 <= validation_fraction < 1 - test_fraction = {1.0 - test_fraction:g})"

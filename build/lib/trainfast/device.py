@@ -36,19 +36,33 @@ __all__ = [
 _KINDS = ("cpu", "cuda", "mps")
 
 
-def parse_device(name: str | torch.device) -> torch.device:
+def parse_device(
+    name: str | torch.device, *, field: str = "device", note: str = ""
+) -> torch.device:
     """``name`` ("cuda", "cuda:1", "cpu", a ``torch.device``) as a device of a kind the book
-    knows, whether or not this machine has one; anything else raises ``ValueError`` naming it.
+    knows, whether or not this machine has one; anything else raises ``ValueError`` naming it
+    (as ``field``, the argument it came in: ``device`` unless the caller says otherwise).
+
+    The one check of a device argument in the package: every public function that takes a
+    device passes it through here (or :func:`pick_device`, which also checks that the machine
+    has one), so ``'tpu'`` is named, not answered by torch's list of twenty backends. A kind
+    torch knows but the book does not run on (``'meta'``, ``'xla'``) is refused too, saying so.
     A config may name a device it will run on elsewhere: :func:`pick_device` checks that too.
+    ``note`` is appended to the message (what the torch function the caller wraps would do).
     """
+    expected = "'cpu', 'cuda' or 'mps', with an index if need be, such as 'cuda:1'"
+    note = f"; {note}" if note else ""
     if not isinstance(name, (str, torch.device)):
-        raise ValueError(f"Invalid device: {name!r} (expected a string such as 'cuda')")
+        raise ValueError(f"Invalid {field}: {name!r} (expected {expected}, as a string){note}")
     try:
         device = torch.device(name)
     except RuntimeError:
-        device = None
-    if device is None or device.type not in _KINDS:
-        raise ValueError(f"Unknown device kind: {name!r} (expected one of {list(_KINDS)})")
+        raise ValueError(f"Invalid {field}: {name!r} (expected {expected}){note}") from None
+    if device.type not in _KINDS:
+        raise ValueError(
+            f"Invalid {field}: {name!r} (expected {expected}; torch.device accepts "
+            f"{device.type!r}, but the book runs on none of its kind){note}"
+        )
     return device
 
 
@@ -149,7 +163,7 @@ def gpu_properties(device: torch.device | str | int | None = None) -> dict[str, 
     properties: dict[str, Any] = {
         "name": p.name,
         "sm_count": p.multi_processor_count,
-        "l2_bytes": getattr(p, "L2_cache_size", None),  # torch >= 2.3 reports it
+        "l2_bytes": getattr(p, "L2_cache_size", None),  # torch >= 2.5 reports it (pytorch#132819)
         "memory_bytes": p.total_memory,
         "compute_capability": [p.major, p.minor],
         "shared_memory_per_block_optin_bytes": getattr(p, "shared_memory_per_block_optin", None),

@@ -36,6 +36,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from trainfast.device import parse_device
+
 if TYPE_CHECKING:
     from trainfast.records import Published, Record
 
@@ -159,8 +161,8 @@ GPUS: dict[str, GPUSpec] = {
         name="H200 NVL 141GB",
         memory_bytes=141e9,  # datasheet: 141 GB HBM3e
         # datasheet (H200 NVL column): FP32 60; TF32 835*, BF16/FP16 1,671*, FP8 3,341* TFLOPS
-        # (* with sparsity): dense is half of the starred numbers. Lower than the SXM's at the
-        # same SM design: a 600 W card at lower clocks
+        # (* with sparsity): dense is half of the starred numbers. Lower than the SXM's; the
+        # datasheet gives a 600 W TDP but no clocks or SM count
         peak_flops={
             "fp32": 60 * _TERA,
             "tf32": 417.5 * _TERA,
@@ -302,7 +304,7 @@ def gpu_for_device(device: torch.device | str | int | None = None) -> GPUSpec | 
     the table does not list.
     """
     if device is not None and not isinstance(device, int):
-        device = torch.device(device)
+        device = parse_device(device)
         if device.type != "cuda":
             return None
     if not torch.cuda.is_available():
@@ -355,5 +357,5 @@ def datasheet_peak(spec: GPUSpec, dtype: str = "bf16") -> Published:
         raise ValueError(
             f"Unknown dtype for {spec.name}: {dtype!r} (has {sorted(spec.peak_flops)})"
         )
-    source = f"NVIDIA, {spec.name} datasheet, dense {dtype} peak"
+    source = f"NVIDIA, {spec.name}, dense {dtype} peak"
     return Published(spec.peak_flops[dtype] / 1e12, "TFLOP/s", source, spec.citation)

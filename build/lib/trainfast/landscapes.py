@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from trainfast.validation import check_number
+
 if TYPE_CHECKING:  # matplotlib is optional and imported lazily in plot_trajectories
     from matplotlib.axes import Axes
 
@@ -58,6 +60,10 @@ def rosenbrock(x: torch.Tensor, y: torch.Tensor, a: float = 1.0, b: float = 100.
     it to the minimum is hard. Rosenbrock (1960), "An automatic method for finding the greatest
     or least value of a function", The Computer Journal 3(3).
     """
+
+    check_number("a", a)
+
+    check_number("b", b, minimum=0.0)  # b < 0 turns the valley into a ridge
     return (a - x) ** 2 + b * (y - x**2) ** 2
 
 
@@ -203,7 +209,8 @@ def plot_trajectories(
     ``trajectories`` maps a legend label (say ``"SGD, lr=0.1"``) to an ``(n, 2)`` tensor from
     :func:`trajectory`. Each becomes one line in ``ax.lines``, dotted at every step, with a
     white circle at its start and a filled one at its end (its last finite point; a diverged
-    path says so in the legend). ``levels`` is a number of contour levels, log-spaced above the
+    path says so in the legend), with the legend below the axes so that it covers no path.
+    ``levels`` is a number of contour levels, log-spaced above the
     surface's lowest value when ``surface.log_levels``, or the levels themselves. A star marks
     ``surface.minimum`` when it is known. Nothing is shown or saved: that is the caller's call.
     """
@@ -279,5 +286,12 @@ def plot_trajectories(
     ax.set_xlabel("parameter x (no unit)")
     ax.set_ylabel("parameter y (no unit)")
     ax.set_title(title if title is not None else f"Optimizers on {readable}")
-    ax.legend(loc="best", fontsize=11)
+    # Below the axes, not inside them: inside, "best" still covered end points and loops.
+    ax.legend(
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.14),
+        ncol=2,
+        fontsize=11,
+        frameon=False,
+    )
     return ax

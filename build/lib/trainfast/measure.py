@@ -20,7 +20,6 @@ import shlex
 import sys
 import tempfile
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 
@@ -48,12 +47,14 @@ from trainfast.profiling.benchmarks import (
     compile_by_width_record,
     compile_time_record,
     copy_compute_overlap_record,
+    gpu_bound_case_study_record,
     launch_overhead_record,
     timing_pitfalls_record,
 )
 from trainfast.records import Record, write_record
 from trainfast.speedrun.study import speedrun_record
 from trainfast.training.benchmarks import scaling_study_record
+from trainfast.validation import output_folder
 
 __all__ = [
     "BENCHMARKS",
@@ -99,6 +100,7 @@ BENCHMARKS: dict[str, Benchmark] = {
     "compile-time": compile_time_record,
     "compile-by-width": compile_by_width_record,
     "copy-compute-overlap": copy_compute_overlap_record,
+    "gpu-bound-case-study": gpu_bound_case_study_record,
     "scaling-study": scaling_study_record,
     "speedrun": speedrun_record,
 }
@@ -139,7 +141,7 @@ def not_on_this_gpu(name: str, device: torch.device) -> str | None:
 
 #: Benchmarks that measure something only a CUDA device has (a side stream's overlap); a run of
 #: the whole table on another device skips them, and naming one there is an error.
-CUDA_ONLY = frozenset({"copy-compute-overlap"})
+CUDA_ONLY = frozenset({"copy-compute-overlap", "gpu-bound-case-study"})
 
 
 def output_folder_problem(out: str) -> str | None:
@@ -147,15 +149,12 @@ def output_folder_problem(out: str) -> str | None:
 
     Checked before any benchmark runs, since a result that cannot be written is lost.
     """
-    if not out.strip():
-        return f"--out {out!r}: an empty path (give a folder, e.g. --out book/records)"
-    folder = Path(out)
-    if folder.exists() and not folder.is_dir():
-        return f"--out {out!r}: is a file, not a folder"
     try:
-        folder.mkdir(parents=True, exist_ok=True)
+        folder = output_folder("--out", out)  # the package's one check of an output folder
         with tempfile.TemporaryFile(dir=folder):
             pass
+    except ValueError as error:
+        return f"{error}; e.g. --out book/records"
     except OSError as error:
         return f"--out {out!r}: cannot write there ({error.strerror or error})"
     return None

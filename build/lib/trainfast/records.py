@@ -24,6 +24,7 @@ import torch
 from trainfast.device import Environment, describe_environment, pick_device
 from trainfast.files import read_json, write_json_atomically
 from trainfast.timing import readable_seconds
+from trainfast.validation import check_instance, existing_folder, output_folder
 from trainfast.versions import source_commit
 
 __all__ = [
@@ -61,6 +62,8 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "source_commit": (str,),
     "schema_version": (int,),
 }
+#: How a record read as JSON becomes one (the hint of a dict passed where a Record goes).
+_FROM_DICT = "Record.from_dict(data) reads one, checking its keys"
 
 
 @dataclass
@@ -110,6 +113,12 @@ class Record:
             wrong = [x for x in data[key] if not isinstance(x, str if kind == "column" else dict)]
             if wrong:
                 raise ValueError(f"{source}: invalid {kind} in {key!r}: {wrong[0]!r:.80}")
+        lacking = [key for key in ("device", "device_name") if key not in data["environment"]]
+        if lacking:  # every record says what it was measured on (device.Environment's fields)
+            raise ValueError(
+                f"{source}: invalid 'environment': it lacks {lacking} (expected the fields of "
+                "trainfast.device.Environment, as make_record writes them)"
+            )
         known = {f for f in cls.__dataclass_fields__}
         return cls(**{k: v for k, v in data.items() if k in known})
 
@@ -148,6 +157,10 @@ def make_record(
     """
     from trainfast import __version__
 
+    if not isinstance(rows, list) or not all(isinstance(row, dict) for row in rows):
+        raise ValueError(
+            f"Invalid rows: {rows!r:.80} (expected a list of dicts, one per row, keyed by column)"
+        )
     if not rows:
         raise ValueError(f"Record {name!r} has no rows")
     if device is not None and environment is not None:
@@ -177,8 +190,8 @@ def write_record(record: Record, directory: str | Path) -> Path:
     One file per benchmark and machine kind: measuring again on the same kind of machine
     replaces the old record; other machines' records stay.
     """
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
+    check_instance("record", record, Record, hint=_FROM_DICT)
+    directory = output_folder("directory", directory)
     env = record.environment
     stem = "--".join(_slug(s) for s in (record.name, env["device"] or "", env["device_name"] or ""))
     path = directory / f"{stem}.json"
@@ -188,12 +201,11 @@ def write_record(record: Record, directory: str | Path) -> Path:
 def load_records(directory: str | Path, name: str | None = None) -> list[Record]:
     """All records in ``directory`` (those named ``name`` if given), GPU ones first.
 
-    A missing directory gives an empty list; a file that is not a record raises ``ValueError``
-    naming the file.
+    A folder with no record gives an empty list; a folder that does not exist (a typo) or is a
+    file raises ``ValueError`` naming it, so it is never read as "no records"; so does a file
+    that is not a record, naming the file. :func:`records_for` finds the book's folder.
     """
-    directory = Path(directory)
-    if not directory.is_dir():
-        return []
+    directory = existing_folder("directory", directory)
     records = []
     for path in sorted(directory.glob("*.json")):
         data = read_json(path)
@@ -204,16 +216,24 @@ def load_records(directory: str | Path, name: str | None = None) -> list[Record]
 
 
 def _book_records() -> Path:
-    """The book's ``records`` folder, from a page's folder, the repo root or the package."""
+    """The book's ``records`` folder, from a page's folder, the repo root or the package;
+    ``ValueError`` listing where it looked if there is none (a package installed without the
+    book), rather than an empty list that reads as "not measured"."""
     here = Path.cwd()
     candidates = [
         here / "records",  # a chapter runs in book/ (a notebook on Colab: its copy beside it)
-        here.parent / "records",  # a section page runs in book/<chapter>/
+        *([here.parent / "records"] if here.parent.name == "book" else []),  # book/<chapter>/
         here / "book" / "records",  # the repository root
         here.parent / "book" / "records",  # tests/ or another sibling of book/
         Path(__file__).resolve().parents[2] / "book" / "records",  # this checkout's book
     ]
-    return next((c for c in candidates if c.is_dir()), candidates[-1])
+    found = next((c for c in candidates if c.is_dir()), None)
+    if found is None:
+        raise ValueError(
+            f"No book records folder: looked in {[str(c) for c in candidates]} (pass "
+            "directory= to read records from elsewhere)"
+        )
+    return found
 
 
 _DEVICE_KINDS = ("cuda", "mps", "cpu")
@@ -336,6 +356,7 @@ def provenance(record: Record) -> str:
     A CPU record made since its environment names the processor
     (:func:`~trainfast.device.cpu_properties`) says its family, model and bf16 flags too: "AMD
     EPYC" alone does not say which kind of core ran it."""
+    check_instance("record", record, Record, hint=_FROM_DICT)
     env = record.environment
     versions = f"torch {env['torch_version']}"
     if env.get("cuda_version"):
@@ -471,6 +492,7 @@ def to_markdown(
     unless the column's label names another unit (a label ending in ``(bytes)`` gets the
     readable one).
     """
+    check_instance("record", record, Record, hint=_FROM_DICT)
     columns = list(columns or record.columns)
     labels = labels or {}
     unknown = [c for c in [*columns, *labels] if c not in record.columns]

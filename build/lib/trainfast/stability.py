@@ -28,6 +28,8 @@ from collections.abc import Iterable
 import torch
 from torch import Tensor, nn
 
+from trainfast.validation import check_counts, check_flag, check_number
+
 __all__ = ["QKNormAttention", "clip_grad_norm_", "softcap", "z_loss"]
 
 
@@ -51,10 +53,10 @@ def clip_grad_norm_(
     step must be decided by the caller from the returned norm. ``foreach=True`` computes the
     same with ``torch._foreach_*`` ops. Same results as ``torch.nn.utils.clip_grad_norm_``.
     """
-    if max_norm < 0 or math.isnan(max_norm):
-        raise ValueError(f"Invalid max_norm: {max_norm}")
-    if norm_type <= 0 or math.isnan(norm_type):
-        raise ValueError(f"Invalid norm_type: {norm_type} (expected > 0, or inf)")
+    check_number("max_norm", max_norm, minimum=0.0, allow_inf=True)  # inf: no clipping
+    check_number("norm_type", norm_type, above=0.0, allow_inf=True)  # inf: the largest entry
+    check_flag("error_if_nonfinite", error_if_nonfinite)
+    check_flag("foreach", foreach)
     if isinstance(parameters, Tensor):
         parameters = [parameters]
     grads = [p.grad for p in parameters if p.grad is not None]
@@ -88,8 +90,7 @@ def z_loss(logits: Tensor, weight: float = 1e-4) -> Tensor:
     PaLM adds this term (weight :math:`10^{-4}`) to keep it near 0, where low-precision
     arithmetic on the logits is accurate. Add it to the cross-entropy: ``loss + z_loss(logits)``.
     """
-    if weight < 0:
-        raise ValueError(f"Invalid weight: {weight}")
+    check_number("weight", weight, minimum=0.0)
     return weight * torch.logsumexp(logits.float(), dim=-1).square().mean()
 
 
@@ -100,8 +101,7 @@ def softcap(logits: Tensor, cap: float) -> Tensor:
     gradient never becomes exactly zero. Gemma 2 uses cap 50 on attention logits and 30 on the
     final logits.
     """
-    if not cap > 0:
-        raise ValueError(f"Invalid cap: {cap} (expected > 0)")
+    check_number("cap", cap, above=0.0)  # inf would give inf * tanh(0) = NaN
     return cap * torch.tanh(logits / cap)
 
 
@@ -120,10 +120,12 @@ class QKNormAttention(nn.Module):
         self, d_model: int, n_heads: int, *, qk_norm: bool = True, logit_cap: float | None = None
     ) -> None:
         super().__init__()
+        check_counts(d_model=d_model, n_heads=n_heads)
+        check_flag("qk_norm", qk_norm)
         if d_model % n_heads != 0:
             raise ValueError(f"Invalid n_heads: {n_heads} does not divide d_model={d_model}")
-        if logit_cap is not None and not logit_cap > 0:
-            raise ValueError(f"Invalid logit_cap: {logit_cap} (expected > 0 or None)")
+        if logit_cap is not None:
+            check_number("logit_cap", logit_cap, above=0.0)
         self.n_heads, self.head_dim = n_heads, d_model // n_heads
         self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
         self.out = nn.Linear(d_model, d_model, bias=False)

@@ -46,13 +46,13 @@ experts; use a library model for real work.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
+
+from trainfast.device import parse_device
 
 # the layers, re-exported for the callers that import them from here; documented where they live
 from trainfast.transformer_layers import CausalSelfAttention as CausalSelfAttention
@@ -61,190 +61,22 @@ from trainfast.transformer_layers import TransformerMLP as TransformerMLP
 from trainfast.transformer_layers import apply_rope as apply_rope
 from trainfast.transformer_layers import norm_layer
 from trainfast.transformer_layers import rope_angles as rope_angles
-from trainfast.validation import check_positive
 
+# the shape, re-exported: every caller imports it from here
+from trainfast.transformer_shape import MLP_KINDS as MLP_KINDS
+from trainfast.transformer_shape import NORMS as NORMS
+from trainfast.transformer_shape import POSITIONS as POSITIONS
+from trainfast.transformer_shape import PRESET_SHAPES as PRESET_SHAPES
+from trainfast.transformer_shape import Attention as Attention
+from trainfast.transformer_shape import TransformerShape as TransformerShape
+from trainfast.validation import check_instance, check_int
+
+# the shape's names are re-exported above and documented where they live (transformer_shape)
 __all__ = [
-    "MLP_KINDS",
-    "NORMS",
-    "POSITIONS",
-    "PRESET_SHAPES",
-    "Attention",
     "Transformer",
     "TransformerBlock",
-    "TransformerShape",
     "random_batch",
 ]
-
-
-#: ``"manual"``: softmax attention written out, which saves the ``s x s`` probabilities;
-#: ``"sdpa"``: ``scaled_dot_product_attention`` running a fused kernel (FlashAttention,
-#: memory-efficient, or the CPU flash kernel), which saves a log-sum-exp per query instead.
-Attention = Literal["manual", "sdpa"]
-Norm = Literal["layernorm", "rmsnorm"]
-Positions = Literal["learned", "rope"]
-MLPKind = Literal["gelu", "swiglu", "relu2"]
-NORMS: tuple[str, ...] = ("layernorm", "rmsnorm")
-POSITIONS: tuple[str, ...] = ("learned", "rope")
-MLP_KINDS: tuple[str, ...] = ("gelu", "swiglu", "relu2")
-
-_SIZES = ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "seq_len", "batch_size")
-
-
-@dataclass(frozen=True)
-class TransformerShape:
-    """What decides a decoder's cost: its sizes and its architectural choices.
-
-    The sizes: vocabulary, width, depth, query heads, MLP width, sequence length (also the
-    context the position embedding or the rotary table covers) and (micro-)batch size. The
-    choices (module docstring) default to GPT-2's, so ``TransformerShape(V, h, L, a, f, s, b)``
-    is a GPT-2. ``n_kv_heads=None`` means one key/value head per query head.
-    """
-
-    vocab_size: int
-    d_model: int
-    n_layers: int
-    n_heads: int
-    d_ff: int
-    seq_len: int
-    batch_size: int
-    n_kv_heads: int | None = None
-    norm: Norm = "layernorm"
-    positions: Positions = "learned"
-    mlp: MLPKind = "gelu"
-    qk_norm: bool = False
-    bias: bool = True
-    tied_head: bool = True
-    rope_theta: float = 10_000.0
-    norm_eps: float = 1e-5
-
-    def __post_init__(self) -> None:
-        for name in _SIZES:
-            check_positive(name, getattr(self, name))
-        if self.d_model % self.n_heads:
-            raise ValueError(
-                f"Invalid n_heads: {self.n_heads} (must divide d_model = {self.d_model})"
-            )
-        if self.n_kv_heads is not None:
-            check_positive("n_kv_heads", self.n_kv_heads)
-            if self.n_heads % self.n_kv_heads:
-                raise ValueError(
-                    f"Invalid n_kv_heads: {self.n_kv_heads} (must divide n_heads = "
-                    f"{self.n_heads}: each key/value head serves a whole group of query heads)"
-                )
-        for name, allowed in (("norm", NORMS), ("positions", POSITIONS), ("mlp", MLP_KINDS)):
-            if getattr(self, name) not in allowed:
-                raise ValueError(
-                    f"Invalid {name}: {getattr(self, name)!r} (expected one of {allowed})"
-                )
-        for name in ("qk_norm", "bias", "tied_head"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"Invalid {name}: {getattr(self, name)!r} (expected a bool)")
-        for name in ("rope_theta", "norm_eps"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise ValueError(f"Invalid {name}: {value!r} (expected a positive number)")
-            if not (math.isfinite(value) and value > 0):
-                raise ValueError(f"Invalid {name}: {value!r} (expected a positive number)")
-        if self.positions == "rope" and self.head_dim % 2:
-            raise ValueError(
-                f"Invalid head dimension for rotary positions: {self.head_dim} (d_model "
-                f"{self.d_model} / n_heads {self.n_heads}; RoPE rotates pairs, so it must be even)"
-            )
-
-    @classmethod
-    def gpt_like(
-        cls,
-        *,
-        d_model: int,
-        n_layers: int,
-        n_heads: int,
-        seq_len: int,
-        vocab_size: int = 50_304,
-        batch_size: int = 1,
-    ) -> TransformerShape:
-        """GPT-2's proportions: ``d_ff = 4 d_model``; the vocabulary defaults to GPT-2's 50,257
-        tokens padded to a multiple of 64 (50,304, as nanoGPT does); one sequence per batch."""
-        return cls(vocab_size, d_model, n_layers, n_heads, 4 * d_model, seq_len, batch_size)
-
-    @property
-    def head_dim(self) -> int:
-        return self.d_model // self.n_heads
-
-    @property
-    def kv_heads(self) -> int:
-        """Key/value heads: ``n_kv_heads``, or ``n_heads`` when that is None."""
-        return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
-
-    @property
-    def kv_dim(self) -> int:
-        """Width of the keys (and of the values): ``kv_heads * head_dim``."""
-        return self.kv_heads * self.head_dim
-
-    @property
-    def tokens(self) -> int:
-        """Tokens per step: ``seq_len * batch_size``."""
-        return self.seq_len * self.batch_size
-
-
-def _llama(
-    vocab: int, width: int, layers: int, heads: int, kv_heads: int, ffn: int, context: int, theta
-) -> TransformerShape:
-    return TransformerShape(
-        vocab,
-        width,
-        layers,
-        heads,
-        ffn,
-        context,
-        1,
-        n_kv_heads=kv_heads,
-        norm="rmsnorm",
-        positions="rope",
-        mlp="swiglu",
-        bias=False,
-        tied_head=False,
-        rope_theta=theta,
-    )
-
-
-#: Named shapes, one sequence per batch (change it with ``dataclasses.replace``).
-PRESET_SHAPES: dict[str, TransformerShape] = {
-    # small enough for a unit test on one CPU thread
-    "tiny": TransformerShape(128, 32, 2, 4, 128, 16, 2),
-    # the same sizes with every modern choice: RMSNorm, RoPE, SwiGLU, 2 key/value heads for 4
-    # query heads, QK-norm, no biases, an untied head
-    "tiny-modern": TransformerShape(
-        128,
-        32,
-        2,
-        4,
-        128,
-        16,
-        2,
-        n_kv_heads=2,
-        norm="rmsnorm",
-        positions="rope",
-        mlp="swiglu",
-        qk_norm=True,
-        bias=False,
-        tied_head=False,
-    ),
-    # Radford et al. 2019, "Language Models are Unsupervised Multitask Learners", Table 2 (the
-    # 117M row, 124M counted exactly), vocabulary 50,257, context 1,024
-    "gpt2-small": TransformerShape(50_257, 768, 12, 12, 3_072, 1_024, 1),
-    # ibid., the 1542M row: 48 layers, width 1,600; 25 heads of 64 in the released model
-    "gpt2-xl": TransformerShape(50_257, 1_600, 48, 25, 6_400, 1_024, 1),
-    # Touvron et al. 2023, "Llama 2", Table 1 and Section 2.2: 7B, context 4,096, vocabulary
-    # 32,000, multi-head attention; width 4,096, 32 layers and heads and SwiGLU width 11,008
-    # from the released configuration. 6,738,415,616 parameters ("6.7B"/"7B").
-    "llama2-7b": _llama(32_000, 4_096, 32, 32, 32, 11_008, 4_096, 10_000.0),
-    # Llama Team 2024, "The Llama 3 Herd of Models", Table 3: 8B and 405B, grouped-query
-    # attention with 8 key/value heads, RoPE base 500,000; vocabulary 128,256 in the released
-    # configuration (the paper's "128K": 128,000 plus 256 reserved special tokens); pre-trained
-    # on 8,192-token sequences. 8,030,261,248 and 405,853,388,800 parameters.
-    "llama3-8b": _llama(128_256, 4_096, 32, 32, 8, 14_336, 8_192, 500_000.0),
-    "llama3-405b": _llama(128_256, 16_384, 126, 128, 8, 53_248, 8_192, 500_000.0),
-}
 
 
 class TransformerBlock(nn.Module):
@@ -315,12 +147,12 @@ class Transformer(nn.Module):
             nn.init.zeros_(module.bias)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        batch, seq = tokens.shape
-        if seq > self.shape.seq_len:
-            raise ValueError(
-                f"Invalid sequence length: {seq} (the model's is {self.shape.seq_len})"
-            )
-        x = self.token_embedding(tokens)  # (batch, seq, d_model)
+        _check_token_layout(tokens, self.shape.seq_len)  # metadata only: no device work
+        seq = tokens.shape[1]
+        try:
+            x = self.token_embedding(tokens)  # (batch, seq, d_model)
+        except IndexError:  # on the CPU; a GPU fails in a device-side assert instead
+            raise _token_range_error(tokens, self.shape.vocab_size) from None
         if self.position_embedding is not None:  # learned positions, broadcast over the batch
             x = x + self.position_embedding(torch.arange(seq, device=tokens.device))
         x = self.dropout(x)
@@ -333,8 +165,45 @@ class Transformer(nn.Module):
 
     def loss(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Mean next-token cross-entropy of ``(batch, seq)`` ``targets`` (``tokens`` shifted)."""
+        if not isinstance(targets, torch.Tensor) or targets.shape != tokens.shape:
+            raise ValueError(
+                f"Invalid targets: shape {tuple(getattr(targets, 'shape', ()))} (expected the "
+                f"tokens' shape, {tuple(tokens.shape)}: the next token of each)"
+            )
         logits = self(tokens)  # (batch, seq, vocab_size)
         return F.cross_entropy(logits.flatten(0, 1), targets.flatten())  # (batch * seq, vocab)
+
+
+def _check_token_layout(tokens: object, seq_len: int) -> None:
+    """Raise ``ValueError`` naming ``tokens`` unless it is a ``(batch, seq)`` tensor of integer
+    ids with ``seq <= seq_len``. It reads only the tensor's metadata, so it costs nothing per
+    step; the ids' range is checked where the embedding finds one out of it."""
+    if not isinstance(tokens, torch.Tensor):
+        raise ValueError(f"Invalid tokens: {tokens!r:.80} (expected a tensor of token ids)")
+    if tokens.dtype not in (torch.int64, torch.int32):
+        raise ValueError(
+            f"Invalid tokens: a {tokens.dtype} tensor (expected integer token ids, int64 or "
+            "int32; a float tensor of ids needs .long())"
+        )
+    if tokens.ndim != 2:
+        raise ValueError(
+            f"Invalid tokens: shape {tuple(tokens.shape)} (expected (batch, seq); one sequence "
+            "is tokens[None])"
+        )
+    if tokens.shape[1] > seq_len:
+        raise ValueError(
+            f"Invalid sequence length: {tokens.shape[1]} (expected at most the model's "
+            f"seq_len, {seq_len})"
+        )
+
+
+def _token_range_error(tokens: torch.Tensor, vocab_size: int) -> ValueError:
+    low, high = int(tokens.min()), int(tokens.max())
+    bad = high if high >= vocab_size else low
+    return ValueError(
+        f"Invalid tokens: id {bad} (expected ids from 0 to vocab_size - 1 = {vocab_size - 1}; "
+        f"these run from {low} to {high})"
+    )
 
 
 def random_batch(
@@ -344,6 +213,9 @@ def random_batch(
 
     Enough to measure time, FLOPs and memory, which do not depend on the token values.
     """
+    check_instance("shape", shape, TransformerShape)
+    check_int("seed", seed)
+    device = parse_device(device)
     generator = torch.Generator().manual_seed(seed)
     size = (shape.batch_size, shape.seq_len + 1)  # (batch, seq + 1): inputs, then one more
     ids = torch.randint(shape.vocab_size, size, generator=generator)

@@ -1,8 +1,8 @@
 """The decoder's layers: RMSNorm, rotary positions, causal self-attention and the MLP kinds.
 
 :class:`~trainfast.transformer.Transformer` builds its blocks from these, each configured by a
-:class:`~trainfast.transformer.TransformerShape`; they are apart from the model so that each can be
-read, and tested against its reference, on its own: :class:`RMSNorm` against
+:class:`~trainfast.transformer_shape.TransformerShape`; they are apart from the model so that
+each can be read, and tested against its reference, on its own: :class:`RMSNorm` against
 ``torch.nn.RMSNorm``, :func:`apply_rope` against the rotation written with complex numbers,
 :class:`CausalSelfAttention`'s grouped-query path against SDPA's ``enable_gqa``,
 :class:`TransformerMLP`'s SwiGLU against its formula (``tests/test_transformer.py``).
@@ -26,8 +26,8 @@ from torch import nn
 
 from trainfast.validation import check_positive
 
-if TYPE_CHECKING:  # the model imports its layers, not the other way round
-    import trainfast.transformer
+if TYPE_CHECKING:  # the layers need the shape's type only, never the model built from them
+    import trainfast.transformer_shape
 
 __all__ = [
     "CausalSelfAttention",
@@ -60,7 +60,7 @@ class RMSNorm(nn.Module):
         return x * inverse_rms * self.weight
 
 
-def norm_layer(shape: trainfast.transformer.TransformerShape, dim: int) -> nn.Module:
+def norm_layer(shape: trainfast.transformer_shape.TransformerShape, dim: int) -> nn.Module:
     """The norm ``shape`` names, over ``dim`` features: LayerNorm (with a bias if ``shape.bias``)
     or :class:`RMSNorm`, with ``shape.norm_eps``."""
     if shape.norm == "rmsnorm":
@@ -112,8 +112,8 @@ class CausalSelfAttention(nn.Module):
 
     def __init__(
         self,
-        shape: trainfast.transformer.TransformerShape,
-        attention: trainfast.transformer.Attention,
+        shape: trainfast.transformer_shape.TransformerShape,
+        attention: trainfast.transformer_shape.Attention,
         dropout: float,
     ) -> None:
         super().__init__()
@@ -141,7 +141,8 @@ class CausalSelfAttention(nn.Module):
 
     def _apply(self, fn, recurse=True):  # noqa: ANN001, ANN202 (nn.Module's signature)
         """As ``nn.Module._apply`` (``.to()``, ``.half()``...), but the rotary angles stay
-        float32: cast to bf16 they would be off by about 4e-3, far more than their rounding."""
+        float32: cast to bf16 they would be off by up to about 2e-3 (half of bf16's spacing
+        just below 1), far more than their float32 rounding."""
         super()._apply(fn, recurse)
         if self.rotary:
             device = self.cos.device
@@ -183,7 +184,7 @@ class TransformerMLP(nn.Module):
     """``d_model -> d_ff -> d_model``: GELU, ReLU² or SwiGLU (a gate ``silu(W1 x)`` times an
     up-projection ``W3 x``, then ``W2``; ``fc`` holds ``W1`` and ``W3`` stacked)."""
 
-    def __init__(self, shape: trainfast.transformer.TransformerShape, dropout: float) -> None:
+    def __init__(self, shape: trainfast.transformer_shape.TransformerShape, dropout: float) -> None:
         super().__init__()
         self.kind = shape.mlp
         gated = 2 if shape.mlp == "swiglu" else 1

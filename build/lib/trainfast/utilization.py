@@ -15,10 +15,14 @@ others).
 
 from __future__ import annotations
 
-import warnings
-
 from trainfast.gpus import GPUSpec
-from trainfast.validation import check_number, check_positive, check_positive_number
+from trainfast.validation import (
+    check_flag,
+    check_instance,
+    check_number,
+    check_positive,
+    check_positive_number,
+)
 
 __all__ = ["mfu_peak_flops", "model_flops_utilization", "training_run_seconds"]
 
@@ -28,6 +32,7 @@ def mfu_peak_flops(gpu: GPUSpec, n_devices: int = 1) -> float:
 
     A GPU without bf16 tensor cores (the T4) has no bf16 peak; its 16-bit rate is fp16's, the
     format a mixed-precision run on it uses, so that is its denominator."""
+    check_instance("gpu", gpu, GPUSpec, hint="trainfast.gpus.GPUS holds one per GPU")
     check_positive("n_devices", n_devices)
     peak = gpu.peak_flops.get("bf16", gpu.peak_flops.get("fp16"))
     if peak is None:
@@ -36,25 +41,34 @@ def mfu_peak_flops(gpu: GPUSpec, n_devices: int = 1) -> float:
 
 
 def model_flops_utilization(
-    flops_per_step: float, seconds_per_step: float, peak_flops: float
+    flops_per_step: float,
+    seconds_per_step: float,
+    peak_flops: float,
+    *,
+    faster_than_bf16: bool = False,
 ) -> float:
     """Model FLOPs utilisation: the model's FLOPs per second
     (:func:`~trainfast.accounting.training_flops`, no recomputation) over ``peak_flops``, which
     for a GPU is :func:`~trainfast.utilization.mfu_peak_flops` (the module's convention; for a
-    step on several devices, the peak of all of them together). A result above 1 warns, naming
-    the three figures: either one is wrong, or the matmuls ran in a format faster than dense
-    bf16 (fp8, or sparse)."""
+    step on several devices, the peak of all of them together).
+
+    A result above 1 cannot be, unless the matmuls ran in a format faster than dense bf16
+    (fp8, or sparse): it raises ``ValueError`` naming the three figures (swapped, in the wrong
+    units, one device's peak for a step on several, recomputation counted). Pass
+    ``faster_than_bf16=True`` for such a run to get its MFU above 1."""
     check_positive_number("flops_per_step", flops_per_step)
     check_positive_number("seconds_per_step", seconds_per_step)
     check_positive_number("peak_flops", peak_flops)
+    check_flag("faster_than_bf16", faster_than_bf16)
     mfu = flops_per_step / seconds_per_step / peak_flops
-    if mfu > 1:  # more than the chip's bf16 peak: a figure is wrong, or the run used fp8
-        warnings.warn(
-            f"MFU of {mfu:.0%} is above 100%: flops_per_step={flops_per_step:g}, "
-            f"seconds_per_step={seconds_per_step:g}, peak_flops={peak_flops:g} (is the peak "
-            "that of every device, and the FLOP count without recomputation? Only fp8 or sparse "
-            "matmuls can beat the dense bf16 peak)",
-            stacklevel=2,
+    if mfu > 1 and not faster_than_bf16:  # more than the chip's bf16 peak: a figure is wrong
+        shown = f"{mfu:.0%}" if mfu < 100 else f"{mfu:.3g} times the peak"
+        raise ValueError(
+            f"Invalid MFU of {shown}, above 100%: flops_per_step={flops_per_step:g}, "
+            f"seconds_per_step={seconds_per_step:g}, peak_flops={peak_flops:g} (are they "
+            "swapped or in other units? Is the peak that of every device, and the FLOP count "
+            "without recomputation? Only fp8 or sparse matmuls can beat the dense bf16 peak: "
+            "for those, pass faster_than_bf16=True)"
         )
     return mfu
 

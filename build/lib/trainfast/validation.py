@@ -14,6 +14,12 @@ Three rules hold in every check, because each let a bad value through somewhere 
 - **A string is not a number or a flag** (``is_causal='no'`` would be truthy). Strings from
   config files go through :func:`number_from_config`, the one rule that converts them.
 
+Beyond numbers and flags: :func:`check_choice` for an option that must be one of a few names
+(a typo such as ``goal='maximise'`` must not be read as some other option),
+:func:`check_instance` for a dataclass a caller may have written as a dict, and
+:func:`output_folder` and :func:`existing_folder` for paths, so a typo in a folder's name or a
+file where a folder goes is named rather than read as "nothing there".
+
 It also has :func:`plural`, the one way the package writes a count into a sentence ("1 block",
 "2 blocks", never "1 block(s)").
 """
@@ -22,17 +28,25 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 import re
+from collections.abc import Collection
+from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "check_choice",
+    "check_counts",
     "check_flag",
+    "check_instance",
     "check_int",
     "check_non_negative",
     "check_number",
     "check_positive",
     "check_positive_number",
+    "existing_folder",
     "number_from_config",
+    "output_folder",
     "plural",
 ]
 
@@ -71,6 +85,14 @@ def check_int(
     if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
         _fail(name, value, expected)
     return int(value)
+
+
+def check_counts(*, minimum: int = 1, **counts: Any) -> None:
+    """Each keyword argument an integer >= ``minimum`` (a count of elements, bytes, ranks or
+    steps), by :func:`check_int`: one line for a function of several,
+    ``check_counts(m=m, n=n, k=k)``."""
+    for name, value in counts.items():
+        check_int(name, value, minimum=minimum)
 
 
 def check_positive(name: str, value: Any) -> None:
@@ -139,6 +161,98 @@ def check_flag(name: str, value: Any) -> bool:
     if not isinstance(value, bool):
         raise ValueError(f"Invalid {name}: {value!r} (expected True or False)")
     return value
+
+
+def check_choice(name: str, value: Any, choices: Collection[Any], *, note: str = "") -> Any:
+    """Return ``value`` if it is one of ``choices``; else raise naming it and listing them.
+
+    For string options such as ``goal`` or ``phase``, where the code would otherwise test one
+    spelling and take every other string for the opposite (``goal='maximise'`` as maximise
+    because it is not ``'minimize'``). ``note`` is appended (e.g. what torch would do).
+    """
+    try:
+        known = value in choices
+    except TypeError:  # an unhashable value asked of a set
+        known = False
+    if isinstance(value, bool) and not any(c is value for c in choices):
+        known = False  # True == 1: a flag is not the option 1
+    if not known:
+        listed = ", ".join(repr(c) for c in choices)
+        note = f"; {note}" if note else ""
+        raise ValueError(f"Invalid {name}: {value!r:.80} (expected one of {listed}){note}")
+    return value
+
+
+def check_instance(
+    name: str, value: Any, expected: type | tuple[type, ...], *, hint: str = ""
+) -> Any:
+    """Return ``value`` if it is an instance of ``expected``; else raise naming the type wanted.
+
+    For the typed dataclasses the package passes around (``TransformerShape``,
+    ``TrainingSetup``, ``Record``): a dict of the same fields would otherwise fail at its first
+    attribute, with an ``AttributeError`` that names neither the argument nor the type. A
+    dict gets ``hint`` (default: how to build the dataclass from its fields).
+    """
+    if isinstance(value, expected):
+        return value
+    kinds = expected if isinstance(expected, tuple) else (expected,)
+    wanted = " or ".join(kind.__name__ for kind in kinds)
+    article = "an" if wanted[0].lower() in "aeiou" else "a"
+    if isinstance(value, dict):
+        hint = f"; {hint or f'build one from a dict with {kinds[0].__name__}(**fields)'}"
+    else:
+        hint = ""
+    raise ValueError(
+        f"Invalid {name}: {value!r:.80} (expected {article} {wanted}, got a "
+        f"{type(value).__name__}{hint})"
+    )
+
+
+def output_folder(name: str, path: Any) -> Path:
+    """The folder ``path``, created with its parents if missing, for something to write into.
+
+    A path that is an existing file, an empty string or not a path at all raises
+    ``ValueError`` naming ``name`` and the path (``mkdir`` would say only ``FileExistsError``
+    with the path, or for ``""`` nothing at all: the empty path is the current folder).
+    """
+    folder = _path(name, path, "a folder to write into")
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(
+            f"Invalid {name}: {str(path)!r} (expected a folder to write into; it is a file)"
+        )
+    for parent in folder.parents:
+        if parent.exists() and not parent.is_dir():
+            raise ValueError(
+                f"Invalid {name}: {str(path)!r} (expected a folder to write into; "
+                f"{str(parent)!r} is a file)"
+            )
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def existing_folder(name: str, path: Any) -> Path:
+    """``path`` as a ``Path`` if it is a folder that exists; else raise naming it.
+
+    A folder that is missing (a typo in its name) or a file must not read as an empty folder:
+    a page that loads records from it would say "no records" when it meant "wrong path".
+    """
+    folder = _path(name, path, "an existing folder")
+    if not folder.exists():
+        where = "" if folder.is_absolute() else f", looked for from {str(Path.cwd())!r}"
+        raise ValueError(
+            f"Invalid {name}: {str(path)!r} (expected an existing folder; there is none{where})"
+        )
+    if not folder.is_dir():
+        raise ValueError(
+            f"Invalid {name}: {str(path)!r} (expected an existing folder; it is a file)"
+        )
+    return folder
+
+
+def _path(name: str, path: Any, expected: str) -> Path:
+    if not isinstance(path, (str, os.PathLike)) or not str(path).strip():
+        raise ValueError(f"Invalid {name}: {path!r:.80} (expected {expected})")
+    return Path(path)
 
 
 _INT_TEXT = re.compile(r"[+-]?\d+")

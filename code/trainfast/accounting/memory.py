@@ -14,7 +14,8 @@ from dataclasses import dataclass, fields
 from trainfast.accounting.activations import loss_buffer_bytes, model_activation_bytes
 from trainfast.accounting.parameters import parameter_count
 from trainfast.recipes import RECIPES, Recipe
-from trainfast.transformer import Attention, TransformerShape
+from trainfast.transformer import Attention
+from trainfast.transformer_shape import TransformerShape
 from trainfast.validation import check_instance, check_int, check_non_negative, check_positive
 
 __all__ = [

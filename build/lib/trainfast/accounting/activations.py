@@ -11,7 +11,12 @@ listed in each function and in the conventions of :mod:`trainfast.accounting`.
 from __future__ import annotations
 
 from trainfast.transformer import Attention, TransformerShape
-from trainfast.validation import check_flag, check_positive, check_positive_number
+from trainfast.validation import (
+    check_flag,
+    check_instance,
+    check_positive,
+    check_positive_number,
+)
 
 __all__ = [
     "LOSS_BYTES_PER_LOGIT",
@@ -58,6 +63,19 @@ def _mlp_keeps(shape: TransformerShape) -> int:
     return (4 if shape.mlp == "swiglu" else 2) * shape.d_ff
 
 
+def _check_split(shape: TransformerShape, tensor: int) -> None:
+    """``shape`` is a shape and ``tensor`` a degree that gives every rank whole heads and an
+    equal share of the MLP (Megatron-LM requires both), so no byte count comes out fractional."""
+    check_instance("shape", shape, TransformerShape)
+    check_positive("tensor", tensor)
+    for size, value in (("n_heads", shape.n_heads), ("d_ff", shape.d_ff)):
+        if value % tensor:
+            raise ValueError(
+                f"Invalid tensor: {tensor} (expected a degree that divides {size} = {value}: "
+                "tensor parallelism gives each rank whole heads and an equal share of the MLP)"
+            )
+
+
 def _check_attention(attention: str) -> None:
     if attention not in ("manual", "sdpa"):
         raise ValueError(f"Invalid attention: {attention!r} (expected 'manual' or 'sdpa')")
@@ -101,7 +119,7 @@ def activation_bytes(
     PyTorch's CPU kernels keep differently: on CPU, dropout saves a full-size scaled mask
     instead of a 1-byte one, and ``sdpa`` with dropout falls back to the manual path.
     """
-    check_positive("tensor", tensor)
+    _check_split(shape, tensor)
     _check_attention(attention)
     check_positive_number("value_bytes", value_bytes)
     check_flag("sequence_parallel", sequence_parallel)
@@ -124,7 +142,7 @@ def head_activation_values(shape: TransformerShape, tensor: int = 1) -> float:
     """Values per token the head keeps: the final norm's input (and RMSNorm's normalised input),
     its output, and the loss's ``V / t`` log-probabilities (the head's columns split over ``t``
     tensor-parallel ranks)."""
-    check_positive("tensor", tensor)
+    _check_split(shape, tensor)
     return _norm_keeps(shape) + shape.d_model + shape.vocab_size / tensor
 
 
@@ -137,7 +155,7 @@ def checkpointed_layer_bytes(
 ) -> float:
     """Bytes a layer keeps under full activation checkpointing: its input, ``s b h`` values
     (divided by ``t`` only with sequence parallelism: tensor parallelism replicates it)."""
-    check_positive("tensor", tensor)
+    _check_split(shape, tensor)
     check_positive_number("value_bytes", value_bytes)
     check_flag("sequence_parallel", sequence_parallel)
     kept = shape.seq_len * shape.batch_size * shape.d_model * value_bytes
@@ -162,6 +180,7 @@ def model_activation_bytes(
     before the first recomputation. Not counted (see the tests): LayerNorm statistics, the
     token ids and targets, and the caching allocator's rounding.
     """
+    check_instance("shape", shape, TransformerShape)
     check_flag("checkpointing", checkpointing)
     layer = activation_bytes(shape, value_bytes=value_bytes, dropout=dropout, attention=attention)
     if checkpointing:
@@ -193,7 +212,7 @@ def loss_buffer_bytes(
     token with the head's columns split over ``t`` tensor-parallel ranks. Measured by
     :func:`~trainfast.counters.peak_allocated_bytes` in the tests.
     """
-    check_positive("tensor", tensor)
+    _check_split(shape, tensor)
     check_positive_number("value_bytes", value_bytes)
     logits = shape.tokens * shape.vocab_size / tensor
     return logits * (LOSS_BYTES_PER_LOGIT - value_bytes)

@@ -10,7 +10,7 @@ FLOPs are matrix-multiply FLOPs, 2 per multiply-add (the conventions of
 from __future__ import annotations
 
 from trainfast.transformer import TransformerShape
-from trainfast.validation import check_flag, check_int
+from trainfast.validation import check_flag, check_instance, check_int
 
 __all__ = ["linear_training_flops", "matmul_flops", "training_flops"]
 
@@ -31,6 +31,12 @@ def linear_training_flops(
     ``dX = dY W``. ``dX`` is skipped when the input needs no gradient, as for a first layer
     fed with data: then the layer costs 4, not 6, FLOPs per weight and token.
     """
+    for name, value in (
+        ("tokens", tokens),
+        ("in_features", in_features),
+        ("out_features", out_features),
+    ):
+        check_int(name, value, minimum=0)  # named as the caller knows them, not m, k, n
     check_flag("input_grad", input_grad)
     forward = matmul_flops(tokens, in_features, out_features)
     return forward + forward + (forward if input_grad else 0)
@@ -59,6 +65,7 @@ def training_flops(shape: TransformerShape) -> int:
     activation checkpointing recomputes the blocks' forward (counted); the model is not this one
     (a network fed with data skips its first ``dX``: :func:`linear_training_flops`).
     """
+    check_instance("shape", shape, TransformerShape)
     s, b, h, f = shape.seq_len, shape.batch_size, shape.d_model, shape.d_ff
     tokens = shape.tokens
     gated_f = (2 if shape.mlp == "swiglu" else 1) * f  # SwiGLU's gate and up-projection

@@ -15,7 +15,7 @@ from trainfast.accounting.activations import loss_buffer_bytes, model_activation
 from trainfast.accounting.parameters import parameter_count
 from trainfast.recipes import RECIPES, Recipe
 from trainfast.transformer import Attention, TransformerShape
-from trainfast.validation import check_int, check_non_negative, check_positive
+from trainfast.validation import check_instance, check_int, check_non_negative, check_positive
 
 __all__ = [
     "OPTIMIZER_MOMENTS",
@@ -157,6 +157,7 @@ def training_memory(
     from :func:`~trainfast.accounting.model_activation_bytes` at the recipe's bytes per value.
     Add headroom: real runs also hold the CUDA context, allocator slack, temporary buffers.
     """
+    check_instance("shape", shape, TransformerShape)
     per_param = bytes_per_parameter(recipe, optimizer)
     weights, grads, state = _zero_shards(zero_stage, world_size)
     n = parameter_count(shape)

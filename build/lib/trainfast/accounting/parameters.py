@@ -10,6 +10,7 @@ package's (:mod:`trainfast.accounting`).
 from __future__ import annotations
 
 from trainfast.transformer import TransformerShape
+from trainfast.validation import check_instance
 
 __all__ = ["matmul_parameter_count", "mlp_parameter_count", "parameter_count"]
 
@@ -29,6 +30,7 @@ def mlp_parameter_count(shape: TransformerShape) -> int:
     """One layer's MLP parameters: its matrices (:func:`_mlp_matrices`) and, with ``bias``, a bias
     per hidden unit (``2f`` for SwiGLU's gate and up-projection) and per output. A mixture of
     experts has one such MLP per expert (:func:`trainfast.distributed.step_time.estimate`)."""
+    check_instance("shape", shape, TransformerShape)
     gated_f = (2 if shape.mlp == "swiglu" else 1) * shape.d_ff
     return _mlp_matrices(shape) + (gated_f + shape.d_model if shape.bias else 0)
 
@@ -47,6 +49,7 @@ def parameter_count(shape: TransformerShape) -> int:
     positions have no parameters; an untied head adds its own ``V h``; ``bias=False`` drops
     every bias. Llama 3 8B comes to 8,030,261,248 (the test checks every preset).
     """
+    check_instance("shape", shape, TransformerShape)
     h, k, bias = shape.d_model, shape.kv_dim, shape.bias
     attention = h * (h + 2 * k) + h * h + ((h + 2 * k) + h if bias else 0)
     attention += 2 * shape.head_dim if shape.qk_norm else 0
@@ -65,6 +68,7 @@ def matmul_parameter_count(shape: TransformerShape) -> int:
     gains and the embeddings are parameters too, but no matmul uses them (a lookup is an index,
     not a product); a tied embedding counts once, as the head.
     """
+    check_instance("shape", shape, TransformerShape)
     h = shape.d_model
     layer = h * (h + 2 * shape.kv_dim) + h * h + _mlp_matrices(shape)
     return shape.n_layers * layer + shape.vocab_size * h

@@ -34,6 +34,7 @@ from trainfast.distributed.agreement import (
     global_rank,
     rank_and_world_size,
 )
+from trainfast.validation import check_int
 
 __all__ = [
     "all_gather",
@@ -168,7 +169,11 @@ def ring_chunks(rank: int, step: int, world_size: int, phase: str) -> tuple[int,
 
     ``phase`` is ``"reduce-scatter"`` (after ``N - 1`` steps rank ``r`` holds chunk ``r`` fully
     reduced) or ``"all-gather"`` (rank ``r`` starts from chunk ``r`` and passes chunks on).
+    A rank or step the ring does not have raises ``ValueError``: ``%`` would answer for it.
     """
+    check_int("world_size", world_size, minimum=1)
+    check_int("rank", rank, minimum=0, maximum=world_size - 1)
+    check_int("step", step, minimum=0, maximum=world_size - 2)  # N - 1 steps per phase
     if phase == "reduce-scatter":
         return (rank - step - 1) % world_size, (rank - step - 2) % world_size
     if phase == "all-gather":

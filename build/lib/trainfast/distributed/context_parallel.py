@@ -44,6 +44,7 @@ from trainfast.kernels.attention import (
     flash_attention_forward,
 )
 from trainfast.kernels.softmax import merge_attention_outputs
+from trainfast.validation import check_flag, check_int
 
 __all__ = [
     "RingAttention",
@@ -55,11 +56,19 @@ __all__ = [
 ]
 
 
+def _check_rank(rank: int, world_size: int) -> None:
+    check_int("world_size", world_size, minimum=1)
+    check_int("rank", rank, minimum=0, maximum=world_size - 1)
+
+
 def ring_block_kind(rank: int, step: int, world_size: int, is_causal: bool) -> str:
     """What rank ``rank`` does at ring step ``step``: ``"full"``, ``"diagonal"`` or ``"skip"``.
 
     At step ``s`` rank ``r`` holds the key/value block of rank ``(r - s) mod N``.
     """
+    _check_rank(rank, world_size)
+    check_int("step", step, minimum=0, maximum=world_size - 1)
+    check_flag("is_causal", is_causal)
     source = (rank - step) % world_size
     if not is_causal or source < rank:
         return "full"
@@ -69,6 +78,8 @@ def ring_block_kind(rank: int, step: int, world_size: int, is_causal: bool) -> s
 def context_chunks(rank: int, world_size: int, balanced: bool = False) -> list[int]:
     """The sequence chunks rank ``rank`` holds, in order: ``[rank]`` of ``N`` chunks, or when
     ``balanced``, ``[rank, 2N - 1 - rank]`` of ``2N`` (one from each end)."""
+    _check_rank(rank, world_size)
+    check_flag("balanced", balanced)
     return [rank, 2 * world_size - 1 - rank] if balanced else [rank]
 
 
@@ -86,6 +97,9 @@ def ring_attention_work(
     """Attention score entries each rank computes over the whole ring (a diagonal block counts
     its lower triangle, diagonal included). Without balancing the causal work grows with the
     rank; with it every rank does the same."""
+    check_int("world_size", world_size, minimum=1)
+    check_int("seq_len", seq_len, minimum=1)
+    check_flag("is_causal", is_causal)
     n_chunks = 2 * world_size if balanced else world_size
     if seq_len % n_chunks:
         raise ValueError(f"Invalid seq_len: {seq_len} (must divide into {n_chunks} chunks)")

@@ -36,6 +36,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from trainfast.validation import check_choice, check_instance, check_int, check_number
+
 __all__ = [
     "ALGORITHMS",
     "INFINIBAND_NDR",
@@ -63,9 +65,7 @@ class Link:
 
     def __post_init__(self) -> None:
         for name in ("alpha", "beta", "gamma"):
-            value = getattr(self, name)
-            if not value >= 0:
-                raise ValueError(f"Invalid {name}: {value!r} (expected >= 0)")
+            check_number(name, getattr(self, name), minimum=0.0)
 
     @property
     def bandwidth(self) -> float:
@@ -82,16 +82,18 @@ NVLINK4 = Link(alpha=5e-6, beta=1 / 450e9)
 INFINIBAND_NDR = Link(alpha=10e-6, beta=1 / 50e9)
 
 
-def _check(algorithm: str, world_size: int) -> None:
-    if algorithm not in ALGORITHMS:
-        raise ValueError(f"Unknown algorithm: {algorithm!r} (expected one of {ALGORITHMS})")
-    if world_size < 1:
-        raise ValueError(f"Invalid world_size: {world_size!r} (expected >= 1)")
+def _check(algorithm: str, world_size: int, n_bytes: float = 0.0, link: Link | None = None) -> None:
+    """The arguments of every cost here: a known algorithm, ranks, a size and a :class:`Link`."""
+    check_choice("algorithm", algorithm, ALGORITHMS)
+    check_int("world_size", world_size, minimum=1)
+    check_number("n_bytes", n_bytes, minimum=0.0)
+    if link is not None:
+        check_instance("link", link, Link)
 
 
 def _terms(algorithm: str, n_bytes: float, world_size: int) -> tuple[float, float, float]:
     """(number of alphas, bytes times beta, bytes times gamma) in one all-reduce."""
-    _check(algorithm, world_size)
+    _check(algorithm, world_size, n_bytes)
     n = world_size
     if n == 1:
         return 0.0, 0.0, 0.0
@@ -105,20 +107,21 @@ def _terms(algorithm: str, n_bytes: float, world_size: int) -> tuple[float, floa
 
 def all_reduce_time(algorithm: str, n_bytes: float, world_size: int, link: Link) -> float:
     """Predicted seconds for one all-reduce of ``n_bytes`` over ``world_size`` ranks."""
+    _check(algorithm, world_size, n_bytes, link)
     latencies, volume, reduced = _terms(algorithm, n_bytes, world_size)
     return latencies * link.alpha + volume * link.beta + reduced * link.gamma
 
 
 def reduce_scatter_time(n_bytes: float, world_size: int, link: Link) -> float:
     """Ring reduce-scatter of ``n_bytes``: ``(N-1) alpha + ((N-1)/N) n (beta + gamma)``."""
-    _check("ring", world_size)
+    _check("ring", world_size, n_bytes, link)
     n = world_size
     return (n - 1) * link.alpha + (n - 1) / n * n_bytes * (link.beta + link.gamma)
 
 
 def all_gather_time(n_bytes: float, world_size: int, link: Link) -> float:
     """Ring all-gather into an ``n_bytes`` tensor: ``(N-1) alpha + ((N-1)/N) n beta``."""
-    _check("ring", world_size)
+    _check("ring", world_size, n_bytes, link)
     n = world_size
     return (n - 1) * link.alpha + (n - 1) / n * n_bytes * link.beta
 
@@ -126,7 +129,7 @@ def all_gather_time(n_bytes: float, world_size: int, link: Link) -> float:
 def bytes_sent_per_rank(algorithm: str, n_bytes: float, world_size: int) -> float:
     """Bytes the busiest rank sends: ``(N-1) n`` (naive's root), ``ceil(log2 N) n`` (tree's
     root, one tensor per level down) or ``2 (N-1) n / N`` (ring, every rank)."""
-    _check(algorithm, world_size)
+    _check(algorithm, world_size, n_bytes)
     n = world_size
     if algorithm == "naive":
         return (n - 1) * n_bytes
@@ -142,9 +145,8 @@ def crossover_bytes(world_size: int, link: Link) -> float:
     ``n* = (N - 1 - L) alpha / ((L - (N - 1) / N) beta + (L - (N - 1) / N) gamma / 2)``. For
     ``N = 2`` the two send as many messages and the ring fewer bytes, so ``n* = 0``.
     """
-    n = world_size
-    if n < 2:
-        raise ValueError(f"Invalid world_size: {world_size!r} (a crossover needs >= 2 ranks)")
+    n = check_int("world_size", world_size, minimum=2)  # a crossover needs two ranks
+    check_instance("link", link, Link)
     levels = math.ceil(math.log2(n))
     extra_bytes = levels - (n - 1) / n  # per byte of tensor, the tree's extra beta (x2) and gamma
     return max(0.0, (n - 1 - levels) * link.alpha) / (extra_bytes * (link.beta + link.gamma / 2))

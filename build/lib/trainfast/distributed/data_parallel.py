@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -203,6 +204,7 @@ class TorchDDP(Strategy):
 
     name: ClassVar[str] = "torch-ddp"
     bucket_cap_mb: float = 25.0
+    find_unused_parameters: bool = False  # True for a model with parameters forward skips
     buckets: list[tuple[int, int]] = field(default_factory=list, compare=False)
 
     def wrap(
@@ -211,10 +213,16 @@ class TorchDDP(Strategy):
         device = next(model.parameters()).device
         device_ids = [device.index] if device.type == "cuda" else None
         ddp = nn.parallel.DistributedDataParallel(
-            model, device_ids, bucket_cap_mb=self.bucket_cap_mb
+            model,
+            device_ids,
+            bucket_cap_mb=self.bucket_cap_mb,
+            find_unused_parameters=self.find_unused_parameters,
         )
         ddp.register_comm_hook(self.buckets, _recording_hook)
         return ddp, optimizer.build(ddp.parameters())
+
+    def no_sync(self, model: nn.Module) -> AbstractContextManager[None]:
+        return model.no_sync()
 
     def full_parameters(self, model: nn.Module) -> dict[str, torch.Tensor]:
         return super().full_parameters(model.module)

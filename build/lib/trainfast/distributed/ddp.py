@@ -16,6 +16,16 @@ Experiences on Accelerating Data Parallel Training"):
 4. :meth:`DDP.finish_gradient_synchronization`, called after ``loss.backward()``, waits for the
    all-reduces and writes the averaged gradients back.
 
+**Gradient accumulation.** Several backward passes before one optimizer step work as in torch's
+DDP. Without a switch, every backward all-reduces: the next ``forward`` first finishes the
+previous backward's synchronisation (as torch's reducer does when its backward ends), so the
+gradients autograd adds to are already the mean, and the mean of ``mean + local`` is the mean of
+both micro-batches. Under :meth:`DDP.no_sync` the hooks do nothing and the gradients add up
+locally; the first backward outside it all-reduces their sum, so ``k`` micro-batches cost one
+round of all-reduces. A second backward with no ``forward`` and no
+``finish_gradient_synchronization`` in between is refused: its hooks would relaunch buckets
+whose first all-reduce is still in flight.
+
 Parameters with ``requires_grad=False`` get no hook and are never sent. A parameter that got no
 gradient this step (a branch the forward pass skipped) leaves its bucket incomplete; the bucket
 is sent in ``finish_gradient_synchronization`` and the parameter's gradient stays ``None``, as
@@ -31,7 +41,8 @@ note when each bucket travels, from outside the algorithm).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,7 +76,9 @@ class DDP(nn.Module):
 
     ``ddp = DDP(model, bucket_cap_mb=25)``; then each step ``loss = f(ddp(x))``,
     ``loss.backward()``, ``ddp.finish_gradient_synchronization()``, ``optimizer.step()``. Use
-    inside an initialised process group.
+    inside an initialised process group. To accumulate ``k`` micro-batches, run the first
+    ``k - 1`` forward and backward passes under ``with ddp.no_sync():`` (or not: see the module's
+    docstring), then finish once.
     """
 
     def __init__(
@@ -86,6 +99,7 @@ class DDP(nn.Module):
         self.buckets = self._make_buckets(trainable[::-1], bucket_cap_mb)
         self._bucket_of = {id(p): b for b in self.buckets for p in b.params}
         self.comm_hook: CommHook = all_reduce_bucket
+        self.require_gradient_sync = True  # False under no_sync(): the hooks only accumulate
         for p in trainable:
             p.register_post_accumulate_grad_hook(self._on_gradient_ready)
 
@@ -110,7 +124,22 @@ class DDP(nn.Module):
         return buckets
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """The module's forward, after finishing a previous backward's synchronisation (gradient
+        accumulation without :meth:`no_sync`): the gradients this backward adds to are the
+        mean."""
+        if any(bucket.ready or bucket.work is not None for bucket in self.buckets):
+            self.finish_gradient_synchronization()
         return self.module(*args, **kwargs)
+
+    @contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Backward passes inside only accumulate gradients locally (torch's DDP's switch); the
+        first backward after it all-reduces the sum."""
+        previous, self.require_gradient_sync = self.require_gradient_sync, False
+        try:
+            yield
+        finally:
+            self.require_gradient_sync = previous
 
     def register_comm_hook(self, hook: CommHook) -> None:
         """Send every bucket with ``hook`` instead of :func:`all_reduce_bucket` (which it may
@@ -118,7 +147,15 @@ class DDP(nn.Module):
         self.comm_hook = hook
 
     def _on_gradient_ready(self, p: nn.Parameter) -> None:
+        if not self.require_gradient_sync:
+            return
         bucket = self._bucket_of[id(p)]
+        if id(p) in bucket.ready:
+            raise RuntimeError(
+                f"DDP: a second backward reached bucket {bucket.index} before its gradients were "
+                "synchronised; run a forward or finish_gradient_synchronization() between "
+                "backward passes, or accumulate under no_sync()"
+            )
         bucket.ready.add(id(p))
         if self.overlap and len(bucket.ready) == len(bucket.params):
             self._launch(bucket)

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from trainfast.distributed.step_time import NVLINK_GPUS, StepEstimate, TrainingSetup, estimate
+from trainfast.validation import check_instance, check_int
 
 __all__ = [
     "LayoutRecommendation",
@@ -47,10 +48,15 @@ def layout_choices(base: TrainingSetup, n_devices: int, max_tensor: int = 8) -> 
     links, so it stays within ``max_tensor`` devices; layouts the setup's checks refuse (the
     global batch does not split over ``data``, interleaving without a multiple of ``p``
     micro-batches, more stages than layers) are left out, and so are ZeRO stages 2 and 3 with
-    pipeline stages: sharded gradients cost a reduce-scatter per micro-batch, and DeepSpeed's
-    pipeline engine refuses them.
+    pipeline stages unless ``base.assumptions.accumulate_before_reduce``: sharded gradients
+    otherwise cost a reduce-scatter per micro-batch, and DeepSpeed's pipeline engine refuses
+    them; accumulating whole gradients first is how PyTorch's pipelining and Llama 3 pair FSDP
+    with pipelines.
     """
-    if n_devices < 1 or n_devices % base.context:
+    check_instance("base", base, TrainingSetup)
+    check_int("n_devices", n_devices, minimum=1)
+    check_int("max_tensor", max_tensor, minimum=1)
+    if n_devices % base.context:
         raise ValueError(
             f"Invalid n_devices: {n_devices!r} (expected a positive multiple of context "
             f"{base.context})"
@@ -62,8 +68,8 @@ def layout_choices(base: TrainingSetup, n_devices: int, max_tensor: int = 8) -> 
         for pipeline in _divisors(n_devices // (base.context * tensor)):
             data = n_devices // (base.context * tensor * pipeline)
             for stage in (0, 1, 2, 3) if data * base.context > 1 else (0,):
-                if stage >= 2 and pipeline > 1:  # DeepSpeed refuses it (see the docstring)
-                    continue
+                if stage >= 2 and pipeline > 1 and not base.assumptions.accumulate_before_reduce:
+                    continue  # a reduce-scatter per micro-batch (see the docstring)
                 try:
                     setup = replace(
                         base,

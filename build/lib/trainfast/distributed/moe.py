@@ -41,6 +41,7 @@ from trainfast.distributed.agreement import rank_and_world_size
 from trainfast.distributed.collectives import all_to_all, ring_all_reduce
 from trainfast.distributed.launch import rank_device
 from trainfast.training.arguments import build_optimizer
+from trainfast.validation import check_int, check_number
 
 __all__ = [
     "ExpertParallelMoE",
@@ -73,14 +74,11 @@ class MoEConfig:
     capacity_factor: float | None = 1.25
 
     def __post_init__(self) -> None:
-        if not 1 <= self.top_k <= self.n_experts:
-            raise ValueError(
-                f"Invalid top_k: {self.top_k} (expected 1..n_experts={self.n_experts})"
-            )
-        if self.capacity_factor is not None and self.capacity_factor <= 0:
-            raise ValueError(
-                f"Invalid capacity_factor: {self.capacity_factor} (expected > 0 or None)"
-            )
+        for name in ("d_model", "d_hidden", "n_experts"):
+            check_int(name, getattr(self, name), minimum=1)
+        check_int("top_k", self.top_k, minimum=1, maximum=self.n_experts)
+        if self.capacity_factor is not None:
+            check_number("capacity_factor", self.capacity_factor, above=0.0)
 
 
 @dataclass
@@ -107,6 +105,11 @@ def expert_capacity(
     n_tokens: int, n_experts: int, top_k: int, capacity_factor: float | None
 ) -> int:
     """Tokens an expert may take: ``ceil(factor · tokens · k / E)`` (all of them for ``None``)."""
+    check_int("n_tokens", n_tokens, minimum=0)
+    check_int("n_experts", n_experts, minimum=1)
+    check_int("top_k", top_k, minimum=1, maximum=n_experts)
+    if capacity_factor is not None:
+        check_number("capacity_factor", capacity_factor, above=0.0)
     if capacity_factor is None:
         return n_tokens
     return math.ceil(capacity_factor * n_tokens * top_k / n_experts)

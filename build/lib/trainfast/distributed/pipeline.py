@@ -16,7 +16,11 @@ not shrink the bubble, it shrinks the memory.
 * Interleaved 1F1B (Narayanan et al., 2021, "Efficient Large-Scale Language Model Training on
   GPU Clusters", Section 2.2.2): each rank holds ``v`` non-consecutive chunks of layers (virtual
   stages ``r, r + p, ..., r + (v - 1) p``), so the pipeline fills ``v`` times faster: the bubble
-  is ``(p - 1) / (v m)`` of the ideal time, at the price of ``v`` times more messages.
+  is ``(p - 1) / (v m)`` of the ideal time. The price is messages: a rank in the middle sends
+  ``2 v m`` a step instead of ``2 m`` (``v`` times as many, each as large), and the pipeline as a
+  whole ``2 (v p - 1) m`` instead of ``2 (p - 1) m``, since a micro-batch crosses ``v p - 1``
+  boundaries instead of ``p - 1``: ``(v p - 1) / (p - 1)`` times as many, a little more than
+  ``v`` (the chapter counts the pipeline's).
 
 The schedules are pure functions; :func:`simulate` times them with fixed op costs, and
 :func:`pipeline_worker` runs them for real, one rank per stage (``v`` chunks per rank when
@@ -34,6 +38,7 @@ from torch import nn
 
 from trainfast.distributed.launch import rank_device
 from trainfast.timing import timestamp
+from trainfast.validation import check_int, check_number
 
 __all__ = [
     "ChunkOp",
@@ -66,10 +71,8 @@ def _unpack(op: Op | ChunkOp) -> tuple[str, int, int]:
 
 def bubble_fraction(n_stages: int, n_micro: int) -> float:
     """Idle fraction of a GPipe or 1F1B pipeline: ``(p - 1) / (m + p - 1)``."""
-    if n_stages < 1 or n_micro < 1:
-        raise ValueError(
-            f"Invalid pipeline: {n_stages} stages, {n_micro} micro-batches (need >= 1)"
-        )
+    check_int("n_stages", n_stages, minimum=1)
+    check_int("n_micro", n_micro, minimum=1)
     return (n_stages - 1) / (n_micro + n_stages - 1)
 
 
@@ -105,12 +108,12 @@ def interleaved_schedule(n_stages: int, n_micro: int, n_chunks: int) -> list[lis
     one backward, then drains.
     ``n_micro`` must be a multiple of ``n_stages``.
     """
-    p, m, v = n_stages, n_micro, n_chunks
+    p, m, v = n_stages, n_micro, check_int("n_chunks", n_chunks, minimum=1)
     bubble_fraction(p, m)
-    if v < 1 or m % p:
+    if m % p:
         raise ValueError(
-            f"Invalid interleaving: {v} chunks, {m} micro-batches on {p} stages (need chunks "
-            ">= 1 and micro-batches a multiple of stages)"
+            f"Invalid n_micro: {m} (expected a multiple of n_stages, {p}: micro-batches run "
+            "through the chunks in groups of one per stage)"
         )
     total = m * v
 
@@ -168,6 +171,13 @@ def simulate(
     B the next one's B (the last needs its own F). Raises ``ValueError`` on a schedule that
     deadlocks.
     """
+    check_number("forward", forward, minimum=0.0)
+    check_number("backward", backward, minimum=0.0)
+    if not schedule or not all(isinstance(ops, list) and ops for ops in schedule):
+        raise ValueError(
+            f"Invalid schedule: {schedule!r:.80} (expected one list of ops per stage, as "
+            "gpipe_schedule returns)"
+        )
     n_stages = len(schedule)
     n_virtual = n_stages * (1 + max(_unpack(op)[2] for ops in schedule for op in ops))
     done: dict[tuple[str, int, int], float] = {}
@@ -217,7 +227,11 @@ class PipelineConfig:
                 f"Unknown schedule: {self.schedule!r} (expected one of "
                 f"{[*SCHEDULES, 'interleaved']})"
             )
-        if self.n_chunks < 1 or self.n_chunks > 1 and self.schedule != "interleaved":
+        for name in ("width", "layers_per_stage", "batch_size", "n_micro", "n_chunks"):
+            check_int(name, getattr(self, name), minimum=1)
+        check_int("seed", self.seed)
+        check_number("op_seconds", self.op_seconds, minimum=0.0)
+        if self.n_chunks > 1 and self.schedule != "interleaved":
             raise ValueError(
                 f"Invalid n_chunks: {self.n_chunks} (expected 1, or more when interleaved)"
             )

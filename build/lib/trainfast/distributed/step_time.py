@@ -41,10 +41,14 @@ split, half a full block per step, :func:`context_block_scores`); only the exces
 Experts: 4 all-to-alls per MoE layer (6 with full recomputation). Pipeline: 2 point-to-point
 messages per micro-batch, stage boundary and virtual stage. Data parallelism:
 :func:`data_parallel_bytes` (stages 0 and 1: one all-reduce of the accumulated gradients; stage 2: a
-reduce-scatter per micro-batch and an all-gather of the weights; stage 3: per micro-batch a
-reduce-scatter and two all-gathers, Rajbhandari et al. 2020), of which ``overlap`` of the backward
-hides (the last micro-batch's for stages 0 and 1, every micro-batch's for stage 2, all the compute
-for stage 3, as FSDP prefetches).
+reduce-scatter per micro-batch, or one with ``accumulate_before_reduce``, and an all-gather of the
+weights; stage 3: per micro-batch two all-gathers and a reduce-scatter, or one reduce-scatter a
+step, Rajbhandari et al. 2020). ``overlap`` of the backward hides the gradient reduction: the last
+micro-batch's backward a reduction that waits for the accumulated gradient (stages 0 and 1, and 2
+with ``accumulate_before_reduce``), every micro-batch's for stage 2's reduce-scatters; ZeRO-2's
+all-gather of the updated weights follows the optimizer step, after the last backward, so the
+model hides none of it (at best it could overlap the next step's forward); stage 3's traffic
+hides behind all the compute, as FSDP prefetches.
 
 Not modelled: kernel efficiency beyond the one ``matmul_efficiency``, stragglers, the
 embedding stage's imbalance, communication buffers and fragmentation (the ``reserve``).
@@ -83,7 +87,7 @@ from trainfast.distributed.training_setup import TrainingSetup as TrainingSetup
 from trainfast.recipes import RECIPES
 from trainfast.transformer import TransformerShape
 from trainfast.utilization import mfu_peak_flops, model_flops_utilization
-from trainfast.validation import check_int
+from trainfast.validation import check_counts, check_instance, check_int, check_number
 
 __all__ = [
     "StepEstimate",
@@ -179,6 +183,12 @@ def layer_activation_bytes(
     )
 
 
+def _sizes(**sizes: float) -> None:
+    """Each of ``sizes`` is a finite number >= 0 (of parameters or bytes)."""
+    for name, value in sizes.items():
+        check_number(name, value, minimum=0.0)
+
+
 def layers_in_flight(
     n_layers: int, pipeline: int, micro_batches: int, virtual_stages: int = 1
 ) -> tuple[int, int]:
@@ -192,6 +202,7 @@ def layers_in_flight(
     below Korthikanti et al.'s ``L (1 + (p - 1) / (p v))``, which holds for ``m`` large.
     """
     p, m, v = pipeline, micro_batches, virtual_stages
+    check_counts(n_layers=n_layers, pipeline=p, micro_batches=m, virtual_stages=v)
     if v == 1:
         stage = -(-n_layers // p)
         return stage * min(p, m), stage * min(1, m)
@@ -206,6 +217,7 @@ def context_block_scores(seq_len: int, context: int) -> float:
     meets one full ``(s / 2c)^2`` block of each of two chunk pairs and skips the other two: half
     of the ``(s / c)^2`` a non-causal step computes (the context-parallel module's
     ``ring_attention_work`` counts them; a test compares)."""
+    check_counts(seq_len=seq_len, context=context)
     return (seq_len / context) ** 2 / 2
 
 
@@ -216,6 +228,7 @@ def data_parallel_bytes(
     micro_batches: int,
     gradient_bytes: float,
     parameter_bytes: float,
+    accumulate_before_reduce: bool = False,
 ) -> float:
     """Bytes each rank sends per step for data parallelism with ring collectives (a
     reduce-scatter or all-gather of ``B`` bytes sends ``(N - 1) B / N``, an all-reduce twice).
@@ -228,19 +241,29 @@ def data_parallel_bytes(
     accumulate a full gradient, so every micro-batch's backward reduce-scatters (as our
     ``Zero2Optimizer`` does), then one all-gather of the weights.
     Stage 3: per micro-batch, a reduce-scatter and all-gathers of the weights for forward and for
-    backward."""
+    backward. ``accumulate_before_reduce`` (Llama 3's FSDP, PyTorch's pipelining): the unsharded
+    gradients add up over the micro-batches and are reduce-scattered once a step."""
+    check_counts(replicas=replicas, micro_batches=micro_batches)
+    _sizes(
+        n_parameters=n_parameters, gradient_bytes=gradient_bytes, parameter_bytes=parameter_bytes
+    )
+    check_int("zero_stage", zero_stage, minimum=0, maximum=3)
     share = (replicas - 1) / replicas
     grads, weights = n_parameters * gradient_bytes, n_parameters * parameter_bytes
+    reductions = 1 if accumulate_before_reduce else micro_batches  # reduce-scatters a step
     if zero_stage <= 1:
         return 2 * share * grads
     if zero_stage == 2:
-        return share * (micro_batches * grads + weights)
-    return share * micro_batches * (grads + 2 * weights)
+        return share * (reductions * grads + weights)
+    return share * (reductions * grads + 2 * micro_batches * weights)
 
 
 def all_to_all_time(n_bytes: float, world_size: int, link: Link) -> float:
     """Pairwise all-to-all of ``n_bytes`` per rank: ``(N-1) alpha + ((N-1)/N) n beta`` (each rank
     keeps ``1 / N`` and sends one block to each of the others, Thakur et al. 2005)."""
+    check_counts(world_size=world_size)
+    _sizes(n_bytes=n_bytes)
+    check_instance("link", link, Link)
     n = world_size
     return (n - 1) * link.alpha + (n - 1) / n * n_bytes * link.beta
 
@@ -282,6 +305,7 @@ def data_parallel_link(
 
 def estimate(setup: TrainingSetup) -> StepEstimate:
     """Memory per GPU and step time of ``setup`` (the model is in the module's docstring)."""
+    check_instance("setup", setup, TrainingSetup)
     a, shape, gpu = setup.assumptions, setup.shape, NVLINK_GPUS[setup.gpu]
     d, t, p, c = setup.data, setup.tensor, setup.pipeline, setup.context
     v, m, k, e = setup.virtual_stages, setup.micro_batches, setup.top_k, setup.expert_parallel
@@ -300,13 +324,15 @@ def estimate(setup: TrainingSetup) -> StepEstimate:
     dense_params += L * h * setup.experts if setup.experts > 1 else 0  # the routers
     parts = [(dense_params / (t * p), d * c), (expert_params / (t * p * e), d * c // e)]
     state = [0.0, 0.0, 0.0, 0.0]  # weights, gradients, master weights, optimizer state
+    # ZeRO-2 and 3 accumulating before the reduction hold whole gradients during the step
+    accumulate = a.accumulate_before_reduce and setup.zero_stage >= 2 and m > 1
     for n, replicas in parts:
         shard = zero_memory(
             n, replicas, setup.zero_stage, per.parameters, per.gradients, per.optimizer_state
         )
         master = zero_memory(n, replicas, setup.zero_stage, optimizer_bytes=per.master_weights)
         state[0] += shard.parameters
-        state[1] += shard.gradients
+        state[1] += n * per.gradients if accumulate else shard.gradients
         state[2] += master.optimizer_state  # master weights shard like the moments
         state[3] += shard.optimizer_state
     sp = setup.sequence_parallel and t > 1
@@ -373,7 +399,7 @@ def estimate(setup: TrainingSetup) -> StepEstimate:
         hop = _link(t * c * p, nvlink, a)
         pipeline = 2 * v * m * (hop.alpha + activation / t * hop.beta)
 
-    data_parallel = 0.0
+    reduce_s = gather_s = 0.0  # the gradient reduction, and the gathers of weights
     # each part has its own ring: the dense replicas are d ranks t c p apart; the expert group is
     # the innermost e of the data axis (the all-to-all's span), so the ranks holding the same
     # experts are d / e ranks t c p e apart, fewer to a node (when e does not divide d the group
@@ -385,21 +411,26 @@ def estimate(setup: TrainingSetup) -> StepEstimate:
     )
     links = [data_parallel_link(t * c * p, d, nvlink, a), expert_link]
     replicas = [(n, r, link) for (n, r), link in zip(parts, links, strict=True) if n and r > 1]
+    reductions = 1 if accumulate else m  # ZeRO-2 and 3: reduce-scatters a step
     for n, r, data_link in replicas:  # the collectives of data_parallel_bytes, with latencies
         grad_bytes, weight_bytes = n * per.gradients, n * per.parameters
         if setup.zero_stage <= 1:
-            data_parallel += all_reduce_time("ring", grad_bytes, r, data_link)
-        elif setup.zero_stage == 2:  # a reduce-scatter per micro-batch, one gather of weights
-            data_parallel += m * reduce_scatter_time(grad_bytes, r, data_link)
-            data_parallel += all_gather_time(weight_bytes, r, data_link)
+            reduce_s += all_reduce_time("ring", grad_bytes, r, data_link)
+        elif setup.zero_stage == 2:  # reduce-scatters, then one gather of the updated weights
+            reduce_s += reductions * reduce_scatter_time(grad_bytes, r, data_link)
+            gather_s += all_gather_time(weight_bytes, r, data_link)
         else:  # and gather the weights for every forward and backward
-            data_parallel += m * reduce_scatter_time(grad_bytes, r, data_link)
-            data_parallel += 2 * m * all_gather_time(weight_bytes, r, data_link)
-    # what hides it: the last micro-batch's backward (with its recomputation) for stages 0 and
-    # 1, every micro-batch's backward for stage 2; ZeRO-3 prefetches behind all the compute
+            reduce_s += reductions * reduce_scatter_time(grad_bytes, r, data_link)
+            gather_s += 2 * m * all_gather_time(weight_bytes, r, data_link)
+    # what hides it: the last micro-batch's backward (with its recomputation) a reduction of the
+    # accumulated gradients, every micro-batch's backward stage 2's reduce-scatters; ZeRO-2's
+    # gather follows the optimizer step (nothing hides it); ZeRO-3 prefetches behind all compute
     backward = compute * (forwards + 1) / (forwards + 2)
-    hidden = {0: backward / m, 1: backward / m, 2: backward, 3: compute}[setup.zero_stage]
-    data_parallel = max(0.0, data_parallel - a.overlap * hidden)
+    if setup.zero_stage == 3:
+        data_parallel = max(0.0, reduce_s + gather_s - a.overlap * compute)
+    else:
+        hidden = backward if setup.zero_stage == 2 and not accumulate else backward / m
+        data_parallel = max(0.0, reduce_s - a.overlap * hidden) + gather_s
 
     return StepEstimate(
         setup=setup,

@@ -23,6 +23,7 @@ holds, from the live tensors.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -84,6 +85,9 @@ class DDPStrategy(Strategy):
 
     def finish_gradient_synchronization(self, model: nn.Module) -> None:
         model.finish_gradient_synchronization()
+
+    def no_sync(self, model: nn.Module) -> AbstractContextManager[None]:
+        return model.no_sync()
 
     def full_parameters(self, model: nn.Module) -> dict[str, torch.Tensor]:
         return super().full_parameters(model.module)

@@ -26,6 +26,7 @@ from torch import nn
 
 from trainfast.distributed.collectives import ring_all_reduce
 from trainfast.distributed.launch import rank_device
+from trainfast.validation import check_int
 
 __all__ = [
     "ColumnParallelLinear",
@@ -88,6 +89,9 @@ def shard_range(size: int, rank: int, world_size: int) -> slice:
     (:mod:`trainfast.distributed.sequence_parallel`) give each rank its output features, input
     features or attention heads: the first ``size % world_size`` ranks get one more.
     """
+    check_int("size", size, minimum=0)
+    check_int("world_size", world_size, minimum=1)
+    check_int("rank", rank, minimum=0, maximum=world_size - 1)  # -1 would slice the last
     bounds = [len(part) for part in torch.arange(size).tensor_split(world_size)]
     start = sum(bounds[:rank])
     return slice(start, start + bounds[rank])

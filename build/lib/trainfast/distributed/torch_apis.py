@@ -22,6 +22,7 @@ all three run on CPU with gloo in torch 2.14.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -38,7 +39,13 @@ from trainfast.distributed.pipeline import (
 from trainfast.distributed.tensor_parallel import ColumnParallelLinear, RowParallelLinear
 from trainfast.versions import parse_version
 
-__all__ = ["torch_apis_worker", "torch_fully_shard", "torch_pipelining", "torch_tensor_parallel"]
+__all__ = [
+    "fully_shard_api",
+    "torch_apis_worker",
+    "torch_fully_shard",
+    "torch_pipelining",
+    "torch_tensor_parallel",
+]
 
 
 def _linears(model: nn.Sequential) -> list[tuple[str, nn.Linear]]:
@@ -88,6 +95,15 @@ def torch_pipelining(stage_module: nn.Module, rank: int, world_size: int, n_micr
     return ScheduleGPipe(stage, n_microbatches=n_micro, loss_fn=_loss, scale_grads=True)
 
 
+def fully_shard_api() -> tuple[Any, Any]:
+    """``(fully_shard, MixedPrecisionPolicy)``, from where this torch keeps them."""
+    try:  # torch >= 2.6
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    except ImportError:  # torch 2.4 and 2.5
+        from torch.distributed._composable.fsdp import MixedPrecisionPolicy, fully_shard
+    return fully_shard, MixedPrecisionPolicy
+
+
 def torch_fully_shard(model: nn.Sequential) -> nn.Sequential:
     """FSDP2: each linear its own unit (gathered just before use), then the whole model.
 
@@ -95,12 +111,9 @@ def torch_fully_shard(model: nn.Sequential) -> nn.Sequential:
     ``fully_shard`` builds its own on the machine's accelerator and moves the parameters there,
     even when the ranks are gloo processes on the CPU.
     """
-    try:  # torch >= 2.6
-        from torch.distributed.fsdp import fully_shard
-    except ImportError:  # torch 2.4 and 2.5
-        from torch.distributed._composable.fsdp import fully_shard
     from torch.distributed.device_mesh import init_device_mesh
 
+    fully_shard, _ = fully_shard_api()
     mesh = init_device_mesh(rank_device().type, (dist.get_world_size(),))
     for _, linear in _linears(model):
         fully_shard(linear, mesh=mesh)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, ClassVar
@@ -29,6 +30,7 @@ from trainfast.distributed.launch import rank_device
 from trainfast.distributed.zero import Zero2Optimizer
 from trainfast.optim.state import state_bytes
 from trainfast.training.arguments import build_optimizer
+from trainfast.validation import check_positive
 
 __all__ = [
     "OptimizerConfig",
@@ -83,6 +85,12 @@ class Strategy(ABC):
     def finish_gradient_synchronization(self, model: nn.Module) -> None:  # noqa: B027
         """After ``loss.backward()``: make the gradients the optimizer sees the mean over ranks.
         Nothing by default (strategies that reduce-scatter during backward are done)."""
+
+    def no_sync(self, model: nn.Module) -> AbstractContextManager[None]:
+        """A context in which backward passes only accumulate gradients locally, for gradient
+        accumulation (DDP's ``no_sync``). By default none: a strategy without the switch either
+        reduces after the last backward anyway or reduces every micro-batch's gradients."""
+        return nullcontext()
 
     def full_parameters(self, model: nn.Module) -> dict[str, torch.Tensor]:
         """Every parameter in full, detached, on the CPU, under the unwrapped model's names."""
@@ -147,24 +155,42 @@ def train_with_strategy(
     optimizer_config: OptimizerConfig,
     batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    *,
+    micro_batches: int = 1,
+    no_sync: bool = False,
 ) -> StrategyResult:
     """Train ``model`` on this rank's ``(inputs, targets)`` batches with ``strategy``.
 
     The one loop of the sharded strategies: wrap, then per step forward, backward, finish the
-    gradient synchronisation, step; the loss reported is the mean over ranks. The model (moved
+    gradient synchronisation, step; the loss reported is the mean over ranks. With
+    ``micro_batches = k`` each batch is cut into ``k`` equal micro-batches whose losses, each
+    divided by ``k``, are backpropagated one after another (gradient accumulation: the same
+    gradient as the whole batch); ``no_sync`` runs the first ``k - 1`` under
+    :meth:`Strategy.no_sync`. The model (moved
     in place), the batches and the loss live on :func:`~trainfast.distributed.launch.rank_device`:
     the CPU under gloo, even on a machine with a GPU, and this rank's GPU under NCCL. A strategy
     that moves the model elsewhere is an error.
     """
+    check_positive("micro_batches", micro_batches)
     device = rank_device()
     model, optimizer = strategy.wrap(model.to(device), optimizer_config)
     _check_device(model, device, strategy)
     world_size = dist.get_world_size() if dist.is_initialized() else 1
     losses, held = [], None
     for inputs, targets in batches:
-        loss = loss_fn(model(inputs.to(device)), targets.to(device))
+        if len(inputs) % micro_batches:
+            raise ValueError(
+                f"Invalid micro_batches: {micro_batches} (must divide the batch of {len(inputs)})"
+            )
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        loss = torch.zeros((), device=device)
+        pieces = zip(inputs.chunk(micro_batches), targets.chunk(micro_batches), strict=True)
+        for i, (x, y) in enumerate(pieces):
+            local = no_sync and i < micro_batches - 1
+            with strategy.no_sync(model) if local else nullcontext():
+                micro_loss = loss_fn(model(x.to(device)), y.to(device)) / micro_batches
+                micro_loss.backward()
+            loss = loss + micro_loss.detach()
         strategy.finish_gradient_synchronization(model)
         held = held_bytes(model, optimizer)
         optimizer.step()

@@ -16,7 +16,13 @@ from trainfast.accounting import bytes_per_parameter
 from trainfast.distributed.cost_model import INFINIBAND_NDR, NVLINK4
 from trainfast.gpus import GPUS
 from trainfast.transformer import TransformerShape
-from trainfast.validation import check_flag, check_int, check_number, check_positive
+from trainfast.validation import (
+    check_flag,
+    check_instance,
+    check_int,
+    check_number,
+    check_positive,
+)
 
 __all__ = ["NVLINK_GPUS", "RECOMPUTE", "Recompute", "StepAssumptions", "TrainingSetup"]
 
@@ -51,6 +57,17 @@ class StepAssumptions:
     (:func:`~trainfast.distributed.step_time.data_parallel_link`). Latencies are assumptions of
     a few microseconds per message, not measurements. ``reserve``: the share of memory left for the
     CUDA context, the allocator and buffers.
+    ``accumulate_before_reduce``: how ZeRO-2 and 3 accumulate gradients over the ``m``
+    micro-batches. ``False`` (as our ``Zero2Optimizer`` and DeepSpeed's ZeRO-2 do: "ZeRO stage
+    >= 2 communicates during non gradient accumulation boundaries as well",
+    ``deepspeed/runtime/engine.py``): every micro-batch's backward reduces into the shard, so no
+    full gradient is kept. ``True`` (as PyTorch's pipelining does: it turns FSDP2's
+    ``set_requires_gradient_sync`` off for every backward but the last,
+    ``torch/distributed/pipelining/stage.py``; the book reads Llama 3 this way, Dubey et al. 2024,
+    Section 3.3.2: "FP32 gradient accumulation during backward computation over multiple
+    micro-batches" and "reduce-scatter gradients in FP32", which does not say how often):
+    unsharded gradients add up locally and are reduce-scattered once a step, at the price of
+    holding them whole during the step.
     """
 
     matmul_efficiency: float = 0.5
@@ -61,6 +78,7 @@ class StepAssumptions:
     network_bytes_per_s: float = INFINIBAND_NDR.bandwidth
     hierarchical_data_parallel: bool = True
     reserve: float = 0.1
+    accumulate_before_reduce: bool = False
 
     def __post_init__(self) -> None:
         check_number("matmul_efficiency", self.matmul_efficiency, above=0.0, maximum=1.0)
@@ -71,6 +89,7 @@ class StepAssumptions:
         check_number("network_latency_s", self.network_latency_s, minimum=0.0)
         check_number("network_bytes_per_s", self.network_bytes_per_s, above=0.0)
         check_flag("hierarchical_data_parallel", self.hierarchical_data_parallel)
+        check_flag("accumulate_before_reduce", self.accumulate_before_reduce)
 
 
 @dataclass(frozen=True)
@@ -83,9 +102,10 @@ class TrainingSetup:
     token, sharded over ``expert_parallel`` ranks of the ``data x context`` group.
     ``sequence_parallel`` (with ``tensor > 1``) shards the token-wise regions over the tensor
     ranks, as :class:`~trainfast.distributed.sequence_parallel.ParallelTransformerBlock` does.
-    ZeRO stages 2 and 3 are priced with ``pipeline > 1`` (a reduce-scatter per micro-batch), but
-    DeepSpeed refuses that combination and :func:`~trainfast.distributed.layout.layout_choices`
-    leaves it out."""
+    ZeRO stages 2 and 3 are priced with ``pipeline > 1`` either way
+    (``StepAssumptions.accumulate_before_reduce``); DeepSpeed's pipeline engine refuses them, and
+    :func:`~trainfast.distributed.layout.layout_choices` offers them only when gradients
+    accumulate before the reduction, as PyTorch's pipelining with FSDP does."""
 
     shape: TransformerShape
     recipe: str = "bf16 + fp32 master"
@@ -107,6 +127,8 @@ class TrainingSetup:
     assumptions: StepAssumptions = field(default_factory=StepAssumptions)
 
     def __post_init__(self) -> None:
+        check_instance("shape", self.shape, TransformerShape)
+        check_instance("assumptions", self.assumptions, StepAssumptions)
         for name in (
             "data",
             "tensor",
@@ -129,7 +151,12 @@ class TrainingSetup:
             (self.gpu not in NVLINK_GPUS, "gpu", f"expected one of {sorted(NVLINK_GPUS)}"),
             (self.recompute not in RECOMPUTE, "recompute", f"expected one of {RECOMPUTE}"),
             (s.n_heads % self.tensor, "tensor", f"must divide n_heads = {s.n_heads}"),
-            (s.seq_len % (2 * self.context), "context", f"2 x context must divide {s.seq_len}"),
+            (s.d_ff % self.tensor, "tensor", f"must divide d_ff = {s.d_ff}"),
+            (
+                self.context > 1 and s.seq_len % (2 * self.context),  # the balanced split's chunks
+                "context",
+                f"2 x context must divide seq_len = {s.seq_len}",
+            ),
             (
                 self.pipeline * self.virtual_stages > s.n_layers,
                 "virtual_stages",

@@ -27,7 +27,7 @@ from torch import nn
 from trainfast.distributed.agreement import rank_and_world_size
 from trainfast.distributed.collectives import all_gather, broadcast, reduce_scatter
 
-__all__ = ["Zero2Optimizer", "ZeroOptimizer"]
+__all__ = ["Zero2Optimizer", "ZeroOptimizer", "largest_share", "owners"]
 
 
 def _hyperparameters(group: dict[str, Any]) -> dict[str, Any]:
@@ -48,13 +48,38 @@ def _step_local(optimizer: Any, closure: Any) -> Any:
     return loss
 
 
+def owners(numels: list[int], owned: list[int]) -> list[int]:
+    """The rank that owns each of tensors of ``numels`` elements under ZeRO-1's whole-tensor split.
+
+    Sorted-greedy, as torch's ``ZeroRedundancyOptimizer._partition_parameters``: largest first,
+    each to the rank that owns the fewest elements so far (the lowest such rank); ``owned`` holds
+    each rank's elements so far and is updated (several parameter groups share it). A tensor is
+    never split, so the largest owner holds at least the largest tensor: the split is even only
+    when every tensor is much smaller than ``1 / N`` of the model.
+    """
+    ranks = [0] * len(numels)
+    for i in sorted(range(len(numels)), key=lambda i: -numels[i]):  # stable: ties in order
+        ranks[i] = min(range(len(owned)), key=lambda r: (owned[r], r))
+        owned[ranks[i]] += numels[i]
+    return ranks
+
+
+def largest_share(numels: list[int], world_size: int) -> float:
+    """The elements the busiest ZeRO-1 owner holds over the mean, ``1`` for an even split
+    (:func:`owners` on tensors of ``numels`` elements, one parameter group)."""
+    owned = [0] * world_size
+    owners(numels, owned)
+    return max(owned) / (sum(owned) / world_size)
+
+
 class ZeroOptimizer(torch.optim.Optimizer):
     """ZeRO stage 1: each rank keeps the optimizer state of about 1/N of the parameters.
 
     ``optimizer_cls`` is an optimizer class or any callable ``(params, **kwargs) -> optimizer``
     (``functools.partial(build_optimizer, "adamw")``); ``kwargs`` are the groups' defaults.
-    Every parameter has one owner, chosen greedily so that the ranks own nearly equal numbers of
-    elements (as torch's ``ZeroRedundancyOptimizer`` does). Rank ``r`` runs ``optimizer_cls``
+    Every parameter has one owner (:func:`owners`: largest first, each to the rank that owns the
+    fewest elements so far, as torch's ``ZeroRedundancyOptimizer`` does). Rank ``r`` runs
+    ``optimizer_cls``
     only on the parameters it owns, so only it holds their state; after its step, each owner
     broadcasts its updated parameters. Whole tensors, not slices, so any optimizer works, also
     those that look at whole matrices (Muon, LAMB).
@@ -78,14 +103,13 @@ class ZeroOptimizer(torch.optim.Optimizer):
         super().__init__(params, kwargs)  # calls add_param_group for every group
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
-        """Add a group; give each of its parameters to the rank that owns the fewest elements."""
+        """Add a group; give each of its parameters an owner (:func:`owners`)."""
         super().add_param_group(param_group)
         group = self.param_groups[-1]
+        ranks = owners([p.numel() for p in group["params"]], self._owned_numel)
         mine = []
-        for p in group["params"]:
-            owner = min(range(self.world_size), key=lambda r: (self._owned_numel[r], r))
+        for p, owner in zip(group["params"], ranks, strict=True):
             self.owner[p] = owner
-            self._owned_numel[owner] += p.numel()
             if owner == self.rank:
                 mine.append(p)
         local_group = {**_hyperparameters(group), "params": mine}
@@ -134,6 +158,13 @@ class Zero2Optimizer(torch.optim.Optimizer):
     the full one. So at most one full gradient exists at a time, instead of all of them. After
     the step, each parameter is all-gathered from the updated slices.
 
+    What travels: the gradients in ``reduce_dtype`` (``None``: the gradient's own dtype, two bytes
+    for bf16 parameters; ``torch.float32`` reduces in fp32 as Llama 3 did, as FSDP2's
+    ``MixedPrecisionPolicy(reduce_dtype=...)`` does), accumulated on the fp32 shard; the
+    updated weights in the parameters' dtype. So the bytes are
+    :func:`~trainfast.distributed.step_time.data_parallel_bytes`' with the recipe's gradient and
+    weight bytes.
+
     Element-wise optimizers only (SGD, Adam, AdamW): a slice is not a matrix. A parameter must
     get a gradient on all ranks or on none in a step (as with DDP), or the ranks would wait for
     each other.
@@ -143,10 +174,13 @@ class Zero2Optimizer(torch.optim.Optimizer):
         self,
         params: Iterable[nn.Parameter] | Iterable[dict],
         optimizer_cls: Callable[..., torch.optim.Optimizer],
+        *,
+        reduce_dtype: torch.dtype | None = None,
         **kwargs: Any,
     ) -> None:
         self.rank, self.world_size = rank_and_world_size()
         self.optimizer_cls = optimizer_cls
+        self.reduce_dtype = reduce_dtype
         self.shard: dict[nn.Parameter, nn.Parameter] = {}
         self._hooks: list[Any] = []
         self.local_optimizer: torch.optim.Optimizer | None = None
@@ -178,9 +212,11 @@ class Zero2Optimizer(torch.optim.Optimizer):
     def _reduce_gradient(self, p: nn.Parameter) -> None:
         """During backward: keep my slice of the mean gradient, drop the full gradient."""
         shard = self.shard[p]
-        mine = torch.empty_like(shard)
-        reduce_scatter(mine, [s.float() for s in self._slices(p.grad)], op="mean", check=False)
-        shard.grad = mine if shard.grad is None else shard.grad.add_(mine)  # accumulation
+        dtype = self.reduce_dtype or p.grad.dtype  # what travels
+        mine = torch.empty(shard.shape, dtype=dtype, device=shard.device)
+        reduce_scatter(mine, [s.to(dtype) for s in self._slices(p.grad)], op="mean", check=False)
+        mine = mine.float()  # accumulated on the fp32 shard
+        shard.grad = mine if shard.grad is None else shard.grad.add_(mine)
         p.grad = None
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -193,9 +229,9 @@ class Zero2Optimizer(torch.optim.Optimizer):
         loss = _step_local(self, closure)
         for group in self.param_groups:
             for p in group["params"]:
-                shard = self.shard[p]
-                slices = [torch.empty_like(shard) for _ in range(self.world_size)]
-                all_gather(slices, shard, check=False)
+                mine = self.shard[p].to(p.dtype)  # the weights travel in their own dtype
+                slices = [torch.empty_like(mine) for _ in range(self.world_size)]
+                all_gather(slices, mine, check=False)
                 p.copy_(torch.cat(slices)[: p.numel()].view_as(p))
         return loss
 

@@ -127,6 +127,8 @@ def write_pass_record(
     kept: dict[str, dict[str, Any]] = {}
     earlier = None
     for folder in [directory] + ([copy_to] if copy_to is not None else []):
+        if not Path(folder).is_dir():  # no folder yet: no earlier pass to keep rows of
+            continue
         for record in load_records(folder, PASS_RECORD):
             env = record.environment
             if (env.get("device"), env.get("device_name")) != (

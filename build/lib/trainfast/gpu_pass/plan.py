@@ -57,6 +57,7 @@ LIMITS: dict[str, float] = {
     "measure:speedrun": 420,
     "measure:scaling-study": 150,
     "measure:profiling-case-study": 120,
+    "measure:gpu-bound-case-study": 240,  # an estimate of 100 s; a baseline out of memory retries
     "page": 200,
 }
 

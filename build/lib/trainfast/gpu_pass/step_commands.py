@@ -41,8 +41,8 @@ def write_result(path: Path | None, data: dict[str, object]) -> None:
 #: chapters (or single pages) that may run on the CPU on any machine, and why: their pages pass
 #: on the CPU or on the pass's device
 CPU_CHAPTERS = {
-    "speedrun": "its live study is the tiny preset's data-parallel entry, one gloo process per CPU "
-    "core; the GPU preset runs as the speedrun benchmark",
+    "speedrun": "its pages read the study's CPU record and run the tiny preset on the CPU; the GPU "
+    "preset runs as the speedrun benchmark",
 }
 
 

@@ -47,6 +47,7 @@ from typing import Any
 import torch
 
 from trainfast.records import Record, make_record
+from trainfast.validation import check_choice, check_counts, check_int
 
 __all__ = [
     "K_LARGE_BUFFER",
@@ -55,6 +56,7 @@ __all__ = [
     "K_ROUND_LARGE",
     "K_SMALL_BUFFER",
     "K_SMALL_SIZE",
+    "MIN_SPLIT_SETTING_BYTES",
     "allocator_rounding_record",
     "allocator_snapshot_record",
     "block_bytes",
@@ -74,13 +76,14 @@ K_SMALL_BUFFER = 2 << 20  # "small" allocations are packed in 2 MiB segments
 K_MIN_LARGE_ALLOC = 10 << 20  # allocations between 1 and 10 MiB may use a 20 MiB segment
 K_LARGE_BUFFER = 20 << 20  # the segment for them
 K_ROUND_LARGE = 2 << 20  # larger allocations are rounded up to 2 MiB
+#: the least ``max_split_size_mb`` and ``max_non_split_rounding_mb`` PyTorch accepts (kLargeBuffer)
+MIN_SPLIT_SETTING_BYTES = K_LARGE_BUFFER
 
 
 def rounded_bytes(nbytes: int) -> int:
     """A request of ``nbytes`` rounded up to a multiple of 512 bytes (``round_size``), the least
     block it can occupy (0 for an empty tensor)."""
-    if nbytes < 0:
-        raise ValueError(f"Invalid nbytes: {nbytes} (need 0 or more)")
+    check_int("nbytes", nbytes, minimum=0)
     if nbytes == 0:
         return 0
     return K_MIN_BLOCK_SIZE * -(-nbytes // K_MIN_BLOCK_SIZE)
@@ -136,12 +139,27 @@ def cached_block_use(
     ``pool`` is the block's pool (``"small"``: blocks of 2 MiB segments, ``"large"``: the rest);
     a request uses only the pool of its own size. If the block is split, the request occupies
     its rounded size (:func:`rounded_bytes`) and the rest stays free; if not, the whole block.
-    ``max_split_size_bytes`` is ``max_split_size_mb`` in bytes (None: unlimited, the default).
+    ``max_split_size_bytes`` is ``max_split_size_mb`` in bytes (None: unlimited, the default)
+    and ``max_non_split_rounding_bytes`` ``max_non_split_rounding_mb`` in bytes. PyTorch refuses
+    either below 20 MiB (``parseMaxSplitSize`` and ``parseMaxNonSplitRoundingSize`` in
+    ``c10/core/AllocatorConfig.cpp``: "CachingAllocator option max_split_size_mb too small, must
+    be >= 20"), so this raises ``ValueError`` for them too: a prediction for a setting that no
+    process can have would describe nothing.
     """
-    if pool not in ("small", "large"):
-        raise ValueError(f"Invalid pool: {pool!r} (expected 'small' or 'large')")
-    if nbytes <= 0 or free_block_bytes <= 0:
-        raise ValueError(f"Invalid sizes: {nbytes}, {free_block_bytes} (both must be positive)")
+    check_choice("pool", pool, ("small", "large"))
+    check_counts(nbytes=nbytes, free_block_bytes=free_block_bytes)
+    check_counts(max_non_split_rounding_bytes=max_non_split_rounding_bytes)
+    if max_split_size_bytes is not None:
+        check_int("max_split_size_bytes", max_split_size_bytes, minimum=1)
+    for name, value in (
+        ("max_split_size_mb", max_split_size_bytes),
+        ("max_non_split_rounding_mb", max_non_split_rounding_bytes),
+    ):
+        if value is not None and value < MIN_SPLIT_SETTING_BYTES:
+            raise ValueError(
+                f"Invalid {name}: {value / 2**20:g} MiB ({value:,} bytes); PyTorch requires at "
+                f"least {MIN_SPLIT_SETTING_BYTES >> 20} MiB"
+            )
     size = rounded_bytes(nbytes)
     if _pool(size) != pool or free_block_bytes < size:
         return None

@@ -58,19 +58,53 @@ TILE_QUERIES = 64
 TILE_KEYS = 64
 
 
-def attention_reference(q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False) -> Tensor:
+def attention_reference(
+    q: Tensor, k: Tensor, v: Tensor, is_causal: bool = False, attn_mask: Tensor | None = None
+) -> Tensor:
     """Attention the textbook way, materialising the ``n_queries × n_keys`` probabilities.
 
     Autograd saves those probabilities for the backward pass: this is the unfused version whose
     memory flash attention avoids. Use ``scaled_dot_product_attention`` for real work.
+
+    ``attn_mask`` is SDPA's boolean mask: broadcastable to ``(..., n_queries, n_keys)``, True
+    where a query may attend to a key (any pattern: padding, documents, sliding windows). A
+    query that may see no key gets a zero output and zero gradients, as SDPA gives in PyTorch
+    2.5 and later (its "safe softmax"); the softmax of a row of ``-inf`` would be NaN. As in
+    SDPA, a mask and ``is_causal`` are not given together.
     """
     check_flag("is_causal", is_causal)
     scores = q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5  # (..., n_queries, n_keys)
+    n_queries, n_keys = scores.shape[-2:]
+    if attn_mask is not None:
+        if is_causal:
+            raise ValueError("Give attn_mask or is_causal=True, not both (as in SDPA)")
+        _check_mask(attn_mask, scores)
+        seen = attn_mask.any(dim=-1, keepdim=True)  # rows with at least one visible key
+        scores = scores.masked_fill(~attn_mask, float("-inf")).masked_fill(~seen, 0.0)
+        return (torch.softmax(scores, dim=-1) * seen) @ v
     if is_causal:
-        n_queries, n_keys = scores.shape[-2:]
         hidden = torch.ones(n_queries, n_keys, dtype=torch.bool, device=q.device).triu(1)
         scores = scores.masked_fill(hidden, float("-inf"))
     return torch.softmax(scores, dim=-1) @ v
+
+
+def _check_mask(attn_mask: object, scores: Tensor) -> None:
+    """Raise ``ValueError`` naming the value unless ``attn_mask`` is a boolean tensor on the
+    scores' device that broadcasts to their shape ``(..., n_queries, n_keys)``."""
+    if not isinstance(attn_mask, Tensor) or attn_mask.dtype != torch.bool:
+        kind = attn_mask.dtype if isinstance(attn_mask, Tensor) else type(attn_mask).__name__
+        raise ValueError(f"attn_mask must be a boolean tensor (True: attend), got {kind}")
+    if attn_mask.device != scores.device:
+        raise ValueError(f"attn_mask is on {attn_mask.device}, the inputs on {scores.device}")
+    try:
+        shape = torch.broadcast_shapes(attn_mask.shape, scores.shape)
+    except RuntimeError:
+        shape = None
+    if shape != scores.shape:
+        raise ValueError(
+            f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to the scores' "
+            f"(..., n_queries, n_keys) = {tuple(scores.shape)}"
+        )
 
 
 def group_query_heads(q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
@@ -107,6 +141,7 @@ def flash_attention_forward(
     ``L`` has shape (..., n_queries), in float32 (float64 for float64 inputs).
     """
     check_tile_sizes(tile_queries, tile_keys)
+    check_flag("is_causal", is_causal)
     n_queries, n_keys, scale = q.shape[-2], k.shape[-2], q.shape[-1] ** -0.5
     dtype = _compute_dtype(q.dtype)
     out = torch.empty_like(q)
@@ -150,6 +185,7 @@ def flash_attention_backward(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """The tiled backward pass: ``(dq, dk, dv)``, recomputing probabilities tile by tile."""
     check_tile_sizes(tile_queries, tile_keys)
+    check_flag("is_causal", is_causal)
     n_queries, n_keys, scale = q.shape[-2], k.shape[-2], q.shape[-1] ** -0.5
     dtype = lse.dtype
     delta = (grad_out.to(dtype) * out.to(dtype)).sum(dim=-1)  # D = rowsum(dO ∘ O), (..., n_queries)

@@ -27,11 +27,13 @@ from trainfast.records import Prediction, Record
 from trainfast.timing import benchmark
 
 __all__ = [
+    "SDPA_BACKENDS",
     "attention_forward_prediction",
     "attention_record",
     "attention_sweep_prediction",
     "attention_sweep_record",
     "launcher_forward_row",
+    "sdpa_default_backend",
     "streamed_elements",
     "tile_config",
 ]
@@ -96,20 +98,47 @@ def launcher_forward_row(
     )
 
 
-def _sdpa_flash_backend() -> Any:
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+#: SDPA's fused CUDA backends, each timed forced (``sdpa_kernel``) beside the default's choice:
+#: row name -> ``torch.nn.attention.SDPBackend`` member
+SDPA_BACKENDS = {
+    "sdpa (flash backend)": "FLASH_ATTENTION",
+    "sdpa (efficient backend)": "EFFICIENT_ATTENTION",
+    "sdpa (cudnn backend)": "CUDNN_ATTENTION",
+}
 
-    return sdpa_kernel(SDPBackend.FLASH_ATTENTION)
+
+def sdpa_default_backend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool) -> str:
+    """The backend ``scaled_dot_product_attention`` picks for these inputs without being told
+    (``torch._fused_sdp_choice``, the dispatcher's own choice: on CUDA ``select_sdp_backend`` in
+    ``aten/src/ATen/native/transformers/cuda/sdp_utils.cpp``, whose priority order puts cuDNN's
+    first on sm_90 and sm_100 with a recent cuDNN), e.g. ``"CUDNN_ATTENTION"``; ``"unknown"``
+    where this PyTorch has no such function."""
+    from torch.nn.attention import SDPBackend
+
+    choice = getattr(torch, "_fused_sdp_choice", None)
+    if choice is None:
+        return "unknown"
+    names = {int(getattr(SDPBackend, n)): n for n in dir(SDPBackend) if n.isupper()}
+    return names.get(int(choice(q, k, v, is_causal=is_causal)), "unknown")
+
+
+def _no_kernel(error: Exception) -> bool:
+    """Whether ``error`` is SDPA refusing a forced backend for these inputs or this build."""
+    return isinstance(error, RuntimeError) and "No available kernel" in str(error)
 
 
 def attention_record(device: torch.device, quick: bool) -> Record:
     """Attention forward: Triton flash attention vs ``scaled_dot_product_attention``.
 
     On CUDA: bfloat16, batch 4 (2 quick), sequence 4096 (2048 quick), model width 2048 as 32
-    heads of 64 or 16 heads of 128, causal and not; SDPA with its default backend choice and
-    with the FlashAttention backend forced. FLOPs are ``4·b·h·n²·d``, halved for causal. On a CPU
-    (float32, 4 heads of 64, sequence 256, 64 quick): the tiled PyTorch FlashAttention, the
-    textbook attention and SDPA, with the bytes each saves for the backward pass.
+    heads of 64 or 16 heads of 128, causal and not; SDPA with its default backend choice (its
+    ``config`` names the backend it picks,
+    :func:`~trainfast.kernels.attention_benchmarks.sdpa_default_backend`) and with each fused
+    backend of :data:`~trainfast.kernels.attention_benchmarks.SDPA_BACKENDS` forced (a backend
+    that refuses the inputs has no row).
+    FLOPs are ``4·b·h·n²·d``, halved for causal. On a CPU (float32, 4 heads of 64, sequence
+    256, 64 quick): the tiled PyTorch FlashAttention, the textbook attention and SDPA, with the
+    bytes each saves for the backward pass.
     """
     rows = []
     cuda = device.type == "cuda"
@@ -133,7 +162,7 @@ def attention_record(device: torch.device, quick: bool) -> Record:
                 try:
                     timing = benchmark(run, warmup=3, repeats=10 if cuda else 5, device=device)
                 except Exception as error:  # noqa: BLE001
-                    if not is_out_of_resources(error):
+                    if not (is_out_of_resources(error) or _no_kernel(error)):
                         raise
                     continue
                 saved = saved_tensor_bytes(
@@ -178,21 +207,29 @@ def _attention_contenders(q, k, v, is_causal: bool, cuda: bool) -> list[tuple[st
     def default() -> Any:
         return sdpa(q, k, v, is_causal=is_causal)
 
-    contenders: list[tuple[str, str, Any, Any]] = [("sdpa (default)", "", default, default)]
+    picks = f"picks {sdpa_default_backend(q, k, v, is_causal)}"
+    contenders: list[tuple[str, str, Any, Any]] = [("sdpa (default)", picks, default, default)]
     if cuda:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
         from trainfast.kernels.attention_triton import (
             FlashAttentionTriton,
             flash_attention_triton_forward,
         )
 
-        def flash_backend() -> Any:
-            with _sdpa_flash_backend():
-                return sdpa(q, k, v, is_causal=is_causal)
+        def forced(backend: str) -> Any:
+            def run() -> Any:
+                with sdpa_kernel(getattr(SDPBackend, backend)):
+                    return sdpa(q, k, v, is_causal=is_causal)
+
+            return run
 
         def triton_function() -> Any:
             return FlashAttentionTriton.apply(q, k, v, is_causal)
 
-        contenders.append(("sdpa (flash backend)", "", flash_backend, flash_backend))
+        for name, backend in SDPA_BACKENDS.items():
+            if hasattr(SDPBackend, backend):
+                contenders.append((name, "", forced(backend), forced(backend)))
         for tiles in _attention_tile_sweep():
             config = tile_config(tiles)
 
@@ -413,7 +450,14 @@ def _cache_text(cache: str) -> str:
 
 
 def attention_sweep_prediction(
-    gpu: GPUSpec, seq: int, head_dim: int, dtype: str = "bf16", *, cache: str = "none"
+    gpu: GPUSpec,
+    seq: int,
+    head_dim: int,
+    dtype: str = "bf16",
+    *,
+    cache: str = "none",
+    dkdv_tiles: Any = None,
+    dq_tiles: Any = None,
 ) -> Prediction:
     """The forward + backward FLOP/s of causal flash attention on ``gpu``, from the roofline.
 
@@ -429,7 +473,8 @@ def attention_sweep_prediction(
     dQ). The time is the larger of FLOPs / peak and bytes
     / bandwidth; the rate is reported in :func:`attention_sweep_record`'s convention
     (``3.5 · 4 · seq² · head_dim`` per time), so it is comparable with the record.
-    ``attention-fwd-bwd`` measures it.
+    ``attention-fwd-bwd`` measures it. ``dkdv_tiles`` and ``dq_tiles`` replace the backward
+    launchers' tiles, to predict what other tiles would do.
     """
     from trainfast.kernels.attention_triton_backward import attention_dkdv_tiles, attention_dq_tiles
     from trainfast.kernels.attention_triton_forward import attention_forward_tiles
@@ -437,8 +482,8 @@ def attention_sweep_prediction(
     element = _checked_element_bytes(gpu, seq, head_dim, dtype, cache)
     torch_dtype = _TORCH_DTYPES[dtype]
     forward = attention_forward_tiles(gpu, torch_dtype, head_dim)
-    dkdv = attention_dkdv_tiles(gpu, torch_dtype, head_dim)
-    dq = attention_dq_tiles(gpu, torch_dtype, head_dim)
+    dkdv = dkdv_tiles or attention_dkdv_tiles(gpu, torch_dtype, head_dim)
+    dq = dq_tiles or attention_dq_tiles(gpu, torch_dtype, head_dim)
     executed = (4 + 14) * seq * seq * head_dim
     streamed = sum(
         streamed_elements(gpu, seq, head_dim, block, element, cache)
@@ -450,8 +495,9 @@ def attention_sweep_prediction(
         3.5 * 4 * seq * seq * head_dim / seconds / 1e12,
         "TFLOP/s",
         f"roofline of the {gpu.name} datasheet, {dtype} forward + backward, seq {seq}, "
-        f"head dim {head_dim}, the launchers' tiles ({forward.block_q}×{forward.block_k} "
-        f"forward, {dkdv.block_q}×{dkdv.block_k} backward), {_cache_text(cache)}",
+        f"head dim {head_dim}, tiles of {forward.block_q} queries a forward program, "
+        f"{dkdv.block_k} keys a dK/dV program, {dq.block_q} queries a dQ program, "
+        f"{_cache_text(cache)}",
     )
 
 

@@ -49,6 +49,7 @@ from trainfast.kernels.attention_triton_forward import (
 )
 from trainfast.kernels.targets import launch_target
 from trainfast.kernels.triton_runtime import check_launch, is_interpreted
+from trainfast.validation import check_flag
 
 __all__ = [
     "MAX_GRID_X",
@@ -74,6 +75,8 @@ __all__ = [
     "flash_backward_preprocess_kernel",
     "flash_forward_kernel",
     "register_flash_attention_op",
+    "validate_op_backward_inputs",
+    "validate_op_inputs",
 ]
 
 MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 128
@@ -83,7 +86,9 @@ def _dot_precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"  # fp32 exactly, as the references do
 
 
-def _check(q: Tensor, k: Tensor, v: Tensor, enable_gqa: bool = False) -> None:
+def _check(
+    q: Tensor, k: Tensor, v: Tensor, enable_gqa: bool = False, *, launch: bool = True
+) -> None:
     validate_attention_inputs(q, k, v, enable_gqa)
     head_dim = q.shape[-1]
     if not MIN_HEAD_DIM <= head_dim <= MAX_HEAD_DIM:
@@ -91,7 +96,70 @@ def _check(q: Tensor, k: Tensor, v: Tensor, enable_gqa: bool = False) -> None:
             f"Unsupported head dimension {head_dim} for the Triton kernels "
             f"(need {MIN_HEAD_DIM} to {MAX_HEAD_DIM}); use implementation='tiled'"
         )
-    check_launch(flash_forward_kernel, q, k, v)
+    if launch:
+        check_launch(flash_forward_kernel, q, k, v)
+
+
+def validate_op_inputs(q: Tensor, k: Tensor, v: Tensor, is_causal: object) -> None:
+    """Raise ``ValueError`` naming the value unless the registered operator
+    ``trainfast_kernels::flash_attention_forward`` can attend ``q``, ``k``, ``v``.
+
+    An operator anyone can call through ``torch.ops`` gets no help from a Python wrapper, so it
+    checks what :class:`FlashAttentionTriton` checks (:func:`validate_attention_inputs`: shapes,
+    one dtype and device, head counts, with grouped-query attention allowed when the KV heads
+    divide the query heads; a head dimension of 16 to 128; a dtype and device the kernels run
+    on) and, as flash-attn's ``mha_fwd`` does, a last dimension of stride 1, the layout whose
+    loads coalesce. Without these checks 4 query heads on 3 KV heads launched with
+    ``group = 4 // 3 = 1`` and read past the end of K and V, and head dimension 256 compiled a
+    kernel whose tiles the launchers never size for. Meta tensors (a trace without data) skip
+    the launch check only.
+    """
+    check_flag("is_causal", is_causal)
+    if q.ndim == k.ndim >= 3 and q.shape[-3] != k.shape[-3]:
+        n_heads, n_kv_heads = q.shape[-3], k.shape[-3]
+        if n_kv_heads == 0 or n_heads % n_kv_heads:
+            raise ValueError(
+                f"q has {n_heads} heads and k {n_kv_heads}: the KV heads must divide the query "
+                "heads (grouped-query attention)"
+            )
+    _check(q, k, v, enable_gqa=True, launch=q.device.type != "meta")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.stride(-1) != 1:
+            raise ValueError(
+                f"{name} has stride {t.stride(-1)} in its last dimension; the operator needs 1 "
+                f"(call .contiguous() first)"
+            )
+
+
+def validate_op_backward_inputs(
+    grad_out: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    grad_lse: Tensor | None,
+) -> None:
+    """Raise ``ValueError`` naming the value unless ``trainfast_kernels::flash_attention_backward``
+    can run: the forward's checks on ``q``, ``k``, ``v`` (:func:`validate_op_inputs`), ``out`` and
+    ``grad_out`` of q's shape and dtype, ``lse`` (and ``grad_lse``, if given) of shape
+    ``q.shape[:-1]``, all on q's device."""
+    validate_op_inputs(q, k, v, False)
+    for name, t in (("out", out), ("grad_out", grad_out)):
+        if t.shape != q.shape or t.dtype != q.dtype:
+            raise ValueError(
+                f"{name} must have q's shape {tuple(q.shape)} and dtype {q.dtype}, got "
+                f"{tuple(t.shape)} and {t.dtype}"
+            )
+    for name, t in (("lse", lse), ("grad_lse", grad_lse)):
+        if t is not None and t.shape != q.shape[:-1]:
+            raise ValueError(
+                f"{name} must have shape {tuple(q.shape[:-1])} (q's without head_dim), got "
+                f"{tuple(t.shape)}"
+            )
+    for name, t in (("out", out), ("grad_out", grad_out), ("lse", lse), ("grad_lse", grad_lse)):
+        if t is not None and t.device != q.device:
+            raise ValueError(f"{name} is on {t.device}, q on {q.device}")
 
 
 def flash_attention_triton_forward(
@@ -373,6 +441,7 @@ def register_flash_attention_op() -> Any:
     def flash_attention_forward(
         q: Tensor, k: Tensor, v: Tensor, is_causal: bool
     ) -> tuple[Tensor, Tensor]:
+        validate_op_inputs(q, k, v, is_causal)
         *batch_shape, n_queries, head_dim = q.shape
         tiles = attention_forward_tiles(launch_target(q.device), q.dtype, head_dim)
         q3, k3, v3 = (t.reshape(-1, t.shape[-2], head_dim) for t in (q, k, v))
@@ -393,6 +462,7 @@ def register_flash_attention_op() -> Any:
         grad_lse: Tensor | None,
         is_causal: bool,
     ) -> tuple[Tensor, Tensor, Tensor]:
+        validate_op_backward_inputs(grad_out, q, k, v, out, lse, grad_lse)
         return flash_attention_triton_backward(
             grad_out, q, k, v, out, lse, is_causal, grad_lse=grad_lse, wrap_kernel=wrap_triton
         )

@@ -36,14 +36,43 @@ def attention_dkdv_tiles(
     target: GPUSpec | None, dtype: torch.dtype, head_dim: int
 ) -> AttentionTiles:
     """Tiles of :func:`flash_backward_dkdv_kernel`: ``block_k`` keys per program, stepping over
-    ``block_q`` queries (q, dO in shared memory, dK, dV accumulators in registers)."""
+    ``block_q`` queries (q, dO in shared memory, dK, dV accumulators in registers).
+
+    On sm_90 at head dimensions above 64 in 16-bit: 128 keys a program, 32 queries a step, 8
+    warps, 3 stages (FlashAttention-2's backward also owns 128 keys a program at head dimension
+    128; Triton's fused-attention tutorial steps 32 queries over 128 keys). The 64 × 64 tiles
+    it replaces held 209 registers a thread at 8 warps, so one block of 8 warps per SM, and read
+    a query tile of 64 rows for every 64 keys: 128 FLOPs per byte loaded a step, against 256
+    with 128 keys. The new tiles hold 230 registers, still one block of 8 warps (the compile
+    report), and spill nothing; 4 warps would spill 2 KiB and on sm_80 (``mma.sync``, more
+    registers) 8 warps spill 52 bytes, so other GPUs keep ``_backward_tiles``.
+    """
+    if _hopper_16_bit_wide(target, dtype, head_dim):
+        return AttentionTiles(32, 128, num_warps=8, num_stages=3)
     return _backward_tiles(target, dtype, head_dim)
 
 
 def attention_dq_tiles(target: GPUSpec | None, dtype: torch.dtype, head_dim: int) -> AttentionTiles:
     """Tiles of :func:`flash_backward_dq_kernel`: ``block_q`` queries per program, stepping over
-    ``block_k`` keys (k, v in shared memory, the dQ accumulator in registers)."""
+    ``block_k`` keys (k, v in shared memory, the dQ accumulator in registers).
+
+    On sm_90 at head dimensions above 64 in 16-bit: 128 queries a program, 32 keys a step, 8
+    warps, 3 stages (the tutorial's dQ tiles, with 8 warps: at 4 it spills 280 bytes), 143
+    registers and one block per SM; it reads K and V once per 128 queries instead of 64.
+    """
+    if _hopper_16_bit_wide(target, dtype, head_dim):
+        return AttentionTiles(128, 32, num_warps=8, num_stages=3)
     return _backward_tiles(target, dtype, head_dim)
+
+
+def _hopper_16_bit_wide(target: GPUSpec | None, dtype: torch.dtype, head_dim: int) -> bool:
+    """sm_90 (warpgroup MMAs), 16-bit inputs and a head dimension above 64."""
+    return (
+        target is not None
+        and target.compute_capability >= (9, 0)
+        and dtype in (torch.float16, torch.bfloat16)
+        and head_dim > 64
+    )
 
 
 def _backward_tiles(target: GPUSpec | None, dtype: torch.dtype, head_dim: int) -> AttentionTiles:

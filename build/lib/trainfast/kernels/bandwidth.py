@@ -31,7 +31,9 @@ from typing import Any
 
 import torch
 
+from trainfast.device import parse_device
 from trainfast.timing import benchmark
+from trainfast.validation import check_counts, check_flag, check_int
 
 __all__ = [
     "cache_line_bytes",
@@ -124,9 +126,10 @@ def strided_order(n: int, stride: int, *, device: torch.device | str = "cpu") ->
 
     ``n`` must be a multiple of ``stride``. ``strided_order(8, 2)`` is ``[0, 2, 4, 6, 1, 3, 5, 7]``.
     """
-    if stride < 1 or n < 1 or n % stride:
-        raise ValueError(f"Invalid n, stride: {n}, {stride} (need n a positive multiple of stride)")
-    order = torch.arange(n, dtype=torch.int32, device=device)
+    check_counts(n=n, stride=stride)
+    if n % stride:
+        raise ValueError(f"Invalid n: {n} (expected a multiple of stride, {stride})")
+    order = torch.arange(n, dtype=torch.int32, device=parse_device(device))
     return order.view(n // stride, stride).t().reshape(-1)  # (stride passes of n / stride)
 
 
@@ -143,6 +146,8 @@ def shuffled_order(
     stride 1 a group is a whole unit read in order (no waste); from ``stride >= unit_elements``
     on, a group is one read.
     """
+    check_counts(unit_elements=unit_elements, page_elements=page_elements)
+    check_int("seed", seed)
     order = strided_order(n, stride).long()
     group = max(1, unit_elements // stride)  # consecutive reads of a pass that share a unit
     per_page = max(group, page_elements // stride)  # reads of one pass that fall in one page
@@ -176,6 +181,9 @@ def strided_traffic_bytes(
     The useful bandwidth at ``stride`` is then the stride-1 one times ``traffic(1) /
     traffic(stride)``: the line's waste, diluted by the index and output traffic that do not
     change with the stride."""
+    check_counts(n=n, stride=stride, unit_bytes=unit_bytes, element_bytes=element_bytes)
+    check_counts(minimum=0, index_bytes=index_bytes)
+    check_flag("write_allocate", write_allocate)
     waste = min(stride, max(1, unit_bytes // element_bytes))
     output = (2 if write_allocate else 1) * n * element_bytes
     return n * element_bytes * waste + n * index_bytes + output
@@ -184,9 +192,12 @@ def strided_traffic_bytes(
 def strided_buffer_elements(
     largest_stride: int, last_cache_bytes: int, *, unit_bytes: int, element_bytes: int = 4
 ) -> int:
-    """The smallest power-of-two element count whose buffer exceeds twice ``last_cache_bytes``
-    and whose pass at ``largest_stride`` (the units it touches) does too, so that no pass of
+    """The smallest power-of-two element count whose buffer is at least twice
+    ``last_cache_bytes`` and whose pass at ``largest_stride`` (the units it touches) is too
+    (exactly twice for a power-of-two cache), so that no pass of
     :func:`strided_bandwidth` can be served from the previous one's cached units."""
+    check_counts(largest_stride=largest_stride, last_cache_bytes=last_cache_bytes)
+    check_counts(unit_bytes=unit_bytes, element_bytes=element_bytes)
     # a pass at stride s touches n / s units when s spans a unit, else every unit of the buffer
     need = max(
         2 * last_cache_bytes // element_bytes, 2 * last_cache_bytes * largest_stride // unit_bytes

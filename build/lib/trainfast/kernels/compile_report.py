@@ -45,6 +45,7 @@ __all__ = [
     "attention_inner_loop_ptx",
     "attention_loop_pipeline",
     "compile_kernel",
+    "compile_kernels",
     "compile_report",
     "compile_reports",
     "kernel_assembly",
@@ -128,7 +129,8 @@ def _describe(tiles: Any) -> str:
         ("block_q", "block_k") if hasattr(tiles, "block_q") else ("block_m", "block_n", "block_k")
     )
     blocks = [getattr(tiles, n) for n in names if hasattr(tiles, n)] or [tiles.block_size]
-    return f"{'×'.join(map(str, blocks))}, {tiles.num_warps} warps, {tiles.num_stages} stages"
+    stages = "stage" if tiles.num_stages == 1 else "stages"
+    return f"{'×'.join(map(str, blocks))}, {tiles.num_warps} warps, {tiles.num_stages} {stages}"
 
 
 _CACHE: dict[tuple, dict[str, Any]] = {}
@@ -183,6 +185,23 @@ def compile_kernel(
     """One kernel's :class:`KernelReport` for ``target``, at ``tiles`` (default: the launcher's)."""
     tiles = tiles if tiles is not None else kernel_tiles(kernel, target, dtype, head_dim)
     return _compile_many([(kernel, tiles, target, dtype)], head_dim)[0]
+
+
+def compile_kernels(
+    requests: list[tuple[str, GPUSpec, torch.dtype, Any]], *, head_dim: int = 128
+) -> list[KernelReport]:
+    """:func:`compile_kernel` for several ``(kernel, target, dtype, tiles)`` at once (``tiles``
+    None: the launcher's), compiled together: one child process on a CPU instead of one each."""
+    jobs = [
+        (
+            kernel,
+            tiles if tiles is not None else kernel_tiles(kernel, target, dtype, head_dim),
+            target,
+            dtype,
+        )
+        for kernel, target, dtype, tiles in requests
+    ]
+    return _compile_many(jobs, head_dim)
 
 
 def kernel_assembly(

@@ -8,7 +8,8 @@ the first case that differs.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import torch
 from torch import Tensor
@@ -89,15 +90,65 @@ def check_softmax_merge(
     report(results)
 
 
-def check_triton_axpb(axpb: Callable[[Tensor, float, float, Tensor], object]) -> None:
-    """Check ``axpb(x, a, b, out)``: it must write ``a * x + b`` into ``out`` and nothing past it.
+@contextmanager
+def _watched_loads(allowed: list[Tensor]) -> Iterator[list[int] | None]:
+    """Count, while the block runs, the elements Triton's interpreter loads outside ``allowed``.
 
-    The exercise asks for a Triton kernel, but the check sees only what lands in ``out`` and in
-    the memory after it: a PyTorch expression that writes the right values passes too. Sizes
-    that are not multiples of any block size (the mask), one element, float16 and float32; on a
-    CPU the kernel runs in Triton's interpreter. ``x`` and ``out`` are the first ``n``
-    elements of larger buffers, so a kernel that forgets its mask reads and writes memory that
-    exists (instead of corrupting the process) and the check sees what it wrote past the end.
+    Yields a list that receives one count per load with lanes outside every allowed tensor, or
+    None where loads cannot be watched: a compiled kernel (on a GPU a read past the end of an
+    allocation neither faults nor shows in the output reliably; ``compute-sanitizer`` finds it),
+    or an interpreter without ``InterpreterBuilder.create_masked_load`` (Triton 3.0 to 3.8 have
+    it). Every ``tl.load`` of an interpreted kernel passes through that method, an unmasked one
+    with a mask of all lanes, with the host addresses of its lanes: CPU tensors are used in place.
+    """
+    from trainfast.kernels.triton_runtime import interpreting
+
+    try:
+        from triton.runtime.interpreter import InterpreterBuilder
+    except ImportError:
+        InterpreterBuilder = None  # noqa: N806 - Triton's class name
+    original = getattr(InterpreterBuilder, "create_masked_load", None)
+    if not interpreting() or original is None:
+        yield None
+        return
+    ranges = [(t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()) for t in allowed]
+    outside: list[int] = []
+
+    def watched(self: object, ptrs: object, mask: object, other: object, *args: object) -> object:
+        import numpy as np
+
+        addresses = np.asarray(ptrs.data, dtype=np.uint64)  # type: ignore[attr-defined]
+        enabled = np.broadcast_to(np.asarray(mask.data, dtype=bool), addresses.shape)  # type: ignore[attr-defined]
+        size = ptrs.get_element_ty().primitive_bitwidth // 8  # type: ignore[attr-defined]
+        inside = np.zeros(addresses.shape, dtype=bool)
+        for start, end in ranges:
+            inside |= (addresses >= start) & (addresses + size <= end)
+        count = int((enabled & ~inside).sum())
+        if count:
+            outside.append(count)
+        return original(self, ptrs, mask, other, *args)
+
+    InterpreterBuilder.create_masked_load = watched  # type: ignore[method-assign]
+    try:
+        yield outside
+    finally:
+        InterpreterBuilder.create_masked_load = original  # type: ignore[method-assign]
+
+
+def check_triton_axpb(axpb: Callable[[Tensor, float, float, Tensor], object]) -> None:
+    """Check ``axpb(x, a, b, out)``: it must write ``a * x + b`` into ``out``, nothing past it,
+    and read nothing past the end of ``x``.
+
+    The exercise asks for a Triton kernel, but the check sees only what lands in ``out``, the
+    memory after it, and (interpreted, on a CPU) the addresses the kernel loads: a PyTorch
+    expression that writes the right values passes too. Sizes that are not multiples of any
+    block size (the mask), one element, float16 and float32. ``x`` and ``out`` are the first
+    ``n`` elements of larger buffers, so a kernel that forgets a mask reads and writes memory
+    that exists (instead of corrupting the process): a store past ``out`` shows in the buffer
+    after it, and a load past ``x`` in the interpreter's addresses (:func:`_watched_loads`). A
+    value loaded past the end and then dropped by a masked store leaves no other trace, so
+    without the interpreter (a compiled kernel) a missing load mask goes unseen, and the check
+    says so.
     """
     from trainfast.device import pick_device
 
@@ -110,26 +161,33 @@ def check_triton_axpb(axpb: Callable[[Tensor, float, float, Tensor], object]) ->
         (4097, torch.float32),
         (3000, torch.float16),
     ]
+    watched = True
     for n, dtype in sizes:
         case = f"{n} elements of {dtype}"
         x = torch.randn(n + guard, generator=torch.Generator().manual_seed(n)).to(device, dtype)[:n]
         buffer = torch.full((n + guard,), float("nan"), device=device, dtype=dtype)
         out = buffer[:n]
         expected = (2.5 * x.float() - 1.0).to(dtype)
-        try:
-            axpb(x, 2.5, -1.0, out)
-        except Exception as error:  # noqa: BLE001 - the reader's code: report, do not crash
-            results.append((case, f"raised {type(error).__name__}: {str(error)[:120]}"))
-            continue
+        with _watched_loads([x, out]) as outside:
+            try:
+                axpb(x, 2.5, -1.0, out)
+            except Exception as error:  # noqa: BLE001 - the reader's code: report, do not crash
+                results.append((case, f"raised {type(error).__name__}: {str(error)[:120]}"))
+                continue
+        watched = watched and outside is not None
         written_past_end = int((~torch.isnan(buffer[n:])).sum())
         worst = (out.float() - expected.float()).abs().nan_to_num(float("inf")).max().item()
         if written_past_end:
             problem = f"wrote {written_past_end} values past the end of out (a missing mask?)"
+        elif outside:
+            problem = f"read {sum(outside)} values past the end of x (a load without a mask?)"
         elif not torch.allclose(out.float(), expected.float(), rtol=1e-3, atol=1e-3):
             problem = f"differs by up to {worst:.3g}"
         else:
             problem = None
         results.append((case, problem))
+    if not watched:
+        print("(compiled kernels: the loads were not watched, so a load without a mask passes)")
     report(results)
 
 
@@ -142,7 +200,14 @@ def visible_key_tiles(q_start: int, block_q: int, n_keys: int, block_k: int) -> 
 
 
 def check_causal_key_tiles(tiles: Callable[[int, int, int, int], list[int]]) -> None:
-    """Check ``tiles(q_start, block_q, n_keys, block_k)``: key tiles a causal query tile visits."""
+    """Check ``tiles(q_start, block_q, n_keys, block_k)``: key tiles a causal query tile visits.
+
+    The layouts include key tiles narrower than query tiles (the forward kernel's 128 × 64, and
+    128 × 32), where the tile's later queries see key tiles that start after ``q_start``: an
+    answer that stops at the first query's keys (``range(0, min(n_keys, q_start + 1),
+    block_k)``, nearly the kernels' ``unmasked_stop``) drops them. Key tiles of one key catch
+    an answer one query short (``q_start + block_q - 1`` as the end of the range).
+    """
     results: list[Case] = []
     layouts = [  # (q_start, block_q, n_keys, block_k)
         (0, 64, 256, 64),
@@ -151,6 +216,9 @@ def check_causal_key_tiles(tiles: Callable[[int, int, int, int], list[int]]) -> 
         (0, 16, 100, 32),
         (96, 32, 1000, 64),
         (192, 64, 128, 32),
+        (0, 128, 4096, 64),  # the forward's 128 queries × 64 keys: tiles 0 and 64
+        (128, 128, 4096, 32),
+        (3, 4, 100, 1),  # one key per tile: keys 0 to 6
     ]
     for q_start, block_q, n_keys, block_k in layouts:
         expected = visible_key_tiles(q_start, block_q, n_keys, block_k)

@@ -20,6 +20,8 @@ import torch
 from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from trainfast.validation import check_number
+
 __all__ = ["dispatched_operations", "rms_norm"]
 
 #: Operations autograd dispatches for its own bookkeeping, not computations of the function
@@ -28,6 +30,8 @@ _BOOKKEEPING = {"aten.detach.default", "aten.alias.default"}
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6) -> Tensor:
     """RMSNorm over the last dimension: ``x`` (..., d), ``weight`` (d,)."""
+
+    check_number("eps", eps, above=0.0)
     inverse_rms = torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps)  # (..., 1)
     return x * inverse_rms * weight
 

@@ -22,12 +22,14 @@ from trainfast.kernels.roofline import Roofline, matmul_cost
 from trainfast.kernels.tiled_matmul import MatmulTiles, epilogue_traffic_bytes, tile_traffic_bytes
 from trainfast.records import Prediction, Record
 from trainfast.timing import benchmark
-from trainfast.validation import plural
+from trainfast.validation import check_int, plural
 
 __all__ = [
     "FUSED_LINEAR_GELU_SHAPE",
     "fused_linear_gelu_prediction",
     "fused_linear_gelu_record",
+    "LAUNCH_ORDER_SIZES",
+    "launch_order_prediction",
     "matmul_prediction",
     "matmul_record",
 ]
@@ -53,13 +55,28 @@ def _tile_sweep() -> list[Any]:
     ]
 
 
+#: square sizes at which the launch order is compared on a GPU (bf16, 128 × 256 × 64 tiles,
+#: ``group_m`` 1 and 8): where :func:`launch_order_prediction` says grouping starts to matter on
+#: an H100 (32768³, a 6 GiB problem) and the size below it
+LAUNCH_ORDER_SIZES = (16384, 32768)
+
+
 def matmul_record(device: torch.device, quick: bool) -> Record:
     """``torch.matmul`` and the tiled Triton matmul over a sweep of tile sizes.
 
-    On CUDA at 4096³ (2048³ quick) in float16 and bfloat16; tiles that need more shared memory
-    than the GPU has are recorded with no time. On a CPU, the interpreter at 64³ in float32.
+    On CUDA at 4096³ (2048³ quick) in float16 and bfloat16, with a row autotuned over
+    :func:`~trainfast.kernels.tiled_matmul.matmul_tile_candidates` (``tiles="autotune"``);
+    tiles that need more shared memory than the GPU has are recorded with no time. Then, not
+    quick, the launch order at :data:`~trainfast.kernels.matmul_benchmarks.LAUNCH_ORDER_SIZES`
+    in bfloat16: 128 × 256 × 64 tiles with ``group_m`` 1 and 8, beside ``torch.matmul``. On a
+    CPU, the interpreter at 64³ in float32.
     """
-    from trainfast.kernels.tiled_matmul import MatmulTiles, matmul, tile_traffic_bytes
+    from trainfast.kernels.tiled_matmul import (
+        MatmulTiles,
+        matmul,
+        tile_traffic_bytes,
+        tune_matmul_tiles,
+    )
 
     if device.type == "cuda":
         size = 2048 if quick else 4096
@@ -92,11 +109,9 @@ def matmul_record(device: torch.device, quick: bool) -> Record:
         }
         rows.append(row)
         for tiles in sweep:
-            shape = f"{tiles.block_m}x{tiles.block_n}x{tiles.block_k}"
-            launch = f"{tiles.num_warps} warps, {tiles.num_stages} stages"
             row = base | {
                 "implementation": "triton matmul_kernel",
-                "tiles": f"{shape}, group {tiles.group_m}, {launch}",
+                "tiles": _sweep_text(tiles),
                 "shared_memory_bytes": tiles.shared_memory_bytes(element),
                 "traffic_bytes": tile_traffic_bytes(size, size, size, tiles, element),
                 "seconds": None,
@@ -118,6 +133,28 @@ def matmul_record(device: torch.device, quick: bool) -> Record:
                 row["tflops"] = flops / timing.median / 1e12
                 row["ratio_to_torch"] = reference.median / timing.median
             rows.append(row)
+        if device.type == "cuda":
+            tuned = tune_matmul_tiles(a, b)
+            timing = benchmark(
+                lambda a=a, b=b, t=tuned: matmul(a, b, tiles=t),
+                warmup=3,
+                repeats=repeats,
+                device=device,
+            )
+            rows.append(
+                base
+                | {
+                    "implementation": "triton matmul_kernel, autotuned",
+                    "tiles": _sweep_text(tuned),
+                    "shared_memory_bytes": tuned.shared_memory_bytes(element),
+                    "traffic_bytes": tile_traffic_bytes(size, size, size, tuned, element),
+                    "seconds": timing.median,
+                    "tflops": flops / timing.median / 1e12,
+                    "ratio_to_torch": reference.median / timing.median,
+                }
+            )
+    if device.type == "cuda" and not quick:
+        rows += _launch_order_rows(device)
     if device.type == "cuda":
         where = "compiled"
     else:
@@ -135,6 +172,96 @@ def matmul_record(device: torch.device, quick: bool) -> Record:
         rows,
         device,
         units,
+    )
+
+
+def _sweep_text(tiles: MatmulTiles) -> str:
+    """How ``matmul-tiles`` rows name tiles: ``"128x256x64, group 8, 8 warps, 3 stages"``."""
+    shape = f"{tiles.block_m}x{tiles.block_n}x{tiles.block_k}"
+    return f"{shape}, group {tiles.group_m}, {tiles.num_warps} warps, {tiles.num_stages} stages"
+
+
+def _launch_order_rows(device: torch.device) -> list[dict[str, Any]]:
+    """``torch.matmul`` and 128 × 256 × 64 tiles with ``group_m`` 1 and 8 at
+    :data:`LAUNCH_ORDER_SIZES`, bfloat16, fewer repeats (a 32768³ product takes about 0.2 s)."""
+    from trainfast.kernels.tiled_matmul import MatmulTiles, matmul, tile_traffic_bytes
+
+    rows = []
+    for size in LAUNCH_ORDER_SIZES:
+        a = torch.randn(size, size, device=device, dtype=torch.bfloat16)
+        b = torch.randn(size, size, device=device, dtype=torch.bfloat16)
+        flops = 2 * size**3
+        base = {"size": size, "dtype": "bfloat16"}
+        reference = benchmark(
+            lambda a=a, b=b: torch.matmul(a, b), warmup=2, repeats=3, device=device
+        )
+        rows.append(
+            base
+            | {
+                "implementation": "torch.matmul",
+                "tiles": "",
+                "shared_memory_bytes": None,
+                "traffic_bytes": None,
+                "seconds": reference.median,
+                "tflops": flops / reference.median / 1e12,
+                "ratio_to_torch": 1.0,
+            }
+        )
+        for group in (1, 8):
+            tiles = MatmulTiles(128, 256, 64, group_m=group, num_warps=8, num_stages=3)
+            timing = benchmark(
+                lambda a=a, b=b, t=tiles: matmul(a, b, tiles=t), warmup=2, repeats=3, device=device
+            )
+            rows.append(
+                base
+                | {
+                    "implementation": "triton matmul_kernel",
+                    "tiles": _sweep_text(tiles),
+                    "shared_memory_bytes": tiles.shared_memory_bytes(2),
+                    "traffic_bytes": tile_traffic_bytes(size, size, size, tiles, 2),
+                    "seconds": timing.median,
+                    "tflops": flops / timing.median / 1e12,
+                    "ratio_to_torch": reference.median / timing.median,
+                }
+            )
+        del a, b
+        torch.cuda.empty_cache()
+    return rows
+
+
+def launch_order_prediction(
+    gpu: GPUSpec,
+    size: int,
+    tiles: MatmulTiles,
+    compute_flops_per_s: float,
+    *,
+    programs_in_flight: int | None = None,
+    dtype: str = "bf16",
+) -> Prediction:
+    """The FLOP/s of a ``size``³ tiled product on ``gpu`` in ``tiles``' launch order, from the
+    wave model: ``max(FLOPs / compute_flops_per_s, bytes / bandwidth)`` with the bytes of
+    :func:`~trainfast.kernels.tiled_matmul.wave_traffic_bytes`.
+
+    ``compute_flops_per_s`` is the kernel's compute roof: the datasheet's peak, or the rate the
+    kernel measured where bytes do not bind (its 4096³ row); ``programs_in_flight`` defaults to
+    one program per SM (the compile report's one block a SM for 128 × 256 tiles). The order
+    matters once the row-by-row order's bytes take longer than its FLOPs: on an H100 from about
+    32768³ at its measured 4096³ rate, on an H200 (1.4 times the bandwidth) not at a square
+    size. ``matmul-tiles`` measures it at :data:`LAUNCH_ORDER_SIZES`.
+    """
+    from trainfast.kernels.tiled_matmul import wave_traffic_bytes
+
+    check_dtype(gpu, dtype)
+    in_flight = programs_in_flight or gpu.sm_count
+    moved = wave_traffic_bytes(size, size, size, tiles, in_flight, ELEMENT_BYTES[dtype])
+    flops = 2 * size**3
+    seconds = max(flops / compute_flops_per_s, moved / gpu.hbm_bytes_per_s)
+    return Prediction(
+        flops / seconds / 1e12,
+        "TFLOP/s",
+        f"wave model on the {gpu.name} datasheet's bandwidth, {dtype} {size}³, "
+        f"{tiles.block_m}x{tiles.block_n} tiles, group {tiles.group_m}, {in_flight} programs "
+        f"at a time, compute at {compute_flops_per_s / 1e12:,.0f} TFLOP/s",
     )
 
 
@@ -273,8 +400,7 @@ def matmul_prediction(
     launch overhead and tile quantisation, so it is a ceiling, not a forecast of cuBLAS.
     ``roofline`` and ``matmul-tiles`` measure it.
     """
-    if size < 1:
-        raise ValueError(f"Invalid matrix size: {size!r} (expected >= 1)")
+    check_int("size", size, minimum=1)
     check_dtype(gpu, dtype)
     element = ELEMENT_BYTES[dtype]
     cost = matmul_cost(size, size, size, element_bytes=element)

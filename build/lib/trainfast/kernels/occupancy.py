@@ -27,6 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from trainfast.gpus import GPUSpec
+from trainfast.validation import check_instance, check_int, check_number
 
 __all__ = [
     "HOPPER_LATENCY_CYCLES",
@@ -102,12 +103,10 @@ def occupancy(
     A block that asks for more shared memory than ``shared_memory_per_block_bytes`` cannot launch
     at all: 0 blocks, limited by shared memory.
     """
-    if not 1 <= threads_per_block <= 1024:
-        raise ValueError(f"Invalid threads_per_block: {threads_per_block} (1 to 1024)")
-    if not 1 <= registers_per_thread <= 255:
-        raise ValueError(f"Invalid registers_per_thread: {registers_per_thread} (1 to 255)")
-    if shared_memory_per_block < 0:
-        raise ValueError(f"Invalid shared_memory_per_block: {shared_memory_per_block} (>= 0)")
+    check_instance("spec", spec, GPUSpec, hint="trainfast.gpus.GPUS holds one per GPU")
+    check_int("threads_per_block", threads_per_block, minimum=1, maximum=1024)
+    check_int("registers_per_thread", registers_per_thread, minimum=1, maximum=255)
+    check_int("shared_memory_per_block", shared_memory_per_block, minimum=0)
     warps = -(-threads_per_block // WARP_SIZE)
     registers_per_warp = REGISTER_ALLOCATION_UNIT * -(
         -(registers_per_thread * WARP_SIZE) // REGISTER_ALLOCATION_UNIT
@@ -144,8 +143,8 @@ def occupancy(
 def bytes_in_flight(bytes_per_s: float, latency_s: float) -> float:
     """Little's law: the bytes that must be requested and not yet delivered, at every moment,
     to move ``bytes_per_s`` through a memory that answers after ``latency_s`` seconds."""
-    if not (bytes_per_s > 0 and latency_s > 0):
-        raise ValueError(f"Invalid bandwidth or latency: {bytes_per_s}, {latency_s} (need > 0)")
+    check_number("bytes_per_s", bytes_per_s, above=0.0)
+    check_number("latency_s", latency_s, above=0.0)
     return bytes_per_s * latency_s
 
 
@@ -153,6 +152,6 @@ def sm_clock_hz(spec: GPUSpec, fp32_lanes_per_sm: int) -> float:
     """The clock that the datasheet's float32 peak implies: ``peak / (SMs · lanes · 2)``, a
     fused multiply-add per lane per clock. ``fp32_lanes_per_sm`` is the whitepaper's count of
     FP32 cores per SM (128 on Hopper's GH100, 64 on the A100's GA100)."""
-    if fp32_lanes_per_sm < 1:
-        raise ValueError(f"Invalid fp32_lanes_per_sm: {fp32_lanes_per_sm} (need >= 1)")
+    check_instance("spec", spec, GPUSpec, hint="trainfast.gpus.GPUS holds one per GPU")
+    check_int("fp32_lanes_per_sm", fp32_lanes_per_sm, minimum=1)
     return spec.peak_flops["fp32"] / (spec.sm_count * fp32_lanes_per_sm * 2)

@@ -27,6 +27,7 @@ import torch
 from trainfast.accounting import matmul_flops
 from trainfast.gpus import GPUSpec
 from trainfast.timing import benchmark
+from trainfast.validation import check_counts, check_number
 
 __all__ = [
     "MICROARCHITECTURES",
@@ -53,8 +54,8 @@ class Roofline:
     bytes_per_s: float
 
     def __post_init__(self) -> None:
-        if not (self.peak_flops > 0 and self.bytes_per_s > 0):
-            raise ValueError(f"Invalid roofline: {self} (both ceilings must be positive)")
+        check_number("peak_flops", self.peak_flops, above=0.0)
+        check_number("bytes_per_s", self.bytes_per_s, above=0.0)
 
     @property
     def ridge(self) -> float:
@@ -154,8 +155,7 @@ def cpu_peak_flops(threads: int, *, fma_units: int = 2, cpuinfo: str | None = No
     operating system reports, usually nominal: a core running at a turbo clock can beat this
     peak (:meth:`CpuPeak.implied_clock_hz` says at what clock a measurement would be the peak).
     """
-    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-        raise ValueError(f"Invalid threads: {threads!r} (need a positive int)")
+    check_counts(threads=threads, fma_units=fma_units)
     if cpuinfo is None:
         cpuinfo = Path("/proc/cpuinfo").read_text()
     clock = re.search(r"^cpu MHz\s*:\s*([\d.]+)", cpuinfo, re.MULTILINE)
@@ -210,16 +210,21 @@ def elementwise_cost(
     element_bytes: int = 4,
 ) -> OpCost:
     """An elementwise op on ``n`` elements: ``inputs`` tensors read, ``outputs`` written."""
+    check_counts(minimum=0, n=n, inputs=inputs, outputs=outputs)
+    check_counts(element_bytes=element_bytes)
+    check_number("flops_per_element", flops_per_element, minimum=0.0)
     return OpCost(name, flops_per_element * n, (inputs + outputs) * n * element_bytes)
 
 
 def reduction_cost(name: str, n: int, *, element_bytes: int = 4) -> OpCost:
     """A sum of ``n`` elements: ``n - 1`` additions, ``n`` elements read, one written."""
+    check_counts(n=n, element_bytes=element_bytes)
     return OpCost(name, n - 1, (n + 1) * element_bytes)
 
 
 def matmul_cost(m: int, k: int, n: int, *, element_bytes: int = 4) -> OpCost:
     """``(m, k) @ (k, n)``: ``2mkn`` FLOPs, and each of A, B, C moved once."""
+    check_counts(m=m, k=k, n=n, element_bytes=element_bytes)
     return OpCost(
         f"matmul {m}x{k}x{n}", matmul_flops(m, k, n), (m * k + k * n + m * n) * element_bytes
     )

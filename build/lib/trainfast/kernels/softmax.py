@@ -18,6 +18,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from trainfast.validation import check_int
+
 __all__ = [
     "merge_attention_outputs",
     "merge_softmax_stats",
@@ -48,8 +50,7 @@ def softmax_stats(x: Tensor, *, block_size: int = 128) -> tuple[Tensor, Tensor]:
     Reads ``x`` one block of ``block_size`` columns at a time and folds each block into the
     running summary with :func:`merge_softmax_stats`. Shapes: ``x`` (..., n) → two (...,).
     """
-    if block_size < 1:
-        raise ValueError(f"Invalid block_size: {block_size} (need at least 1)")
+    check_int("block_size", block_size, minimum=1)
     running_max = torch.full(x.shape[:-1], float("-inf"), dtype=x.dtype, device=x.device)
     running_sum = torch.zeros(x.shape[:-1], dtype=x.dtype, device=x.device)
     for start in range(0, x.shape[-1], block_size):

@@ -33,6 +33,14 @@ from torch import Tensor
 from trainfast.gpus import GPUSpec
 from trainfast.kernels.targets import launch_target, pipelines_loads
 from trainfast.kernels.triton_runtime import check_launch, is_interpreted, tl, triton
+from trainfast.validation import (
+    check_choice,
+    check_counts,
+    check_flag,
+    check_instance,
+    check_int,
+    check_positive,
+)
 
 __all__ = [
     "ACTIVATIONS",
@@ -44,8 +52,10 @@ __all__ = [
     "matmul_reference",
     "matmul_tile_candidates",
     "matmul_tiles",
+    "program_tile",
     "tile_traffic_bytes",
     "tune_matmul_tiles",
+    "wave_traffic_bytes",
 ]
 
 
@@ -69,24 +79,34 @@ class MatmulTiles:
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "block_k"):
-            value = getattr(self, name)
-            if value < 16 or value & (value - 1):
+            value = check_int(name, getattr(self, name), minimum=16)
+            if value & (value - 1):
                 raise ValueError(f"Invalid {name}: {value} (need a power of two, at least 16)")
-        if self.group_m < 1 or self.num_warps < 1 or self.num_stages < 1:
-            raise ValueError(f"Invalid tiles: {self} (group_m, num_warps, num_stages must be >= 1)")
+        for name in ("group_m", "num_warps", "num_stages"):
+            check_int(name, getattr(self, name), minimum=1)
 
     def shared_memory_bytes(self, element_bytes: int) -> int:
         """Bytes of shared memory the pipelined A and B tiles need."""
         return self.num_stages * (self.block_m + self.block_n) * self.block_k * element_bytes
 
 
-#: tile shapes for 16-bit and for 32-bit inputs, largest first (Triton's matmul tutorial configs)
+#: tile shapes for 16-bit and for 32-bit inputs, largest first: Triton's matmul-tutorial shapes
+#: and the stages and warps around them that the compile report accepts on sm_90 and sm_80 (every
+#: one fits the per-block shared memory and, without an epilogue, spills no register: a test
+#: compiles them all for every listed GPU); 128 × 256 × 64 with 4 warps spills 1.7 KiB on sm_90
+#: and 256 × 256 × 64 would need 256 accumulator registers a thread, so neither is here
 _CANDIDATES = {
     2: [
         MatmulTiles(128, 256, 64, 8, 8, 3),
+        MatmulTiles(256, 128, 64, 8, 8, 3),
+        MatmulTiles(128, 256, 64, 8, 8, 4),
+        MatmulTiles(256, 128, 64, 8, 8, 4),
+        MatmulTiles(128, 256, 32, 8, 8, 5),
+        MatmulTiles(128, 128, 64, 8, 8, 4),
         MatmulTiles(128, 128, 64, 8, 8, 3),
+        MatmulTiles(64, 256, 32, 8, 4, 4),
         MatmulTiles(128, 128, 32, 8, 4, 4),
-        MatmulTiles(64, 64, 32, 8, 4, 4),
+        MatmulTiles(64, 64, 64, 8, 4, 3),  # 64 × 64 × 32 with 4 stages spills 4 bytes on sm_80
     ],
     4: [
         MatmulTiles(128, 128, 32, 8, 8, 3),
@@ -100,14 +120,15 @@ def matmul_tile_candidates(target: GPUSpec | None, dtype: torch.dtype) -> list[M
     """Every tile shape :func:`matmul` may use for ``dtype`` on ``target``, largest first.
 
     The candidates :func:`tune_matmul_tiles` times, and the rule :func:`matmul_tiles` applies:
-    those of Triton's matmul-tutorial shapes whose pipelined A and B tiles
-    (:meth:`MatmulTiles.shared_memory_bytes`) take at most three quarters of the target's shared
-    memory per block, the rest left for the compiler's own buffers (the compile report checks
-    the real figure, and a test checks every candidate); the smallest if none fits. On sm_75,
-    which has no asynchronous copies, one stage; and since Triton emits no tensor-core
-    instructions for sm_75, 16-bit dots run on CUDA cores there and need registers, not shared
-    memory: 64 × 64 × 32 only. Interpreted (``target`` ``None``): one small tile (fewer,
-    smaller programs run faster on the host), and nothing to tune.
+    those of :data:`_CANDIDATES` whose pipelined A and B tiles
+    (:meth:`MatmulTiles.shared_memory_bytes`) fit the target's shared memory per block (on
+    sm_90 the compiled kernel asks for exactly that; on sm_80 for one stage less), the smallest
+    if none fits. A test compiles every candidate for every listed GPU
+    and checks that it fits and, without an epilogue, spills nothing. On sm_75, which has no
+    asynchronous copies, one stage; and since Triton emits no tensor-core instructions for
+    sm_75, 16-bit dots run on CUDA cores there and need registers, not shared memory: 64 × 64 ×
+    32 only. Interpreted (``target`` ``None``): one small tile (fewer, smaller programs run
+    faster on the host), and nothing to tune.
     """
     if target is None:
         return [MatmulTiles(32, 32, 32, group_m=4, num_warps=4, num_stages=1)]
@@ -116,8 +137,8 @@ def matmul_tile_candidates(target: GPUSpec | None, dtype: torch.dtype) -> list[M
     if not pipelines_loads(target):
         if element_bytes == 2:
             return [MatmulTiles(64, 64, 32, group_m=8, num_warps=4, num_stages=1)]
-        candidates = [replace(t, num_stages=1) for t in candidates]
-    budget = target.shared_memory_per_block_bytes * 3 // 4
+        candidates = list(dict.fromkeys(replace(t, num_stages=1) for t in candidates))
+    budget = target.shared_memory_per_block_bytes
     fitting = [t for t in candidates if t.shared_memory_bytes(element_bytes) <= budget]
     return fitting or candidates[-1:]
 
@@ -260,6 +281,9 @@ def matmul_reference(
     ``"gelu_tanh"`` is ``torch.nn.functional.gelu(..., approximate="tanh")``, the GELU that
     cuBLASLt's epilogue and GPT-2 use.
     """
+
+    if activation is not None:
+        check_choice("activation", activation, ACTIVATIONS)
     c = torch.matmul(a, b)
     if bias is not None:
         c = c + bias
@@ -365,9 +389,57 @@ def tile_traffic_bytes(m: int, n: int, k: int, tiles: MatmulTiles, element_bytes
     of A and a ``k × block_n`` strip of B and writes its tile of C once. An L2 cache (and the
     grouped launch order) cuts the reads further; this is the upper bound that tiling controls.
     """
+    check_counts(m=m, n=n, k=k, element_bytes=element_bytes)
+    check_instance("tiles", tiles, MatmulTiles)
     tiles_m, tiles_n = -(-m // tiles.block_m), -(-n // tiles.block_n)
     reads = tiles_m * tiles_n * (tiles.block_m + tiles.block_n) * k
     return (reads + m * n) * element_bytes
+
+
+def program_tile(pid: int, m: int, n: int, tiles: MatmulTiles) -> tuple[int, int]:
+    """The tile ``(pid_m, pid_n)`` of C that program ``pid`` of :func:`matmul_kernel` computes:
+    the kernel's grouped launch order (``GROUP_M`` rows of tiles, column by column, then the
+    next group), in Python, for the traffic model of :func:`wave_traffic_bytes`."""
+    num_pid_m, num_pid_n = -(-m // tiles.block_m), -(-n // tiles.block_n)
+    if not 0 <= pid < num_pid_m * num_pid_n:
+        raise ValueError(f"Invalid pid: {pid} (the grid has {num_pid_m * num_pid_n} programs)")
+    num_pid_in_group = tiles.group_m * num_pid_n
+    first_pid_m = (pid // num_pid_in_group) * tiles.group_m
+    group_size_m = min(num_pid_m - first_pid_m, tiles.group_m)
+    return first_pid_m + (pid % num_pid_in_group) % group_size_m, (
+        pid % num_pid_in_group
+    ) // group_size_m
+
+
+def wave_traffic_bytes(
+    m: int, n: int, k: int, tiles: MatmulTiles, programs_in_flight: int, element_bytes: int
+) -> int:
+    """Bytes a tiled ``(m, k) @ (k, n)`` moves through main memory if the L2 cache holds what
+    one *wave* of programs shares and nothing else: the grid runs ``programs_in_flight``
+    programs at a time in launch order (:func:`program_tile`), each wave reads every row strip
+    of A and column strip of B that its programs touch once, and the next wave reads its own
+    again; C is written once.
+
+    Between :func:`tile_traffic_bytes` (no cache: every program reads its strips) and A and B
+    read once (a cache that holds everything). Its assumptions: the programs of a wave move
+    along K together, so a strip's K-slice is read by all its programs while it sits in L2
+    (each step's slices of a wave take about a megabyte, far under an H100's 50 MiB), and a wave
+    leaves nothing that the next one reuses. The launch order decides how many strips a wave
+    touches: with ``group_m`` 1 (row by row) a wave narrower than a row of tiles reads a new
+    strip of B for each program, with ``group_m`` 8 it reads 8 strips of A and a few of B.
+    """
+    check_positive("programs_in_flight", programs_in_flight)
+    grid = -(-m // tiles.block_m) * -(-n // tiles.block_n)
+    strips = 0
+    for start in range(0, grid, programs_in_flight):
+        wave = [
+            program_tile(pid, m, n, tiles)
+            for pid in range(start, min(grid, start + programs_in_flight))
+        ]
+        strips += (
+            len({r for r, _ in wave}) * tiles.block_m + len({c for _, c in wave}) * tiles.block_n
+        )
+    return (strips * k + m * n) * element_bytes
 
 
 def epilogue_traffic_bytes(
@@ -383,9 +455,9 @@ def epilogue_traffic_bytes(
     the difference is exactly the traffic that fusion removes: ``4·m·n`` elements with a bias,
     ``2·m·n`` without one.
     """
-    for name, value in (("m", m), ("n", n), ("k", k), ("element_bytes", element_bytes)):
-        if value < 1:
-            raise ValueError(f"Invalid {name}: {value!r} (expected >= 1)")
+    check_counts(m=m, n=n, k=k, element_bytes=element_bytes)
+    check_flag("has_bias", has_bias)
+    check_flag("fused", fused)
     bias = n if has_bias else 0
     matmul = m * k + k * n + m * n
     if fused:

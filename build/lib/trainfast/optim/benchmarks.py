@@ -32,6 +32,7 @@ from trainfast.optim.rmsprop import RMSprop
 from trainfast.optim.sgd import SGD
 from trainfast.records import Prediction, Record, make_record
 from trainfast.timing import benchmark_side_by_side
+from trainfast.validation import check_int
 
 __all__ = [
     "ADAMW_PASSES",
@@ -310,8 +311,7 @@ def adamw_step_prediction(gpu: GPUSpec, n_params: int, path: str = "foreach") ->
     the step counters are left out.
     ``optimizer-step-time`` measures both (``torch_foreach_ms``, ``torch_fused_ms``).
     """
-    if n_params < 1:
-        raise ValueError(f"Invalid parameter count: {n_params!r} (expected >= 1)")
+    check_int("n_params", n_params, minimum=1)
     if path not in ADAMW_PASSES:
         raise ValueError(f"Unknown AdamW path: {path!r} (known: {sorted(ADAMW_PASSES)})")
     passes = ADAMW_PASSES[path]

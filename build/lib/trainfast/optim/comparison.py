@@ -33,6 +33,7 @@ from torch.utils.data import Dataset
 
 from trainfast.loop import History, evaluate, train
 from trainfast.records import Record
+from trainfast.validation import check_flag
 
 __all__ = [
     "Interval",
@@ -137,6 +138,7 @@ def verdict(
     difference is inside the noise of the repeats; otherwise it names the one ahead (the higher,
     or with ``lower_is_better`` the lower, as for a loss) and the interval of its advantage.
     """
+    check_flag("lower_is_better", lower_is_better)
     diff = paired_difference(a, b)
     if diff.contains(0.0):
         where = f"95% interval {_two_digits(diff.low, '+')} to {_two_digits(diff.high, '+')} "
@@ -323,11 +325,24 @@ def muon_vs_adamw_record(device: torch.device, quick: bool) -> Record:
     Each lr is chosen by validation accuracy (seed 0) on a five-point grid widened past an edge
     optimum (:func:`tune_then_repeat`), then runs on fresh seeds; after the repeats, a rate
     still at its grid's edge stops the benchmark (:func:`require_interior`). Every row records
-    the network's width, the split sizes and the numbers of Muon and AdamW parameters. Full
-    size: 4 repeats of 200 steps of batch 64 on width 128 (minutes on one CPU thread, most of
-    them Muon's: Newton–Schulz's bfloat16 products are slow on a CPU without bfloat16 units);
-    ``quick``: 2 repeats of 30 steps on width 32 (a smoke test of the study, seconds on a CPU).
+    the network's width, the split sizes, the numbers of Muon and AdamW parameters and the
+    CPU threads torch used. On a CPU the study runs on one thread (set here, and restored after),
+    so that its seconds do not depend on how many cores a shared machine leaves it; they still
+    depend on the machine's load, so read them as that machine's, not as Muon's cost. Full
+    size: 4 repeats of 200 steps of batch 64 on width 128 (minutes on a CPU); ``quick``: 2
+    repeats of 30 steps on width 32 (a smoke test of the study, seconds on a CPU).
     """
+    previous_threads = torch.get_num_threads()
+    if device.type == "cpu":
+        torch.set_num_threads(1)
+    try:
+        return _muon_vs_adamw(device, quick)
+    finally:
+        torch.set_num_threads(previous_threads)
+
+
+def _muon_vs_adamw(device: torch.device, quick: bool) -> Record:
+    """The study of :func:`muon_vs_adamw_record`, on the threads the caller set."""
     from functools import partial
 
     from trainfast.optim import AdamW, Muon, muon_param_groups
@@ -384,6 +399,7 @@ def muon_vs_adamw_record(device: torch.device, quick: bool) -> Record:
                         "muon_params": muon_params,
                         "adamw_params": total - muon_params,
                         "width": width,
+                        "threads": torch.get_num_threads(),
                         **split,
                     }
                 )

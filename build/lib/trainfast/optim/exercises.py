@@ -212,7 +212,13 @@ def _train_side_by_side(
     steps: int,
     seed: int,
 ) -> str | None:
-    """Train two copies of a small MLP, one per optimizer; the first difference, or None."""
+    """Train two copies of a small MLP, one per optimizer; the first difference, or None.
+
+    The gradients are never zeroed: each backward adds to what the last step left in ``.grad``,
+    on both copies alike, so a ``step()`` that rewrites ``p.grad`` in place (the pitfall of an
+    aliased ``g = p.grad; g += ...``) changes every later step. It is also caught at once: each
+    ``.grad`` must be the same after our ``step()`` as before it.
+    """
     torch.manual_seed(seed)
     model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 3))
     twin = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 3))
@@ -222,10 +228,17 @@ def _train_side_by_side(
     for t in range(1, steps + 1):
         inputs = torch.randn(16, 4, generator=generator)  # (batch, features)
         targets = torch.randint(0, 3, (16,), generator=generator)
-        for network, optimizer in [(model, ours), (twin, theirs)]:
-            network.zero_grad(set_to_none=True)
+        for network in (model, twin):
             nn.functional.cross_entropy(network(inputs), targets).backward()
-            optimizer.step()
+        before = {name: p.grad.clone() for name, p in model.named_parameters()}
+        ours.step()
+        theirs.step()
+        for name, p in model.named_parameters():
+            if p.grad is None or not torch.equal(p.grad, before[name]):
+                return (
+                    f"step {t} changed {name}.grad, the caller's gradient: compute the update "
+                    "out of place (grad + wd * param, not grad.add_) and leave .grad alone"
+                )
         for (name, p), q in zip(model.named_parameters(), twin.parameters(), strict=True):
             if (
                 problem := _difference(f"{name} after step {t}", p.detach(), q.detach())
@@ -257,8 +270,9 @@ def check_sgd(optimizer_class: type, *, steps: int = 5) -> None:
     """Check an SGD written from scratch against ``torch.optim.SGD`` over ``steps`` steps.
 
     ``optimizer_class(params, lr, momentum=0.0, weight_decay=0.0)`` must take an iterable of
-    parameters and have a ``step()`` that updates them from their ``.grad`` (the check zeroes the
-    gradients itself, so ``zero_grad`` is optional).
+    parameters and have a ``step()`` that updates them from their ``.grad`` and leaves every
+    ``.grad`` as it found it (the check never zeroes the gradients, on either copy, so a
+    rewritten ``.grad`` would carry into the next step).
     """
     settings = [
         {"lr": 0.1},
@@ -346,8 +360,9 @@ def check_decay_rule(decays: DecayRule) -> None:
 
     ``module`` is the module that holds the parameter directly, ``name`` its name there. The
     reference is :func:`~trainfast.optim.groups.weight_decay_groups`, on a transformer block
-    (whose attention keeps a packed ``in_proj_bias``), an embedding, a small CNN and a layer
-    with ``nn.RMSNorm`` and ``nn.PReLU``, which :data:`NO_DECAY_MODULES` does not list.
+    (whose attention keeps a packed ``in_proj_bias``), an embedding, a small CNN, a layer
+    with ``nn.RMSNorm`` and ``nn.PReLU``, which :data:`NO_DECAY_MODULES` does not list, and an
+    ``nn.EmbeddingBag``, which is not an ``nn.Embedding``.
     """
     models = {
         "TransformerEncoderLayer": nn.TransformerEncoderLayer(d_model=16, nhead=2),
@@ -356,6 +371,8 @@ def check_decay_rule(decays: DecayRule) -> None:
         ),
         "CNN with BatchNorm": nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU()),
         "RMSNorm + PReLU": nn.Sequential(nn.Linear(8, 8, bias=False), nn.RMSNorm(8), nn.PReLU()),
+        # not a subclass of nn.Embedding: a rule that names only nn.Embedding decays its table
+        "EmbeddingBag + head": nn.Sequential(nn.EmbeddingBag(10, 8), nn.Linear(8, 2)),
     }
     results: list[Case] = []
     for model_name, model in models.items():

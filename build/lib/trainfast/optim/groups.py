@@ -22,6 +22,8 @@ from typing import Any
 
 from torch import nn
 
+from trainfast.validation import check_number
+
 __all__ = ["NO_DECAY_MODULES", "layerwise_lr_groups", "weight_decay_groups"]
 
 #: Modules whose parameters get no weight decay, whatever their shape.
@@ -43,8 +45,7 @@ def weight_decay_groups(model: nn.Module, weight_decay: float) -> list[dict[str,
     slopes. Groups that would be empty are left out. Each group carries a
     ``"name"`` key for printing; optimizers keep unknown keys and ignore them.
     """
-    if weight_decay < 0:
-        raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+    check_number("weight_decay value", weight_decay, minimum=0.0)
     decay, no_decay = [], []
     for module in model.modules():
         for name, param in module.named_parameters(recurse=False):
@@ -66,10 +67,8 @@ def layerwise_lr_groups(layers: list[nn.Module], lr: float, decay: float) -> lis
 
     ``layers`` are in forward order; layer ``i`` of ``n`` gets ``lr * decay ** (n - 1 - i)``.
     """
-    if lr <= 0:
-        raise ValueError(f"Invalid learning rate: {lr}")
-    if not 0 < decay <= 1:
-        raise ValueError(f"Invalid decay: {decay} (expected 0 < decay <= 1)")
+    check_number("learning rate", lr, above=0.0)
+    check_number("decay", decay, above=0.0, maximum=1.0)
     n = len(layers)
     return [
         {"params": list(layer.parameters()), "lr": lr * decay ** (n - 1 - i), "name": f"layer {i}"}

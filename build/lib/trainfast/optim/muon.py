@@ -25,10 +25,11 @@ from torch.optim.optimizer import ParamsT
 from trainfast.optim._foreach import group_by_device_and_dtype
 from trainfast.optim._validate import CheckedOptimizer, check_hyperparameters
 from trainfast.optim.adam import adam, init_adam_state
-from trainfast.validation import check_int
+from trainfast.validation import check_counts, check_int, check_number
 
 __all__ = [
     "init_muon_state",
+    "newton_schulz_flops",
     "multi_tensor_muon",
     "Muon",
     "muon",
@@ -66,6 +67,7 @@ def zeropower_via_newtonschulz5(
     """
     if G.ndim != 2:
         raise ValueError(f"Newton-Schulz orthogonalises a 2-D matrix, got shape {tuple(G.shape)}")
+    check_int("steps", steps, minimum=0)  # range(-3) would return G merely normalised
     check_ns_dtype(dtype)
     a, b, c = coefficients
     X = G.to(dtype)  # (rows, cols)
@@ -81,6 +83,23 @@ def zeropower_via_newtonschulz5(
     if transposed:
         X = X.T  # (rows, cols)
     return X
+
+
+def newton_schulz_flops(rows: int, cols: int, steps: int = 5) -> int:
+    """The floating-point operations of :func:`zeropower_via_newtonschulz5` on a (rows, cols)
+    matrix, counting a multiply-add as 2: per step, with ``m = min`` and ``n = max`` of the two,
+    ``X Xᵀ`` (2·m·n·m), ``A @ A`` (2·m³) and ``B @ X`` (2·m·m·n), so ``steps · (4m²n + 2m³)``.
+
+    The products' part only (the scalings and additions are ``O(m·n)``), which is what a FLOP
+    counter counts: against a step's forward and backward passes, ``6·batch·m·n`` for the same
+    matrix, the ratio is ``steps·(4 + 2m/n)·m / (6·batch)``, about ``steps·m / batch`` for a
+    square one. Newton–Schulz is a large share of a step at a small batch and a negligible one
+    at a language model's batch of hundreds of thousands of tokens.
+    """
+    if rows < 1 or cols < 1 or steps < 0:
+        raise ValueError(f"Invalid shape ({rows}, {cols}) or steps {steps}")
+    m, n = min(rows, cols), max(rows, cols)
+    return steps * (4 * m * m * n + 2 * m**3)
 
 
 #: The formats the Newton–Schulz iteration may run in
@@ -105,6 +124,8 @@ def update_scale(rows: int, cols: int, adjust_lr_fn: str = "original") -> float:
     ``0.2 * sqrt(max(rows, cols))``, which gives the update an RMS of about 0.2, that of a
     typical AdamW update, so Muon can share AdamW's learning rate and weight decay.
     """
+
+    check_counts(rows=rows, cols=cols)
     if adjust_lr_fn == "original":
         return max(1, rows / cols) ** 0.5
     if adjust_lr_fn == "match_rms_adamw":
@@ -127,6 +148,7 @@ def orthogonalized_update(
     keeps tall matrices' updates as large as those of square ones. Returns ``ns_dtype``.
     """
     rows, cols = update.shape
+    check_number("eps", eps, above=0.0)  # what keeps the first division finite
     scale = update_scale(rows, cols, adjust_lr_fn)
     update = zeropower_via_newtonschulz5(update, ns_steps, coefficients, eps, ns_dtype)
     update *= scale

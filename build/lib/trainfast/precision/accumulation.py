@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 
 from trainfast.precision.formats import round_mantissa
+from trainfast.validation import check_choice, check_int
 
 __all__ = [
     "ROUNDING_MODES",
@@ -45,8 +46,7 @@ def round_toward_zero(x: Tensor, mantissa_bits: int) -> Tensor:
     """Truncate float32 ``x`` to ``mantissa_bits`` mantissa bits (drop the rest); float32 out."""
     if x.dtype != torch.float32:
         raise ValueError(f"round_toward_zero expects float32, got {x.dtype}")
-    if not 0 <= mantissa_bits <= 23:
-        raise ValueError(f"Invalid mantissa_bits: {mantissa_bits} (float32 has 0 to 23)")
+    check_int("mantissa_bits", mantissa_bits, minimum=0, maximum=23)  # float32 has 23
     mask = ~((1 << (23 - mantissa_bits)) - 1)
     return (x.contiguous().view(torch.int32) & mask).view(torch.float32)
 
@@ -68,10 +68,10 @@ def limited_precision_sum(
     """
     if terms.dtype != torch.float32:
         raise ValueError(f"limited_precision_sum expects float32 terms, got {terms.dtype}")
-    if rounding not in ROUNDING_MODES:
-        raise ValueError(f"Invalid rounding: {rounding!r} (expected one of {ROUNDING_MODES})")
-    if promote_every is not None and promote_every < 1:
-        raise ValueError(f"Invalid promote_every: {promote_every} (need at least 1, or None)")
+    check_choice("rounding", rounding, ROUNDING_MODES)
+    check_int("mantissa_bits", mantissa_bits, minimum=0, maximum=23)
+    if promote_every is not None:
+        check_int("promote_every", promote_every, minimum=1)
     round_to = round_mantissa if rounding == "nearest" else round_toward_zero
     partial = torch.zeros(terms.shape[:-1], dtype=torch.float32, device=terms.device)
     total = torch.zeros_like(partial)
@@ -95,8 +95,9 @@ def fp8_dot_products(k: int, *, rows: int = 64, seed: int = 0) -> tuple[Tensor, 
     """
     from trainfast.precision.fp8 import to_fp8
 
-    if k < 1 or rows < 1:
-        raise ValueError(f"Invalid sizes: k={k}, rows={rows}")
+    check_int("k", k, minimum=1)
+    check_int("rows", rows, minimum=1)
+    check_int("seed", seed)
     generator = torch.Generator().manual_seed(seed)
     a8, scale_a = to_fp8(torch.randn(rows, k, generator=generator))
     b8, scale_b = to_fp8(torch.randn(rows, k, generator=generator))

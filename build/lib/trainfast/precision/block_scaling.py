@@ -77,11 +77,16 @@ def round_to_minifloat(x: Tensor, fmt: Minifloat) -> Tensor:
 
     Within the binade of ``|x|`` (at least the smallest normal's, which gives the subnormals)
     the spacing is ``2^(exponent - mantissa_bits)``; ``torch.round`` rounds half to even.
+    Out of range it saturates, as the saturating conversion of the OCP 8-bit floating point
+    specification (OFP8) does: a magnitude above ``fmt.max``, infinity included, becomes
+    ``±fmt.max`` and NaN stays NaN (CUDA's ``__NV_SATFINITE`` and torch's own CPU cast to
+    ``float8_e4m3fn`` since PyTorch PR #178817 do the same; the non-saturating conversion gives
+    e4m3 NaN for both).
     """
-    magnitude = x.abs().float()
+    magnitude = x.abs().float().clamp(max=fmt.max)  # inf -> max; NaN passes through
     exponent = torch.floor(torch.log2(magnitude.clamp_min(fmt.min_normal)))
     step = torch.exp2(exponent - fmt.mantissa_bits)
-    return torch.sign(x) * (torch.round(magnitude / step) * step).clamp(max=fmt.max)
+    return torch.sign(x) * torch.round(magnitude / step) * step
 
 
 def fake_quantize(x: Tensor, fmt: BlockFormat | str) -> Tensor:

@@ -57,12 +57,15 @@ def kahan_adamw_step_(
     beta2: float,
     eps: float,
     weight_decay: float,
+    compensated: bool = True,
 ) -> None:
     """One AdamW step on one tensor, in place; the moments are float32, the update compensated.
 
     ``m_t = β1 m + (1-β1) g``, ``v_t = β2 v + (1-β2) g²``, and the update
     ``-γ λ θ - γ m̂_t / (√v̂_t + ε)`` (decoupled weight decay, as ``torch.optim.AdamW``) is
-    added to ``param`` with :func:`kahan_add_`. ``step`` counts from 1.
+    added to ``param`` with :func:`kahan_add_`. ``step`` counts from 1. ``compensated=False``
+    adds it plainly, rounded to ``param``'s dtype, and leaves ``compensation`` alone: the
+    control that has the float32 moments without the compensation.
     """
     g = grad.float()
     exp_avg.lerp_(g, 1 - beta1)
@@ -73,7 +76,10 @@ def kahan_adamw_step_(
     update = exp_avg / denom * (-lr / bias_correction1)
     if weight_decay != 0:
         update.add_(param.float(), alpha=-lr * weight_decay)
-    kahan_add_(param, update, compensation)
+    if compensated:
+        kahan_add_(param, update, compensation)
+    else:
+        param.copy_(param.float() + update)
 
 
 class KahanAdamW(Optimizer):
@@ -81,7 +87,9 @@ class KahanAdamW(Optimizer):
 
     State per parameter: ``step``, ``exp_avg`` and ``exp_avg_sq`` (float32) and
     ``compensation`` (the parameter's dtype). Same hyperparameters and defaults as
-    ``torch.optim.AdamW``; no amsgrad, no sparse gradients.
+    ``torch.optim.AdamW``; no amsgrad, no sparse gradients. ``compensated=False`` is the
+    control: float32 moments, updates added plainly (``torch.optim.AdamW`` on bf16 weights keeps
+    bf16 moments, so it differs from this optimizer in two ways, not one).
     """
 
     def __init__(
@@ -91,10 +99,15 @@ class KahanAdamW(Optimizer):
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
         weight_decay: float = 1e-2,
+        *,
+        compensated: bool = True,
     ) -> None:
+        if not isinstance(compensated, bool):
+            raise ValueError(f"Invalid compensated: {compensated!r} (expected True or False)")
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
         check_hyperparameters(defaults)  # the book's optimizers' one check
         super().__init__(params, defaults)
+        self.compensated = compensated
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:
@@ -127,5 +140,6 @@ class KahanAdamW(Optimizer):
                     beta2=beta2,
                     eps=group["eps"],
                     weight_decay=group["weight_decay"],
+                    compensated=self.compensated,
                 )
         return loss

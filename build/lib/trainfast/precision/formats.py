@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from trainfast.validation import check_int, check_number
+from trainfast.validation import check_flag, check_int, check_number
 
 __all__ = [
     "FORMAT_NAMES",
@@ -70,9 +70,9 @@ def format_from_bits(
     dtype: torch.dtype | None = None,
 ) -> FloatFormat:
     """A :class:`FloatFormat` derived from its field widths (see the module docstring)."""
-    e, m = exponent_bits, mantissa_bits
-    if e < 2 or m < 1:
-        raise ValueError(f"Invalid layout: exponent_bits={e}, mantissa_bits={m} (need >= 2, >= 1)")
+    e = check_int("exponent_bits", exponent_bits, minimum=2, maximum=11)  # 11: float64's
+    m = check_int("mantissa_bits", mantissa_bits, minimum=1, maximum=52)
+    check_flag("has_infinity", has_infinity)
     bias = 2 ** (e - 1) - 1
     if has_infinity:  # the all-ones exponent is reserved for inf and NaN
         largest = (2 - 2.0**-m) * 2.0 ** (2**e - 2 - bias)
@@ -159,7 +159,8 @@ def representable_values(
     count = 0  # an upper bound: whole binades from the one holding low to the one holding high
     for exponent_field in range(2**fmt.exponent_bits):
         scale = 2.0 ** (max(exponent_field, 1) - bias)
-        if scale * 2 > low and not (scale >= high or scale > fmt.max):
+        lowest = scale if exponent_field else scale / 2**m  # the subnormals lie below scale
+        if scale * 2 > low and not (lowest >= high or scale > fmt.max):
             count += 2**m
     if count > max_count:
         raise ValueError(
@@ -171,7 +172,8 @@ def representable_values(
         scale = 2.0 ** (max(exponent_field, 1) - bias)
         if scale * 2 <= low:
             continue
-        if scale >= high or scale > fmt.max:
+        lowest = scale if exponent_field else scale / 2**m  # the subnormals lie below scale
+        if lowest >= high or scale > fmt.max:
             break
         lead = 0 if exponent_field == 0 else 1
         for mantissa in range(2**m):
@@ -194,8 +196,7 @@ def round_mantissa(x: Tensor, mantissa_bits: int) -> Tensor:
     """
     if x.dtype != torch.float32:
         raise ValueError(f"round_mantissa expects float32, got {x.dtype}")
-    if not 0 <= mantissa_bits <= 23:
-        raise ValueError(f"Invalid mantissa_bits: {mantissa_bits} (float32 has 0 to 23)")
+    check_int("mantissa_bits", mantissa_bits, minimum=0, maximum=23)  # float32 has 23
     drop = 23 - mantissa_bits
     if drop == 0:
         return x.clone()

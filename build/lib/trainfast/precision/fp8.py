@@ -24,10 +24,13 @@ of the running sum, and ``use_fast_accum=True`` leaves the whole sum to them, wh
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
 from trainfast.recipes import Recipe
+from trainfast.validation import check_choice, check_int
 
 __all__ = [
     "FP8_RECIPES",
@@ -82,6 +85,17 @@ FP8_STATED_BYTES: dict[str, float] = {
 def _check_fp8(dtype: torch.dtype) -> None:
     if dtype not in _FP8:
         raise ValueError(f"Unsupported FP8 dtype: {dtype} (expected one of {_FP8})")
+
+
+def _check_margin(margin: int, dtype: torch.dtype) -> None:
+    """A margin (in binades, an int as Transformer Engine's) that keeps something of the range:
+    a negative one maps the history's amax past ``fp8_max``, so the largest values saturate
+    (``margin=-200``: every nonzero value), and one of ``log2(fp8_max / smallest subnormal)``
+    or more maps the amax below the smallest subnormal, so every value rounds to zero or to
+    that one subnormal."""
+    finfo = torch.finfo(dtype)
+    widest = math.floor(math.log2(finfo.max / (finfo.smallest_normal * finfo.eps)))
+    check_int("margin", margin, minimum=0, maximum=widest)
 
 
 def fp8_scale(amax: Tensor, dtype: torch.dtype = torch.float8_e4m3fn) -> Tensor:
@@ -200,6 +214,14 @@ class DelayedScaling:
     is recorded afterwards. Values above the delayed scale's range saturate at ``fp8_max``
     (the price of a sudden jump); with an empty history the scale is 1. Current scaling
     (:func:`to_fp8`) is the special case ``history_len=1`` applied to the same step.
+
+    An amax that is not finite (one ``inf`` or ``NaN`` in a tensor) or zero does not reset the
+    scale: the scale of the previous step is kept, as Transformer Engine's
+    ``_default_sf_compute`` does (``torch.where(torch.isfinite(amax), sf, scale)``, and likewise
+    for ``amax > 0``; ``transformer_engine/pytorch/fp8.py``). The non-finite amax stays in the
+    history, so under ``"max"`` the scale is frozen at its last finite value until that entry
+    leaves the history; falling back to 1 instead would flush every small value to zero for
+    up to ``history_len`` steps.
     """
 
     def __init__(
@@ -210,13 +232,10 @@ class DelayedScaling:
         amax_compute: str = "max",
         dtype: torch.dtype = torch.float8_e4m3fn,
     ) -> None:
-        if history_len < 1:
-            raise ValueError(f"Invalid history_len: {history_len} (need at least 1)")
-        if amax_compute not in ("max", "most_recent"):
-            raise ValueError(
-                f"Invalid amax_compute: {amax_compute!r} (expected 'max' or 'most_recent')"
-            )
+        check_int("history_len", history_len, minimum=1)
+        check_choice("amax_compute", amax_compute, ("max", "most_recent"))
         _check_fp8(dtype)
+        _check_margin(margin, dtype)
         self.history_len, self.margin, self.amax_compute, self.dtype = (
             history_len,
             margin,
@@ -224,18 +243,24 @@ class DelayedScaling:
             dtype,
         )
         self.amax_history: list[float] = []
+        self.previous_scale = torch.tensor(1.0)  # the scale the last quantize used
 
     @property
     def scale(self) -> Tensor:
-        """The scale the next :meth:`quantize` will use (float32 scalar)."""
+        """The scale the next :meth:`quantize` will use (float32 scalar): from the history, or
+        the previous step's where the history's amax is not finite or is zero."""
         if not self.amax_history:
-            return torch.tensor(1.0)
-        amax = max(self.amax_history) if self.amax_compute == "max" else self.amax_history[-1]
-        return fp8_scale(torch.tensor(amax), self.dtype) / 2.0**self.margin
+            return self.previous_scale
+        window = self.amax_history if self.amax_compute == "max" else self.amax_history[-1:]
+        amax = torch.tensor(window).max()  # NaN propagates, as torch.max does in TE
+        if not (torch.isfinite(amax) and amax > 0):
+            return self.previous_scale
+        return fp8_scale(amax, self.dtype) / 2.0**self.margin
 
     def quantize(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """``(x_fp8, scale)`` with the delayed scale, then record ``amax(x)`` in the history."""
-        scale = self.scale.to(x.device)
+        self.previous_scale = self.scale
+        scale = self.previous_scale.to(x.device)
         largest = torch.finfo(self.dtype).max
         x_fp8 = (x.float() * scale).clamp(-largest, largest).to(self.dtype)
         self.amax_history = [*self.amax_history, float(x.detach().abs().amax())][

@@ -39,6 +39,7 @@ import torch
 from torch import Tensor
 from torch.optim import Optimizer
 
+from trainfast.device import parse_device
 from trainfast.validation import check_flag, check_int, check_number
 
 _FLOAT32_MAX = float(torch.finfo(torch.float32).max)
@@ -59,6 +60,18 @@ def _float32(value: float) -> float:
     return torch.tensor(value, dtype=torch.float64).float().item()
 
 
+def _check_rule(
+    scale: float, tracker: int, found_inf: bool, growth: float, backoff: float, interval: int
+) -> None:
+    """:func:`updated_scale`'s arguments, each named if wrong (a string flag would be truthy)."""
+    check_number("scale", scale, above=0.0, maximum=_FLOAT32_MAX)
+    check_int("growth_tracker", tracker, minimum=0)
+    check_flag("found_inf", found_inf)
+    check_number("growth_factor", growth, above=1.0)
+    check_number("backoff_factor", backoff, above=0.0, below=1.0)
+    check_int("growth_interval", interval, minimum=1)
+
+
 def updated_scale(
     scale: float,
     growth_tracker: int,
@@ -74,6 +87,8 @@ def updated_scale(
     taken in float64 and rounded to float32, as ``torch._amp_update_scale_``
     does; a scale that would grow to infinity stays where it is.
     """
+
+    _check_rule(scale, growth_tracker, found_inf, growth_factor, backoff_factor, growth_interval)
     if found_inf:
         return _float32(scale * backoff_factor), 0
     if growth_tracker + 1 < growth_interval:
@@ -137,6 +152,9 @@ class GradScaler:
         check_number("backoff_factor", backoff_factor, above=0.0, below=1.0)
         check_int("growth_interval", growth_interval, minimum=1)
         check_flag("enabled", enabled)
+        device = parse_device(
+            device, note="torch.amp.GradScaler would accept it, and stay enabled"
+        ).type
         self._device = device
         self._enabled = enabled
         if enabled and device == "cuda" and not torch.cuda.is_available():

@@ -20,9 +20,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from trainfast.device import parse_device
 from trainfast.precision.formats import round_to_tf32
 from trainfast.precision.fp8 import fp8_matmul, has_fp8_tensor_cores
 from trainfast.precision.tf32 import tf32_matmuls
+from trainfast.validation import check_choice, check_int, check_number
 
 __all__ = [
     "AUTOCAST_OPS",
@@ -41,8 +43,9 @@ def running_sum(value: float, count: int, dtype: torch.dtype) -> Tensor:
     Returns a float64 tensor of the ``count`` partial sums (for plotting). The additions are
     sequential, one rounding each, as a naive accumulator in that dtype would do them.
     """
-    if count < 1:
-        raise ValueError(f"Invalid count: {count} (need at least 1)")
+
+    check_number("value", value)
+    check_int("count", count, minimum=1)
     step = torch.tensor(value, dtype=dtype)
     total = torch.zeros((), dtype=dtype)
     sums = torch.empty(count, dtype=torch.float64)
@@ -95,9 +98,11 @@ def matmul_error(
 
     Returns ``{"mode", "m", "k", "n", "device", "emulated", "relative_error"}``.
     """
-    if mode not in MATMUL_MODES:
-        raise ValueError(f"Unknown matmul mode: {mode!r} (known: {MATMUL_MODES})")
-    device = torch.device(device)
+    check_choice("mode", mode, MATMUL_MODES)
+    for name, size in (("m", m), ("k", k), ("n", n)):
+        check_int(name, size, minimum=1)
+    check_int("seed", seed)
+    device = parse_device(device)
     generator = torch.Generator().manual_seed(seed)
     a = torch.randn(m, k, generator=generator)
     b = torch.randn(k, n, generator=generator)
@@ -177,7 +182,7 @@ def autocast_policy(
     dtype it receives ("input dtype"). Rows: ``op``, ``from float32 inputs``, ``from <dtype>
     inputs``, ``policy``.
     """
-    device = torch.device(device)
+    device = parse_device(device)
     low = str(dtype).removeprefix("torch.")
     generator = torch.Generator().manual_seed(0)
     a = torch.randn(8, 8, generator=generator).to(device)

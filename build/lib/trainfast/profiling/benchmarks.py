@@ -11,7 +11,9 @@
 * ``compile-by-width`` (:func:`compile_by_width_record`): a feed-forward block eager and
   compiled across widths, to show from which width compiling pays;
 * ``compile-time`` (:func:`compile_time_record`): the case study's first compiled step in a new
-  process with a cold compile cache, then with the cache the first run filled.
+  process with a cold compile cache, then with the cache the first run filled;
+* ``gpu-bound-case-study`` (:func:`gpu_bound_case_study_record`, GPU only at full size): a
+  decoder of GPT-2 small's size at the batch that fills the GPU, each fix added in turn.
 
 Each takes ``(device, quick)``. ``quick`` is a smoke test of the code path, seconds on a CPU:
 it never calls Inductor (a first compile takes tens of seconds on a small CPU), and says so in
@@ -33,6 +35,7 @@ __all__ = [
     "compile_by_width_record",
     "compile_time_record",
     "copy_compute_overlap_record",
+    "gpu_bound_case_study_record",
     "launch_overhead_record",
     "timing_pitfalls_record",
 ]
@@ -281,3 +284,69 @@ def _quick_compile_row(device: torch.device) -> dict[str, object]:
         "fx_graph_hits": 0,
         "fx_graph_misses": 0,
     }
+
+
+def gpu_bound_case_study_record(device: torch.device, quick: bool = False) -> Record:
+    """The GPU-bound case study (:mod:`trainfast.profiling.gpu_bound`): a decoder of GPT-2 small's
+    size at sequences of 1,024 and the batch that fills the GPU's memory, with each fix added in
+    turn, timed one after the other on the same batches.
+
+    CUDA only at full size (``ValueError`` elsewhere): on another device the model is far from
+    its regime. ``quick`` is a tiny model on any device, compiled with ``aot_eager``. Where the
+    baseline's first step runs out of memory (the accounting model's batch, with its reserve,
+    was too large for what this GPU holds), the batch shrinks by a fifth and the study starts
+    again, at most twice; the record's description says which batch ran.
+    """
+    from trainfast.profiling.gpu_bound import (
+        GPU_TIMING,
+        GpuBoundConfig,
+        compare_gpu_bound,
+        gpu_bound_chain,
+    )
+
+    if quick:
+        config = GpuBoundConfig.quick()
+        if device.type == "cpu":
+            torch.set_num_threads(1)
+    elif device.type != "cuda":
+        raise ValueError(
+            f"gpu-bound-case-study needs a CUDA device at full size (got {device.type}): use "
+            "--quick for a smoke test"
+        )
+    else:
+        total = torch.cuda.get_device_properties(device).total_memory
+        config = GpuBoundConfig.for_memory(total)
+    import gc
+
+    sizes = dict(steps_per_sample=1, rounds=4) if quick else dict(GPU_TIMING)
+    rows = None
+    for attempt in range(3):
+        try:
+            rows = compare_gpu_bound(gpu_bound_chain(), config, device, **sizes)
+        except torch.cuda.OutOfMemoryError:  # the baseline did not fit: a smaller batch
+            if attempt == 2:
+                raise
+        if rows is not None:
+            break
+        gc.collect()  # outside the except block: its traceback no longer holds the tensors
+        torch.cuda.empty_cache()
+        shape = config.shape
+        config = replace(config, shape=replace(shape, batch_size=shape.batch_size * 4 // 5))
+    for row in rows:
+        row.pop("curve")
+    shape = config.shape
+    description = (
+        "Training step of the GPU-bound case study (a decoder of GPT-2 small's size with Llama's "
+        f"choices: {shape.n_layers} layers, d_model {shape.d_model}, {shape.n_heads} heads of "
+        f"which {shape.kv_heads} key/value heads, SwiGLU width {shape.d_ff}, vocabulary "
+        f"{shape.vocab_size}; {shape.batch_size} x {shape.seq_len} tokens per step, windows of "
+        "Python's docs kept on the device) with each fix added to the ones before, each run "
+        "built, timed and torn down in turn (median of the samples); speedup is over the "
+        "baseline; loss_deviation is the largest relative difference from the baseline's loss "
+        "over the steps every run took; model_flops are the unpadded model's matmul FLOPs per "
+        "step; peak_gb the most memory the run allocated."
+        + (" Quick smoke test: a tiny model, compiled with aot_eager." if quick else "")
+    )
+    units = {"step_ms": "ms", "iqr_ms": "ms", "speedup": "x", "first_step_s": "s"}
+    units |= {"peak_gb": "GB", "model_flops": "FLOP"}
+    return make_record("gpu-bound-case-study", description, rows, units=units, device=device)

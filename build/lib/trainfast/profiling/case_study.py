@@ -37,7 +37,7 @@ import itertools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache, partial
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch.utils.data import DataLoader, RandomSampler
@@ -56,6 +56,7 @@ __all__ = [
     "CaseStudy",
     "CaseStudyConfig",
     "Fixes",
+    "Run",
     "compare_fixes",
     "case_study_dataset",
     "case_study_loader",
@@ -64,6 +65,7 @@ __all__ = [
     "cumulative_fixes",
     "loss_deviation",
     "loss_tolerance",
+    "time_runs",
     "train_with_fixes",
 ]
 
@@ -377,50 +379,58 @@ def loss_deviation(losses: Sequence[float], baseline: Sequence[float]) -> float:
     return max(abs(a - b) / abs(b) for a, b in zip(losses, baseline, strict=True))
 
 
-def compare_fixes(
-    variants: Mapping[str, Fixes],
-    config: CaseStudyConfig | None = None,
+class Run(Protocol):
+    """A training run that :func:`time_runs` can time: :class:`CaseStudy`, or the GPU-bound
+    study's run (:class:`~trainfast.profiling.gpu_bound.GpuBoundStudy`)."""
+
+    def run(self, steps: int) -> None: ...
+
+    def losses(self) -> list[float]: ...
+
+    def close(self) -> None: ...
+
+
+def time_runs(
+    builders: Mapping[str, Callable[[], Run]],
     device: torch.device | str = "cpu",
     *,
     steps_per_sample: int = 5,
     rounds: int = 5,
     warmup_samples: int = 1,
     passes: int = 1,
-) -> tuple[list[dict[str, Any]], dict[str, list[float]]]:
-    """Time one run per variant, one after the other; return a row per variant and each curve.
+) -> list[dict[str, Any]]:
+    """Time one run per builder, one after the other; a row per run, the first the baseline.
 
-    Each variant is built, takes one first step (timed: it includes compilation and starting the
+    Each run is built, takes one first step (timed: it includes compilation and starting the
     workers), then ``warmup_samples`` untimed samples, then ``rounds // passes`` samples of
-    ``steps_per_sample`` steps, and is torn down (:meth:`CaseStudy.close`) before the next is
-    built; ``passes`` times over, so that a burst of load on the machine lands on a part of
-    each variant's samples rather than on all of one variant's. The variants do not take
-    turns sample by sample (as :func:`~trainfast.timing.benchmark_side_by_side` would have
-    them) because a run's loader workers keep working while they are alive: between two of its
-    samples they would tokenize its next batches for free, on cores the variant being timed
-    needs, and nine runs of four workers would be dozens of processes. Compare the samples of
-    two variants with a test that does not pair them
-    (:func:`~trainfast.timing.rank_sum_test`). Every pass starts from the same
-    weights and batches, so the loss curves (of the first pass) can be compared step by step.
+    ``steps_per_sample`` steps, and is torn down (``close()``) before the next is built;
+    ``passes`` times over, so that a burst of load on the machine lands on a part of each run's
+    samples rather than on all of one run's. The runs do not take turns sample by sample (as
+    :func:`~trainfast.timing.benchmark_side_by_side` would have them) because a run's loader
+    workers keep working while they are alive: between two of its samples they would tokenize
+    its next batches for free, on cores the run being timed needs. Compare the samples of two
+    runs with a test that does not pair them (:func:`~trainfast.timing.rank_sum_test`). Every
+    pass starts from the same weights and batches, so the loss curves (of the first pass) can
+    be compared step by step.
 
-    A row has the variant's name, its fixes, ``step_ms`` (median), ``iqr_ms``, ``samples`` and
-    ``samples_ms`` (every sample, per step, pass after pass),
-    ``speedup`` (the first variant's step time over this one's), ``first_step_s`` (first pass),
-    and ``loss_deviation`` from the first variant's curve over the first ``LOSS_HORIZON``
-    steps, with its :func:`loss_tolerance`. The curves returned are whole.
+    A row has the run's ``variant`` name, ``step_ms`` (median), ``iqr_ms``, ``samples`` and
+    ``samples_ms`` (every sample, per step, pass after pass), ``speedup`` (the first run's step
+    time over this one's), ``first_step_s`` (first pass), ``loss_deviation`` from the first
+    run's curve over its first ``LOSS_HORIZON`` steps (or all of them, if fewer), and
+    ``curve``, the run's whole loss curve.
     """
-    if not variants:
+    if not builders:
         raise ValueError("Invalid variants: nothing to compare")
     if passes < 1 or rounds % passes:
         raise ValueError(f"Invalid passes: {passes} (need a divisor of rounds={rounds})")
     device = torch.device(device)
-    config = config or CaseStudyConfig()
     first_step: dict[str, float] = {}
     curves: dict[str, list[float]] = {}
-    samples: dict[str, list[float]] = {name: [] for name in variants}
+    samples: dict[str, list[float]] = {name: [] for name in builders}
     timings: dict[str, Timing] = {}
     for _ in range(passes):
-        for name, fixes in variants.items():
-            study = CaseStudy(fixes, config, device)
+        for name, build in builders.items():
+            study = build()
             first = benchmark(partial(study.run, 1), warmup=0, repeats=1, device=device).median
             first_step.setdefault(name, first)
             timing = benchmark(
@@ -433,25 +443,65 @@ def compare_fixes(
             timings[name] = dataclasses.replace(timing, samples=tuple(samples[name]))
             curves.setdefault(name, study.losses())
             study.close()  # its workers must not run while the next variant is timed
-    baseline = next(iter(variants))
+    baseline = next(iter(builders))
+    horizon = min(LOSS_HORIZON, *(len(curve) for curve in curves.values()))
     rows = []
-    for name, fixes in variants.items():
+    for name in builders:
         step = timings[name].median / steps_per_sample
-        row = {
-            "variant": name,
-            "fixes": ", ".join(fixes.enabled) or "none",
-            "step_ms": step * 1e3,
-            "iqr_ms": timings[name].iqr / steps_per_sample * 1e3,
-            "samples": len(timings[name].samples),
-            "samples_ms": [t / steps_per_sample * 1e3 for t in timings[name].samples],
-            "speedup": timings[baseline].median / steps_per_sample / step,
-            "first_step_s": first_step[name],
-            "loss_deviation": loss_deviation(
-                curves[name][:LOSS_HORIZON], curves[baseline][:LOSS_HORIZON]
-            ),
-            "tolerance": loss_tolerance(fixes),
-        }
-        rows.append(row)
+        rows.append(
+            {
+                "variant": name,
+                "step_ms": step * 1e3,
+                "iqr_ms": timings[name].iqr / steps_per_sample * 1e3,
+                "samples": len(timings[name].samples),
+                "samples_ms": [t / steps_per_sample * 1e3 for t in timings[name].samples],
+                "speedup": timings[baseline].median / steps_per_sample / step,
+                "first_step_s": first_step[name],
+                "loss_deviation": loss_deviation(
+                    curves[name][:horizon], curves[baseline][:horizon]
+                ),
+                "curve": curves[name],
+            }
+        )
+    return rows
+
+
+def compare_fixes(
+    variants: Mapping[str, Fixes],
+    config: CaseStudyConfig | None = None,
+    device: torch.device | str = "cpu",
+    *,
+    steps_per_sample: int = 5,
+    rounds: int = 5,
+    warmup_samples: int = 1,
+    passes: int = 1,
+) -> tuple[list[dict[str, Any]], dict[str, list[float]]]:
+    """Time one :class:`CaseStudy` per variant with :func:`time_runs`; return a row per variant
+    and each curve.
+
+    A row is :func:`time_runs`' (without its ``curve``) with the variant's ``fixes`` and its
+    :func:`loss_tolerance`. The curves returned are whole.
+    """
+    if not variants:
+        raise ValueError("Invalid variants: nothing to compare")
+    device = torch.device(device)
+    config = config or CaseStudyConfig()
+    builders = {name: partial(CaseStudy, fixes, config, device) for name, fixes in variants.items()}
+    timed = time_runs(
+        builders,
+        device,
+        steps_per_sample=steps_per_sample,
+        rounds=rounds,
+        warmup_samples=warmup_samples,
+        passes=passes,
+    )
+    rows, curves = [], {}
+    for row, (name, fixes) in zip(timed, variants.items(), strict=True):
+        curves[name] = row.pop("curve")
+        rows.append(
+            {"variant": name, "fixes": ", ".join(fixes.enabled) or "none", **row}
+            | {"tolerance": loss_tolerance(fixes)}
+        )
     return rows, curves
 
 

@@ -16,6 +16,8 @@ and raises ``AssertionError`` naming the first case that failed.
 
 from __future__ import annotations
 
+import dataclasses
+import random
 import tempfile
 from collections.abc import Callable, Sequence
 
@@ -73,18 +75,35 @@ def _reference_bottleneck(profile: StepProfile) -> str:
     return max(operators, key=lambda row: row.self_cpu_s).name
 
 
+def _shuffled(profile: StepProfile, expected: str, seed: int) -> StepProfile:
+    """``profile`` with its rows in a random order (seeded) in which ``expected`` is neither the
+    first nor the last ``aten::`` row. ``profile_steps`` sorts the rows by self CPU time, so
+    an answer that reads the order, or a column that is zero on a CPU (``max`` of zeros returns
+    the first row), would otherwise pass: the answer must read the times."""
+    rows = list(profile.operators)
+    for attempt in range(100):
+        random.Random(seed + attempt).shuffle(rows)
+        names = [row.name for row in rows if row.name.startswith("aten::")]
+        if len(names) < 3 or expected not in (names[0], names[-1]):
+            break
+    return dataclasses.replace(profile, operators=rows)
+
+
 def check_bottleneck(find_bottleneck: Callable[[StepProfile], str]) -> None:
     """Check ``find_bottleneck(profile) -> name``: the ``aten::`` operator with most self CPU time.
 
     Profiles four small steps (matmuls, cumulative sums, sorts, and a Python loop inside a
     named range, which is not an operator) with
-    :func:`~trainfast.profiling.profile_steps` and compares the answer with the table's.
+    :func:`~trainfast.profiling.profile_steps` and compares the answer with the table's. The
+    reader's function gets the rows shuffled (:func:`_shuffled`), so that it must read the self
+    CPU times: the table's order, or the self device times (all zero on a CPU), are not enough.
     """
     results: list[Case] = []
     with tempfile.TemporaryDirectory() as out_dir:
-        for name, step in _workloads().items():
+        for seed, (name, step) in enumerate(_workloads().items()):
             profile = profile_steps(step, wait=0, warmup=1, active=2, out_dir=out_dir)
-            expected, answer = _reference_bottleneck(profile), find_bottleneck(profile)
+            expected = _reference_bottleneck(profile)
+            answer = find_bottleneck(_shuffled(profile, expected, seed))
             problem = (
                 None if answer == expected else f"answered {answer!r}, the table says {expected!r}"
             )

@@ -22,6 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from trainfast.validation import check_int
+
 __all__ = ["AllocationSite", "HostMemoryProfile", "host_memory_profile", "resident_bytes"]
 
 
@@ -81,8 +83,7 @@ def host_memory_profile(
     what a step keeps; what it frees before returning only shows in ``traced_peak_bytes``.
     ``frames`` is how many frames of each allocation's stack to keep (1: the allocating line).
     """
-    if top < 1:
-        raise ValueError(f"Invalid top: {top} (need at least 1)")
+    check_int("top", top, minimum=1)
     started = not tracemalloc.is_tracing()
     if started:
         tracemalloc.start(frames)

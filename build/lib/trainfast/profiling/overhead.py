@@ -22,15 +22,19 @@ between steps (a graph keeps its memory pool alive).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from trainfast.timing import benchmark, benchmark_side_by_side
+from trainfast.validation import check_int
 
 __all__ = [
+    "CompileVerdict",
     "autocast_matmul_ratio",
     "compile_speedup_by_width",
+    "compile_verdict",
     "cuda_graph",
     "mlp_block",
     "dispatch_rate",
@@ -94,8 +98,7 @@ def autocast_matmul_ratio(
     device_type = torch.device(device).type
     rows = []
     for width in widths:
-        if width < 1:
-            raise ValueError(f"Invalid width: {width} (need at least 1)")
+        check_int("width", width, minimum=1)
         x = torch.randn(tokens, width, device=device)
         weight = torch.randn(width, width, device=device)
 
@@ -161,8 +164,7 @@ def compile_speedup_by_width(
     """
     rows = []
     for width in widths:
-        if width < 1:
-            raise ValueError(f"Invalid width: {width} (need at least 1)")
+        check_int("width", width, minimum=1)
         generator = torch.Generator().manual_seed(width)
         x = torch.randn(tokens, width, generator=generator).to(device)
         w_in = (torch.randn(4 * width, width, generator=generator) / width**0.5).to(device)
@@ -199,6 +201,54 @@ def compile_speedup_by_width(
             }
         )
     return rows
+
+
+@dataclass(frozen=True)
+class CompileVerdict:
+    """What a ``compile-by-width`` record says (:func:`compile_verdict`): each width's compiled
+    over eager time, the width from which compiling was faster at every larger one (None if
+    none), and the widths where the two times differ by more than either's interquartile range
+    (not noise)."""
+
+    widths: tuple[int, ...]
+    ratios: tuple[float, ...]
+    faster_from: int | None
+    clear: tuple[int, ...]
+
+    def sentence(self) -> str:
+        """The verdict in words: faster from a width on, slower at every width (by up to the
+        largest ratio, at its width), or mixed; then where the difference is beyond the spread."""
+        if self.faster_from is not None:
+            verdict = f"faster from a width of {self.faster_from} on"
+        elif all(r > 1 for r in self.ratios):
+            worst = max(range(len(self.ratios)), key=self.ratios.__getitem__)
+            verdict = (
+                f"slower at every width, by up to {self.ratios[worst]:.2f} times at a width of "
+                f"{self.widths[worst]}"
+            )
+        else:
+            verdict = "faster at some widths and slower at others, never from a width on"
+        clear = ", ".join(map(str, self.clear)) if self.clear else "none"
+        return f"{verdict} (differences beyond the spread at widths {clear})"
+
+
+def compile_verdict(rows: list[dict[str, Any]]) -> CompileVerdict:
+    """Read the rows of :func:`compile_speedup_by_width` (a ``compile-by-width`` record): from
+    which width compiling paid at every larger width, and where the difference is larger than
+    both interquartile ranges. ``ValueError`` for no rows."""
+    if not rows:
+        raise ValueError("Invalid rows: a compile-by-width record with no rows")
+    faster = [r["width"] for r in rows if r["ratio"] < 1]
+    faster_from = next(
+        (w for w in faster if all(r["ratio"] < 1 for r in rows if r["width"] >= w)), None
+    )
+    clear = tuple(
+        int(r["width"])
+        for r in rows
+        if abs(r["eager_us"] - r["compiled_us"]) > max(r["eager_iqr_us"], r["compiled_iqr_us"])
+    )
+    widths = tuple(int(r["width"]) for r in rows)
+    return CompileVerdict(widths, tuple(float(r["ratio"]) for r in rows), faster_from, clear)
 
 
 def cuda_graph(

@@ -17,7 +17,8 @@ PyTorch's documentation:
 
 :class:`CudaPrefetcher` does exactly that; :func:`copy_compute_overlap` times a step with the
 copy in line and with it prefetched, :func:`host_to_device_seconds` predicts the copy time and
-:func:`prefetch_saving_seconds` how much of it the benchmark's prefetching can hide. When not
+:func:`prefetch_saving_seconds` how much of it the benchmark's prefetching can hide (at the
+bandwidth a ``host-transfers`` record measured, :func:`pinned_bandwidth`). When not
 to bother: when a batch is small (token ids: kilobytes) the copy is microseconds, far below a
 step, and there is nothing to hide.
 """
@@ -30,41 +31,61 @@ from dataclasses import dataclass
 import torch
 
 from trainfast.gpus import GPUSpec
+from trainfast.records import Record
 from trainfast.timing import benchmark_side_by_side
+from trainfast.validation import check_instance, check_int, check_positive_number
 
 __all__ = [
     "CudaPrefetcher",
     "OverlapTiming",
     "copy_compute_overlap",
     "host_to_device_seconds",
+    "pinned_bandwidth",
     "prefetch_saving_seconds",
 ]
 
 
-def host_to_device_seconds(nbytes: int, gpu: GPUSpec) -> float:
+def host_to_device_seconds(nbytes: int, gpu: GPUSpec, *, bytes_per_s: float | None = None) -> float:
     """Predicted seconds to copy ``nbytes`` from pinned host memory to ``gpu``.
 
-    The datasheet's PCIe figure counts both directions together; one copy uses one direction,
-    half of it (as :func:`trainfast.kernels.benchmarks.host_transfer_prediction` does). A real
-    copy may run slower than the datasheet's bandwidth.
+    At ``bytes_per_s`` where given (a measured one-way bandwidth: :func:`pinned_bandwidth` of a
+    ``host-transfers`` record); else at the datasheet's PCIe figure, which counts both
+    directions together, so one copy gets half of it (as
+    :func:`trainfast.kernels.benchmarks.host_transfer_prediction` does). A real copy runs
+    slower than the datasheet's bandwidth, so the datasheet's time is the shortest a copy
+    can take, not the time it takes.
     """
-    if nbytes < 0:
-        raise ValueError(f"Invalid nbytes: {nbytes} (need at least 0)")
+    check_int("nbytes", nbytes, minimum=0)
+    check_instance("gpu", gpu, GPUSpec, hint="trainfast.gpus.GPUS holds one per GPU")
+    if bytes_per_s is not None:
+        check_positive_number("bytes_per_s", bytes_per_s)
+        return nbytes / bytes_per_s
     return nbytes / (gpu.pcie_bytes_per_s / 2)
 
 
-def prefetch_saving_seconds(nbytes: int, gpu: GPUSpec, steps: int) -> float:
+def prefetch_saving_seconds(
+    nbytes: int, gpu: GPUSpec, steps: int, *, bytes_per_s: float | None = None
+) -> float:
     """Predicted time per step that prefetching saves in :func:`copy_compute_overlap`.
 
     Each timed sample of ``steps`` steps builds a new :class:`CudaPrefetcher` on an idle GPU, so
     its first copy overlaps nothing; each of the other ``steps - 1`` copies can hide behind the
-    previous step's compute, when that is at least as long. So at most ``(steps - 1) / steps``
-    of :func:`host_to_device_seconds`, at the datasheet's bandwidth: a copy that runs slower
-    takes longer and has more to hide.
+    previous step's compute, when that is at least as long. So ``(steps - 1) / steps`` of
+    :func:`host_to_device_seconds`, at ``bytes_per_s`` where given. That is a bound only at the
+    bandwidth the copy really runs at: at the datasheet's (the default) the copy is predicted
+    shorter than it is, and a measured saving can exceed the prediction.
     """
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"Invalid steps: {steps!r} (need an int of at least 1)")
-    return (steps - 1) / steps * host_to_device_seconds(nbytes, gpu)
+    check_int("steps", steps, minimum=1)
+    return (steps - 1) / steps * host_to_device_seconds(nbytes, gpu, bytes_per_s=bytes_per_s)
+
+
+def pinned_bandwidth(record: Record) -> float:
+    """Bytes per second a ``host-transfers`` record measured for a pinned host-to-device copy;
+    ``ValueError`` naming the record if it has no such row."""
+    for row in record.rows:
+        if row.get("operation") == "host to device, pinned" and row.get("gb_per_s"):
+            return float(row["gb_per_s"]) * 1e9
+    raise ValueError(f"Record {record.name!r} has no 'host to device, pinned' row")
 
 
 class CudaPrefetcher:

@@ -23,6 +23,8 @@ from collections import Counter
 import torch
 from torch.utils.data import Dataset
 
+from trainfast.validation import check_int
+
 __all__ = ["TokenWindows", "WordTokenizer", "python_docs_text"]
 
 _WORD = re.compile(r"\w+|[^\w\s]")  # a run of letters/digits/underscores, or one punctuation mark
@@ -63,8 +65,7 @@ class TokenWindows(Dataset):
     """
 
     def __init__(self, text: str, tokenizer: WordTokenizer, seq_len: int) -> None:
-        if seq_len < 1:
-            raise ValueError(f"Invalid seq_len: {seq_len} (need at least 1)")
+        check_int("seq_len", seq_len, minimum=1)
         starts = [match.start() for match in _WORD.finditer(text)]  # where each word begins
         n_words = len(starts)
         starts.append(len(text))  # the end of the last word's window

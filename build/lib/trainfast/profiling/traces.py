@@ -42,7 +42,8 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
-from trainfast.validation import plural
+from trainfast.device import parse_device
+from trainfast.validation import check_flag, check_int, output_folder, plural
 
 __all__ = [
     "OperatorTime",
@@ -130,11 +131,25 @@ def profiler_activities(device: torch.device | str | None) -> list[ProfilerActiv
     Without ``ProfilerActivity.CUDA`` the profiler records only the host side: the operators and
     their launches, and no kernel at all, so a GPU trace would show nothing of the GPU.
     """
-    device = torch.device(device) if device is not None else torch.device("cpu")
+    device = parse_device(device) if device is not None else torch.device("cpu")
     activities = [ProfilerActivity.CPU]
     if device.type == "cuda":
         activities.append(ProfilerActivity.CUDA)
     return activities
+
+
+def _check_profile_arguments(
+    step_fn: object, wait: int, warmup: int, active: int, row_limit: int, *flags: bool
+) -> None:
+    """:func:`profile_steps`'s arguments, each named if wrong (``warmup=1.5`` would otherwise
+    reach ``range()``, ``record_shapes='no'`` be taken for True)."""
+    if not callable(step_fn):
+        raise ValueError(f"Invalid step_fn: {step_fn!r:.80} (expected a function to call)")
+    for name, value, least in (("wait", wait, 0), ("warmup", warmup, 0), ("active", active, 1)):
+        check_int(name, value, minimum=least)
+    check_int("row_limit", row_limit, minimum=1)
+    for name, flag in zip(("record_shapes", "profile_memory", "with_stack"), flags, strict=True):
+        check_flag(name, flag)
 
 
 def profile_steps(
@@ -159,12 +174,10 @@ def profile_steps(
     and ``with_stack`` are the profiler's own options; each makes the trace larger and slower
     to record. Pass the ``device`` the step runs on: the default, the CPU, records no kernel.
     """
-    for name, value, least in (("wait", wait, 0), ("warmup", warmup, 0), ("active", active, 1)):
-        if value < least:
-            raise ValueError(f"Invalid {name}: {value} (need at least {least})")
-    device = torch.device(device) if device is not None else torch.device("cpu")
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    flags = (record_shapes, profile_memory, with_stack)
+    _check_profile_arguments(step_fn, wait, warmup, active, row_limit, *flags)
+    device = parse_device(device) if device is not None else torch.device("cpu")
+    out_dir = output_folder("out_dir", out_dir)
     trace = out_dir / "trace.json.gz"
     activities = profiler_activities(device)
 
@@ -222,8 +235,7 @@ def operator_table(profile: StepProfile, rows: int = 12) -> str:
     page can lay out: milliseconds per step, each row's share of the step's self time, and the
     device columns only when the profile has device time.
     """
-    if rows < 1:
-        raise ValueError(f"Invalid rows: {rows} (need at least 1)")
+    check_int("rows", rows, minimum=1)
     steps = profile.active_steps
     on_device = any(row.self_device_s > 0 for row in profile.operators)
     kind = "self_device_s" if on_device else "self_cpu_s"
@@ -246,22 +258,38 @@ def operator_table(profile: StepProfile, rows: int = 12) -> str:
 #: Chrome-trace categories of work on the GPU itself (Kineto's names).
 DEVICE_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 
+#: CUDA runtime calls in which the host thread waits for the GPU (category ``cuda_runtime``): a
+#: synchronising read (``.item()``: ``aten::_local_scalar_dense`` around a copy and a
+#: ``cudaStreamSynchronize``), a blocking copy, an explicit synchronize. The host is inside an
+#: ATen operator then, but it is waiting, not working.
+HOST_WAITS = (
+    "cudaStreamSynchronize",
+    "cudaDeviceSynchronize",
+    "cudaEventSynchronize",
+    "cudaStreamWaitEvent",
+    "cudaMemcpy",
+)
+
 
 @dataclass(frozen=True)
 class TraceTimes:
     """Busy and idle time over the recorded steps of a trace (:func:`trace_times`), in seconds.
 
-    ``host_busy_s``: some ATen operator was running on some host thread (the rest of the host's
-    time went to Python, the data loader, the profiler, or waiting). ``device_busy_s``: some
-    kernel, copy or memset was running on the GPU (0 in a CPU-only trace). ``overlap_s``: both
-    at once, the host queueing work while the GPU ran earlier work, which is what keeps a GPU
-    fed. Each is a union of intervals, so nested or concurrent events count once.
+    ``host_busy_s``: some ATen operator was running on some host thread and that thread was not
+    waiting for the GPU (the rest of the host's time went to Python, the data loader, the
+    profiler, or waiting). ``host_waiting_s``: a host thread was inside one of the CUDA calls
+    that wait for the GPU (:data:`HOST_WAITS`: a synchronising ``.item()``, a blocking copy, a
+    synchronize), which happens inside an ATen operator but is not work. ``device_busy_s``: some
+    kernel, copy or memset was running on the GPU (0 in a CPU-only trace). ``overlap_s``: the
+    host busy while the GPU ran earlier work, which is what keeps a GPU fed. Each is a union of
+    intervals, so nested or concurrent events count once.
     """
 
     span_s: float
     host_busy_s: float
     device_busy_s: float
     overlap_s: float
+    host_waiting_s: float = 0.0
 
     @property
     def host_busy_fraction(self) -> float:
@@ -304,11 +332,31 @@ def _intersection(a: list[tuple[float, float]], b: list[tuple[float, float]]) ->
     return total
 
 
+def _difference(
+    a: list[tuple[float, float]], b: list[tuple[float, float]]
+) -> list[tuple[float, float]]:
+    """The parts of sorted, disjoint intervals ``a`` that no interval of ``b`` covers."""
+    left: list[tuple[float, float]] = []
+    for start, end in a:
+        for cut_start, cut_end in b:
+            if cut_end <= start or cut_start >= end:
+                continue
+            if cut_start > start:
+                left.append((start, cut_start))
+            start = max(start, cut_end)
+            if start >= end:
+                break
+        if start < end:
+            left.append((start, end))
+    return left
+
+
 def trace_times(trace: StepProfile | str | Path) -> TraceTimes:
     """Busy, idle and overlapping time in a Chrome trace from profile_steps().
 
     The span runs from the start of the first ProfilerStep# to the end of the last; events
-    are clipped to it. Host time counts cpu_op events (ATen operators), device time the
+    are clipped to it. Host time counts cpu_op events (ATen operators) less the CUDA calls of
+    HOST_WAITS inside them, which are waiting (host_waiting_s); device time the
     DEVICE_CATEGORIES. Raises ValueError naming the file if it is not a complete JSON trace
     or has no step.
     """
@@ -328,20 +376,22 @@ def trace_times(trace: StepProfile | str | Path) -> TraceTimes:
     first = min(float(e["ts"]) for e in steps)
     last = max(float(e["ts"]) + float(e["dur"]) for e in steps)
 
-    def busy(categories: tuple[str, ...]) -> list[tuple[float, float]]:
+    def busy(categories: tuple[str, ...], names: tuple[str, ...] = ()) -> list[tuple[float, float]]:
         clipped = [
             (max(first, float(e["ts"])), min(last, float(e["ts"]) + float(e["dur"])))
             for e in complete
-            if e.get("cat") in categories
+            if e.get("cat") in categories and (not names or e.get("name") in names)
         ]
         return _union([(start, end) for start, end in clipped if end > start])
 
-    host, device = busy(("cpu_op",)), busy(DEVICE_CATEGORIES)
+    waiting = busy(("cuda_runtime", "cuda_driver"), HOST_WAITS)
+    host, device = _difference(busy(("cpu_op",)), waiting), busy(DEVICE_CATEGORIES)
     return TraceTimes(
         span_s=(last - first) / 1e6,  # the trace's timestamps are microseconds
         host_busy_s=_length(host) / 1e6,
         device_busy_s=_length(device) / 1e6,
         overlap_s=_intersection(host, device) / 1e6,
+        host_waiting_s=_length(waiting) / 1e6,
     )
 
 

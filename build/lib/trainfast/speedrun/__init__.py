@@ -1,12 +1,19 @@
-"""The capstone: one model trained to a target validation loss as fast as possible.
+"""The capstone: one model trained to a target held-out loss as fast as possible.
 
-:mod:`~trainfast.speedrun.data` makes the offline corpus, its tokenizer and non-repeating token
-streams; :mod:`~trainfast.speedrun.harness` defines a :class:`SpeedrunConfig` (a frozen
-configuration that names every technique) and trains it until the validation loss first
-reaches the target, timing the training apart from the evaluation.
+:mod:`~trainfast.speedrun.data` makes the offline corpus, its tokenizer, the batches (a
+non-repeating stream, or random windows) and the evaluation windows;
+:mod:`~trainfast.speedrun.references` the unigram and bigram count models' losses that place a
+target; :mod:`~trainfast.speedrun.harness` defines a :class:`SpeedrunConfig` (a frozen
+configuration that names every technique) and trains it until the held-out loss first reaches
+the target, timing the training apart from the evaluation; :mod:`~trainfast.speedrun.checkpoint`
+stops and resumes a run exactly. :mod:`~trainfast.speedrun.changes` holds the log,
+:mod:`~trainfast.speedrun.protocol` the run order and keep rule, :mod:`~trainfast.speedrun.study`
+runs them into a record, :mod:`~trainfast.speedrun.headline` and :mod:`~trainfast.speedrun.gains`
+read it; :mod:`~trainfast.speedrun.gpu` sizes and predicts the GPU log.
 """
 
-from trainfast.speedrun.data import PreparedData, TokenStream, prepare
+from trainfast.speedrun.checkpoint import Checkpointing
+from trainfast.speedrun.data import PreparedData, RandomWindows, TokenStream, prepare
 from trainfast.speedrun.harness import (
     Comparison,
     RunResult,
@@ -17,8 +24,10 @@ from trainfast.speedrun.harness import (
 )
 
 __all__ = [
+    "Checkpointing",
     "Comparison",
     "PreparedData",
+    "RandomWindows",
     "RunResult",
     "SpeedrunConfig",
     "Target",

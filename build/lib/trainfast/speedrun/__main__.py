@@ -2,18 +2,25 @@
 
 Examples::
 
-    python -m trainfast.speedrun --preset cpu                       # the whole log, 3 seeds
-    python -m trainfast.speedrun --preset cpu --entry baseline SDPA --seeds 2
+    python -m trainfast.speedrun --preset cpu --log --ablation    # the whole study (the record's)
     python -m trainfast.speedrun --preset cpu --ablation --compare-to book
+    python -m trainfast.speedrun --preset cpu --entry baseline SDPA --seeds 5
+    python -m trainfast.speedrun --preset gpu                     # the GPU log, on a GPU
 
-The whole log (``--log``, the default) keeps each change only if it beats the noise
-(:func:`~trainfast.speedrun.study.run_log`). ``--entry`` and ``--ablation`` alone build their
-entries with the changes the book's record did not keep left out, so that they are the book's.
+``--log`` (the default) runs the whole study (:func:`~trainfast.speedrun.study.run_log`): every
+change decided on the tune split, then the baseline and final entry afresh on the validation
+split; with ``--ablation`` too, the final entry without each kept change. ``--ablation`` alone
+runs only that last block: the baseline, the final entry and the ablation rows, interleaved on
+the validation split, with the book's record's keep decisions, so every ablation row has the
+final entry it is compared with. ``--entry`` runs the entries named, interleaved, on
+``--split`` (default validation), with the book's keep decisions.
 
-Each evaluation prints a line (step, validation loss against the target, training tokens per
-second); the end prints one line per entry: median time to the target, spread, tokens, the
-speed-up over the entry it is compared with, and the rank-sum verdict. ``--compare-to book``
-puts the book's committed record of the same preset beside it (or give a record's JSON file).
+PyTorch's default thread count is the baseline's (set ``OMP_NUM_THREADS`` to change it).
+Each evaluation prints a line (step, held-out loss against the target, training tokens per
+second); the end prints one line per entry: median time to the target, tokens, tokens/s, the
+time ratio to the entry it is compared with and its two factors (tokens, tokens/s), and the
+verdict. ``--compare-to book`` puts the book's committed record of the same preset beside it
+(or give a record's JSON file); it refuses a record of another preset, corpus or target.
 """
 
 from __future__ import annotations
@@ -24,14 +31,13 @@ import shlex
 import sys
 from pathlib import Path
 
-import torch
-
 from trainfast.device import environment_line, pick_device
 from trainfast.files import read_json
 from trainfast.records import Record, records_for, write_record
-from trainfast.speedrun.changes import PRESETS, entries, preset
+from trainfast.speedrun.changes import PRESETS, Entry, entries, final_entry, preset
 from trainfast.speedrun.study import (
     RECORD_NAME,
+    check_comparable,
     dropped_changes,
     run_log,
     run_study,
@@ -50,72 +56,120 @@ def _positive_int(text: str) -> int:
 
 
 def book_record(preset_name: str, source: str) -> Record:
-    """The record to compare with: ``"book"`` (the book's CPU record of ``preset_name``) or a
-    record's JSON file. ``ValueError`` naming ``source`` if there is none."""
+    """The record to compare with: ``"book"`` (the book's record of ``preset_name`` in this
+    edition's columns) or a record's JSON file. ``ValueError`` naming ``source`` if none."""
     if source == "book":
         found = [
             r
             for r in records_for(RECORD_NAME, device=None)
-            if r.rows and r.rows[0]["preset"] == preset_name
+            if r.rows and r.rows[0].get("preset") == preset_name and "block" in r.columns
         ]
         if not found:
-            raise ValueError(f"--compare-to book: the book has no record of preset {preset_name!r}")
+            raise ValueError(
+                f"--compare-to book: the book has no record of preset {preset_name!r} "
+                "measured by this edition of the study"
+            )
         return found[0]
     path = Path(source)
     if not path.is_file():
         raise ValueError(f"--compare-to {source!r}: no such record file")
-    return Record.from_dict(read_json(path), source=source)
+    record = Record.from_dict(read_json(path), source=source)
+    if "block" not in record.columns:
+        raise ValueError(f"--compare-to {source!r}: a record of the first edition's study")
+    return record
+
+
+def ablation_block(chosen, dropped: set[str]) -> list[Entry]:
+    """What ``--ablation`` alone runs: the baseline, the final entry (by the keep decisions in
+    ``dropped``) and the final entry without each kept learning change."""
+    final = final_entry(chosen, dropped)
+    planned = entries(chosen, ["baseline", final], dropped=dropped)
+    planned = [
+        Entry("validation", planned[0].config, None, planned[0].reason),
+        Entry("validation", planned[-1].config, "baseline", "the final entry", planned[-1].kind),
+    ]
+    return planned + entries(chosen, parts=("ablation",), dropped=dropped)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m trainfast.speedrun", description=__doc__)
-    parser.add_argument("--preset", default="cpu", help=f"one of {sorted(PRESETS)}")
+    parser = argparse.ArgumentParser(
+        prog="python -m trainfast.speedrun",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--preset", default="cpu", help=f"one of {sorted([*PRESETS, 'gpu'])}")
     parser.add_argument("--entry", nargs="+", metavar="NAME", help="run only these entries")
-    parser.add_argument("--log", action="store_true", help="the whole log (the default)")
+    parser.add_argument("--log", action="store_true", help="the whole study (the default)")
     parser.add_argument("--ablation", action="store_true", help="the leave-one-out ablation")
+    parser.add_argument("--split", default="validation", choices=("validation", "tune"))
     parser.add_argument("--seeds", type=_positive_int, help="seeds per entry (default: preset's)")
     parser.add_argument("--device", help="cuda, mps or cpu (default: the best available)")
-    parser.add_argument("--threads", type=_positive_int, default=1, help="torch threads (1)")
     parser.add_argument("--out", help="write the record into this folder")
     parser.add_argument("--compare-to", metavar="book|FILE", help="print a record's beside")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
     args = parser.parse_args(argv)
 
     try:
-        chosen = preset(args.preset)
-        parts = ("log",) * (args.log or not args.ablation) + ("ablation",) * args.ablation
-        whole_log = args.entry is None and "log" in parts and chosen.full_log
-        try:  # the changes the book's own log did not keep
+        device = pick_device(args.device)
+        if args.preset == "gpu":
+            from trainfast.speedrun.gpu import gpu_preset
+
+            chosen = gpu_preset()
+        else:
+            chosen = preset(args.preset)
+        try:  # the changes the book's own study did not keep
             dropped = dropped_changes(book_record(chosen.name, "book"))
         except ValueError:  # the book has no record of this preset
             dropped = set()
-        planned = entries(chosen, args.entry, parts=parts, dropped=dropped)
-        if whole_log and (args.seeds or chosen.seeds) < 3:
-            raise ValueError(
-                f"--seeds {args.seeds}: the whole log needs at least 3 seeds per entry (with "
-                "fewer, no change could be kept); give --entry to run single entries"
-            )
+        whole_log = args.entry is None and (args.log or not args.ablation)
+        whole_log = whole_log and args.preset != "gpu"
+        if args.entry is not None:
+            planned = entries(chosen, args.entry, parts=("log", "ablation"), dropped=dropped)
+        elif not whole_log and args.preset != "gpu":
+            planned = ablation_block(chosen, dropped)
+        else:
+            planned = []
         book = None if args.compare_to is None else book_record(chosen.name, args.compare_to)
-        device = pick_device(args.device)
+        if book is not None:  # before the run: a comparison that cannot be made wastes it
+            check_comparable(_planned_stamp(chosen), book)
     except ValueError as error:
         parser.error(str(error))
-    torch.set_num_threads(args.threads)
     print(environment_line(device), f"load average {os.getloadavg()[0]:.2f}", flush=True)
     options = {
         "seeds": args.seeds,
         "device": device,
         "out": args.out,
         "progress": None if args.quiet else lambda line: print(line, flush=True),
-        "command": shlex.join(["python", "-m", "trainfast.speedrun", *(argv or sys.argv[1:])]),
     }
-    if whole_log:
-        record = run_log(chosen, ablation=args.ablation, **options)
-    else:
-        record = run_study(chosen, planned, **options)
+    command = shlex.join(["python", "-m", "trainfast.speedrun", *(argv or sys.argv[1:])])
+    try:
+        if args.preset == "gpu":
+            from trainfast.speedrun.gpu import run_gpu_log
+
+            record = run_gpu_log(chosen=chosen, **options)
+        elif whole_log:
+            record = run_log(chosen, ablation=args.ablation, command=command, **options)
+        else:
+            record = run_study(chosen, planned, split=args.split, command=command, **options)
+    except ValueError as error:
+        parser.error(str(error))
     if args.out:
         print(f"wrote {write_record(record, args.out)}")
     print(summary_table(record, book))
     return 0
+
+
+def _planned_stamp(chosen) -> Record:
+    """A record of no runs that says what a run of ``chosen`` would measure: its preset, its
+    corpus's SHA-256 (the corpus is prepared, or read from the cache) and its target."""
+    from trainfast.speedrun.study import prepared
+
+    row = {
+        "preset": chosen.name,
+        "corpus_sha256": prepared(chosen).corpus_sha256,
+        "target_loss": chosen.target.loss,
+    }
+    return Record(RECORD_NAME, "", list(row), [row], {}, "", "")
 
 
 if __name__ == "__main__":

@@ -16,8 +16,17 @@ tuned on it), 2 % *tune* (for choosing hyperparameters) and the rest *train*.
 **The tokens.** A byte-level BPE tokenizer (Hugging Face ``tokenizers``, as GPT-2's) is trained
 on the training split only; each split is then encoded once into a flat ``uint16`` memmap
 (``train.bin`` ...), as nanoGPT's ``prepare.py`` does, with an end-of-text token between files.
-:class:`TokenStream` hands out consecutive, non-overlapping windows, so a run sees no token twice
-before it has used the whole split (and says so when it has).
+
+**The batches.** Two orders, behind one interface (``next_batch``, ``state_dict``,
+``load_state_dict``): :class:`TokenStream` hands out non-overlapping windows in one shuffled
+order fixed by its seed, so a run sees no token twice before it has used the whole split (and
+says so when it has); :class:`RandomWindows` draws each window's start at random from the whole
+memmap, as nanoGPT's ``get_batch`` does, so windows may overlap and repeat but a run never runs
+out. Both can save and restore their position exactly, for a checkpointed run.
+
+**The evaluation.** :func:`evaluation_windows` takes windows at evenly spaced starts over the
+whole of a split, so a loss measured on them stands for every file of it, not for the few files
+at its start.
 """
 
 from __future__ import annotations
@@ -33,11 +42,16 @@ import torch
 from trainfast.validation import check_positive
 
 __all__ = [
+    "BATCH_ORDERS",
     "END_OF_TEXT",
     "SPLITS",
     "PreparedData",
+    "RandomWindows",
     "TokenStream",
+    "batches",
     "corpus_files",
+    "evaluation_starts",
+    "evaluation_windows",
     "prepare",
     "split_of",
     "torch_sources",
@@ -200,17 +214,22 @@ def prepare(
     return PreparedData(folder, sha, vocab_size, counts)
 
 
+def _windows_at(tokens: np.ndarray, starts: np.ndarray, seq_len: int) -> torch.Tensor:
+    rows = np.stack([tokens[i : i + seq_len + 1] for i in starts]).astype(np.int64)
+    return torch.from_numpy(rows)  # (windows, seq + 1)
+
+
 class TokenStream:
     """Non-overlapping ``(inputs, targets)`` windows of a token array, in a fixed shuffled order.
 
     The array is cut into windows of ``seq_len`` input tokens (window ``i`` starts at token
     ``i * seq_len``; its targets are the same tokens shifted by one). Each call of
     :meth:`next_batch` takes the next ``batch`` windows of one permutation of them, fixed by
-    ``order_seed`` and the same for every run, so no input token is trained on twice and a
-    batch mixes text from across the split: a run does not meet the corpus file by file, whose
-    changes of style would show as bumps in every loss curve (the files of one package differ
-    more than the pages of a web crawl). When the windows run out it raises, naming how many
-    tokens were used, instead of silently wrapping around.
+    ``order_seed`` (a study gives each seed its own), so no input token is trained on twice and
+    a batch mixes text from across the split: a run does not meet the corpus file by file,
+    whose changes of style would show as bumps in every loss curve (the files of one package
+    differ more than the pages of a web crawl). When the windows run out it raises, naming how
+    many tokens were used, instead of silently wrapping around.
     """
 
     def __init__(self, tokens: np.ndarray, batch: int, seq_len: int, order_seed: int = 0) -> None:
@@ -235,6 +254,96 @@ class TokenStream:
         starts = self.order[self.position : self.position + self.batch] * self.seq_len
         self.position += self.batch
         self.used += self.batch * self.seq_len
-        rows = np.stack([self.tokens[i : i + self.seq_len + 1] for i in starts]).astype(np.int64)
-        window = torch.from_numpy(rows)  # (batch, seq + 1)
+        window = _windows_at(self.tokens, starts, self.seq_len)
         return window[:, :-1], window[:, 1:]  # inputs, and targets shifted by one
+
+    def state_dict(self) -> dict[str, int]:
+        """Where the stream is: enough, with the same tokens and seed, to go on exactly."""
+        return {"position": self.position, "used": self.used}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.position, self.used = int(state["position"]), int(state["used"])
+
+
+class RandomWindows:
+    """``(inputs, targets)`` windows whose starts are drawn uniformly from the whole array.
+
+    nanoGPT's ``get_batch``: ``torch.randint(len(data) - block_size, (batch_size,))``, here with
+    a NumPy generator of its own (seeded by ``order_seed``), so the draws do not depend on how
+    many random numbers the model's initialisation took. Windows can overlap and a token can be
+    trained on twice in one run; in return the stream never runs out. ``used`` counts the input
+    tokens handed out, repeats included.
+    """
+
+    def __init__(self, tokens: np.ndarray, batch: int, seq_len: int, order_seed: int = 0) -> None:
+        check_positive("batch", batch)
+        check_positive("seq_len", seq_len)
+        if len(tokens) < seq_len + 1:
+            raise ValueError(
+                f"Invalid seq_len: {seq_len} (the array has {len(tokens)} tokens: no window)"
+            )
+        self.tokens, self.batch, self.seq_len = tokens, batch, seq_len
+        self.generator = np.random.default_rng(order_seed)
+        self.used = 0
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        starts = self.generator.integers(0, len(self.tokens) - self.seq_len, size=self.batch)
+        self.used += self.batch * self.seq_len
+        window = _windows_at(self.tokens, starts, self.seq_len)
+        return window[:, :-1], window[:, 1:]
+
+    def state_dict(self) -> dict:
+        return {"generator": self.generator.bit_generator.state, "used": self.used}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.generator.bit_generator.state = state["generator"]
+        self.used = int(state["used"])
+
+
+#: The batch orders a run can take its windows in (:func:`batches`).
+BATCH_ORDERS = ("stream", "random")
+
+
+def batches(
+    order: str, tokens: np.ndarray, batch: int, seq_len: int, order_seed: int = 0
+) -> TokenStream | RandomWindows:
+    """The batch source called ``order``: ``"stream"`` (:class:`TokenStream`) or ``"random"``
+    (:class:`RandomWindows`)."""
+    if order == "stream":
+        return TokenStream(tokens, batch, seq_len, order_seed)
+    if order == "random":
+        return RandomWindows(tokens, batch, seq_len, order_seed)
+    raise ValueError(f"Invalid batch order: {order!r} (expected one of {BATCH_ORDERS})")
+
+
+def evaluation_starts(length: int, seq_len: int, eval_tokens: int) -> np.ndarray:
+    """Where the ``eval_tokens // seq_len`` evaluation windows of a split of ``length`` tokens
+    start: evenly spaced from its first token to the last window (with its target) that fits.
+    ``ValueError`` if they would overlap (ask for fewer)."""
+    check_positive("seq_len", seq_len)
+    check_positive("eval_tokens", eval_tokens)
+    count = eval_tokens // seq_len
+    if count < 1:
+        raise ValueError(
+            f"Invalid eval_tokens: {eval_tokens} (fewer than one window of {seq_len} tokens)"
+        )
+    last = length - seq_len - 1  # the last start whose window (with its target) fits
+    if last < 0 or (count > 1 and last // (count - 1) < seq_len):
+        raise ValueError(
+            f"Invalid eval_tokens: {eval_tokens} ({count} windows of {seq_len} tokens do not "
+            f"fit without overlapping targets in a split of {length:,} tokens)"
+        )
+    return np.arange(count) * last // max(count - 1, 1)  # 0, ..., last: at least seq_len apart
+
+
+def evaluation_windows(tokens: np.ndarray, seq_len: int, eval_tokens: int) -> torch.Tensor:
+    """``eval_tokens // seq_len`` windows of ``seq_len + 1`` tokens (inputs and the targets one
+    later), at the starts :func:`evaluation_starts` spreads over the whole split, so that every
+    part of it counts, unlike its first ``eval_tokens`` tokens (a few files). ``ValueError`` if
+    they would overlap (ask for fewer).
+
+    Returns an int64 tensor of shape ``(windows, seq_len + 1)``; the reference losses of
+    :mod:`trainfast.speedrun.references` and the harness's evaluation both read these windows.
+    """
+    starts = evaluation_starts(len(tokens), seq_len, eval_tokens)
+    return _windows_at(tokens, starts, seq_len)

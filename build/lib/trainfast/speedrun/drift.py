@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from trainfast.speedrun.study import Summary
+from trainfast.speedrun.first_edition import Summary
 from trainfast.validation import check_number
 
 __all__ = ["LoadDrift", "load_drift", "time_ratio"]

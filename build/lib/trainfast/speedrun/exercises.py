@@ -59,6 +59,10 @@ _BREAKDOWNS = [
     ({"attention": 90.0, "matmuls": 60.0, "optimizer": 10.0, "data": 5.0}, 10.0),
     ({"attention": 90.0, "matmuls": 60.0, "optimizer": 10.0, "data": 5.0}, 1.0),
     ({"attention": 10.0, "matmuls": 30.0, "optimizer": 60.0, "data": 40.0}, 0.5),
+    # Amdahl's t (1 - 1/s) picks bf16 matmuls (22.5 ms); t s and t (s - 1) pick the loader
+    ({"attention": 10.0, "matmuls": 45.0, "optimizer": 10.0, "data": 25.0}, 10.0),
+    # the winner needs exactly the memory left: it fits
+    ({"attention": 10.0, "matmuls": 100.0, "optimizer": 10.0, "data": 5.0}, 0.5),
 ]
 #: name -> (the part of the step it speeds up, by what factor, extra memory in GB)
 CANDIDATES: dict[str, tuple[str, float, float]] = {
@@ -110,7 +114,16 @@ def check_bf16_pays(bf16_pays: Callable[[int, int, float, float, float], bool]) 
     spec = GPUS["H100 SXM 80GB"]  # the book's datasheet figures: fp32, dense bf16, HBM bytes/s
     h100 = (spec.peak_flops["fp32"], spec.peak_flops["bf16"], spec.hbm_bytes_per_s)
     cpu = (50e9, 25e9, 20e9)  # made up: bf16 at half the fp32 rate, 20 GB/s
-    cases = [(4096, 8192, h100), (128, 1024, h100), (16, 1, h100), (128, 1024, cpu)]
+    # the last two are small enough for the bytes to decide: they reject bf16 moving 4 bytes,
+    # the cast priced at 4 or 12 bytes a weight, activations counted once and times summed
+    cases = [
+        (4096, 8192, h100),
+        (128, 1024, h100),
+        (16, 1, h100),
+        (128, 1024, cpu),
+        (8, 8, h100),
+        (8, 16, h100),
+    ]
     results = []
     for width, tokens, machine in cases:
         expected = bf16_pays_model(width, tokens, *machine)

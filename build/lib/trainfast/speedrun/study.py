@@ -1,19 +1,25 @@
-"""Run entries of the log for several seeds, write one record, and judge each change.
+"""Run the log's comparisons interleaved, keep changes on the tune split, measure the headline
+afresh on the validation split, and write it all as one record.
 
-:func:`run_study` trains every entry for every seed with :func:`~trainfast.speedrun.run_to_target`
-and returns a :class:`~trainfast.records.Record` with one row per (entry, seed): the time to the
-target on the training clock, the evaluation time kept apart, tokens, steps, the last
-validation loss, whether the target was reached, the machine's load average (one minute, from
-``os.getloadavg``) before and after the run, and the corpus's SHA-256. ``complete`` says whether
-every planned run is in the record: a study cut short by a time limit writes what finished,
-after each entry, with ``complete`` false. :func:`summarize` turns the rows into the chapter's
-table: per entry the median time and its spread, the tokens to the target, the ratio to the
-entry it is compared with, and the rank-sum verdict (:func:`~trainfast.speedrun.compare`).
+:func:`run_log` follows the rules of :mod:`trainfast.speedrun.protocol`, declared in the
+record's description before the first run:
 
-With three seeds against three, the exact two-sided rank-sum p-value cannot go below 0.1 (two
-of the twenty ways of splitting six runs put all of one side first). The study therefore calls a
-change *beyond the noise* at p <= 0.1, which with three seeds means that every run of it beat
-every run of the entry before; "did not pay" is the same test the other way round.
+1. **Keep decisions, on the tune split.** Each change of the log is measured on top of the
+   last entry kept, in a *block* of its own: the two entries, every seed, interleaved round by
+   round (A1 B1 A2 B2 ...). The keep rule (:class:`~trainfast.speedrun.protocol.KeepRule`,
+   time, one-sided rank-sum test) decides; tokens and tokens/s are reported.
+2. **The headline, on the validation split.** Once the log is decided, the baseline, the final
+   entry and (with ``ablation``) the final entry without each kept learning change are
+   measured again, fresh, in one interleaved block on the validation split, which no decision
+   has looked at. The headline (:func:`headline_of`) is the ratio of the baseline's and the
+   final entry's median times in that block, with its bootstrap interval.
+
+Each row is one run: its part, block, entry, the entry it is compared with, seed, split, the
+time on the training clock (evaluation timed apart), tokens, tokens/s, the last held-out loss,
+whether it reached the target, the unigram and bigram count models' losses on the same windows
+(:mod:`trainfast.speedrun.references`), the threads, the machine's load average before and
+after, the corpus's SHA-256 and the CPU it ran on (:mod:`trainfast.speedrun.machine`). The
+record is written after every run; ``complete`` is false until the last.
 """
 
 from __future__ import annotations
@@ -21,29 +27,35 @@ from __future__ import annotations
 import os
 import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from trainfast.records import Record, make_record, write_record
-from trainfast.speedrun.changes import Entry, Preset
+from trainfast.speedrun.changes import NEEDS_BF16, Entry, Preset
 from trainfast.speedrun.data import PreparedData, prepare
-from trainfast.speedrun.harness import RunResult, compare, run_to_target
+from trainfast.speedrun.gains import Gain, gain, median_throughput
+from trainfast.speedrun.harness import RunResult, Target, run_to_target
+from trainfast.speedrun.headline import Headline, headline
+from trainfast.speedrun.machine import describe_cpu
+from trainfast.speedrun.protocol import Decision, KeepRule, interleaved
+from trainfast.speedrun.references import ReferenceLosses, reference_losses
 from trainfast.timing import rank_sum_test
 
 __all__ = [
-    "ALPHA",
+    "ABLATION_ALPHA",
     "RECORD_NAME",
-    "AblationReading",
+    "BlockReading",
     "Summary",
+    "blocks",
     "cache_folder",
+    "check_comparable",
     "dropped_changes",
+    "headline_of",
     "merge_records",
     "prepared",
-    "read_ablation",
-    "results_of",
     "run_log",
     "run_study",
     "speedrun_record",
@@ -52,9 +64,16 @@ __all__ = [
 ]
 
 RECORD_NAME = "speedrun"
-ALPHA = 0.1  # the smallest two-sided p-value three seeds against three can reach
+ABLATION_ALPHA = 0.05  # two-sided: taking a change out can make the final entry slower or faster
 
-_UNITS = {"train_seconds": "s", "eval_seconds": "s", "target_loss": "nats/token"}
+_UNITS = {
+    "train_seconds": "s",
+    "eval_seconds": "s",
+    "tokens_per_second": "tokens/s",
+    "target_loss": "nats/token",
+    "unigram_loss": "nats/token",
+    "bigram_loss": "nats/token",
+}
 
 
 def cache_folder(chosen: Preset) -> Path:
@@ -72,128 +91,63 @@ def prepared(chosen: Preset) -> PreparedData:
     )
 
 
-def _row(entry: Entry, result: RunResult, chosen: Preset, data, before: float) -> dict[str, Any]:
-    return {
-        "part": entry.part,
-        "entry": entry.name,
-        "compared_to": entry.compared_to or "",
-        "seed": result.seed,
-        "reached": result.reached,
-        "train_seconds": result.train_seconds,
-        "eval_seconds": result.eval_seconds,
-        "steps": result.steps,
-        "tokens": result.tokens,
-        "final_loss": result.final_loss,
-        "target_loss": chosen.target.loss,
-        "preset": chosen.name,
-        "load_before": before,
-        "load_after": os.getloadavg()[0],
-        "corpus_sha256": data.corpus_sha256,
-        "complete": False,
-    }
-
-
-def run_study(
-    chosen: Preset,
-    planned: Sequence[Entry],
-    *,
-    seeds: int | None = None,
-    device: torch.device | None = None,
-    out: str | Path | None = None,
-    progress: Callable[[str], None] | None = print,
-    description: str = "",
-    command: str | None = None,
-) -> Record:
-    """Train every entry of ``planned`` for ``seeds`` seeds (default: the preset's).
-
-    With ``out``, the record is written there after each entry (``complete`` false until the
-    last), so a study stopped by a time limit keeps what it finished.
-    """
-    if not planned:
-        raise ValueError("run_study needs at least one entry")
-    study = _Study(chosen, seeds, device, out, progress, description, command)
-    for entry in planned:
-        study.measure(entry, last=entry is planned[-1])
-    return study.record
-
-
-def run_log(
-    chosen: Preset,
-    *,
-    ablation: bool = True,
-    seeds: int | None = None,
-    device: torch.device | None = None,
-    out: str | Path | None = None,
-    progress: Callable[[str], None] | None = print,
-    command: str | None = None,
-) -> Record:
-    """The log as a speedrun keeps one: each change of :data:`~trainfast.speedrun.changes.LOG` is
-    measured on top of the last entry that was kept, and kept only if it beats that entry
-    beyond the noise, in time, or in tokens without a time slower beyond the noise
-    (:attr:`Summary.kept`); then the tried changes on the final entry and,
-    with ``ablation``, the final entry without each kept change. What was dropped can be read
-    back from the record (:func:`dropped_changes`)."""
-    from trainfast.speedrun.changes import LOG, log
-    from trainfast.speedrun.changes import ablation as ablation_entries
-
-    text = (
-        f"Time to a validation loss of {chosen.target.loss} on the '{chosen.name}' preset, "
-        f"{chosen.seeds if seeds is None else seeds} seeds per entry, one run at a time; the "
-        "clock counts training only. Each change of the log was measured on the last entry "
-        "kept and kept only if it beat the noise, in time or in tokens."
-    )
-    study = _Study(chosen, seeds, device, out, progress, text, command)
-    if study.seeds < 3:  # 2 against 2 cannot reach p <= 0.1: every change would be dropped
-        raise ValueError(
-            f"Invalid seeds: {study.seeds} (the log needs at least 3 per entry: with fewer, "
-            f"no rank-sum p-value reaches {ALPHA} and no change could be kept)"
-        )
-    dropped: set[str] = set()
-    for i in range(len(LOG) + 1):
-        entry = log(chosen, dropped)[i]
-        study.measure(entry, last=False)
-        if i and entry.name in dropped_changes(study.record):
-            dropped.add(entry.name)
-    rest = log(chosen, dropped)[len(LOG) + 1 :]
-    rest += ablation_entries(chosen, dropped) if ablation else []
-    for entry in rest:
-        study.measure(entry, last=entry is rest[-1])
-    if not rest:
-        study.finish()
-    return study.record
-
-
-def dropped_changes(record: Record, alpha: float = ALPHA) -> set[str]:
-    """The changes of the log that ``record``'s study did not keep (:attr:`Summary.kept`)."""
-    from trainfast.speedrun.changes import LOG
-
-    names = {change.name for change in LOG}
-    return {
-        s.entry
-        for s in summarize(record, alpha)
-        if s.part == "log" and s.entry in names and not s.kept
-    }
-
-
 class _Study:
-    """Rows of a study so far, written as a record after every entry."""
+    """Rows of a study so far, written as a record after every run."""
 
     def __init__(self, chosen, seeds, device, out, progress, description, command) -> None:
         seeds = chosen.seeds if seeds is None else seeds
         if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
             raise ValueError(f"Invalid seeds: {seeds!r} (expected an int >= 1)")
-        self.chosen, self.seeds, self.device, self.out = chosen, seeds, device, out
-        self.progress, self.command = progress, command
+        self.chosen, self.seeds, self.out = chosen, seeds, out
+        self.device = device if device is not None else torch.device("cpu")
+        self.progress, self.command, self.text = progress, command, description
         self.data = prepared(chosen)
-        self.text = description or (
-            f"Time to a validation loss of {chosen.target.loss} on the '{chosen.name}' preset, "
-            f"{seeds} seeds per entry; the clock counts training only."
-        )
+        seq, tokens = chosen.shape.seq_len, chosen.target.eval_tokens
+        self.references: dict[str, ReferenceLosses] = {
+            split: reference_losses(self.data, seq, tokens, split=split)
+            for split in ("tune", "validation")
+        }
+        self.cpu = describe_cpu().text() if self.device.type == "cpu" else ""
         self.rows: list[dict[str, Any]] = []
-        self.record: Record
+        self.blocks = 0
+        self.warmed: set[str] = set()
+        self.extra: Callable[[Entry], dict[str, Any]] | None = None  # more columns per row
+        self.record: Record | None = None
 
-    def measure(self, entry: Entry, last: bool) -> None:
-        for seed in range(self.seeds):
+    def check_target(self) -> None:
+        """Refuse a target less than ``min_fraction`` of the way to the bigram loss."""
+        references = self.references["validation"]
+        fraction = references.fraction_of(self.chosen.target.loss)
+        if self.chosen.min_fraction is not None and fraction < self.chosen.min_fraction:
+            raise ValueError(
+                f"Invalid target: {self.chosen.target.loss} (on the validation windows the "
+                f"unigram loss is {references.unigram:.3f} and the bigram loss "
+                f"{references.bigram:.3f}: the target is {fraction:.2f} of the way, less than "
+                f"the preset's {self.chosen.min_fraction})"
+            )
+
+    def warm_up(self, entry: Entry, split: str) -> None:
+        """One short untimed run of a compiled entry before its timed runs: it compiles the step
+        in this process, whose later runs of the entry reuse the compiled graph (a
+        data-parallel entry's ranks, fresh processes, find the generated code in the on-disk
+        cache and still trace, on their clock)."""
+        if not entry.config.compile or entry.name in self.warmed:
+            return
+        target = replace(self.chosen.target, max_steps=self.chosen.target.eval_every)
+        run_to_target(
+            entry.config, self.data, target, seed=0, device=self.device, progress=None, split=split
+        )
+        self.warmed.add(entry.name)
+
+    def block(self, planned: Sequence[Entry], split: str, kept: Callable | None = None) -> int:
+        """Measure ``planned`` interleaved on ``split`` as one block; ``kept(rows)`` (for a
+        comparison of the log) marks the candidate's rows with the keep rule's verdict."""
+        block, self.blocks = self.blocks, self.blocks + 1
+        for entry in planned:
+            self.warm_up(entry, split)
+        by_name = {entry.name: entry for entry in planned}
+        for name, seed in interleaved(list(by_name), self.seeds):
+            entry = by_name[name]
             before = os.getloadavg()[0]
             result = run_to_target(
                 entry.config,
@@ -202,16 +156,52 @@ class _Study:
                 seed=seed,
                 device=self.device,
                 progress=self.progress,
+                split=split,
             )
-            self.rows.append(_row(entry, result, self.chosen, self.data, before))
-        self.finish() if last else self._write()
+            self.rows.append(self._row(entry, block, result, before))
+            self.write()
+        if kept is not None:
+            verdict = kept([r for r in self.rows if r["block"] == block])
+            for row in self.rows:
+                if row["block"] == block and row["entry"] == planned[-1].name:
+                    row["kept"] = verdict
+            self.write()
+        return block
 
-    def finish(self) -> None:
+    def _row(self, entry: Entry, block: int, result: RunResult, before: float) -> dict[str, Any]:
+        references = self.references[result.split]
+        return {
+            "part": entry.part,
+            "block": block,
+            "entry": entry.name,
+            "compared_to": entry.compared_to or "",
+            "kind": entry.kind,
+            "seed": result.seed,
+            "split": result.split,
+            "reached": result.reached,
+            "train_seconds": result.train_seconds,
+            "eval_seconds": result.eval_seconds,
+            "steps": result.steps,
+            "tokens": result.tokens,
+            "tokens_per_second": result.tokens_per_second,
+            "final_loss": result.final_loss,
+            "target_loss": self.chosen.target.loss,
+            "unigram_loss": references.unigram,
+            "bigram_loss": references.bigram,
+            "threads": result.threads,
+            "preset": self.chosen.name,
+            "load_before": before,
+            "load_after": os.getloadavg()[0],
+            "corpus_sha256": self.data.corpus_sha256,
+            "cpu": self.cpu,
+            "kept": None,
+            **(self.extra(entry) if self.extra is not None else {}),
+            "complete": False,
+        }
+
+    def write(self, complete: bool = False) -> None:
         for row in self.rows:
-            row["complete"] = True
-        self._write()
-
-    def _write(self) -> None:
+            row["complete"] = complete
         self.record = make_record(
             RECORD_NAME,
             self.text,
@@ -224,182 +214,340 @@ class _Study:
             write_record(self.record, self.out)
 
 
-def results_of(record: Record) -> dict[str, list[RunResult]]:
-    """The record's runs by entry, as :class:`RunResult` (without their loss history)."""
-    runs: dict[str, list[RunResult]] = {}
-    for row in record.rows:
-        runs.setdefault(row["entry"], []).append(
-            RunResult(
-                row["entry"],
-                row["seed"],
-                row["reached"],
-                row["train_seconds"],
-                row["eval_seconds"],
-                row["steps"],
-                row["tokens"],
-                row["final_loss"],
-            )
+def _preamble(chosen: Preset, seeds: int, target: Target) -> str:
+    return (
+        f"Time to a held-out loss of {target.loss} on the '{chosen.name}' preset, {seeds} seeds "
+        "per entry (each seed its own initialisation and data order), the runs of each block "
+        "interleaved round by round; the clock counts training only, batch loading included."
+    )
+
+
+def run_study(
+    chosen: Preset,
+    planned: Sequence[Entry],
+    *,
+    seeds: int | None = None,
+    device: torch.device | None = None,
+    out: str | Path | None = None,
+    progress: Callable[[str], None] | None = print,
+    description: str = "",
+    command: str | None = None,
+    split: str = "validation",
+) -> Record:
+    """Train every entry of ``planned`` for ``seeds`` seeds (default: the preset's), the runs
+    interleaved round by round, on ``split``, as one block. With ``out``, the record is written
+    there after every run (``complete`` false until the last)."""
+    if not planned:
+        raise ValueError("run_study needs at least one entry")
+    study = _Study(chosen, seeds, device, out, progress, "", command)
+    study.text = description or _preamble(chosen, study.seeds, chosen.target)
+    study.block(planned, split)
+    study.write(complete=True)
+    return study.record
+
+
+def run_log(
+    chosen: Preset,
+    *,
+    ablation: bool = True,
+    seeds: int | None = None,
+    device: torch.device | None = None,
+    out: str | Path | None = None,
+    progress: Callable[[str], None] | None = print,
+    command: str | None = None,
+    rule: KeepRule | None = None,
+    skip: Sequence[str] | None = None,
+) -> Record:
+    """The log as the protocol runs it: each change of :data:`~trainfast.speedrun.changes.LOG`
+    measured on the last entry kept, interleaved, on the tune split, and kept by ``rule``
+    (default :class:`~trainfast.speedrun.protocol.KeepRule`); then the baseline, the final
+    entry and (with ``ablation``) the ablation, afresh, on the validation split.
+
+    ``skip`` names changes left out (default: :data:`~trainfast.speedrun.changes.NEEDS_BF16`
+    on a CPU without bf16 instructions). ``ValueError`` if ``seeds`` is below the rule's
+    ``min_seeds`` or the preset's target is not far enough below the unigram loss."""
+    from trainfast.speedrun.changes import ablation as ablation_entries
+    from trainfast.speedrun.changes import log
+
+    rule = rule or KeepRule()
+    study = _Study(chosen, seeds, device, out, progress, "", command)
+    if study.seeds < rule.min_seeds:
+        raise ValueError(
+            f"Invalid seeds: {study.seeds} (the keep rule needs at least {rule.min_seeds} per "
+            "entry)"
         )
-    return runs
+    study.check_target()
+    if skip is None:
+        no_bf16 = study.device.type == "cpu" and not describe_cpu().has_bf16
+        skip = NEEDS_BF16 if no_bf16 else ()
+    references = study.references["validation"]
+    study.text = (
+        _preamble(chosen, study.seeds, chosen.target)
+        + f" {rule.describe()} Decisions on the tune split; the baseline, the final entry"
+        + (" and the ablation" if ablation else "")
+        + " then measured afresh, interleaved, on the validation split, the headline from "
+        f"those runs. On the validation windows a unigram count model scores "
+        f"{references.unigram:.3f} and an add-{references.k} bigram model "
+        f"{references.bigram:.3f} nats/token. Each compiled entry had one untimed warm-up run "
+        "first, so its timed single-process runs reuse a compiled graph (data-parallel ranks "
+        "compile again on their clock)."
+        + (f" Left out: {', '.join(skip)} (this CPU has no bf16 instructions)." if skip else "")
+        + (f" CPU: {study.cpu}." if study.cpu else "")
+    )
+
+    def keep(rows: list[dict[str, Any]]) -> bool:
+        before, after = _split_block(rows)
+        return _decide(rule, before, after).kept
+
+    dropped: set[str] = set()
+    while True:
+        chain = log(chosen, dropped, skip)
+        measured = {r["entry"] for r in study.rows if r["kept"] is not None}
+        todo = [e for e in chain[1:] if e.name not in measured]
+        if not todo:
+            break
+        entry = todo[0]
+        reference = next(e for e in chain if e.name == entry.compared_to)
+        study.block([reference, entry], "tune", keep)
+        if not any(r["kept"] for r in study.rows if r["entry"] == entry.name):
+            dropped.add(entry.name)
+    chain = log(chosen, dropped, skip)
+    final = chain[[e.name for e in chain].index(_final_name(chain, dropped))]
+    last = [
+        Entry("validation", chain[0].config, None, "the GPT-2 baseline"),
+        Entry("validation", final.config, "baseline", "the final entry", final.kind),
+    ]
+    if ablation:
+        last += ablation_entries(chosen, dropped, skip)
+    if final.name == "baseline":  # nothing was kept: the baseline against itself says nothing
+        last = last[:1]
+    study.block(last, "validation")
+    study.write(complete=True)
+    return study.record
+
+
+def _final_name(chain: list[Entry], dropped: set[str]) -> str:
+    kept = [e.name for e in chain[1:] if e.name not in dropped]
+    return kept[-1] if kept else "baseline"
 
 
 @dataclass(frozen=True)
 class Summary:
-    """One entry of a study: its median time to the target and how it compares."""
+    """One entry's runs in one block of a study."""
 
     part: str
+    block: int
     entry: str
     compared_to: str
+    kind: str
+    split: str
     seeds: int
     reached: int  # seeds that reached the target
     median_seconds: float  # inf unless most seeds reached it
     spread_seconds: float  # max - min over the seeds that reached it
     median_tokens: float
-    ratio: float  # median time of compared_to / this one's (> 1: faster)
-    p_value: float
-    verdict: str
-    fewer_tokens: bool = False  # fewer tokens to the target than compared_to, beyond the noise
-    trained_alike: bool = False  # every seed: the same steps and final loss as compared_to's
+    median_tokens_per_second: float
+    kept: bool | None  # the keep rule's verdict on a change of the log; None elsewhere
 
-    @property
-    def kept(self) -> bool:
-        """Whether a change of the log is kept (:func:`run_log`): its time beats the entry it
-        was measured on beyond the noise; or it needed fewer tokens beyond the noise (tokens,
-        unlike seconds, do not depend on the machine's load) and its time is not slower
-        beyond the noise. Never when it *trained alike*: every seed took the same steps to the
-        same final loss, bit for bit, as the entry it was measured on, so the change did not
-        touch the arithmetic before the target (a schedule whose decay starts later, say) and a
-        faster time can only be the machine's load. (A change that makes a step cheaper with
-        the very same arithmetic would be refused too; the log has none: a fused kernel or a
-        second process adds in another order.)"""
-        if self.trained_alike:
-            return False
-        return self.verdict == "beats the noise" or (
-            self.fewer_tokens and self.verdict != "did not pay"
-        )
+    def seconds(self, record: Record) -> list[float]:
+        """This entry's times in this block (inf where a seed missed the target)."""
+        return [t for t, _ in _runs(record, self.block, self.entry)]
+
+    def tokens(self, record: Record) -> list[float]:
+        return [n for _, n in _runs(record, self.block, self.entry)]
 
 
-def summarize(record: Record, alpha: float = ALPHA) -> list[Summary]:
-    """One :class:`Summary` per entry of ``record``, in the record's order.
+def _runs(record: Record, block: int, entry: str) -> list[tuple[float, float]]:
+    return [
+        (r["train_seconds"] if r["reached"] else float("inf"), r["tokens"])
+        for r in record.rows
+        if r["block"] == block and r["entry"] == entry
+    ]
 
-    The verdict against ``compared_to``: "beats the noise" (faster, rank-sum p <= ``alpha``),
-    "did not pay" (slower by the same test), "within noise" (neither), "–" (nothing to compare
-    with, or it is not in the record)."""
-    runs = results_of(record)
-    first = {}
+
+def summarize(record: Record) -> list[Summary]:
+    """One :class:`Summary` per (block, entry) of ``record``, in the record's order."""
+    groups: dict[tuple[int, str], list[dict[str, Any]]] = {}
     for row in record.rows:
-        first.setdefault(row["entry"], row)
+        groups.setdefault((row["block"], row["entry"]), []).append(row)
     out = []
-    for name, results in runs.items():
-        row = first[name]
-        times = [r.train_seconds if r.reached else float("inf") for r in results]
-        reached = [r for r in results if r.reached]
-        spread = max(t for t in times if t != float("inf")) - min(times) if reached else 0.0
-        other = runs.get(row["compared_to"])
-        ratio, p_value, verdict, fewer_tokens = float("nan"), float("nan"), "–", False
-        alike = False
-        if other:
-            alike = _trained_alike(results, other)
-            share, tokens_p = rank_sum_test(_tokens(other), _tokens(results))
-            fewer_tokens = tokens_p <= alpha and share > 0.5
-            faster = compare(other, results, alpha=alpha)
-            slower = compare(results, other, alpha=alpha)
-            ratio, p_value = faster.speedup, faster.p_value
-            verdict = (
-                "beats the noise"
-                if faster.beats_noise
-                else "did not pay"
-                if slower.beats_noise
-                else "within noise"
-            )
+    for (block, entry), rows in groups.items():
+        times = [r["train_seconds"] if r["reached"] else float("inf") for r in rows]
+        reached = [r for r in rows if r["reached"]]
+        finite = [r["train_seconds"] for r in reached]
         out.append(
             Summary(
-                row["part"],
-                name,
-                row["compared_to"],
-                len(results),
-                len(reached),
-                statistics.median(times),
-                spread,
-                statistics.median(r.tokens for r in results),
-                ratio,
-                p_value,
-                verdict,
-                fewer_tokens,
-                alike,
+                part=rows[0]["part"],
+                block=block,
+                entry=entry,
+                compared_to=rows[0]["compared_to"],
+                kind=rows[0]["kind"],
+                split=rows[0]["split"],
+                seeds=len(rows),
+                reached=len(reached),
+                median_seconds=statistics.median(times),
+                spread_seconds=max(finite) - min(finite) if finite else 0.0,
+                median_tokens=statistics.median(r["tokens"] for r in rows),
+                median_tokens_per_second=median_throughput(
+                    [r["train_seconds"] for r in rows], [r["tokens"] for r in rows]
+                ),
+                kept=rows[0]["kept"],
             )
         )
     return out
 
 
-def _trained_alike(results: Sequence[RunResult], other: Sequence[RunResult]) -> bool:
-    """Every seed of ``results`` took the same steps to the same final loss as ``other``'s."""
-    by_seed = {r.seed: r for r in other}
-    return all(
-        r.seed in by_seed
-        and (r.reached, r.steps, r.final_loss)
-        == (by_seed[r.seed].reached, by_seed[r.seed].steps, by_seed[r.seed].final_loss)
-        for r in results
-    )
-
-
-def _tokens(results: Sequence[RunResult]) -> list[float]:
-    return [r.tokens if r.reached else float("inf") for r in results]
-
-
 @dataclass(frozen=True)
-class AblationReading:
-    """What the leave-one-out ablation says about each change of the final entry.
+class BlockReading:
+    """One comparison of a block: ``after`` against ``before``, by the keep rule's test (a
+    log block) or the two-sided rank-sum test (an ablation row, which can go either way), with
+    the gain's two factors."""
 
-    An ablation entry ``"without X"`` is the final entry with ``X`` taken out, compared with the
-    final entry, so its verdict reads backwards: "did not pay" (slower without ``X``) means ``X``
-    still pays at the end of the log, "beats the noise" (faster without it) means ``X`` now costs
-    more than it saves. ``turned`` are the changes that still pay at the end although the log's
-    own verdict, where they were added, was "did not pay".
-    """
+    block: int
+    before: Summary
+    after: Summary
+    decision: Decision
+    gain: Gain | None  # None where a side has no run that reached the target
+    two_sided_p: float  # the rank-sum test's two-sided p-value, for the ablation
 
-    still_pays: tuple[str, ...]
-    turned: tuple[str, ...]
-    costs: tuple[str, ...]
-    within_noise: tuple[str, ...]
+    @property
+    def verdict(self) -> str:
+        """For a log block: "kept" or "not kept"; for the validation block, the final entry's
+        "headline" and an ablation row's "slower without it", "faster without it" or "within
+        noise" (two-sided, at :data:`ABLATION_ALPHA`)."""
+        if self.after.part == "log":
+            return "kept" if self.decision.kept else "not kept"
+        if self.after.part == "validation":
+            return "headline"
+        if self.two_sided_p > ABLATION_ALPHA:
+            return "within noise"
+        return "slower without it" if self.decision.share < 0.5 else "faster without it"
 
 
-def read_ablation(summaries: list[Summary]) -> AblationReading:
-    """Group the changes of ``summarize(record)``'s ablation entries by what taking them out did."""
-    by_verdict: dict[str, list[str]] = {}
-    for s in summaries:
-        if s.part == "ablation":
-            by_verdict.setdefault(s.verdict, []).append(s.entry.removeprefix("without "))
-    log_verdict = {s.entry: s.verdict for s in summaries if s.part == "log"}
-    still_pays = tuple(by_verdict.get("did not pay", []))
-    return AblationReading(
-        still_pays=still_pays,
-        turned=tuple(name for name in still_pays if log_verdict.get(name) == "did not pay"),
-        costs=tuple(by_verdict.get("beats the noise", [])),
-        within_noise=tuple(by_verdict.get("within noise", [])),
+def _split_block(rows: list[dict[str, Any]]) -> tuple[list[dict], list[dict]]:
+    names = list(dict.fromkeys(r["entry"] for r in rows))
+    return [r for r in rows if r["entry"] == names[0]], [r for r in rows if r["entry"] == names[1]]
+
+
+def _decide(rule: KeepRule, before: list[dict], after: list[dict]) -> Decision:
+    def seconds(rows):
+        return [r["train_seconds"] if r["reached"] else float("inf") for r in rows]
+
+    return rule.decide(
+        seconds(before),
+        seconds(after),
+        [r["tokens"] for r in before],
+        [r["tokens"] for r in after],
     )
+
+
+def blocks(record: Record, rule: KeepRule | None = None) -> list[BlockReading]:
+    """Every comparison in ``record``: each log block's change against the entry it was
+    measured on, and in the validation block the final entry against the baseline and each
+    ablation row against the final entry."""
+    rule = rule or KeepRule(min_seeds=1)
+    summaries = summarize(record)
+    by_key = {(s.block, s.entry): s for s in summaries}
+    out = []
+    for s in summaries:
+        before = by_key.get((s.block, s.compared_to))
+        if before is None:
+            continue
+        rows_b = [r for r in record.rows if r["block"] == s.block and r["entry"] == before.entry]
+        rows_a = [r for r in record.rows if r["block"] == s.block and r["entry"] == s.entry]
+        decision = _decide(rule, rows_b, rows_a)
+        if s.part == "log" and s.kept is not None:
+            decision = replace(decision, kept=bool(s.kept))
+        reached_b = [r for r in rows_b if r["reached"]]
+        reached_a = [r for r in rows_a if r["reached"]]
+        g = None
+        if reached_b and reached_a:
+            g = gain(
+                [r["train_seconds"] for r in reached_b],
+                [r["tokens"] for r in reached_b],
+                [r["train_seconds"] for r in reached_a],
+                [r["tokens"] for r in reached_a],
+            )
+        _, two_sided = rank_sum_test(
+            [t for t, _ in _runs(record, s.block, before.entry)],
+            [t for t, _ in _runs(record, s.block, s.entry)],
+        )
+        out.append(BlockReading(s.block, before, s, decision, g, two_sided))
+    return out
+
+
+def dropped_changes(record: Record) -> set[str]:
+    """The changes of the log that ``record``'s study measured and did not keep."""
+    return {r["entry"] for r in record.rows if r["part"] == "log" and r["kept"] is False}
+
+
+def headline_of(record: Record, *, level: float = 0.95) -> Headline:
+    """The baseline over the final entry on the validation split, from the validation block's
+    runs (:func:`~trainfast.speedrun.headline.headline`). ``ValueError`` if the record has no
+    such block."""
+    rows = [r for r in record.rows if r["part"] == "validation"]
+    names = list(dict.fromkeys(r["entry"] for r in rows))
+    if len(names) != 2:
+        raise ValueError(
+            f"Record {record.name!r} has no validation block of the baseline and a final entry "
+            f"(has {names})"
+        )
+
+    def seconds(name):
+        return [r["train_seconds"] if r["reached"] else float("inf") for r in rows
+                if r["entry"] == name]  # fmt: skip
+
+    return headline(seconds(names[0]), seconds(names[1]), level=level)
+
+
+def check_comparable(record: Record, book: Record) -> None:
+    """``ValueError`` naming the first difference unless ``record`` and ``book`` measured the
+    same preset, on the same corpus (its SHA-256), to the same target."""
+    for key in ("preset", "corpus_sha256", "target_loss"):
+        mine, theirs = {r[key] for r in record.rows}, {r.get(key) for r in book.rows}
+        if mine != theirs:
+            raise ValueError(
+                f"Cannot compare with that record: its {key} is {sorted(map(str, theirs))}, "
+                f"this run's {sorted(map(str, mine))} (two records compare only when they "
+                "measured the same text to the same target)"
+            )
 
 
 def _seconds(value: float) -> str:
     return "–" if value != value or value == float("inf") else f"{value:,.1f}"
 
 
-def summary_table(record: Record, book: Record | None = None, alpha: float = ALPHA) -> str:
-    """The study as a Markdown table: one line per entry; with ``book`` (the book's record of
-    the same preset), the book's median time and verdict beside the reader's."""
-    header = ["entry", "reached", "median time to target (s)", "spread (s)"]
-    header += ["tokens to target", "speed-up vs compared", "verdict"]
-    theirs = {s.entry: s for s in summarize(book, alpha)} if book is not None else {}
+def summary_table(record: Record, book: Record | None = None) -> str:
+    """The study as a Markdown table: one line per entry of each block, with its time,
+    tokens, tokens/s and, against the entry it is compared with, the time ratio and its two
+    factors and the verdict; with ``book`` (a record of the same preset, corpus and target,
+    :func:`check_comparable`), the book's median time for the same entry on the same split."""
     if book is not None:
-        header += ["book's median (s)", "book's verdict"]
+        check_comparable(record, book)
+    readings = {(b.block, b.after.entry): b for b in blocks(record)}
+    theirs: dict[tuple[str, str], Summary] = {}
+    if book is not None:
+        for s in summarize(book):
+            theirs.setdefault((s.entry, s.split), s)
+    header = ["block", "entry", "split", "reached", "median time (s)", "tokens", "tokens/s"]
+    header += ["vs", "time ratio", "token ratio", "tokens/s ratio", "verdict"]
+    if book is not None:
+        header += ["book's median (s)"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for s in summarize(record, alpha):
-        ratio = "–" if s.ratio != s.ratio else f"{s.ratio:.2f}x vs {s.compared_to}"
-        cells = [s.entry, f"{s.reached}/{s.seeds}", _seconds(s.median_seconds)]
-        cells += [_seconds(s.spread_seconds), f"{s.median_tokens:,.0f}", ratio, s.verdict]
+    for s in summarize(record):
+        reading = readings.get((s.block, s.entry))
+        cells = [str(s.block), s.entry, s.split, f"{s.reached}/{s.seeds}"]
+        cells += [_seconds(s.median_seconds), f"{s.median_tokens:,.0f}"]
+        cells += [f"{s.median_tokens_per_second:,.0f}"]
+        if reading is None or reading.gain is None:
+            cells += [s.compared_to or "–", "–", "–", "–", reading.verdict if reading else "–"]
+        else:
+            g = reading.gain
+            cells += [s.compared_to, f"{g.time_ratio:.2f}x", f"{g.token_ratio:.2f}x"]
+            cells += [f"{g.throughput_ratio:.2f}x", reading.verdict]
         if book is not None:
-            other = theirs.get(s.entry)
-            cells += [_seconds(other.median_seconds), other.verdict] if other else ["–", "–"]
+            other = theirs.get((s.entry, s.split))
+            cells += [_seconds(other.median_seconds) if other else "–"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -407,65 +555,44 @@ def summary_table(record: Record, book: Record | None = None, alpha: float = ALP
 def speedrun_record(device: torch.device, quick: bool, out: str | Path | None = None) -> Record:
     """The ``speedrun`` benchmark of ``python -m trainfast.measure``.
 
-    On a CUDA device: the ``gpu`` preset, sized for it
-    (:func:`~trainfast.speedrun.changes.gpu_preset`; the baseline and one entry with every change
-    of the log, the tried ones too, except those the preset never applies: data parallel and the
-    batch sizes; 2 seeds). Elsewhere: the
-    ``cpu`` preset's whole log (:func:`run_log`) and ablation, one thread (``python -m
-    trainfast.speedrun --preset cpu --log --ablation --out DIR`` does the same and writes after
-    every entry).
-    ``quick``: the ``tiny`` preset's baseline and last entry of the log, one seed, for a smoke
-    test. With ``out`` (``measure --out``), the record is written there after each entry, so a
-    study stopped at its time limit keeps what it finished.
+    On a CUDA device: the GPU log (:func:`trainfast.speedrun.gpu.run_gpu_log`), sized for this
+    GPU and one benchmark's slot. Elsewhere: the ``cpu`` preset's whole log and ablation
+    (:func:`run_log`), with PyTorch's default threads (``python -m trainfast.speedrun --preset
+    cpu --log --ablation --out DIR`` does the same). ``quick``: the ``tiny`` preset's baseline
+    and last learning change, one seed, for a smoke test. With ``out`` (``measure --out``), the
+    record is written there after every run, so a study stopped at its time limit keeps what
+    it finished.
     """
-    from trainfast.speedrun.changes import LOG, entries, gpu_preset, preset
+    from trainfast.speedrun.changes import LEARNING, entries, preset
 
-    if device.type == "cpu":
-        torch.set_num_threads(1)
     if quick:
         tiny = preset("tiny")
-        chosen = entries(tiny, ["baseline", LOG[-1].name])
+        chosen = entries(tiny, ["baseline", LEARNING[-1].name])
         return run_study(tiny, chosen, seeds=1, device=device, out=out)
     if device.type == "cuda":
-        gpu = gpu_preset(device)
-        return run_study(gpu, entries(gpu), device=device, out=out)
+        from trainfast.speedrun.gpu import run_gpu_log
+
+        return run_gpu_log(device=device, out=out)
     return run_log(preset("cpu"), device=device, out=out)
 
 
 def merge_records(first: Record, *others: Record) -> Record:
-    """One record of studies of the same preset and corpus run as processes side by side on one
-    machine: ``first``'s rows, then each of ``others``' rows of the entries no record before it
-    has (the earlier record wins where two ran an entry), every command, the latest date. The
-    description names the entries each later process gave, since they ran at other moments of
-    the machine's load. ``ValueError`` if the presets, corpora or targets differ, or the
-    environments (machine, torch, Python)."""
-    rows, commands, parts = list(first.rows), [first.command], []
+    """One record of studies of the same preset and corpus run one after another: ``first``'s
+    rows, then each of ``others``' rows, their blocks renumbered after ``first``'s, every
+    command, the latest date. The blocks stay apart (a comparison is only ever made inside one
+    block, whose runs were interleaved). ``ValueError`` if the presets, corpora or targets
+    differ, or the environments (machine, torch, Python)."""
+    rows, commands = [dict(r) for r in first.rows], [first.command]
     for other in others:
-        for key in ("preset", "corpus_sha256", "target_loss"):
-            a, b = {r[key] for r in first.rows}, {r[key] for r in other.rows}
-            if a != b or len(a) != 1:
-                raise ValueError(f"Cannot merge records with different {key}: {a} and {b}")
+        check_comparable(first, other)
         if first.environment != other.environment:
             raise ValueError("Cannot merge records measured in different environments")
-        have = {r["entry"] for r in rows}
-        added = [r for r in other.rows if r["entry"] not in have]
-        rows += added
+        offset = 1 + max(r["block"] for r in rows)
+        rows += [{**r, "block": r["block"] + offset} for r in other.rows]
         commands.append(other.command)
-        parts.append(", ".join(dict.fromkeys(r["entry"] for r in added)))
-    parts = [p for p in parts if p]
-    if len(parts) == 1:
-        note = f" Taken from a second process run beside the first: {parts[0]}."
-    elif parts:
-        note = (
-            " Taken from further processes, each run beside another: "
-            + "; ".join(f"({i}) {p}" for i, p in enumerate(parts, 2))
-            + "."
-        )
-    else:
-        note = ""
     return Record(
         name=first.name,
-        description=first.description + note,
+        description=first.description,
         columns=first.columns,
         rows=rows,
         environment=first.environment,

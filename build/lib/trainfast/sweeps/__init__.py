@@ -5,7 +5,9 @@ Three modules, one concept each:
 * :mod:`~trainfast.sweeps.config`: the config syntax and its one validator, :func:`validate`;
 * :mod:`~trainfast.sweeps.engine`: :func:`run` (and its two halves, :func:`run_locally` and
   :func:`run_on_wandb`), :func:`sample`;
-* :mod:`~trainfast.sweeps.analysis`: parameter importance and parallel coordinates.
+* :mod:`~trainfast.sweeps.analysis`: parameter importance and parallel coordinates;
+* :mod:`~trainfast.sweeps.quasi_random`: :func:`quasi_random`, configs from a scrambled Halton
+  sequence (the Tuning Playbook's choice for exploring).
 
 A config W&B would reject raises :class:`SweepConfigError`, naming the bad value, before any
 run starts.
@@ -26,6 +28,7 @@ from trainfast.sweeps.engine import (
     run_on_wandb,
     sample,
 )
+from trainfast.sweeps.quasi_random import quasi_random
 
 __all__ = [
     "METHODS",
@@ -36,6 +39,7 @@ __all__ = [
     "SweepResult",
     "parallel_coordinates",
     "parameter_importance",
+    "quasi_random",
     "run",
     "run_locally",
     "run_on_wandb",

@@ -11,6 +11,7 @@ import numpy as np
 
 from trainfast.sweeps.config import log_parameters
 from trainfast.sweeps.engine import SweepResult
+from trainfast.validation import check_choice, check_int
 
 __all__ = ["ParameterImportance", "parallel_coordinates", "parameter_importance"]
 
@@ -49,7 +50,30 @@ def _columns(
             categories[name] = levels
             column = np.asarray([levels.index(repr(v)) for v in values], dtype=float)
         columns.append(column)
+    if not columns:
+        raise ValueError(
+            f"Invalid results: no parameter varies across these {len(results)} runs (expected "
+            "runs of a sweep that tries more than one value of something)"
+        )
     return names, np.stack(columns, axis=1), categories
+
+
+def _runs_reporting(results: Sequence[SweepResult], metric: str, least: int) -> list[SweepResult]:
+    """The runs of ``results`` that report a finite ``metric``; fewer than ``least`` raises
+    ``ValueError`` naming the metric and the metrics the runs do report (a typo in a metric's
+    name otherwise reads as a sweep with no runs)."""
+    if not isinstance(results, Sequence) or not all(isinstance(r, SweepResult) for r in results):
+        raise ValueError(
+            f"Invalid results: {results!r:.80} (expected a list of SweepResult, as run() returns)"
+        )
+    runs = [r for r in results if metric in r.metrics and np.isfinite(r.metrics[metric])]
+    if len(runs) < least:
+        reported = sorted({name for r in results for name in r.metrics})
+        raise ValueError(
+            f"Invalid metric: {metric!r} ({len(runs)} of {len(results)} runs report a finite "
+            f"value of it, and this needs {least}; the runs report {reported})"
+        )
+    return runs
 
 
 def parameter_importance(
@@ -69,9 +93,8 @@ def parameter_importance(
     """
     from sklearn.ensemble import RandomForestRegressor  # lazy: optional dependency
 
-    runs = [r for r in results if metric in r.metrics and np.isfinite(r.metrics[metric])]
-    if len(runs) < 3:
-        raise ValueError(f"Need at least 3 runs that report {metric!r}, got {len(runs)}")
+    check_int("seed", seed)
+    runs = _runs_reporting(results, metric, 3)
     names, x, _ = _columns(runs, sweep_config)
     y = np.asarray([r.metrics[metric] for r in runs], dtype=float)
     forest = RandomForestRegressor(n_estimators=200, random_state=seed).fit(x, y)
@@ -97,7 +120,8 @@ def parallel_coordinates(
     Returns the matplotlib ``Axes``."""
     import matplotlib.pyplot as plt  # lazy: optional dependency
 
-    runs = [r for r in results if metric in r.metrics and np.isfinite(r.metrics[metric])]
+    check_choice("goal", goal, ("minimize", "maximize"))  # W&B's spellings
+    runs = _runs_reporting(results, metric, 1)
     names, x, categories = _columns(runs, sweep_config)
     y = np.asarray([r.metrics[metric] for r in runs], dtype=float)
     table = np.concatenate([x, y[:, None]], axis=1)  # (runs, parameters + 1)

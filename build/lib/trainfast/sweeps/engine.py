@@ -85,6 +85,8 @@ def sample(sweep_config: Mapping[str, Any], count: int, *, seed: int = 0) -> lis
     """The first ``count`` configs a ``grid`` or ``random`` sweep would propose (fewer if a
     grid has fewer points), without running anything; the engine is seeded with ``seed``."""
     config = validate(sweep_config)
+    check_int("count", count, minimum=1)
+    check_int("seed", seed)
     if config["method"] == "bayes":
         raise SweepConfigError(
             "A bayes sweep proposes configs from results: use run(), not sample()"
@@ -94,6 +96,14 @@ def sample(sweep_config: Mapping[str, Any], count: int, *, seed: int = 0) -> lis
         warnings.simplefilter("ignore")
         proposals = engine.next_runs(config, [], n=count)
     return [_values(p.config) for p in proposals if p is not None]
+
+
+def _check_run(function: Callable[..., Metrics], count: int, seed: int) -> None:
+    """The arguments every way of running a sweep takes, each named if wrong."""
+    check_int("count", count, minimum=1)
+    check_int("seed", seed)
+    if not callable(function):
+        raise ValueError(f"Invalid function: {function!r:.80} (expected config -> metrics)")
 
 
 def _call(
@@ -142,7 +152,7 @@ def run(
     proposes configs and stops runs itself, and ``seed`` has no effect.
     """
     config = validate(sweep_config)
-    check_int("count", count, minimum=1)
+    _check_run(function, count, seed)
     if online is None:
         online = bool(os.environ.get("WANDB_API_KEY")) and os.environ.get("WANDB_MODE") not in (
             "offline",
@@ -290,7 +300,7 @@ def run_locally(
     :class:`SharedSweep`); it returns only its own runs, and ``agent`` labels them.
     """
     config = validate(config)
-    check_int("count", count, minimum=1)
+    _check_run(function, count, seed)
     history = shared if shared is not None else _PrivateHistory(load_engine(), seed)
     results: list[SweepResult] = []
     for _ in range(count):

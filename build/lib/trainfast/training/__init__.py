@@ -9,11 +9,13 @@ module named after its concept:
   multiplier, cosine with warmup and WSD), and a batch-size ramp;
 * :mod:`~trainfast.training.tracking`: W&B when possible, a local history always;
 * :mod:`~trainfast.training.checkpoints`: checkpoints as W&B artifacts, exact resumption;
+* :mod:`~trainfast.training.random_state`: every generator a run draws from, kept together;
 * :mod:`~trainfast.training.data`: offline digits, CIFAR-10 one argument away;
 * :mod:`~trainfast.training.transfer`: freezing, new heads, backbone learning rates;
 * :mod:`~trainfast.training.selection`: the optimizer's curse;
 * :mod:`~trainfast.training.scaling`: a small scaling-law study and its power-law fits;
 * :mod:`~trainfast.training.noise_scale`: the gradient noise scale (critical batch size);
+* :mod:`~trainfast.training.digits_sweep`: the chapter's sweep function and search space;
 * :mod:`~trainfast.training.benchmarks`: the study as a ``python -m trainfast.measure`` benchmark;
 * :mod:`~trainfast.training.exercises`: the chapter's exercise checks.
 

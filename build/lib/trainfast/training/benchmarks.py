@@ -21,14 +21,17 @@ __all__ = ["BASE_WIDTH", "scaling_study_record"]
 BASE_WIDTH = 8
 
 
-def scaling_study_record(device: torch.device, quick: bool = False) -> Record:
+def scaling_study_record(device: torch.device, quick: bool = False, widen: int = 3) -> Record:
     """The scaling study: :class:`~trainfast.training.scaling.ScalingCNN` of widths √2 apart on
     fractions of the digits, one epoch each, with and without dropout, several seeds.
 
     Each width's learning rate follows ``1/sqrt(fan_in)``, ``lr = base * sqrt(BASE_WIDTH /
     width)`` (the second convolution's fan-in is ``9 * width``), times a multiplier from a small
     grid; the multiplier is chosen per configuration on the validation loss (mean over seeds),
-    and the row reports that choice's validation and test losses.
+    and the row reports that choice's validation and test losses. A multiplier chosen at the
+    edge of what was tried is only a bound, so that configuration tries the next multiplier
+    out (a factor of two further), up to ``widen`` times; ``lr_multipliers_tried`` says how
+    many it tried and ``lr_at_edge`` whether its choice still sits at an edge.
     """
     torch.set_num_threads(1)
     data = load_images("digits", validation_fraction=0.2)
@@ -39,9 +42,9 @@ def scaling_study_record(device: torch.device, quick: bool = False) -> Record:
     base_lr = 1e-2
     rows = []
     for dropout in (0.0, 0.2):
-        best: dict[tuple[int, float], tuple[float, object]] = {}
-        for multiplier in multipliers:
-            runs = scaling_study(
+
+        def study(widths, fractions, multiplier, dropout=dropout):
+            return scaling_study(
                 widths,
                 fractions,
                 dropout=dropout,
@@ -50,11 +53,21 @@ def scaling_study_record(device: torch.device, quick: bool = False) -> Record:
                 args=TrainingArguments(batch_size=8, device=device.type),
                 lr_of_width=lambda w, m=multiplier: base_lr * m * math.sqrt(BASE_WIDTH / w),
             )
-            for run in runs:
-                key = (run.width, run.data_fraction)
-                if key not in best or run.eval_loss < best[key][1].eval_loss:  # type: ignore[attr-defined]
-                    best[key] = (multiplier, run)
-        for (width, fraction), (multiplier, run) in sorted(best.items()):
+
+        tried: dict[tuple[int, float], dict[float, object]] = {}  # (width, fraction): runs
+        for multiplier in multipliers:
+            for run in study(widths, fractions, multiplier):
+                tried.setdefault((run.width, run.data_fraction), {})[multiplier] = run
+        for _ in range(widen if len(multipliers) > 1 else 0):
+            for key, runs in tried.items():
+                best = min(runs, key=lambda m: runs[m].eval_loss)  # type: ignore[attr-defined]
+                if min(runs) < best < max(runs):
+                    continue
+                outward = best * 2 if best == max(runs) else best / 2
+                runs[outward] = study([key[0]], [key[1]], outward)[0]
+        for (width, fraction), runs in sorted(tried.items()):
+            multiplier = min(runs, key=lambda m: runs[m].eval_loss)  # type: ignore[attr-defined]
+            run = runs[multiplier]
             rows.append(
                 {
                     "dropout": dropout,
@@ -65,6 +78,8 @@ def scaling_study_record(device: torch.device, quick: bool = False) -> Record:
                     "flops": run.flops,  # type: ignore[attr-defined]
                     "lr": run.lr,  # type: ignore[attr-defined]
                     "lr_multiplier": multiplier,
+                    "lr_multipliers_tried": len(runs),
+                    "lr_at_edge": len(runs) > 1 and multiplier in (min(runs), max(runs)),
                     "eval_loss": run.eval_loss,  # type: ignore[attr-defined]
                     "eval_loss_std": run.eval_loss_std,  # type: ignore[attr-defined]
                     "test_loss": run.test_loss,  # type: ignore[attr-defined]
@@ -74,7 +89,8 @@ def scaling_study_record(device: torch.device, quick: bool = False) -> Record:
     description = (
         "Scaling study on scikit-learn's digits: ScalingCNN widths sqrt(2) apart, one epoch on "
         "fractions of the training split, dropout 0 and 0.2; lr = 1e-2 * sqrt(8 / width) times "
-        "the multiplier (of a small grid) best on the validation loss averaged over the seeds; "
+        "the multiplier (of a small grid, widened past an edge choice) best on the validation "
+        "loss averaged over the seeds; "
         "eval_loss is that validation loss, test_loss the same runs on the test split."
         + (" Quick smoke test: fewer widths, one seed, no lr grid." if quick else "")
     )

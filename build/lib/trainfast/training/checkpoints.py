@@ -20,6 +20,7 @@ import torch
 
 from trainfast.training.tracking import Tracker, WandbTracker
 from trainfast.training.trainer import Trainer
+from trainfast.validation import output_folder
 
 __all__ = ["load_checkpoint", "save_checkpoint"]
 
@@ -30,7 +31,9 @@ def save_checkpoint(
     """Write ``trainer.state_dict()`` to ``path``; with a W&B ``tracker``, also log it as the
     artifact ``name`` (type ``"model"``) with the examples seen and steps as metadata."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_dir():
+        raise ValueError(f"Invalid path: {str(path)!r} (expected a file to write; it is a folder)")
+    output_folder("path's folder", path.parent)
     torch.save(trainer.state_dict(), path)
     if isinstance(tracker, WandbTracker):
         import wandb  # lazy: only a W&B tracker gets here
@@ -63,6 +66,15 @@ def load_checkpoint(
         if len(files) != 1:
             raise ValueError(f"Artifact {source!r} holds {len(files)} files, expected one")
         path = files[0]
-    state = torch.load(path, weights_only=False)  # our own file: it holds RNG states
-    trainer.load_state_dict(state)
+    try:
+        state = torch.load(path, weights_only=False)  # our own file: it holds RNG states
+    except Exception as error:  # not a torch file at all: pickle's or zipfile's own error
+        raise ValueError(
+            f"Invalid checkpoint file {str(path)!r}: torch.load cannot read it "
+            f"({type(error).__name__}: {error}; expected a file save_checkpoint wrote)"
+        ) from error
+    try:
+        trainer.load_state_dict(state)
+    except ValueError as error:
+        raise ValueError(f"{str(path)!r}: {error}") from error
     return state

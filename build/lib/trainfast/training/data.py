@@ -19,7 +19,14 @@ from torch.utils.data import Dataset, TensorDataset
 from trainfast.datasets import digits
 from trainfast.validation import check_flag, check_int, check_number
 
-__all__ = ["ClassSubset", "ImageData", "labels_of", "load_images", "take_fraction"]
+__all__ = [
+    "ClassSubset",
+    "ImageData",
+    "known_labels",
+    "labels_of",
+    "load_images",
+    "take_fraction",
+]
 
 _CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
 _CIFAR10_STD = (0.2470, 0.2435, 0.2616)
@@ -102,15 +109,29 @@ def load_images(
     raise ValueError(f"Unknown data set: {name!r} (expected 'digits' or 'cifar10')")
 
 
-def labels_of(dataset: Dataset) -> torch.Tensor:
-    """Every label of ``dataset`` as a tensor, without loading images where possible."""
-    if isinstance(dataset, TensorDataset):
+def known_labels(dataset: Dataset) -> torch.Tensor | None:
+    """Every label of ``dataset`` where it keeps them apart from its inputs (a
+    ``TensorDataset``, a :class:`ClassSubset`, torchvision's ``targets``, a ``Subset`` of
+    these), else None: reading them would mean loading every example."""
+    if isinstance(dataset, TensorDataset) and len(dataset.tensors) == 2:
         return dataset.tensors[1]
     if isinstance(dataset, ClassSubset):
         return dataset.labels
+    if isinstance(dataset, torch.utils.data.Subset):
+        labels = known_labels(dataset.dataset)
+        return (
+            None if labels is None else labels[torch.as_tensor(dataset.indices, dtype=torch.long)]
+        )
     targets = getattr(dataset, "targets", None)  # torchvision's folder and CIFAR data sets
-    if targets is not None:
-        return torch.as_tensor(targets)
+    return None if targets is None else torch.as_tensor(targets)
+
+
+def labels_of(dataset: Dataset) -> torch.Tensor:
+    """Every label of ``dataset`` as a tensor, without loading images where possible
+    (:func:`known_labels`)."""
+    labels = known_labels(dataset)
+    if labels is not None:
+        return labels
     return torch.tensor([int(dataset[i][1]) for i in range(len(dataset))])  # type: ignore[arg-type]
 
 
@@ -163,8 +184,8 @@ class ClassSubset(Dataset):
 
 def take_fraction(dataset: Dataset, fraction: float, *, seed: int = 0) -> Dataset:
     """A random ``fraction`` of ``dataset`` (at least one example), fixed by ``seed``."""
-    if not 0.0 < fraction <= 1.0:
-        raise ValueError(f"Invalid fraction: {fraction} (expected 0 < fraction <= 1)")
+    check_number("fraction", fraction, above=0.0, maximum=1.0)
+    check_int("seed", seed)
     n = max(1, round(len(dataset) * fraction))  # type: ignore[arg-type]
     order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed))  # type: ignore[arg-type]
     return torch.utils.data.Subset(dataset, order[:n].tolist())

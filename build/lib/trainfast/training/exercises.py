@@ -373,6 +373,7 @@ def check_choose_batch(choose_batch: Callable[[Mapping[int, float], float], int]
     curve = {1: 800.0, 16: 9_000.0, 64: 20_000.0, 256: 30_000.0, 1024: 24_000.0}
     flat = {32: 10_000.0, 64: 19_600.0, 128: 20_000.0, 256: 20_100.0}
     cases = [(curve, 2_000.0), (curve, 100.0), (curve, 10.0), (curve, 0.5), (flat, 1e4)]
+    cases.append((curve, 256.0))  # B_simple on a listed size: "up to" includes it
     results: list[Case] = []
     for throughput, b_simple in cases:
         expected, answer = reference(throughput, b_simple), choose_batch(throughput, b_simple)

@@ -26,6 +26,7 @@ from trainfast.optim.comparison import student_t_975
 from trainfast.training.arguments import TrainingArguments
 from trainfast.training.data import ImageData, load_images, take_fraction
 from trainfast.training.trainer import Trainer
+from trainfast.validation import check_counts, check_int, check_number
 
 __all__ = [
     "PowerLaw",
@@ -58,10 +59,9 @@ class ScalingCNN(nn.Module):
         dropout: float = 0.0,
     ) -> None:
         super().__init__()
-        if width < 1:
-            raise ValueError(f"Invalid width: {width} (expected >= 1)")
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"Invalid dropout: {dropout} (expected 0 <= dropout < 1)")
+        check_counts(width=width, num_classes=num_classes, in_channels=in_channels)
+        check_int("image_size", image_size, minimum=4)  # two 2x2 poolings leave 1 pixel or more
+        check_number("dropout", dropout, minimum=0.0, below=1.0)
         self.features = nn.Sequential(
             nn.Conv2d(in_channels, width, kernel_size=3, padding=1),
             nn.ReLU(),
@@ -80,8 +80,7 @@ class ScalingCNN(nn.Module):
 
 def widths_by_sqrt2(smallest: int, count: int) -> list[int]:
     """``count`` widths from ``smallest`` up, each about √2 times the previous (rounded)."""
-    if smallest < 1 or count < 1:
-        raise ValueError(f"Invalid widths: smallest={smallest}, count={count} (expected >= 1)")
+    check_counts(smallest=smallest, count=count)
     return [round(smallest * math.sqrt(2) ** k) for k in range(count)]
 
 

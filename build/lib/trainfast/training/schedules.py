@@ -19,7 +19,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from trainfast.validation import check_int
+from trainfast.validation import check_int, check_number
 
 __all__ = ["as_lambda", "batch_size_ramp", "cosine_with_warmup", "lr_multiplier", "wsd"]
 
@@ -71,9 +71,10 @@ def cosine_with_warmup(
     2024 (its warmup is now ``(it + 1) / (warmup_iters + 1) * max_lr``, before that
     ``it / warmup_iters * max_lr``; its cosine and ``min_lr`` phases are these); both are common.
     """
-    if not 0.0 <= min_lr <= max_lr:
-        raise ValueError(f"Invalid min_lr, max_lr: {min_lr}, {max_lr} (expected 0 <= min <= max)")
-    if not 0 <= warmup_iters <= cosine_cycle_iters:
+    _check_rates_and_step(it, max_lr, min_lr)
+    check_int("warmup_iters", warmup_iters, minimum=0)
+    check_int("cosine_cycle_iters", cosine_cycle_iters, minimum=0)
+    if not warmup_iters <= cosine_cycle_iters:
         raise ValueError(
             f"Invalid warmup_iters: {warmup_iters} (expected 0 <= warmup_iters <= "
             f"cosine_cycle_iters = {cosine_cycle_iters})"
@@ -88,6 +89,14 @@ def cosine_with_warmup(
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (max_lr - min_lr)
 
 
+def _check_rates_and_step(it: int, max_lr: float, min_lr: float) -> None:
+    """The step of a schedule counts from 0 (``it=-1`` would give a negative rate), and its
+    rates are finite with ``0 <= min_lr <= max_lr`` (``max_lr=inf`` would give inf)."""
+    check_int("it", it, minimum=0)
+    check_number("max_lr", max_lr, minimum=0.0)
+    check_number("min_lr", min_lr, minimum=0.0, maximum=max_lr)
+
+
 def wsd(
     it: int, *, max_lr: float, min_lr: float, warmup_iters: int, stable_iters: int, decay_iters: int
 ) -> float:
@@ -99,13 +108,13 @@ def wsd(
     into several decays to measure several training lengths (Hu et al., 2024, MiniCPM,
     https://arxiv.org/abs/2404.06395; Hägele et al., 2024, https://arxiv.org/abs/2405.18392).
     """
-    if not 0.0 <= min_lr <= max_lr:
-        raise ValueError(f"Invalid min_lr, max_lr: {min_lr}, {max_lr} (expected 0 <= min <= max)")
-    if min(warmup_iters, stable_iters, decay_iters) < 0:
-        raise ValueError(
-            f"Invalid phase lengths: warmup {warmup_iters}, stable {stable_iters}, "
-            f"decay {decay_iters} (expected >= 0)"
-        )
+    _check_rates_and_step(it, max_lr, min_lr)
+    for name, length in (
+        ("warmup_iters", warmup_iters),
+        ("stable_iters", stable_iters),
+        ("decay_iters", decay_iters),
+    ):
+        check_int(name, length, minimum=0)
     if it < warmup_iters:
         return it / warmup_iters * max_lr
     decay_start = warmup_iters + stable_iters
@@ -124,9 +133,8 @@ def as_lambda(schedule: Callable[..., float], **kwargs: Any) -> Callable[[int], 
     sets the learning rate ``schedule(it, ...)`` before step ``it`` (counting from 0). A
     parameter group with another base ``lr`` gets the same shape, scaled to its own peak.
     """
-    max_lr = kwargs.get("max_lr")
-    if not isinstance(max_lr, (int, float)) or max_lr <= 0:
-        raise ValueError(f"Invalid max_lr: {max_lr!r} (expected a positive number)")
+    check_number("max_lr", kwargs.get("max_lr"), above=0.0)
+    schedule(0, **kwargs)  # the other arguments are named now, not at LambdaLR's first step
     return functools.partial(_ratio, schedule=schedule, kwargs=kwargs)
 
 
@@ -145,10 +153,12 @@ def batch_size_ramp(
     is small, so small batches waste nothing, and it grows as the loss falls
     (:mod:`trainfast.training.noise_scale`).
     """
-    if not 1 <= start <= end:
-        raise ValueError(f"Invalid start, end: {start}, {end} (expected 1 <= start <= end)")
-    if ramp_examples < 1:
-        raise ValueError(f"Invalid ramp_examples: {ramp_examples} (expected >= 1)")
+    check_int("examples_seen", examples_seen, minimum=0)
+    check_int("start", start, minimum=1)
+    check_int("end", end, minimum=start)
+    check_int("ramp_examples", ramp_examples, minimum=1)
+    if multiple_of is not None:
+        check_int("multiple_of", multiple_of, minimum=1)
     step = multiple_of or start
     size = start + (end - start) * min(1.0, examples_seen / ramp_examples)
     return max(start, int(size) // step * step)

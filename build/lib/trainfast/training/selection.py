@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from trainfast.validation import check_counts, check_int, check_number
+
 __all__ = ["CurseOutcome", "optimizers_curse", "shrink", "shrink_robust"]
 
 
@@ -39,6 +41,7 @@ def shrink(measured: np.ndarray, noise_std: float) -> np.ndarray:
     It assumes true losses and noise are both Gaussian. A sweep's losses are not: a few
     diverged runs inflate ``spread²``, the noise's share looks negligible and nothing shrinks.
     :func:`shrink_robust` is the version for such sweeps."""
+    check_number("noise_std", noise_std, minimum=0.0)
     measured = np.asarray(measured, dtype=float)
     mean = measured.mean(axis=-1, keepdims=True)
     spread = measured.var(axis=-1, ddof=1, keepdims=True)  # unbiased: few runs are common
@@ -55,6 +58,7 @@ def shrink_robust(measured: np.ndarray, noise_std: float) -> np.ndarray:
     ``noise_std`` is the seed noise of the *log* loss (the std of ``log(loss)`` over seeds).
     Returns losses, not logarithms.
     """
+    check_number("noise_std", noise_std, minimum=0.0)
     logs = np.log(np.asarray(measured, dtype=float))
     center = np.median(logs, axis=-1, keepdims=True)
     spread = 1.4826 * np.median(np.abs(logs - center), axis=-1, keepdims=True)
@@ -74,11 +78,15 @@ def optimizers_curse(
     """Simulate sweeps of each size in ``n_trials``: true losses ``~ N(mean, true_std²)``,
     each measured once with noise ``~ N(0, noise_std²)``; pick the lowest measurement; measure
     it again. Returns the averages over ``repeats`` sweeps per size."""
+    check_number("mean", mean)
+    check_number("true_std", true_std, minimum=0.0)
+    check_number("noise_std", noise_std, minimum=0.0)
+    check_counts(repeats=repeats)
+    check_int("seed", seed)
     rng = np.random.default_rng(seed)
     outcomes = []
     for n in n_trials:
-        if n < 2:
-            raise ValueError(f"Invalid n_trials: {n} (a selection needs at least 2 candidates)")
+        check_int("n_trials", n, minimum=2)  # a selection needs two candidates
         true = rng.normal(mean, true_std, size=(repeats, n))  # (repeats, n)
         measured = true + rng.normal(0.0, noise_std, size=(repeats, n))
         winner = measured.argmin(axis=1)  # (repeats,)

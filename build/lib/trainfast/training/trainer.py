@@ -12,6 +12,12 @@ Each piece is a method you can read (and override) on its own, in the spirit of 
 Side effects are switchable: the progress bar by ``args.progress_bar``, tracking by the
 ``tracker`` you pass (see :mod:`trainfast.training.tracking`), early stopping by callbacks.
 
+Bad input fails before the first step: the data are checked against the model
+(:func:`trainfast.loop.check_data`). A loss that turns NaN or infinite stops training with a
+``ValueError`` naming the first step that had it (checked where the loss is logged anyway, so
+no step waits for the device); ``allow_divergence=True`` trains on instead, for a run whose
+divergence is the result (a learning-rate sweep past the stable edge).
+
 Why this exists beside :func:`trainfast.loop.train`: that function is the smallest loop, a
 fixed number of steps of a given optimizer, written out line by line for the optimizers
 chapter. The trainer is what a run described by :class:`TrainingArguments` needs on top of it:
@@ -32,10 +38,12 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from trainfast.device import pick_device
-from trainfast.loop import Evaluation, evaluate
+from trainfast.loop import Evaluation, check_data, evaluate
 from trainfast.training.arguments import TrainingArguments, build_optimizer
+from trainfast.training.random_state import random_states, restore_random_states
 from trainfast.training.schedules import lr_multiplier
 from trainfast.training.tracking import LocalTracker, Tracker
+from trainfast.validation import check_flag, check_instance
 
 __all__ = ["EvalCallback", "Trainer"]
 
@@ -51,8 +59,11 @@ class Trainer:
     backbone gets a smaller learning rate than a new head
     (:func:`trainfast.training.transfer.parameter_groups`); the schedule scales every group's
     peak alike. By default all parameters that require gradients form one group. ``loss_fn`` maps
-    ``(outputs, targets)`` to a mean loss. The history of logged records is in
-    :attr:`history` (and in ``tracker.history``).
+    ``(outputs, targets)`` to a mean loss. ``generators`` names any generators of the run's own
+    (an augmentation's, a noise layer's), which checkpoints save and restore with the data
+    order's, the CPU's and the accelerator's. The history of logged records is in
+    :attr:`history` (and in ``tracker.history``). A non-finite loss raises ``ValueError``
+    naming its step unless ``allow_divergence`` (module docstring).
     """
 
     def __init__(
@@ -66,7 +77,15 @@ class Trainer:
         loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = nn.functional.cross_entropy,
         tracker: Tracker | None = None,
         callbacks: Sequence[EvalCallback] = (),
+        generators: dict[str, torch.Generator] | None = None,
+        allow_divergence: bool = False,
     ) -> None:
+        check_instance("model", model, nn.Module)
+        check_instance("args", args, TrainingArguments)
+        check_flag("allow_divergence", allow_divergence)
+        if not callable(loss_fn):
+            raise ValueError(f"Invalid loss_fn: {loss_fn!r:.80} (expected a function)")
+        self.allow_divergence = allow_divergence
         self.model = model
         self.args = args
         self.train_data = train_data
@@ -74,6 +93,11 @@ class Trainer:
         self.loss_fn = loss_fn
         self.tracker = tracker if tracker is not None else LocalTracker(args.as_dict())
         self.callbacks = list(callbacks)
+        self.generators = dict(generators or {})
+        for name, generator in self.generators.items():
+            check_instance(f"generators[{name!r}]", generator, torch.Generator)
+        if "data_order" in self.generators:
+            raise ValueError("Invalid generators: 'data_order' is the name of the loader's own")
         self.examples_seen = 0
         self.steps = 0
         self.setup(parameter_groups)
@@ -84,6 +108,9 @@ class Trainer:
         torch.manual_seed(args.seed)
         self.device = pick_device(args.device)
         self.model.to(self.device)
+        check_data(self.model, self.train_data, self.loss_fn, name="train_data")
+        if self.eval_data is not None:
+            check_data(self.model, self.eval_data, self.loss_fn, name="eval_data")
         self.train_loader = DataLoader(
             self.train_data,
             batch_size=args.batch_size,
@@ -128,6 +155,28 @@ class Trainer:
         self.examples_seen += len(targets)
         return loss.detach()
 
+    def _check_finite(self, losses: list[torch.Tensor]) -> None:
+        """Raise ``ValueError`` naming the first of the last ``len(losses)`` steps whose loss is
+        NaN or infinite, unless ``allow_divergence``; else empty ``losses``. Called where the
+        loop reads the losses anyway (to log them, or before an evaluation), so it costs no
+        wait for the device."""
+        if self.allow_divergence or not losses:
+            losses.clear()
+            return
+        finite = torch.isfinite(torch.stack(losses)).tolist()
+        if all(finite):
+            losses.clear()
+            return
+        first = finite.index(False)
+        step = self.steps - len(losses) + first + 1  # steps count from 1 here, as logged
+        raise ValueError(
+            f"Training diverged: the loss is {float(losses[first])} at step {step} of "
+            f"{self.total_steps} (lr {self.args.lr:g}, {self.args.optimizer}); a lower learning "
+            "rate, or finite inputs, would fix it. torch's optimizers would step on its NaN "
+            "gradients without a word; Trainer(..., allow_divergence=True) trains on, for a run "
+            "whose divergence is the result."
+        )
+
     def evaluate(self, dataset: Dataset | None = None) -> Evaluation | None:
         """Mean loss and accuracy on ``dataset`` (default: the evaluation data), in eval mode,
         under ``torch.inference_mode()``: :func:`trainfast.loop.evaluate`, the same function
@@ -146,22 +195,36 @@ class Trainer:
     def history(self) -> list[dict[str, Any]]:
         return self.tracker.history
 
+    def _all_generators(self) -> dict[str, torch.Generator]:
+        return {"data_order": self.train_loader.generator, **self.generators}  # type: ignore[dict-item]
+
     def state_dict(self) -> dict[str, Any]:
         """Everything a resumed run needs to continue exactly: model, optimizer, schedule,
-        progress, the data order's generator and torch's global RNG (dropout)."""
+        progress, and every generator it draws from (:mod:`trainfast.training.random_state`:
+        the data order's, the CPU's, the CUDA devices' for dropout on a GPU, the run's own)."""
         return {
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "examples_seen": self.examples_seen,
             "steps": self.steps,
-            "data_order": self.train_loader.generator.get_state(),  # type: ignore[union-attr]
-            "torch_rng": torch.get_rng_state(),
+            "random_states": random_states(self.device, self._all_generators()),
             "args": self.args.as_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from :meth:`state_dict`: :meth:`train` then runs the remaining epochs."""
+        """Continue from :meth:`state_dict`: :meth:`train` then runs the remaining epochs.
+        A dict that is not a trainer's checkpoint (a model's own ``state_dict()``, say) raises
+        ``ValueError`` naming the keys it lacks."""
+        keys = ("model", "optimizer", "scheduler", "examples_seen", "steps", "args")
+        missing = [key for key in keys if key not in state] if isinstance(state, dict) else keys
+        if not missing and "random_states" not in state:  # a checkpoint from before: both RNGs
+            missing = [key for key in ("torch_rng", "data_order") if key not in state]
+        if missing:
+            raise ValueError(
+                f"Invalid state: not a Trainer checkpoint (it lacks {list(missing)}; expected "
+                "what Trainer.state_dict() returns, as save_checkpoint writes it)"
+            )
         if state["args"] != self.args.as_dict():
             changed = sorted(k for k, v in state["args"].items() if self.args.as_dict().get(k) != v)
             raise ValueError(f"The checkpoint was made with other arguments: {changed}")
@@ -169,8 +232,11 @@ class Trainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.examples_seen, self.steps = state["examples_seen"], state["steps"]
-        self.train_loader.generator.set_state(state["data_order"])  # type: ignore[union-attr]
-        torch.set_rng_state(state["torch_rng"])
+        saved = state.get("random_states") or {  # a checkpoint from before every generator was kept
+            "cpu": state["torch_rng"],
+            "generators": {"data_order": state["data_order"]},
+        }
+        restore_random_states(saved, self._all_generators())
 
     def learning_rates(self) -> dict[str, float]:
         """The current learning rate of each parameter group (``lr/<name>`` for named groups)."""
@@ -200,6 +266,7 @@ class Trainer:
         next_log = (self.examples_seen // args.log_every + 1) * args.log_every
         next_eval = (self.examples_seen // eval_every + 1) * eval_every
         running, batches = torch.zeros((), device=self.device), 0
+        unchecked: list[torch.Tensor] = []  # the losses since the last check for NaN and inf
         evaluated_at = -1
         bar = tqdm(
             total=epoch_size * args.epochs,
@@ -209,21 +276,25 @@ class Trainer:
         )
         for _ in range(self.examples_seen // epoch_size, args.epochs):  # resumes where it was
             for batch in self.train_loader:
-                running += self.training_step(batch)
+                unchecked.append(self.training_step(batch))
+                running += unchecked[-1]
                 batches += 1
                 bar.update(len(batch[1]))
                 if self.examples_seen >= next_log:
+                    self._check_finite(unchecked)
                     loss = running.item() / batches
                     self.log({"train/loss": loss, **self.learning_rates()})
                     bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
                     running, batches = torch.zeros((), device=self.device), 0
                     next_log += args.log_every
                 if self.examples_seen >= next_eval:
+                    self._check_finite(unchecked)
                     next_eval += eval_every
                     evaluated_at = self.examples_seen
                     if self._evaluate_and_log(epoch_size):
                         bar.close()
                         return self.history
+        self._check_finite(unchecked)
         if evaluated_at != self.examples_seen:
             self._evaluate_and_log(epoch_size)
         bar.close()

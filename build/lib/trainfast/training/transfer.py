@@ -23,6 +23,8 @@ from torch import nn
 from torchvision.models.resnet import BasicBlock, ResNet
 from torchvision.ops import FrozenBatchNorm2d
 
+from trainfast.validation import check_counts, check_int, check_number
+
 __all__ = [
     "NarrowResNet",
     "backbone",
@@ -79,12 +81,18 @@ def backbone(
 ) -> ResNet:
     """A ResNet to transfer from: ``"narrow"`` (:class:`NarrowResNet`) or a torchvision name
     such as ``"resnet18"``, whose ``weights="DEFAULT"`` downloads ImageNet weights (online)."""
+    check_counts(num_classes=num_classes, in_channels=in_channels)
     if name == "narrow":
         if weights is not None:
             raise ValueError(f"NarrowResNet has no published weights (got weights={weights!r})")
         return NarrowResNet(num_classes, in_channels=in_channels)
     import torchvision
 
+    if name not in torchvision.models.list_models(module=torchvision.models):  # classifiers
+        raise ValueError(
+            f"Invalid name: {name!r} (expected 'narrow' or a torchvision classifier such as "
+            "'resnet18': torchvision.models.list_models() lists them)"
+        )
     if in_channels != 3:
         raise ValueError(f"torchvision's {name} expects in_channels=3, got {in_channels}")
     model = torchvision.models.get_model(name, weights=weights)
@@ -94,6 +102,7 @@ def backbone(
 def replace_head(model: nn.Module, num_classes: int, *, head: str = "fc") -> nn.Module:
     """Swap ``model.<head>`` (a ``Linear``) for a freshly initialised one with ``num_classes``
     outputs; returns ``model``. The new head's parameters require gradients."""
+    check_int("num_classes", num_classes, minimum=1)
     old = getattr(model, head, None)
     if not isinstance(old, nn.Linear):
         raise ValueError(f"model.{head} is {type(old).__name__}, expected a Linear head")
@@ -152,11 +161,13 @@ def parameter_groups(
     :class:`~trainfast.training.trainer.Trainer` (whose schedule scales both alike).
     ``weight_decay``, if given, is put in both groups.
     """
-    if not lr > 0.0:
-        raise ValueError(f"Invalid learning rate: {lr}")
-    if not backbone_lr_scale >= 0.0:
-        raise ValueError(f"Invalid backbone_lr_scale: {backbone_lr_scale} (expected >= 0)")
-    head_module = getattr(model, head)
+    check_number("learning rate", lr, above=0.0)
+    check_number("backbone_lr_scale", backbone_lr_scale, minimum=0.0)
+    if weight_decay is not None:
+        check_number("weight_decay", weight_decay, minimum=0.0)
+    head_module = getattr(model, head, None)
+    if not isinstance(head_module, nn.Module):
+        raise ValueError(f"Invalid head: {head!r} (the model has no submodule of that name)")
     head_ids = {id(p) for p in head_module.parameters()}
     backbone_params = [p for p in model.parameters() if p.requires_grad and id(p) not in head_ids]
     head_params = [p for p in head_module.parameters() if p.requires_grad]

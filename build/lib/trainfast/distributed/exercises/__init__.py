@@ -15,6 +15,7 @@ from trainfast.distributed.exercises.advanced import (
     check_causal_ring_work,
     check_layout_choice,
     check_next_change,
+    layout_cases,
     layout_exercise_setup,
 )
 from trainfast.distributed.exercises.communication import (
@@ -43,5 +44,6 @@ __all__ = [
     "check_ring_chunks",
     "check_tree_all_reduce_time",
     "check_zero_memory",
+    "layout_cases",
     "layout_exercise_setup",
 ]

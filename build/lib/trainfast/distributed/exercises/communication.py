@@ -276,11 +276,42 @@ def evaluation_exercise_worker(
     return int(correct), int(total), seen[0]
 
 
+#: The evaluation exercise's small test sets, as (ranks, which examples the model gets right): so
+#: few examples that the ranks' shares differ in size and in accuracy, so that averaging the
+#: ranks' accuracies misses the count whether a rank takes every N-th example or a contiguous
+#: block (the two-rank cases each catch one of the two).
+EVALUATION_CASES: tuple[tuple[int, tuple[bool, ...]], ...] = (
+    (2, (False, True, False)),
+    (2, (False, False, True)),
+    (3, (True, True, False, True, False)),
+    (4, (True, True, False, False, True)),
+)
+
+
+def _evaluation_sets(model: torch.nn.Module, test_set: Any) -> list[tuple[int, Any]]:
+    """The digits test set on 4 ranks, then ``EVALUATION_CASES``, each built from test
+    examples that ``model`` gets right or wrong, in the case's order."""
+    from torch.utils.data import TensorDataset
+
+    inputs, labels = test_set[:]
+    with torch.no_grad():
+        right = (model(inputs).argmax(dim=-1) == labels).nonzero().flatten().tolist()
+    wrong = sorted(set(range(len(labels))) - set(right))
+    sets = [(4, test_set)]
+    for world_size, pattern in EVALUATION_CASES:
+        pools = {True: iter(right), False: iter(wrong)}
+        index = [next(pools[r]) for r in pattern]
+        sets.append((world_size, TensorDataset(inputs[index], labels[index])))
+    return sets
+
+
 def check_distributed_evaluation(
     candidate: Callable[[torch.nn.Module, Any, int, int], tuple[int, int]],
 ) -> None:
-    """Exercise: ``(correct, total)`` over the whole test set, summed across 2-4 ranks, on
-    every rank, each example evaluated once, on one rank (the ranks split the work)."""
+    """Exercise: ``(correct, total)`` over the whole test set, summed across ranks, on every
+    rank, each example evaluated once, on one rank (the ranks split the work). Cases: the digits
+    test split on 4 ranks, and ``EVALUATION_CASES``, where the shares differ in size and the
+    model's accuracy differs between them."""
     from trainfast.datasets import digits
     from trainfast.distributed.data_parallel import (
         DataParallelConfig,
@@ -290,11 +321,12 @@ def check_distributed_evaluation(
     from trainfast.distributed.launch import SpawnError, spawn
 
     source, name = _source(candidate)
-    test_set = digits("test")
-    expected = evaluate_distributed(make_model(DataParallelConfig(), seed=0), test_set, 0, 1)
+    model = make_model(DataParallelConfig(), seed=0)  # the one each rank builds
     results: list[Case] = []
-    for world_size in (2, 3, 4):
-        case = f"{name} on {world_size} ranks"
+    for world_size, test_set in _evaluation_sets(model, digits("test")):
+        expected = evaluate_distributed(model, test_set, 0, 1)
+        want = (expected.correct, expected.total)
+        case = f"{name} on {world_size} ranks, {want[0]} of {want[1]} right"
         try:
             got = spawn(
                 evaluation_exercise_worker,
@@ -308,7 +340,6 @@ def check_distributed_evaluation(
         except SpawnError as error:
             results.append((case, str(error).splitlines()[0]))
             continue
-        want = (expected.correct, expected.total)
         wrong = {r: g[:2] for r, g in enumerate(got) if g[:2] != want}
         seen = [g[2] for g in got]
         share = -(-expected.total // world_size)  # each rank's share, rounded up

@@ -12,6 +12,7 @@ does); under NCCL it is ``ReduceOp.AVG`` itself.
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -31,6 +32,7 @@ __all__ = [
     "error_worker",
     "parity_worker",
     "torch_reference",
+    "torch_fsdp_traffic_worker",
     "traffic_worker",
     "zero_traffic_worker",
 ]
@@ -233,7 +235,8 @@ def _counting_ring_collectives(counter: list[float], world_size: int) -> Iterato
         original = getattr(dist, name)
 
         def call(*args: Any, **kwargs: Any) -> Any:
-            counter[0] += full_bytes(*args)
+            bound = inspect.signature(original).bind(*args, **kwargs)  # FSDP2 passes keywords
+            counter[0] += full_bytes(*bound.args)
             return original(*args, **kwargs)
 
         return original, call
@@ -271,7 +274,13 @@ def traffic_worker(rank: int, world_size: int, numel: int) -> dict[str, int]:
     return sent
 
 
-def zero_traffic_worker(rank: int, world_size: int, zero_stage: int, micro_batches: int) -> float:
+def zero_traffic_worker(
+    rank: int,
+    world_size: int,
+    zero_stage: int,
+    micro_batches: int,
+    dtype: torch.dtype = torch.float32,
+) -> float:
     """Bytes this rank sends in one data-parallel step of ``micro_batches`` micro-batches.
 
     Stage 0: gradients accumulate locally, then one ring all-reduce per parameter
@@ -282,8 +291,9 @@ def zero_traffic_worker(rank: int, world_size: int, zero_stage: int, micro_batch
     :class:`~trainfast.distributed.fsdp.FSDP`, which calls ``torch.distributed``'s all-gathers
     and reduce-scatters (and all-reduces the 1-D parameters' gradients once per step); those
     calls are counted at a ring's bytes.
-    Every parameter's size divides by ``world_size`` (no padding), in float32; the shape checks
-    and the initial broadcast are not counted.
+    Every parameter's size divides by ``world_size`` (no padding); the model's parameters (and so
+    its gradients) are ``dtype`` (our FSDP keeps fp32 shards and computes in ``dtype``); the shape
+    checks and the initial broadcast are not counted.
     """
     from trainfast.distributed.data_parallel import average_gradients
     from trainfast.distributed.fsdp import FSDP
@@ -292,7 +302,7 @@ def zero_traffic_worker(rank: int, world_size: int, zero_stage: int, micro_batch
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
     if zero_stage == 3:
-        fsdp = FSDP(model)
+        fsdp = FSDP(model, compute_dtype=None if dtype == torch.float32 else dtype)
         optimizer = torch.optim.SGD(fsdp.parameters(), lr=0.1)
         counted: list[float] = [0.0]
         with _counting_ring_collectives(counted, world_size):
@@ -302,6 +312,7 @@ def zero_traffic_worker(rank: int, world_size: int, zero_stage: int, micro_batch
             fsdp.finish_gradient_synchronization()
             optimizer.step()
         return counted[0]
+    model = model.to(dtype)
     if zero_stage == 2:
         optimizer: torch.optim.Optimizer = Zero2Optimizer(
             model.parameters(), torch.optim.SGD, lr=0.1
@@ -314,8 +325,50 @@ def zero_traffic_worker(rank: int, world_size: int, zero_stage: int, micro_batch
     with _counting_sends(counter, floating_only=True):
         for micro in range(micro_batches):
             inputs = torch.randn(2, 8, generator=torch.Generator().manual_seed(rank * 100 + micro))
-            model(inputs).square().mean().backward()
+            model(inputs.to(dtype)).square().mean().backward()
         if zero_stage < 2:
             average_gradients(model)
         optimizer.step()
     return counter[0]
+
+
+def torch_fsdp_traffic_worker(
+    rank: int, world_size: int, reshard_after_forward: bool, micro_batches: int
+) -> float:
+    """Bytes this rank sends in one step of PyTorch's ``fully_shard`` (FSDP2), accumulating
+    gradients before one reduction, as PyTorch's pipelining does for FSDP (and Llama 3 did):
+    every backward but the last with ``set_requires_gradient_sync(False)``
+    (``torch/distributed/pipelining/stage.py``).
+
+    ``reshard_after_forward=True`` is ZeRO-3 (the weights gathered for every forward and
+    backward); ``False``, with ``set_reshard_after_backward(False)`` on every backward but the
+    last as the pipelining stage sets it, keeps them gathered from the first forward to the last
+    backward: ZeRO-2 in the step model's terms. Mixed precision as Llama 3's: weights gathered
+    in bf16, gradients reduced in fp32 (``MixedPrecisionPolicy(torch.bfloat16, torch.float32)``).
+    Each ``Linear`` (sizes divisible by 4) is one unit; FSDP2's calls to ``torch.distributed``
+    are counted at a ring's bytes.
+    """
+    from trainfast.distributed.torch_apis import fully_shard_api
+
+    fully_shard, policy = fully_shard_api()
+    from torch.distributed.device_mesh import init_device_mesh
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+    mesh = init_device_mesh(rank_device().type, (world_size,))
+    mixed = policy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for layer in (model[0], model[2]):
+        fully_shard(layer, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=mixed)
+    fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=mixed)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    counted: list[float] = [0.0]
+    with _counting_ring_collectives(counted, world_size):
+        for micro in range(micro_batches):
+            last = micro == micro_batches - 1
+            model.set_requires_gradient_sync(last)
+            if not reshard_after_forward:  # ZeRO-2: gathered once, kept to the last backward
+                model.set_reshard_after_backward(last)
+            generator = torch.Generator().manual_seed(rank * 100 + micro)
+            model(torch.randn(2, 8, generator=generator)).float().square().mean().backward()
+        optimizer.step()
+    return counted[0]

@@ -32,6 +32,7 @@ __all__ = [
     "TiedModel",
     "strategy_worker",
     "train_reference",
+    "zero_owners_worker",
     "zero_resume_worker",
 ]
 
@@ -111,13 +112,20 @@ def train_reference(config: StrategyConfig) -> StrategyResult:
 
 
 def strategy_worker(
-    rank: int, world_size: int, strategy: Strategy | str, config: StrategyConfig
+    rank: int,
+    world_size: int,
+    strategy: Strategy | str,
+    config: StrategyConfig,
+    micro_batches: int = 1,
+    no_sync: bool = False,
 ) -> StrategyResult:
     """Train on this rank's slice of every batch with ``strategy``; return the full parameters.
 
     ``strategy`` is a :class:`~trainfast.distributed.strategy.Strategy` (with its options, e.g.
-    ``DDPStrategy(bucket_cap_mb=1e-3)``) or its name. Each rank initialises differently
-    (seed + rank): the strategy's broadcast must fix that.
+    ``DDPStrategy(bucket_cap_mb=1e-3)``, or torch's ``TorchDDP()``) or its name. Each rank
+    initialises differently (seed + rank): the strategy's broadcast must fix that.
+    ``micro_batches`` and ``no_sync``: gradient accumulation over equal micro-batches of the
+    rank's slice (:func:`~trainfast.distributed.training_loop.train_with_strategy`).
     """
     strategy = make_strategy(strategy)
     if config.batch_size % world_size:
@@ -126,7 +134,15 @@ def strategy_worker(
     per_rank = config.batch_size // world_size
     mine = slice(rank * per_rank, (rank + 1) * per_rank)
     batches = [(tokens[mine], targets[mine]) for tokens, targets in _batches(config)]
-    return train_with_strategy(TiedModel(config), strategy, config.optimizer_config, batches, _loss)
+    return train_with_strategy(
+        TiedModel(config),
+        strategy,
+        config.optimizer_config,
+        batches,
+        _loss,
+        micro_batches=micro_batches,
+        no_sync=no_sync,
+    )
 
 
 def zero_resume_worker(
@@ -171,3 +187,26 @@ def zero_resume_worker(
         optimizer.step()
         losses.append(loss.item())
     return StrategyResult(losses, zero.full_parameters(model))
+
+
+def zero_owners_worker(rank: int, world_size: int, numels: list[list[int]]) -> dict[str, list]:
+    """Which rank owns each parameter under our ``ZeroOptimizer`` and under torch's
+    ``ZeroRedundancyOptimizer``, for parameter groups of 1-D tensors of ``numels`` elements."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    from trainfast.distributed.zero import ZeroOptimizer
+
+    groups = [[nn.Parameter(torch.zeros(n)) for n in group] for group in numels]
+    ours = ZeroOptimizer([{"params": g} for g in groups], torch.optim.SGD, lr=0.1)
+    theirs = ZeroRedundancyOptimizer(groups[0], torch.optim.SGD, lr=0.1)
+    for group in groups[1:]:
+        theirs.add_param_group({"params": group})
+    partition = theirs._partition_parameters()  # per rank, its share of every group
+    torch_owner = {
+        id(p): r for r, per_rank in enumerate(partition) for g in per_rank for p in g["params"]
+    }
+    flat = [p for g in groups for p in g]
+    return {
+        "ours": [ours.owner[p] for p in flat],
+        "torch": [torch_owner[id(p)] for p in flat],
+    }

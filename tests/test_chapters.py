@@ -16,6 +16,8 @@ contain (solutions, glued values) is checked by the chapter's own ``test_<chapte
 
 from __future__ import annotations
 
+import re
+
 import book_site
 import chapters
 import pytest
@@ -127,3 +129,26 @@ def test_the_environment_line_says_where_a_page_last_ran_on_a_gpu(tmp_path, monk
     assert line.startswith("device: cpu (")
     assert line.endswith(" | last on a GPU: NVIDIA H200, 2026-12-02, at abcdef1, every cell passed")
     assert "GPU" not in page_environment_line(cpu)  # no page named: no GPU clause
+
+
+#: A code cell whose source starts with a blank line (two after its options): the page's HTML
+#: drops that line, so sphinx-codeautolink cannot match the cell to its HTML and warns, which
+#: fails the build (-W) on a fresh clone.
+BLANK_FIRST_LINE = re.compile(r"```\{code-cell\}[^\n]*\n(?::[^\n]*\n)+\n\n")
+
+
+def blank_first_lines(text: str) -> list[int]:
+    """The line numbers of the code cells in MyST ``text`` whose source starts blank."""
+    return [text[: m.start()].count("\n") + 1 for m in BLANK_FIRST_LINE.finditer(text)]
+
+
+def test_no_code_cell_starts_with_a_blank_line() -> None:
+    planted = "```{code-cell} ipython3\n:tags: [hide-input]\n\n\nx = 1\n```\n"
+    assert blank_first_lines(planted) == [1]
+    assert blank_first_lines(planted.replace("\n\n\n", "\n\n")) == []
+    found = {
+        page: lines
+        for page in [*PAGES, *APPENDICES]
+        if (lines := blank_first_lines((book_site.ROOT / "book" / f"{page}.md").read_text()))
+    }
+    assert not found, f"code cells starting with a blank line: {found}"

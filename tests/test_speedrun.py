@@ -779,6 +779,23 @@ def test_records_compare_only_on_the_same_corpus_and_target(monkeypatch):
             summary_table(record, other)
 
 
+def test_the_summary_table_shows_the_columns_asked_for(monkeypatch):
+    from trainfast.speedrun import study as study_module
+
+    monkeypatch.setattr(study_module, "run_to_target", _planted([]))
+    tiny = log_module.preset("tiny")
+    record = run_study(tiny, log_module.entries(tiny, ["baseline", "RoPE"]), seeds=2)
+    every = summary_table(record).splitlines()
+    assert every[0].startswith("| block | entry | split | reached |")
+    some = summary_table(record, columns=["entry", "time ratio", "verdict"]).splitlines()
+    assert some[0] == "| entry | time ratio | verdict |" and some[1] == "|---|---|---|"
+    for full, short in zip(every[2:], some[2:], strict=True):  # the same cells, those asked for
+        cells = [c.strip() for c in full.strip("|").split("|")]
+        assert short == f"| {cells[1]} | {cells[8]} | {cells[11]} |"
+    with pytest.raises(ValueError, match="no column 'colour'"):
+        summary_table(record, columns=["entry", "colour"])
+
+
 def test_bad_names_and_settings_name_the_value():
     with pytest.raises(ValueError, match="Unknown preset: 'gpu9'"):
         log_module.preset("gpu9")

@@ -372,7 +372,8 @@ def plot_roofline(
         peak = f"{roofline.peak_flops / 1e9:,.0f} GFLOP/s"
         bandwidth = f"{roofline.bytes_per_s / 1e9:,.1f} GB/s"
         attainable = [roofline.attainable(x) for x in grid]
-        ax.plot(grid, attainable, style, color=color, label=f"{label}: {peak}, {bandwidth}")
+        # two lines, so the legend's two columns fit a figure 6.5 inches wide
+        ax.plot(grid, attainable, style, color=color, label=f"{label}:\n{peak}, {bandwidth}")
     first = next(iter(rooflines.values()), None)
     if first is not None:
         ax.axvline(

@@ -517,11 +517,15 @@ def _seconds(value: float) -> str:
     return "–" if value != value or value == float("inf") else f"{value:,.1f}"
 
 
-def summary_table(record: Record, book: Record | None = None) -> str:
+def summary_table(
+    record: Record, book: Record | None = None, columns: Sequence[str] | None = None
+) -> str:
     """The study as a Markdown table: one line per entry of each block, with its time,
     tokens, tokens/s and, against the entry it is compared with, the time ratio and its two
     factors and the verdict; with ``book`` (a record of the same preset, corpus and target,
-    :func:`check_comparable`), the book's median time for the same entry on the same split."""
+    :func:`check_comparable`), the book's median time for the same entry on the same split.
+    ``columns``: the headers to show, in the table's order (all by default; a page's column
+    is narrower than a terminal)."""
     if book is not None:
         check_comparable(record, book)
     readings = {(b.block, b.after.entry): b for b in blocks(record)}
@@ -533,7 +537,11 @@ def summary_table(record: Record, book: Record | None = None) -> str:
     header += ["vs", "time ratio", "token ratio", "tokens/s ratio", "verdict"]
     if book is not None:
         header += ["book's median (s)"]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    unknown = [c for c in columns or () if c not in header]
+    if unknown:
+        raise ValueError(f"summary_table: no column {unknown[0]!r} (columns: {header})")
+    shown = [i for i, c in enumerate(header) if columns is None or c in columns]
+    lines = ["| " + " | ".join(header[i] for i in shown) + " |", "|" + "---|" * len(shown)]
     for s in summarize(record):
         reading = readings.get((s.block, s.entry))
         cells = [str(s.block), s.entry, s.split, f"{s.reached}/{s.seeds}"]
@@ -548,7 +556,7 @@ def summary_table(record: Record, book: Record | None = None) -> str:
         if book is not None:
             other = theirs.get((s.entry, s.split))
             cells += [_seconds(other.median_seconds) if other else "–"]
-        lines.append("| " + " | ".join(cells) + " |")
+        lines.append("| " + " | ".join(cells[i] for i in shown) + " |")
     return "\n".join(lines)
 
 

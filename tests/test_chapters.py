@@ -28,10 +28,23 @@ APPENDICES = ["appendix/launching", "appendix/sweep_agents"]
 PAGE_BUDGET_CPU_SECONDS = 60
 
 
+#: Pages over the page budget, each with its CPU seconds and why; a page leaves this table when
+#: it fits. profiling/case_study compiles its model from scratch on a fresh clone (the build's
+#: Inductor cache, _build/torchinductor, is empty there): 95 s of CPU in the fresh clone of
+#: 041d867, 31 s with the cache warm. The cold compile is the page's own measurement (its
+#: compile-time paragraph reads it), so it stays until the page reads it from a record.
+OVER_BUDGET_CPU_SECONDS = {"profiling/case_study": 120}
+
+
 def budget_cpu_seconds(page: str) -> float:
-    """The CPU seconds page ``page`` may take: every page is a section page now (the last
-    chapters on one page became folders with issues 46-50), so every page has the page budget."""
-    return PAGE_BUDGET_CPU_SECONDS
+    """The CPU seconds page ``page`` may take: the page budget (every chapter is a folder of
+    section pages now, since issues 46-50), or its entry in :data:`OVER_BUDGET_CPU_SECONDS`."""
+    return OVER_BUDGET_CPU_SECONDS.get(page, PAGE_BUDGET_CPU_SECONDS)
+
+
+def test_every_page_over_the_budget_exists_and_is_named_with_a_reason() -> None:
+    assert set(OVER_BUDGET_CPU_SECONDS) <= set(PAGES), "a page that is gone is still excused"
+    assert all(seconds > PAGE_BUDGET_CPU_SECONDS for seconds in OVER_BUDGET_CPU_SECONDS.values())
 
 
 def budget_problem(page: str, execution: chapters.Execution, budget: float) -> str | None:

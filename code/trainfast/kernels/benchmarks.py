@@ -50,6 +50,7 @@ from trainfast.kernels.matmul_benchmarks import (
     FUSED_LINEAR_GELU_SHAPE,
     fused_linear_gelu_prediction,
     fused_linear_gelu_record,
+    launch_order_prediction,
     matmul_prediction,
     matmul_record,
 )
@@ -68,6 +69,7 @@ __all__ = [
     "fused_linear_gelu_record",
     "host_transfer_prediction",
     "host_transfer_record",
+    "launch_order_prediction",
     "matmul_prediction",
     "matmul_record",
     "roofline_record",

@@ -783,3 +783,28 @@ def test_mfu_peak_is_the_dense_bf16_peak():
     assert mfu_peak_flops(GPUS["H100 SXM 80GB"]) == GPUS["H100 SXM 80GB"].peak_flops["bf16"]
     with pytest.raises(ValueError, match="Invalid n_devices: 0"):
         mfu_peak_flops(GPUS["H100 SXM 80GB"], 0)
+
+
+def test_memory_drawing_labels_never_overlap():
+    """Five long labels in a 7.5-inch figure overlapped side by side (the accounting page's
+    figure on a phone); plot_memory slants them when they would."""
+    matplotlib = pytest.importorskip("matplotlib")
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    memory = training_memory(PRESET_SHAPES["gpt2-small"], recipe="fp32", optimizer="adamw")
+    labels = [
+        "fp32, Adam",
+        "bf16 mixed, Adam",
+        "bf16 mixed, Adam, checkpointing",
+        "bf16 mixed, SGD",
+        "bf16 mixed, Adam, SDPA",
+    ]
+    fig, ax = plot_memory({label: memory for label in labels})
+    boxes = [text.get_window_extent() for text in ax.get_xticklabels()]
+    assert all(left.x1 <= right.x0 for left, right in zip(boxes[:-1], boxes[1:], strict=True))
+    plt.close(fig)
+    # two short labels need no slant
+    fig, ax = plot_memory({"fp32": memory, "bf16": memory})
+    assert all(text.get_rotation() == 0 for text in ax.get_xticklabels())
+    plt.close(fig)

@@ -1403,3 +1403,27 @@ def test_quasi_random_configs_respect_the_ranges_and_spread_more_evenly_than_ran
             },
             4,
         )
+
+
+def test_parallel_coordinates_names_and_legend_stay_apart():
+    """The legend below the slanted axis names ran into "warmup_fraction" on the search page."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    results = [
+        sweeps.SweepResult(
+            {"warmup_fraction": 0.1 * i, "schedule": ["cosine", "constant"][i % 2]},
+            {"loss": 1.0 / (i + 1)},
+        )
+        for i in range(4)
+    ]
+    fig, ax = plt.subplots(figsize=(7.5, 3.8))
+    sweeps.parallel_coordinates(results, "loss", ax=ax)
+    fig.tight_layout()
+    fig.canvas.draw()
+    names = [text.get_window_extent() for text in ax.get_xticklabels()]
+    legend = ax.get_legend().get_window_extent()
+    assert all(legend.y1 <= name.y0 for name in names)
+    plt.close(fig)

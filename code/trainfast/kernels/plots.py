@@ -46,7 +46,6 @@ def plot_memory(
     else:
         fig = ax.figure
     labels = list(breakdowns)
-    # wrapped so that neighbouring bars' labels cannot run into each other
     names = ["\n".join(textwrap.wrap(label.replace("\n", " "), 16)) for label in labels]
     tops = [0.0] * len(labels)
     for part in fields(MemoryBreakdown):
@@ -64,5 +63,19 @@ def plot_memory(
     ax.set(title=title, xlabel=xlabel, ylabel="memory (GB)")
     ax.margins(y=0.15)
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    fig.tight_layout()
+    # wrapped narrower until neighbouring bars' labels do not run into each other (words stay
+    # whole); where even that fails, turned upright
+    for width in (16, 13, 10, 0):
+        if width:
+            wrapped = [
+                textwrap.wrap(label.replace("\n", " "), width, break_long_words=False)
+                for label in labels
+            ]
+            ax.set_xticks(range(len(labels)), ["\n".join(lines) for lines in wrapped])
+        else:
+            ax.tick_params(axis="x", labelrotation=90)
+        fig.tight_layout()
+        boxes = [text.get_window_extent() for text in ax.get_xticklabels()]
+        if all(left.x1 <= right.x0 for left, right in zip(boxes[:-1], boxes[1:], strict=True)):
+            break
     return fig, ax

@@ -157,12 +157,26 @@ def parallel_coordinates(
         else:
             ax.text(position + 0.03, 0.0, f"{low[j]:.3g}", fontsize=11, va="top")
             ax.text(position + 0.03, 1.0, f"{high[j]:.3g}", fontsize=11, va="bottom")
-    ax.set_xticks(positions, labels, rotation=20, ha="right", fontsize=11)
+    ax.set_xticks(
+        positions, labels, rotation=45, ha="right", rotation_mode="anchor", fontsize=11
+    )  # steep enough that long names ("warmup_fraction") do not run into their neighbours
     ax.set_yticks([])  # each axis runs from its own minimum (bottom) to its maximum (top)
     ax.set_xlim(-0.2, positions[-1] + 0.5)
     ax.set_ylim(-0.08, 1.08)
     ax.set_title(title or f"Parallel coordinates of {len(runs)} runs, coloured by {metric}")
     norm = plt.Normalize(y.min(), y.max())
     ax.figure.colorbar(plt.cm.ScalarMappable(norm=norm, cmap=cmap), ax=ax, label=metric)
-    ax.legend(loc="upper left", bbox_to_anchor=(0.0, -0.22), fontsize=11, frameon=False)
+    # the legend hangs below the slanted names, measured in points so that a later
+    # tight_layout (which resizes the axes) cannot slide it up into them
+    from matplotlib.transforms import offset_copy
+
+    names_height = max(text.get_window_extent().height for text in ax.get_xticklabels())
+    below = names_height * 72 / ax.figure.dpi + 12  # + tick length and padding
+    ax.legend(
+        loc="upper left",
+        bbox_to_anchor=(0.0, 0.0),
+        bbox_transform=offset_copy(ax.transAxes, fig=ax.figure, y=-below, units="points"),
+        fontsize=11,
+        frameon=False,
+    )
     return ax

@@ -247,7 +247,8 @@ def launch_order_prediction(
     one program per SM (the compile report's one block a SM for 128 × 256 tiles). The order
     matters once the row-by-row order's bytes take longer than its FLOPs: on an H100 from about
     32768³ at its measured 4096³ rate, on an H200 (1.4 times the bandwidth) not at a square
-    size. ``matmul-tiles`` measures it at :data:`LAUNCH_ORDER_SIZES`.
+    size. ``matmul-tiles`` measures it at
+    :data:`~trainfast.kernels.matmul_benchmarks.LAUNCH_ORDER_SIZES`.
     """
     from trainfast.kernels.tiled_matmul import wave_traffic_bytes
 

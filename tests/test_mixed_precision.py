@@ -15,6 +15,7 @@ from trainfast.precision import (
     FORMAT_NAMES,
     GradScaler,
     autocast_policy,
+    constant_loss_scale,
     decompose,
     float_format,
     fp8_matmul,
@@ -277,6 +278,52 @@ def test_updated_scale_grows_after_the_interval_and_never_to_infinity():
         big,
         0,
     )
+
+
+def test_constant_loss_scale_is_the_largest_power_of_two_that_keeps_the_max_in_float16():
+    # by hand: 65504 / 1 lies in [2^15, 2^16); a margin of 1 halves it; e4m3's 448 gives 2^8
+    assert constant_loss_scale(1.0) == 2.0**15
+    assert constant_loss_scale(1.0, margin=1) == 2.0**14
+    assert constant_loss_scale(2.0**-10) == 2.0**25
+    assert constant_loss_scale(1.0, fmt_max=448.0) == 2.0**8
+    assert constant_loss_scale(1e5) == 0.5  # a gradient beyond float16's range scales down
+    # the bound is inclusive: a product of exactly 65504 is float16's largest value
+    assert constant_loss_scale(65504.0 / 2**20) == 2.0**20
+    # one ulp above it, floor(log2(65504 / g)) computed in floating point is still 20 (the
+    # quotient rounds to 2^20): the exact rule must step down to 2^19
+    above = math.nextafter(65504.0 / 2**20, math.inf)
+    assert math.floor(math.log2(65504.0 / above)) == 20
+    assert constant_loss_scale(above) == 2.0**19
+    generator = torch.Generator().manual_seed(0)
+    magnitudes = torch.exp2(
+        torch.empty(2000, dtype=torch.float64).uniform_(-40, 10, generator=generator)
+    )
+    for g in magnitudes.tolist():
+        for margin in (0, 2):
+            scale = constant_loss_scale(g, margin=margin)
+            assert math.frexp(scale)[0] == 0.5, f"{scale} is not a power of two"
+            assert g * scale * 2**margin <= 65504.0 < g * 2 * scale * 2**margin, (g, margin)
+            # the scaled maximum survives the cast to float16
+            assert math.isfinite(torch.tensor(g * scale, dtype=torch.float32).half().item())
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ({"grad_abs_max": 0.0}, "grad_abs_max: 0.0"),
+        ({"grad_abs_max": -1.0}, "grad_abs_max: -1.0"),
+        ({"grad_abs_max": math.inf}, "grad_abs_max: inf"),
+        ({"grad_abs_max": math.nan}, "grad_abs_max: nan"),
+        ({"grad_abs_max": "1e-3"}, "grad_abs_max: '1e-3'"),
+        ({"grad_abs_max": 1e-40}, r"grad_abs_max: 1e-40 .*needs 2\*\*148,"),  # 2^148: not float32
+        ({"grad_abs_max": 1.0, "fmt_max": 0.0}, "fmt_max: 0.0"),
+        ({"grad_abs_max": 1.0, "margin": -1}, "margin: -1"),
+        ({"grad_abs_max": 1.0, "margin": 1.5}, "margin: 1.5"),
+    ],
+)
+def test_constant_loss_scale_refuses_bad_input_naming_the_value(arguments, message):
+    with pytest.raises(ValueError, match=message):
+        constant_loss_scale(**arguments)
 
 
 def test_unscaling_twice_or_after_step_and_stepping_twice_raise_runtime_error():
@@ -747,6 +794,20 @@ def test_block_scaling_rounds_like_torch_and_resists_outliers_that_per_tensor_sc
     assert blocks.shape == (64, 8, 32)
     with pytest.raises(ValueError, match="multiple of the block size 16"):
         fake_quantize(torch.randn(3, 24), "NVFP4")
+
+
+def test_mxfp8_follows_the_ocp_conversion_rule_scale_by_the_amax_binade_and_clamp():
+    """OCP MX v1.0, section 6.3: X = (largest power of two <= amax) / (e4m3's largest, 2^8), and
+    elements above the largest normal (448) after the division are clamped to it, sign kept."""
+    from trainfast.precision import fake_quantize
+
+    block = torch.zeros(2, 32)
+    block[0, :3] = torch.tensor([7.9, -7.9, 3.0])  # X = 2^(2 - 8): 7.9 / X = 505.6 > 448
+    block[1, :2] = torch.tensor([7.0, 0.02])  # 7 / X = 448 exactly; 0.02 / X = 1.28 -> 1.25
+    q = fake_quantize(block, "MXFP8")
+    assert q[0, :3].tolist() == [7.0, -7.0, 3.0]  # clamped to 448 X, not rounded to 512 X
+    assert q[1, :2].tolist() == [7.0, 1.25 * 2.0**-6]
+    assert torch.equal(q[:, 3:], block[:, 3:])
 
 
 def test_round_to_minifloat_saturates_infinities_and_keeps_nan_as_its_docstring_says():

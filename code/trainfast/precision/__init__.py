@@ -3,7 +3,8 @@
 * :mod:`~trainfast.precision.formats`: every format's range and precision derived from its bits
   (:func:`float_format`), TF32 rounding (:func:`round_to_tf32`), raw bit fields (:func:`decompose`);
 * :mod:`~trainfast.precision.loss_scaling`: dynamic loss scaling written out (:class:`GradScaler`,
-  step for step equal to ``torch.amp.GradScaler``);
+  step for step equal to ``torch.amp.GradScaler``), and a constant scale from gradient statistics
+  (:func:`constant_loss_scale`);
 * :mod:`~trainfast.precision.recipes`: one training step under a recipe of
   :data:`trainfast.recipes.RECIPES` (fp32, bf16/fp16 autocast, loss scaling, pure bf16), and the
   runs the chapter compares;
@@ -52,7 +53,12 @@ from trainfast.precision.fp8 import (
     scaled_matmul,
     to_fp8,
 )
-from trainfast.precision.loss_scaling import GradScaler, unscale_grads_, updated_scale
+from trainfast.precision.loss_scaling import (
+    GradScaler,
+    constant_loss_scale,
+    unscale_grads_,
+    updated_scale,
+)
 from trainfast.precision.numerics import (
     autocast_policy,
     matmul_error,
@@ -78,6 +84,7 @@ __all__ = [
     "accumulation_error",
     "autocast_policy",
     "check_runnable",
+    "constant_loss_scale",
     "decompose",
     "error_by_position",
     "float_format",

@@ -7,17 +7,25 @@ consecutive values (along the last axis) its own scale:
 * **MXFP8** (Open Compute Project, "OCP Microscaling Formats (MX) Specification" v1.0, 2023;
   Rouhani et al. 2023): blocks of 32 FP8 values (the specification allows e4m3 or e5m2; this
   module emulates e4m3, Transformer Engine's default) sharing an E8M0 scale, a bare power of two.
-  The specification's rule ``2^(floor(log2 amax) - 8)`` (8 is e4m3's largest exponent) puts the
-  block's amax in [256, 512), so values above 448 saturate: it overshoots rather than leaving a
-  binade unused. Transformer Engine rounds ``amax / 448`` *up* to a power of two instead, which
-  never saturates but can leave up to one binade unused (its MXFP8 documentation);
+  The specification's conversion (its section 6.3, as torchao's ``to_mx``, which cites that
+  section, and Microsoft's microxcaling ``_quantize_mx`` implement it) sets the scale to the
+  largest power of two not above the block's amax divided by the element type's largest power
+  of two, here ``2^(floor(log2 amax) - 8)`` (e4m3's is 2^8), which puts the block's amax in
+  [256, 512), and clamps elements above the element type's largest normal value to it,
+  preserving the sign: values above 448 saturate, as :func:`round_to_minifloat` does. It
+  overshoots rather than leaving a binade unused. Transformer Engine rounds ``amax / 448`` *up*
+  to a power of two instead, which never saturates but can leave up to one binade unused (its
+  MXFP8 documentation). The specification's other formats share the 32-element block and the
+  E8M0 scale and are not emulated here: MXFP6 (E3M2 or E2M3 elements), MXFP4 (E2M1) and
+  MXINT8 (8-bit integers);
 * **NVFP4** (NVIDIA, Transformer Engine documentation, ``NVFP4BlockScaling``): blocks of 16
   E2M1 values (4 bits: 0, 0.5, 1, 1.5, 2, 3, 4, 6) sharing an e4m3 scale ``amax / 6``, with a
   second, per-tensor float32 scale that brings the block scales into e4m3's range.
 
-Blackwell tensor cores consume these formats directly; here :func:`fake_quantize` returns the
-dequantised values (float32) so that their error can be measured on any device. Rounding is
-round-to-nearest-even (:func:`round_to_minifloat`, checked against torch's e4m3 cast).
+Blackwell tensor cores consume these formats directly (and MXFP6 and MXFP4, not MXINT8); here
+:func:`fake_quantize` returns the dequantised values (float32) so that their error can be
+measured on any device. Rounding is round-to-nearest-even (:func:`round_to_minifloat`, checked
+against torch's e4m3 cast).
 """
 
 from __future__ import annotations

@@ -12,7 +12,9 @@ gradients by ``S`` before the optimizer step. *Dynamic* scaling picks ``S`` by t
 * after ``growth_interval`` (2000) consecutive steps without one, multiply ``S`` by
   ``growth_factor`` (2), to keep the smallest gradients as far from underflow as possible.
 
-:func:`updated_scale` is that rule as a pure function, :func:`unscale_grads_` the division and
+A *constant* scale can be chosen from gradient statistics instead (NVIDIA's mixed-precision
+training guide): :func:`constant_loss_scale`. :func:`updated_scale` is the dynamic rule as a pure
+function, :func:`unscale_grads_` the division and
 inf/NaN check; :class:`GradScaler` keeps the state and has the constructor and methods of
 ``torch.amp.GradScaler``, whose trajectories it matches exactly (the tests check the scale,
 skipped steps and final parameters against torch's). bfloat16 has float32's 8 exponent bits,
@@ -31,6 +33,7 @@ gradients are not supported.
 from __future__ import annotations
 
 import enum
+import math
 import warnings
 from collections.abc import Iterable
 from typing import Any
@@ -52,7 +55,44 @@ def _skips(scale: Any) -> str:
     return ""
 
 
-__all__ = ["GradScaler", "unscale_grads_", "updated_scale"]
+__all__ = ["GradScaler", "constant_loss_scale", "unscale_grads_", "updated_scale"]
+
+
+def constant_loss_scale(grad_abs_max: float, *, fmt_max: float = 65504.0, margin: int = 0) -> float:
+    """The largest power of two ``S`` with ``grad_abs_max * S * 2**margin <= fmt_max``.
+
+    NVIDIA's mixed-precision training guide ("Choosing a scaling factor") picks a constant loss
+    scale from gradient statistics: a value whose product with the largest gradient magnitude
+    stays below float16's largest value, 65504; Micikevicius et al. (2018) give the same rule.
+    Within that bound larger is better, since a scale too small leaves the smallest gradients
+    below float16's smallest subnormal, where they flush to zero. A power of two multiplies
+    exactly, so scaling and unscaling add no rounding. ``margin`` leaves ``2**margin`` of
+    headroom for later steps whose gradients are larger than the measured ones (our parameter,
+    named as in Transformer Engine's ``DelayedScaling``; the guide names none). ``fmt_max`` is
+    the target format's largest finite value. The scale must fit float32 (``2**-126`` to
+    ``2**127``), where loss scalers keep it.
+
+    When not to use it: the bound holds only for the gradients it was measured on. A later step
+    with a larger gradient overflows at a constant scale; dynamic scaling (:class:`GradScaler`)
+    detects that, skips the step and halves the scale, which is why it is the default.
+    """
+    check_number("grad_abs_max", grad_abs_max, above=0.0)
+    check_number("fmt_max", fmt_max, above=0.0)
+    check_int("margin", margin, minimum=0)
+    bound = fmt_max / 2.0**margin  # exact: a division by a power of two
+    # floor(log2(bound / grad_abs_max)) from the exponents alone (no division to round or
+    # overflow), then at most one step each way to the exact power
+    exponent = math.frexp(bound)[1] - math.frexp(grad_abs_max)[1]
+    while math.ldexp(grad_abs_max, exponent) > bound:
+        exponent -= 1
+    while math.ldexp(grad_abs_max, exponent + 1) <= bound:
+        exponent += 1
+    if not -126 <= exponent <= 127:  # float32's normal powers of two
+        raise ValueError(
+            f"Invalid grad_abs_max: {grad_abs_max!r} (expected one whose scale fits float32: "
+            f"it needs 2**{exponent}, outside 2**-126 to 2**127)"
+        )
+    return math.ldexp(1.0, exponent)
 
 
 def _float32(value: float) -> float:

@@ -8,17 +8,21 @@ measurement differ, the test names the difference and computes it. Tiny shapes, 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
+from collections.abc import Callable, Sequence
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint_sequential
 from trainfast.accounting import (
     OPTIMIZER_MOMENTS,
     MemoryBreakdown,
     activation_bytes,
     bytes_per_parameter,
+    checkpoint_sequential_segments,
     checkpointed_layer_bytes,
     counted_flops,
     linear_training_flops,
@@ -29,6 +33,8 @@ from trainfast.accounting import (
     parameter_count,
     peak_allocated_bytes,
     saved_tensor_bytes,
+    segmented_activation_bytes,
+    sqrt_checkpoint_segments,
     training_flops,
     training_memory,
     training_run_seconds,
@@ -229,6 +235,116 @@ def test_activation_bytes_with_checkpointing():
         assert measured == formula - recomputed + _unmodelled(shape, 1, 4, 4)
         assert checkpointed_layer_bytes(shape, value_bytes=4) == shape.tokens * shape.d_model * 4
         assert formula < model_activation_bytes(shape, value_bytes=4, attention=attention)
+
+
+# --- a chain checkpointed in segments (Chen et al. 2016) against checkpoint_sequential ----------
+
+# 4096 x 16 float32 activations, 256 KiB each, beside 1 KiB of weights per layer
+CHAIN_BATCH, CHAIN_WIDTH = 4096, 16
+# (layers, segments): unsegmented, halves, Chen's sqrt(n), every layer, an uneven cut, 25 layers
+CHAIN_CASES = [(16, 1), (16, 2), (16, 4), (16, 16), (10, 3), (25, 5)]
+# the backward's gradients alive at once in this chain: the layer's output's and its input's
+CHAIN_GRADIENTS = 2
+
+
+@functools.cache
+def _chain_measurements() -> dict[tuple[int, int], tuple[float, int]]:
+    """Per case, the peak bytes of one forward + backward through ``checkpoint_sequential``, in
+    activations, and how many layer forwards ran.
+
+    Each layer is Linear then an in-place ReLU: Linear keeps its input, ReLU its output (the
+    Linear's own output, rectified in place), so a layer keeps one activation besides its
+    input, the unit of :func:`segmented_activation_bytes`. ``preserve_rng_state=False``: the
+    chain draws no random numbers, and each checkpoint would otherwise keep a 5 KB copy of the
+    CPU generator's state."""
+    measured = {}
+    for n_layers, segments in CHAIN_CASES:
+        torch.manual_seed(0)
+        chain = nn.Sequential(
+            *(
+                nn.Sequential(nn.Linear(CHAIN_WIDTH, CHAIN_WIDTH), nn.ReLU(inplace=True))
+                for _ in range(n_layers)
+            )
+        )
+        forwards: list[nn.Module] = []
+        for layer in chain:
+            layer.register_forward_pre_hook(lambda module, args, seen=forwards: seen.append(module))
+
+        def step(chain: nn.Module = chain, segments: int = segments) -> None:
+            x = torch.randn(CHAIN_BATCH, CHAIN_WIDTH)
+            y = checkpoint_sequential(
+                chain, segments, x, use_reentrant=False, preserve_rng_state=False
+            )
+            y.sum().backward()
+
+        step()  # warm-up, counting the layers' forwards
+        calls = len(forwards)
+        chain.zero_grad(set_to_none=True)
+        peak = peak_allocated_bytes(step) / (CHAIN_BATCH * CHAIN_WIDTH * 4)
+        measured[(n_layers, segments)] = (peak, calls)
+    return measured
+
+
+def _check_chain_peaks(predict: Callable[[Sequence[int]], float]) -> None:
+    """Raise ``AssertionError`` naming the first case where ``predict(segment_layers)`` plus the
+    backward's gradients misses the measured peak by more than a quarter of an activation,
+    room for the weights' gradients (under a tenth here)."""
+    for (n_layers, segments), (measured, _) in _chain_measurements().items():
+        predicted = predict(checkpoint_sequential_segments(n_layers, segments))
+        extra = measured - predicted - CHAIN_GRADIENTS
+        assert 0 <= extra < 0.25, (
+            f"{n_layers} layers in {segments} segments: measured {measured:.2f} activations, "
+            f"predicted {predicted:g} + {CHAIN_GRADIENTS} gradients"
+        )
+
+
+def test_segmented_checkpointing_peak_meets_checkpoint_sequential():
+    _check_chain_peaks(segmented_activation_bytes)
+    for (n_layers, segments), (_, calls) in _chain_measurements().items():
+        # every segment but the last runs its forward again in the backward
+        assert calls == n_layers + sum(checkpoint_sequential_segments(n_layers, segments)[:-1])
+
+
+@pytest.mark.parametrize(
+    "wrong",
+    [
+        pytest.param(len, id="the checkpoints without the recomputed segment"),
+        pytest.param(lambda s: sum(s) + 1, id="no saving: every activation kept"),
+        pytest.param(lambda s: 2 * math.sqrt(sum(s)), id="2 sqrt(n) whatever the cut"),
+        pytest.param(lambda s: len(s) - 1 + s[-1], id="the last segment's input forgotten"),
+        pytest.param(lambda s: len(s) + s[-1] + 1, id="the chain's output counted too"),
+    ],
+)
+def test_segmented_checkpointing_check_rejects_wrong_models(wrong):
+    with pytest.raises(AssertionError, match="layers in"):
+        _check_chain_peaks(wrong)
+
+
+def test_sqrt_schedule_is_chens():
+    for n_layers in (4, 9, 16, 25, 100):  # sqrt(n) segments of sqrt(n) layers: 2 sqrt(n)
+        segments = sqrt_checkpoint_segments(n_layers)
+        assert segments == (math.isqrt(n_layers),) * math.isqrt(n_layers)
+        assert segmented_activation_bytes(segments) == 2 * math.isqrt(n_layers)
+    for n_layers in range(1, 200):
+        segments = sqrt_checkpoint_segments(n_layers)
+        assert sum(segments) == n_layers
+        unsegmented = segmented_activation_bytes((n_layers,))
+        assert unsegmented == n_layers + 1 == segmented_activation_bytes((1,) * n_layers)
+        # the remainder in the last segment costs at most about another sqrt(n)
+        assert segmented_activation_bytes(segments) <= 3 * math.sqrt(n_layers)
+    # the docstring's example of a remainder: 28 layers, 5 segments give 13, 4 give 11
+    assert segmented_activation_bytes(sqrt_checkpoint_segments(28)) == 13
+    assert segmented_activation_bytes(checkpoint_sequential_segments(28, 4)) == 11
+
+
+def test_model_activation_bytes_checkpoints_every_block_as_one_layer_segments():
+    shape = TINY
+    layer = activation_bytes(shape, value_bytes=4)
+    kept = checkpointed_layer_bytes(shape, value_bytes=4)
+    head = model_activation_bytes(shape, value_bytes=4) - shape.n_layers * layer
+    assert model_activation_bytes(shape, value_bytes=4, checkpointing=True) == (
+        shape.n_layers * kept + layer + head
+    )
 
 
 def test_activation_bytes_scale_with_the_value_size():

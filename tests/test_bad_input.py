@@ -315,6 +315,11 @@ def test_torch_really_accepts_what_the_messages_say_it_does() -> None:
 
 # --------------------------------------------------------- floats and bools where ints belong
 NOT_AN_INT = [
+    Case(
+        "checkpoint_sequential_segments segments=4.0",
+        lambda: accounting.checkpoint_sequential_segments(16, 4.0),
+        r"segments: 4.0",
+    ),
     Case("TrainingArguments epochs=1.5", lambda: TrainingArguments(epochs=1.5), r"epochs: 1.5"),
     Case("TrainingArguments epochs=True", lambda: TrainingArguments(epochs=True), r"epochs: True"),
     Case(
@@ -635,6 +640,26 @@ DATA = [
         "training_run_seconds mfu=4",
         lambda: accounting.training_run_seconds(6e9, 1e9, n_gpus=8, peak_flops=1e15, mfu=4),
         r"mfu: 4",
+    ),
+    Case(
+        "checkpoint_sequential_segments 4 layers in 5 segments",
+        lambda: accounting.checkpoint_sequential_segments(4, 5),
+        r"segments: 5 \(expected an integer from 1 to 4\)",
+    ),
+    Case(
+        "segmented_activation_bytes no segment",
+        lambda: accounting.segmented_activation_bytes(()),
+        r"segment_layers: \(\)",
+    ),
+    Case(
+        "segmented_activation_bytes a segment of 0 layers",
+        lambda: accounting.segmented_activation_bytes((3, 0)),
+        r"segment_layers\[1\]: 0",
+    ),
+    Case(
+        "segmented_activation_bytes a number of layers, not segments",
+        lambda: accounting.segmented_activation_bytes(16),
+        r"segment_layers: 16",
     ),
 ]
 

@@ -41,10 +41,13 @@ from __future__ import annotations
 from trainfast.accounting.activations import (
     LOSS_BYTES_PER_LOGIT,
     activation_bytes,
+    checkpoint_sequential_segments,
     checkpointed_layer_bytes,
     head_activation_values,
     loss_buffer_bytes,
     model_activation_bytes,
+    segmented_activation_bytes,
+    sqrt_checkpoint_segments,
 )
 from trainfast.accounting.flops import linear_training_flops, matmul_flops, training_flops
 from trainfast.accounting.memory import (
@@ -73,6 +76,7 @@ __all__ = [
     "MemoryBreakdown",
     "activation_bytes",
     "bytes_per_parameter",
+    "checkpoint_sequential_segments",
     "checkpointed_layer_bytes",
     "linear_training_flops",
     "loss_buffer_bytes",
@@ -82,6 +86,8 @@ __all__ = [
     "head_activation_values",
     "model_activation_bytes",
     "parameter_count",
+    "segmented_activation_bytes",
+    "sqrt_checkpoint_segments",
     "training_flops",
     "training_memory",
     "zero_memory",

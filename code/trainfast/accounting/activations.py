@@ -1,6 +1,6 @@
 """Activation memory: the bytes a training step saves for backward, per layer and for the whole
-model, with and without activation checkpointing, and the loss's float32 buffers that join them
-at the peak.
+model, with and without activation checkpointing (of every block, or of a chain in segments, as
+Chen et al. 2016 schedule it), and the loss's float32 buffers that join them at the peak.
 
 Counted as our :class:`~trainfast.transformer.Transformer` keeps them, and tested against the
 tensors autograd saves (:func:`~trainfast.counters.saved_tensor_bytes`) and the peak the
@@ -10,10 +10,14 @@ listed in each function and in the conventions of :mod:`trainfast.accounting`.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
+
 from trainfast.transformer import Attention, TransformerShape
 from trainfast.validation import (
     check_flag,
     check_instance,
+    check_int,
     check_positive,
     check_positive_number,
 )
@@ -21,10 +25,13 @@ from trainfast.validation import (
 __all__ = [
     "LOSS_BYTES_PER_LOGIT",
     "activation_bytes",
+    "checkpoint_sequential_segments",
     "checkpointed_layer_bytes",
     "head_activation_values",
     "loss_buffer_bytes",
     "model_activation_bytes",
+    "segmented_activation_bytes",
+    "sqrt_checkpoint_segments",
 ]
 
 
@@ -176,20 +183,96 @@ def model_activation_bytes(
     output and the loss's log-probabilities, ``(2h + V)`` values per token (and the embedding
     dropout's mask). With ``checkpointing``, each layer keeps only its input
     (:func:`checkpointed_layer_bytes`) and backward recomputes one layer at a time, so one
-    layer's full activations are added: an upper bound, since the head's tensors are freed
-    before the first recomputation. Not counted (see the tests): LayerNorm statistics, the
+    layer's full activations are added (:func:`segmented_activation_bytes` of one-layer
+    segments): an upper bound, since the head's tensors are freed before the first
+    recomputation. Not counted (see the tests): LayerNorm statistics, the
     token ids and targets, and the caching allocator's rounding.
     """
     check_instance("shape", shape, TransformerShape)
     check_flag("checkpointing", checkpointing)
     layer = activation_bytes(shape, value_bytes=value_bytes, dropout=dropout, attention=attention)
-    if checkpointing:
-        layers = shape.n_layers * checkpointed_layer_bytes(shape, value_bytes=value_bytes) + layer
+    if checkpointing:  # every block a segment of one layer
+        layers = segmented_activation_bytes(
+            (1,) * shape.n_layers,
+            layer_bytes=layer,
+            input_bytes=checkpointed_layer_bytes(shape, value_bytes=value_bytes),
+        )
     else:
         layers = shape.n_layers * layer
     per_token = head_activation_values(shape) * value_bytes
     per_token += shape.d_model if dropout else 0
     return layers + shape.tokens * per_token
+
+
+def segmented_activation_bytes(
+    segment_layers: Sequence[int], *, layer_bytes: float = 1.0, input_bytes: float = 1.0
+) -> float:
+    """Peak activation memory of a chain of layers checkpointed in consecutive segments of
+    ``segment_layers`` layers: the largest, over segments ``j = 1, 2, ...``, of
+    ``j * input_bytes + l_j * layer_bytes``.
+
+    Chen et al. (2016, "Training Deep Nets with Sublinear Memory Cost") keep only each
+    segment's input in the forward pass and recompute one segment at a time in the backward.
+    While the backward runs through segment ``j``, the inputs of segments 1 to ``j`` are still
+    kept and segment ``j``'s ``l_j`` layers hold their activations; the segments after it are
+    done and freed. Whether the last segment is recomputed (``checkpoint``) or kept from the
+    forward (``checkpoint_sequential``) does not change the peak.
+
+    The units are the caller's. With the defaults the answer is in activations of a chain
+    whose layers each keep one output-sized tensor besides their input (Linear then ReLU):
+    ``n + 1`` for ``n`` layers unsegmented, ``(n,)``, and just as many with every layer its
+    own segment; ``2 sqrt(n)`` for ``sqrt(n)`` segments of ``sqrt(n)`` layers
+    (:func:`sqrt_checkpoint_segments`). An upper bound when ``layer_bytes`` includes the
+    layer's own input (as :func:`activation_bytes` does, for
+    :func:`model_activation_bytes`): each segment's input is then counted twice.
+
+    Not counted: the gradients the backward allocates (two activations at a time in such a
+    chain, measured in the tests), the weights' gradients, the loss's buffers.
+    """
+    check_positive_number("layer_bytes", layer_bytes)
+    check_positive_number("input_bytes", input_bytes)
+    if isinstance(segment_layers, (str, bytes)) or not isinstance(segment_layers, Sequence):
+        raise ValueError(
+            f"Invalid segment_layers: {segment_layers!r} (expected a sequence of positive "
+            "integers, the layers in each segment)"
+        )
+    if not segment_layers:
+        raise ValueError("Invalid segment_layers: () (expected at least one segment)")
+    for j, layers in enumerate(segment_layers):
+        check_positive(f"segment_layers[{j}]", layers)
+    return max(
+        (j + 1) * input_bytes + layers * layer_bytes for j, layers in enumerate(segment_layers)
+    )
+
+
+def checkpoint_sequential_segments(n_layers: int, segments: int) -> tuple[int, ...]:
+    """The layers in each segment when ``torch.utils.checkpoint.checkpoint_sequential(
+    functions, segments, input, use_reentrant=False)`` runs a chain of ``n_layers``:
+    ``n_layers // segments`` in each, the remainder in the last, as its source cuts them.
+
+    Every segment but the last is checkpointed, so the backward runs ``sum(segments[:-1])``
+    layers' forward a second time: about one extra forward pass. ``segments`` may not exceed
+    ``n_layers`` (torch would cut segments of no layer and fail).
+    """
+    check_positive("n_layers", n_layers)
+    check_int("segments", segments, minimum=1, maximum=n_layers)
+    size = n_layers // segments
+    return (size,) * (segments - 1) + (n_layers - size * (segments - 1),)
+
+
+def sqrt_checkpoint_segments(n_layers: int) -> tuple[int, ...]:
+    """Chen et al.'s (2016) schedule for a chain of ``n_layers``: ``floor(sqrt(n))`` segments
+    of about ``sqrt(n)`` layers, cut as :func:`checkpoint_sequential_segments` cuts them.
+
+    The peak is then about ``2 sqrt(n)`` activations (:func:`segmented_activation_bytes`)
+    instead of ``n``. Exactly when ``sqrt(n)`` divides ``n``; otherwise the last segment takes
+    the remainder and the peak can exceed the best split by a few activations (for 28
+    layers, 13 against 11 with 4 segments): when that matters, compare
+    :func:`segmented_activation_bytes` over the segment counts. It assumes layers of one
+    size: for layers that keep very different amounts, weigh the segments by their bytes.
+    """
+    check_positive("n_layers", n_layers)
+    return checkpoint_sequential_segments(n_layers, math.isqrt(n_layers))
 
 
 #: Bytes per logit value of the book's float32 cross-entropy at the start of backward: the

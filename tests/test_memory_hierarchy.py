@@ -2007,6 +2007,74 @@ def test_wave_traffic_counts_the_strips_each_wave_touches():
     )
 
 
+def _counted_quantisation(m, n, k, tiles, programs_in_flight):
+    """Tile and wave quantisation counted by brute force: every tile of C and every K step
+    (useful multiply-adds: the part inside the matrices; issued: the whole tile), and the
+    programs placed one by one in slots, a new wave when the slots run out."""
+    useful = issued = programs = 0
+    for row in range(0, m, tiles.block_m):
+        for col in range(0, n, tiles.block_n):
+            programs += 1
+            for depth in range(0, k, tiles.block_k):
+                inside = min(tiles.block_m, m - row) * min(tiles.block_n, n - col)
+                useful += inside * min(tiles.block_k, k - depth)
+                issued += tiles.block_m * tiles.block_n * tiles.block_k
+    waves = free = 0
+    for _ in range(programs):
+        if free == 0:
+            waves, free = waves + 1, programs_in_flight
+        free -= 1
+    return programs, waves, useful / issued, programs / (waves * programs_in_flight)
+
+
+@pytest.mark.parametrize("in_flight", [1, 5, 132])
+def test_dimension_quantisation_matches_a_count_of_tiles_and_the_launch_grid(in_flight):
+    """The model against a tile-by-tile count, on sizes at, below and just past a multiple of
+    each block, and its programs against the grid :func:`matmul_launch` gives the kernel."""
+    from trainfast.kernels.tiled_matmul import MatmulTiles, dimension_quantisation, matmul_launch
+
+    for tiles in (MatmulTiles(16, 32, 16), MatmulTiles(64, 16, 32)):
+        for m in (1, 15, 16, 17, 100):
+            for n in (31, 32, 33, 257):
+                for k in (1, 16, 17, 90):
+                    model = dimension_quantisation(m, n, k, tiles, in_flight)
+                    programs, waves, tile_eff, wave_eff = _counted_quantisation(
+                        m, n, k, tiles, in_flight
+                    )
+                    case = (tiles.block_m, tiles.block_n, tiles.block_k, m, n, k, in_flight)
+                    assert (model.programs, model.waves) == (programs, waves), case
+                    assert model.tile_efficiency == pytest.approx(tile_eff, rel=1e-12), case
+                    assert model.wave_efficiency == pytest.approx(wave_eff, rel=1e-12), case
+                    a, b = torch.empty(m, k, device="meta"), torch.empty(k, n, device="meta")
+                    grid, _, _ = matmul_launch(a, b, torch.empty(m, n, device="meta"), tiles)
+                    assert grid == (model.programs,), case
+    h100_tile = MatmulTiles(128, 256, 64)  # the default bf16 tiles on an H100 or H200
+    counted = _counted_quantisation(4160, 4160, 4160, h100_tile, in_flight)
+    model = dimension_quantisation(4160, 4160, 4160, h100_tile, in_flight)
+    assert (model.programs, model.waves) == counted[:2]
+    assert (model.tile_efficiency, model.wave_efficiency) == pytest.approx(counted[2:])
+
+
+def test_quantisation_prediction_is_a_sawtooth_past_4096_and_refuses_bad_input():
+    """At the default bf16 tiles, 132 programs at a time: 4096³ is 512 programs in 4 waves
+    (97 % of the slots); each of the benchmark's sizes takes a fifth wave, and the partial tiles
+    of 4160³ and 4224³ cost more again."""
+    from trainfast.gpus import GPUS
+    from trainfast.kernels.matmul_benchmarks import QUANTISATION_SIZES, quantisation_prediction
+    from trainfast.kernels.tiled_matmul import MatmulTiles, dimension_quantisation
+
+    h100, tiles = GPUS["H100 SXM 80GB"], MatmulTiles(128, 256, 64)
+    aligned = quantisation_prediction(h100, 4096, tiles)
+    assert aligned.value == pytest.approx(989.4 * 512 / 528, rel=1e-3)
+    rates = [quantisation_prediction(h100, size, tiles).value for size in QUANTISATION_SIZES]
+    assert rates == sorted(rates) and rates[-1] < aligned.value, rates
+    assert rates[0] == pytest.approx(989.4 * (4160 / 4224) * (4160 / 4352) * 561 / 660, rel=1e-3)
+    with pytest.raises(ValueError, match="programs_in_flight"):
+        dimension_quantisation(64, 64, 64, tiles, 0)
+    with pytest.raises(ValueError, match="Invalid m: 0"):
+        dimension_quantisation(0, 64, 64, tiles, 132)
+
+
 def test_launch_order_shows_first_at_32768_on_an_h100_and_not_on_an_h200():
     """The wave model at the 4096³ rate the H100 record measured for these tiles (about 470
     TFLOP/s, an input here): the two orders tie up to 16384³; at 32768³ the row-by-row order's

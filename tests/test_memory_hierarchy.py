@@ -650,6 +650,94 @@ def test_copy_kernel_matches_clone(shape, dtype):
     assert torch.equal(copy_tensor(x, implementation="torch"), x)
 
 
+# --- fused softmax (Triton's fused-softmax tutorial, one row per program) ---------------------
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (3, 7), (5, 781), (2, 3, 130), (4, 1024), (2, 2049)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_fused_softmax_matches_torch_softmax(shape, dtype):
+    """Rows shorter than, equal to and just past a power of two (the masked lanes), leading
+    dimensions viewed as rows, and a 2-D slice whose rows are further apart than their length
+    (the kernel's row stride); against torch.softmax in float32."""
+    from trainfast.kernels import fused_softmax
+    from trainfast.kernels.softmax_triton import SoftmaxTiles
+
+    generator = torch.Generator().manual_seed(0)
+    x = (3 * torch.randn(shape, generator=generator)).to(DEVICE, dtype)
+    expected = torch.softmax(x.float(), dim=-1)
+    y = fused_softmax(x)
+    assert y.shape == x.shape and y.dtype == dtype
+    torch.testing.assert_close(y.float(), expected, **TOLERANCE[dtype])
+    assert torch.equal(fused_softmax(x, implementation="torch"), torch.softmax(x, dim=-1))
+    wide = (3 * torch.randn(6, 257, generator=generator)).to(DEVICE, dtype)
+    sliced = wide[:, :100]  # rows 257 apart, 100 long
+    for tiles in (None, SoftmaxTiles(block_size=512, num_warps=4)):  # a block past the row too
+        torch.testing.assert_close(
+            fused_softmax(sliced, tiles=tiles).float(),
+            torch.softmax(sliced.float(), dim=-1),
+            **TOLERANCE[dtype],
+        )
+    assert fused_softmax(x[:0]).shape == x[:0].shape
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_gpu_fused_softmax_matches_torch_softmax(dtype):
+    """Compiled, with bfloat16 and the longest row: 16 warps, a 16,384-value block."""
+    from trainfast.kernels import fused_softmax
+    from trainfast.kernels.softmax_triton import MAX_SOFTMAX_COLUMNS
+
+    generator = torch.Generator().manual_seed(0)
+    for shape in ((1823, 781), (64, MAX_SOFTMAX_COLUMNS)):  # the tutorial's unit test, the longest
+        x = (3 * torch.randn(shape, generator=generator)).to("cuda", dtype)
+        expected = torch.softmax(x.float(), dim=-1)
+        torch.testing.assert_close(fused_softmax(x).float(), expected, **TOLERANCE[dtype])
+
+
+def test_softmax_tiles_hold_the_row_with_the_tutorials_warps():
+    """The block is the next power of two at or above the row; 4, 8 or 16 warps; one program
+    per row, and the row stride passed."""
+    from trainfast.kernels.softmax_triton import softmax_launch, softmax_tiles
+
+    expected = {1: (1, 4), 2: (2, 4), 781: (1024, 4), 1024: (1024, 4), 1025: (2048, 8)}
+    expected |= {2049: (4096, 16), 4096: (4096, 16), 16384: (16384, 16)}
+    for n_cols, (block, warps) in expected.items():
+        tiles = softmax_tiles(None, torch.float32, n_cols)
+        assert (tiles.block_size, tiles.num_warps) == (block, warps), n_cols
+    x = torch.empty(7, 300, device="meta")[:, :200]
+    grid, args, kwargs = softmax_launch(x, torch.empty(7, 200), softmax_tiles(None, x.dtype, 200))
+    assert grid == (7,) and args[2:] == (300, 200, 200) and kwargs["BLOCK_SIZE"] == 256
+
+
+def test_fused_softmax_refuses_what_it_cannot_run_naming_the_value():
+    """Each refusal comes before any launch: nothing here runs the kernel."""
+    from trainfast.kernels import fused_softmax
+    from trainfast.kernels.softmax_triton import (
+        MAX_SOFTMAX_COLUMNS,
+        SoftmaxTiles,
+        softmax_launch,
+        softmax_tiles,
+    )
+
+    cases = [
+        (torch.zeros(2, MAX_SOFTMAX_COLUMNS + 1), {}, "Rows of 16385 values"),
+        (torch.zeros(4, 3).t(), {}, r"last dimension contiguous, got shape \(3, 4\)"),
+        (torch.zeros(3, 4, 5).transpose(0, 1), {}, r"cannot view shape \(4, 3, 5\)"),
+        (torch.tensor(1.0), {}, "0-d tensor"),
+        (torch.zeros(2, 3, dtype=torch.float64), {}, "Unsupported dtype torch.float64"),
+        (torch.zeros(2, 3), {"implementation": "cuda"}, "Unknown implementation: 'cuda'"),
+    ]
+    for x, options, message in cases:
+        with pytest.raises(ValueError, match=message):
+            fused_softmax(x, **options)
+    with pytest.raises(ValueError, match="Invalid block_size: 100"):
+        SoftmaxTiles(block_size=100)
+    with pytest.raises(ValueError, match="Invalid block_size: 64 .rows have 100 values"):
+        softmax_launch(torch.empty(2, 100), torch.empty(2, 100), SoftmaxTiles(64))
+    with pytest.raises(ValueError, match="Invalid n_cols: 0"):
+        softmax_tiles(None, torch.float32, 0)
+
+
 @pytest.mark.parametrize("mkn", [(33, 47, 65), (64, 64, 64), (1, 17, 5), (100, 16, 3)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_tiled_matmul_matches_torch_matmul(mkn, dtype):

@@ -517,6 +517,21 @@ def test_every_autotuning_candidate_of_the_fused_matmul_fits(gpu):
             assert row.tensor_cores == ("wgmma" if gpu is H100 else "mma"), row
 
 
+@compiles
+@pytest.mark.parametrize("gpu", [H100, A100, T4], ids=lambda g: g.sm_target)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_the_fused_softmax_at_its_longest_row_fits_and_spills_nothing(gpu, dtype):
+    """The softmax variant at MAX_SOFTMAX_COLUMNS (a 16,384-value block over 16 warps): a row
+    held in registers, no shared memory beyond the reductions' scratch, no spills, no tensor
+    cores (it multiplies nothing)."""
+    from trainfast.kernels.softmax_triton import MAX_SOFTMAX_COLUMNS
+
+    row = compile_kernel("softmax", gpu, dtype)
+    assert row.fits, row.verdict
+    assert row.tiles.startswith(f"{MAX_SOFTMAX_COLUMNS}, 16 warps"), row.tiles
+    assert row.spill_bytes == 0 and row.tensor_cores == "none", row
+
+
 def test_two_processes_compiling_one_kernel_keep_their_own_ptx(monkeypatch, tmp_path):
     # a fresh clone's make test: two xdist workers compiled the same kernel, both wrote its PTX
     # to one file in Triton's cache, and the first to finish unlinked it under the other

@@ -650,6 +650,94 @@ def test_copy_kernel_matches_clone(shape, dtype):
     assert torch.equal(copy_tensor(x, implementation="torch"), x)
 
 
+# --- fused softmax (Triton's fused-softmax tutorial, one row per program) ---------------------
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (3, 7), (5, 781), (2, 3, 130), (4, 1024), (2, 2049)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_fused_softmax_matches_torch_softmax(shape, dtype):
+    """Rows shorter than, equal to and just past a power of two (the masked lanes), leading
+    dimensions viewed as rows, and a 2-D slice whose rows are further apart than their length
+    (the kernel's row stride); against torch.softmax in float32."""
+    from trainfast.kernels import fused_softmax
+    from trainfast.kernels.softmax_triton import SoftmaxTiles
+
+    generator = torch.Generator().manual_seed(0)
+    x = (3 * torch.randn(shape, generator=generator)).to(DEVICE, dtype)
+    expected = torch.softmax(x.float(), dim=-1)
+    y = fused_softmax(x)
+    assert y.shape == x.shape and y.dtype == dtype
+    torch.testing.assert_close(y.float(), expected, **TOLERANCE[dtype])
+    assert torch.equal(fused_softmax(x, implementation="torch"), torch.softmax(x, dim=-1))
+    wide = (3 * torch.randn(6, 257, generator=generator)).to(DEVICE, dtype)
+    sliced = wide[:, :100]  # rows 257 apart, 100 long
+    for tiles in (None, SoftmaxTiles(block_size=512, num_warps=4)):  # a block past the row too
+        torch.testing.assert_close(
+            fused_softmax(sliced, tiles=tiles).float(),
+            torch.softmax(sliced.float(), dim=-1),
+            **TOLERANCE[dtype],
+        )
+    assert fused_softmax(x[:0]).shape == x[:0].shape
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_gpu_fused_softmax_matches_torch_softmax(dtype):
+    """Compiled, with bfloat16 and the longest row: 16 warps, a 16,384-value block."""
+    from trainfast.kernels import fused_softmax
+    from trainfast.kernels.softmax_triton import MAX_SOFTMAX_COLUMNS
+
+    generator = torch.Generator().manual_seed(0)
+    for shape in ((1823, 781), (64, MAX_SOFTMAX_COLUMNS)):  # the tutorial's unit test, the longest
+        x = (3 * torch.randn(shape, generator=generator)).to("cuda", dtype)
+        expected = torch.softmax(x.float(), dim=-1)
+        torch.testing.assert_close(fused_softmax(x).float(), expected, **TOLERANCE[dtype])
+
+
+def test_softmax_tiles_hold_the_row_with_the_tutorials_warps():
+    """The block is the next power of two at or above the row; 4, 8 or 16 warps; one program
+    per row, and the row stride passed."""
+    from trainfast.kernels.softmax_triton import softmax_launch, softmax_tiles
+
+    expected = {1: (1, 4), 2: (2, 4), 781: (1024, 4), 1024: (1024, 4), 1025: (2048, 8)}
+    expected |= {2049: (4096, 16), 4096: (4096, 16), 16384: (16384, 16)}
+    for n_cols, (block, warps) in expected.items():
+        tiles = softmax_tiles(None, torch.float32, n_cols)
+        assert (tiles.block_size, tiles.num_warps) == (block, warps), n_cols
+    x = torch.empty(7, 300, device="meta")[:, :200]
+    grid, args, kwargs = softmax_launch(x, torch.empty(7, 200), softmax_tiles(None, x.dtype, 200))
+    assert grid == (7,) and args[2:] == (300, 200, 200) and kwargs["BLOCK_SIZE"] == 256
+
+
+def test_fused_softmax_refuses_what_it_cannot_run_naming_the_value():
+    """Each refusal comes before any launch: nothing here runs the kernel."""
+    from trainfast.kernels import fused_softmax
+    from trainfast.kernels.softmax_triton import (
+        MAX_SOFTMAX_COLUMNS,
+        SoftmaxTiles,
+        softmax_launch,
+        softmax_tiles,
+    )
+
+    cases = [
+        (torch.zeros(2, MAX_SOFTMAX_COLUMNS + 1), {}, "Rows of 16385 values"),
+        (torch.zeros(4, 3).t(), {}, r"last dimension contiguous, got shape \(3, 4\)"),
+        (torch.zeros(3, 4, 5).transpose(0, 1), {}, r"cannot view shape \(4, 3, 5\)"),
+        (torch.tensor(1.0), {}, "0-d tensor"),
+        (torch.zeros(2, 3, dtype=torch.float64), {}, "Unsupported dtype torch.float64"),
+        (torch.zeros(2, 3), {"implementation": "cuda"}, "Unknown implementation: 'cuda'"),
+    ]
+    for x, options, message in cases:
+        with pytest.raises(ValueError, match=message):
+            fused_softmax(x, **options)
+    with pytest.raises(ValueError, match="Invalid block_size: 100"):
+        SoftmaxTiles(block_size=100)
+    with pytest.raises(ValueError, match="Invalid block_size: 64 .rows have 100 values"):
+        softmax_launch(torch.empty(2, 100), torch.empty(2, 100), SoftmaxTiles(64))
+    with pytest.raises(ValueError, match="Invalid n_cols: 0"):
+        softmax_tiles(None, torch.float32, 0)
+
+
 @pytest.mark.parametrize("mkn", [(33, 47, 65), (64, 64, 64), (1, 17, 5), (100, 16, 3)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_tiled_matmul_matches_torch_matmul(mkn, dtype):
@@ -2005,6 +2093,74 @@ def test_wave_traffic_counts_the_strips_each_wave_touches():
     assert wave_traffic_bytes(size, size, size, row_major, 132, 2) > 5 * wave_traffic_bytes(
         size, size, size, grouped, 132, 2
     )
+
+
+def _counted_quantisation(m, n, k, tiles, programs_in_flight):
+    """Tile and wave quantisation counted by brute force: every tile of C and every K step
+    (useful multiply-adds: the part inside the matrices; issued: the whole tile), and the
+    programs placed one by one in slots, a new wave when the slots run out."""
+    useful = issued = programs = 0
+    for row in range(0, m, tiles.block_m):
+        for col in range(0, n, tiles.block_n):
+            programs += 1
+            for depth in range(0, k, tiles.block_k):
+                inside = min(tiles.block_m, m - row) * min(tiles.block_n, n - col)
+                useful += inside * min(tiles.block_k, k - depth)
+                issued += tiles.block_m * tiles.block_n * tiles.block_k
+    waves = free = 0
+    for _ in range(programs):
+        if free == 0:
+            waves, free = waves + 1, programs_in_flight
+        free -= 1
+    return programs, waves, useful / issued, programs / (waves * programs_in_flight)
+
+
+@pytest.mark.parametrize("in_flight", [1, 5, 132])
+def test_dimension_quantisation_matches_a_count_of_tiles_and_the_launch_grid(in_flight):
+    """The model against a tile-by-tile count, on sizes at, below and just past a multiple of
+    each block, and its programs against the grid :func:`matmul_launch` gives the kernel."""
+    from trainfast.kernels.tiled_matmul import MatmulTiles, dimension_quantisation, matmul_launch
+
+    for tiles in (MatmulTiles(16, 32, 16), MatmulTiles(64, 16, 32)):
+        for m in (1, 15, 16, 17, 100):
+            for n in (31, 32, 33, 257):
+                for k in (1, 16, 17, 90):
+                    model = dimension_quantisation(m, n, k, tiles, in_flight)
+                    programs, waves, tile_eff, wave_eff = _counted_quantisation(
+                        m, n, k, tiles, in_flight
+                    )
+                    case = (tiles.block_m, tiles.block_n, tiles.block_k, m, n, k, in_flight)
+                    assert (model.programs, model.waves) == (programs, waves), case
+                    assert model.tile_efficiency == pytest.approx(tile_eff, rel=1e-12), case
+                    assert model.wave_efficiency == pytest.approx(wave_eff, rel=1e-12), case
+                    a, b = torch.empty(m, k, device="meta"), torch.empty(k, n, device="meta")
+                    grid, _, _ = matmul_launch(a, b, torch.empty(m, n, device="meta"), tiles)
+                    assert grid == (model.programs,), case
+    h100_tile = MatmulTiles(128, 256, 64)  # the default bf16 tiles on an H100 or H200
+    counted = _counted_quantisation(4160, 4160, 4160, h100_tile, in_flight)
+    model = dimension_quantisation(4160, 4160, 4160, h100_tile, in_flight)
+    assert (model.programs, model.waves) == counted[:2]
+    assert (model.tile_efficiency, model.wave_efficiency) == pytest.approx(counted[2:])
+
+
+def test_quantisation_prediction_is_a_sawtooth_past_4096_and_refuses_bad_input():
+    """At the default bf16 tiles, 132 programs at a time: 4096³ is 512 programs in 4 waves
+    (97 % of the slots); each of the benchmark's sizes takes a fifth wave, and the partial tiles
+    of 4160³ and 4224³ cost more again."""
+    from trainfast.gpus import GPUS
+    from trainfast.kernels.matmul_benchmarks import QUANTISATION_SIZES, quantisation_prediction
+    from trainfast.kernels.tiled_matmul import MatmulTiles, dimension_quantisation
+
+    h100, tiles = GPUS["H100 SXM 80GB"], MatmulTiles(128, 256, 64)
+    aligned = quantisation_prediction(h100, 4096, tiles)
+    assert aligned.value == pytest.approx(989.4 * 512 / 528, rel=1e-3)
+    rates = [quantisation_prediction(h100, size, tiles).value for size in QUANTISATION_SIZES]
+    assert rates == sorted(rates) and rates[-1] < aligned.value, rates
+    assert rates[0] == pytest.approx(989.4 * (4160 / 4224) * (4160 / 4352) * 561 / 660, rel=1e-3)
+    with pytest.raises(ValueError, match="programs_in_flight"):
+        dimension_quantisation(64, 64, 64, tiles, 0)
+    with pytest.raises(ValueError, match="Invalid m: 0"):
+        dimension_quantisation(0, 64, 64, tiles, 132)
 
 
 def test_launch_order_shows_first_at_32768_on_an_h100_and_not_on_an_h200():

@@ -14,7 +14,8 @@ Pure PyTorch, imported eagerly:
 Triton, imported on first use of one of its names (so ``import trainfast.kernels`` works
 without Triton, and decides nothing about ``TRITON_INTERPRET``, see
 :mod:`~trainfast.kernels.triton_runtime`): :func:`copy_tensor` (:mod:`.elementwise`),
-:func:`matmul` (:mod:`.tiled_matmul`), :class:`FlashAttentionTriton` (:mod:`.attention_triton`,
+:func:`matmul` (:mod:`.tiled_matmul`), :func:`fused_softmax` (:mod:`.softmax_triton`),
+:class:`FlashAttentionTriton` (:mod:`.attention_triton`,
 the launchers; the kernels in :mod:`.attention_triton_forward` and
 :mod:`.attention_triton_backward`; :mod:`.attention_inputs` checks the inputs for both
 attention implementations). Their tiles depend on the GPU (:mod:`.targets`);
@@ -52,6 +53,7 @@ _TRITON_NAMES = {
     "FlashAttentionTriton": "trainfast.kernels.attention_triton",
     "MatmulTiles": "trainfast.kernels.tiled_matmul",
     "copy_tensor": "trainfast.kernels.elementwise",
+    "fused_softmax": "trainfast.kernels.softmax_triton",
     "matmul": "trainfast.kernels.tiled_matmul",
 }
 
@@ -64,6 +66,7 @@ __all__ = [
     "bias_gelu_reference",
     "copy_tensor",
     "flash_attention",
+    "fused_softmax",
     "load_bias_gelu",
     "matmul",
     "merge_attention_outputs",

@@ -57,6 +57,7 @@ def tensor_core_class(ptx: str) -> str:
 #: the kernels and their launchers: a change to any of them invalidates the disk cache
 _SOURCES = (
     "elementwise.py",
+    "softmax_triton.py",
     "tiled_matmul.py",
     "attention_triton.py",
     "attention_triton_forward.py",
@@ -170,6 +171,11 @@ def _launch(
 
         x, y = _stand_in(dtype, (_ELEMENTS,)), _stand_in(dtype, (_ELEMENTS,))
         return copy_kernel, *copy_launch(x, y, tiles)[1:]
+    if kernel == "softmax":  # rows as long as the tiles' block
+        from trainfast.kernels.softmax_triton import softmax_kernel, softmax_launch
+
+        x, y = (_stand_in(dtype, (_SIDE, tiles.block_size)) for _ in range(2))
+        return softmax_kernel, *softmax_launch(x, y, tiles)[1:]
     if kernel == "matmul":
         from trainfast.kernels.tiled_matmul import matmul_kernel, matmul_launch
 
@@ -200,9 +206,15 @@ def _launch(
 def _tiles_from(description: dict[str, Any]) -> Any:
     from trainfast.kernels.attention_triton import AttentionTiles
     from trainfast.kernels.elementwise import CopyTiles
+    from trainfast.kernels.softmax_triton import SoftmaxTiles
     from trainfast.kernels.tiled_matmul import MatmulTiles
 
-    kinds = {"AttentionTiles": AttentionTiles, "CopyTiles": CopyTiles, "MatmulTiles": MatmulTiles}
+    kinds = {
+        "AttentionTiles": AttentionTiles,
+        "CopyTiles": CopyTiles,
+        "MatmulTiles": MatmulTiles,
+        "SoftmaxTiles": SoftmaxTiles,
+    }
     fields = dict(description)
     return kinds[fields.pop("type")](**fields)
 

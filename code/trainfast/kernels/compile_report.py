@@ -59,8 +59,9 @@ __all__ = [
 #: the Triton kernels of :mod:`trainfast.kernels`, by the name the report uses
 KERNELS = ("copy", "matmul", "attention_forward", "attention_dkdv", "attention_dq")
 #: variants :func:`compile_kernel` also compiles on request (not in the default report): the
-#: matmul with its bias + GELU epilogue (``HAS_BIAS``, ``ACTIVATION="gelu_tanh"``)
-VARIANTS = ("matmul_bias_gelu",)
+#: matmul with its bias + GELU epilogue (``HAS_BIAS``, ``ACTIVATION="gelu_tanh"``), and the
+#: fused softmax of :mod:`~trainfast.kernels.softmax_triton` at its longest row
+VARIANTS = ("matmul_bias_gelu", "softmax")
 
 
 @dataclass(frozen=True)
@@ -111,6 +112,10 @@ def kernel_tiles(
         from trainfast.kernels.tiled_matmul import matmul_tiles
 
         return matmul_tiles(target, dtype)
+    if kernel == "softmax":
+        from trainfast.kernels.softmax_triton import MAX_SOFTMAX_COLUMNS, softmax_tiles
+
+        return softmax_tiles(target, dtype, MAX_SOFTMAX_COLUMNS)
     from trainfast.kernels import attention_triton as attention
 
     functions = {

@@ -29,9 +29,11 @@ __all__ = [
     "fused_linear_gelu_prediction",
     "fused_linear_gelu_record",
     "LAUNCH_ORDER_SIZES",
+    "QUANTISATION_SIZES",
     "launch_order_prediction",
     "matmul_prediction",
     "matmul_record",
+    "quantisation_prediction",
 ]
 
 
@@ -60,6 +62,13 @@ def _tile_sweep() -> list[Any]:
 #: an H100 (32768³, a 6 GiB problem) and the size below it
 LAUNCH_ORDER_SIZES = (16384, 32768)
 
+#: square sizes just past 4096 at which ``matmul-tiles`` times the default bf16 tiles (128 × 256
+#: × 64) and ``torch.matmul``, for the sawtooth of :func:`quantisation_prediction`: 4160 has
+#: partial tiles in M, N (and one more K step) and a fifth wave, 4224 partial tiles in N only
+#: and a fifth wave, 4352 whole tiles and a fifth wave. All are multiples of 64, so that rows
+#: stay 16-byte aligned (4097 would mix in misaligned loads).
+QUANTISATION_SIZES = (4160, 4224, 4352)
+
 
 def matmul_record(device: torch.device, quick: bool) -> Record:
     """``torch.matmul`` and the tiled Triton matmul over a sweep of tile sizes.
@@ -68,8 +77,10 @@ def matmul_record(device: torch.device, quick: bool) -> Record:
     :func:`~trainfast.kernels.tiled_matmul.matmul_tile_candidates` (``tiles="autotune"``);
     tiles that need more shared memory than the GPU has are recorded with no time. Then, not
     quick, the launch order at :data:`~trainfast.kernels.matmul_benchmarks.LAUNCH_ORDER_SIZES`
-    in bfloat16: 128 × 256 × 64 tiles with ``group_m`` 1 and 8, beside ``torch.matmul``. On a
-    CPU, the interpreter at 64³ in float32.
+    in bfloat16: 128 × 256 × 64 tiles with ``group_m`` 1 and 8, beside ``torch.matmul``; and the
+    default bf16 tiles beside ``torch.matmul`` at
+    :data:`~trainfast.kernels.matmul_benchmarks.QUANTISATION_SIZES`. On a CPU, the interpreter at
+    64³ in float32.
     """
     from trainfast.kernels.tiled_matmul import (
         MatmulTiles,
@@ -155,6 +166,7 @@ def matmul_record(device: torch.device, quick: bool) -> Record:
             )
     if device.type == "cuda" and not quick:
         rows += _launch_order_rows(device)
+        rows += _quantisation_rows(device)
     if device.type == "cuda":
         where = "compiled"
     else:
@@ -168,7 +180,9 @@ def matmul_record(device: torch.device, quick: bool) -> Record:
     return kernel_record(
         "matmul-tiles",
         f"Square matmuls of size {size}: torch.matmul and the tiled Triton kernel ({where}) for "
-        "each tile configuration; traffic_bytes is what the tiling reads and writes with no cache.",
+        "each tile configuration (larger sizes: the launch order, then sizes just past 4096: "
+        "tile and wave quantisation); traffic_bytes is what the tiling reads and writes with no "
+        "cache.",
         rows,
         device,
         units,
@@ -227,6 +241,75 @@ def _launch_order_rows(device: torch.device) -> list[dict[str, Any]]:
         del a, b
         torch.cuda.empty_cache()
     return rows
+
+
+def _quantisation_rows(device: torch.device) -> list[dict[str, Any]]:
+    """``torch.matmul`` and :func:`~trainfast.kernels.tiled_matmul.matmul` at its default bf16
+    tiles at :data:`QUANTISATION_SIZES` (the sweep has them at 4096³)."""
+    from trainfast.kernels.tiled_matmul import matmul, matmul_tiles, tile_traffic_bytes
+
+    rows = []
+    tiles = matmul_tiles(_target(device), torch.bfloat16)
+    for size in QUANTISATION_SIZES:
+        a = torch.randn(size, size, device=device, dtype=torch.bfloat16)
+        b = torch.randn(size, size, device=device, dtype=torch.bfloat16)
+        flops, base = 2 * size**3, {"size": size, "dtype": "bfloat16"}
+        reference = benchmark(lambda a=a, b=b: torch.matmul(a, b), repeats=10, device=device)
+        timing = benchmark(lambda a=a, b=b: matmul(a, b, tiles=tiles), repeats=10, device=device)
+        for name, timed, text in (
+            ("torch.matmul", reference, ""),
+            ("triton matmul_kernel", timing, _sweep_text(tiles)),
+        ):
+            rows.append(
+                base
+                | {
+                    "implementation": name,
+                    "tiles": text,
+                    "shared_memory_bytes": tiles.shared_memory_bytes(2) if text else None,
+                    "traffic_bytes": tile_traffic_bytes(size, size, size, tiles, 2)
+                    if text
+                    else None,
+                    "seconds": timed.median,
+                    "tflops": flops / timed.median / 1e12,
+                    "ratio_to_torch": reference.median / timed.median,
+                }
+            )
+    return rows
+
+
+def quantisation_prediction(
+    gpu: GPUSpec,
+    size: int,
+    tiles: MatmulTiles,
+    compute_flops_per_s: float | None = None,
+    *,
+    programs_in_flight: int | None = None,
+    dtype: str = "bf16",
+) -> Prediction:
+    """The FLOP/s of a ``size``³ tiled product on ``gpu`` with tile and wave quantisation: the
+    compute rate times :func:`~trainfast.kernels.tiled_matmul.dimension_quantisation`'s
+    ``efficiency``.
+
+    ``compute_flops_per_s`` defaults to the datasheet's dense ``dtype`` peak;
+    ``programs_in_flight`` to one program per SM, as :func:`launch_order_prediction` assumes.
+    Bytes are left out: by that model they do not bind below 32768³ on an H100. It predicts
+    the sawtooth's shape, the ratio between two sizes, better than a size's rate.
+    ``matmul-tiles`` measures it at
+    :data:`~trainfast.kernels.matmul_benchmarks.QUANTISATION_SIZES` and 4096³.
+    """
+    from trainfast.kernels.tiled_matmul import dimension_quantisation
+
+    check_dtype(gpu, dtype)
+    rate = compute_flops_per_s or gpu.peak_flops[dtype]
+    in_flight = programs_in_flight or gpu.sm_count
+    quantised = dimension_quantisation(size, size, size, tiles, in_flight)
+    return Prediction(
+        rate * quantised.efficiency / 1e12,
+        "TFLOP/s",
+        f"tile and wave quantisation on the {gpu.name}, {dtype} {size}³, "
+        f"{tiles.block_m}x{tiles.block_n}x{tiles.block_k} tiles, {quantised.programs} programs "
+        f"in {quantised.waves} waves of {in_flight}, compute at {rate / 1e12:,.0f} TFLOP/s",
+    )
 
 
 def launch_order_prediction(

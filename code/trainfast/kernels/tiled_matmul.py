@@ -44,7 +44,9 @@ from trainfast.validation import (
 
 __all__ = [
     "ACTIVATIONS",
+    "DimensionQuantisation",
     "MatmulTiles",
+    "dimension_quantisation",
     "epilogue_traffic_bytes",
     "matmul",
     "matmul_kernel",
@@ -409,6 +411,64 @@ def program_tile(pid: int, m: int, n: int, tiles: MatmulTiles) -> tuple[int, int
     return first_pid_m + (pid % num_pid_in_group) % group_size_m, (
         pid % num_pid_in_group
     ) // group_size_m
+
+
+@dataclass(frozen=True)
+class DimensionQuantisation:
+    """How much of a tiled product's issued work is useful (:func:`dimension_quantisation`).
+
+    ``programs``: tiles of C in the grid; ``waves``: rounds of ``programs_in_flight`` programs
+    that run them; ``tile_efficiency``: useful multiply-adds over those the programs issue;
+    ``wave_efficiency``: program slots used over the slots of all the waves.
+    """
+
+    programs: int
+    waves: int
+    tile_efficiency: float
+    wave_efficiency: float
+
+    @property
+    def efficiency(self) -> float:
+        """Both together: the share of the slots' work that is the product's."""
+        return self.tile_efficiency * self.wave_efficiency
+
+
+def dimension_quantisation(
+    m: int, n: int, k: int, tiles: MatmulTiles, programs_in_flight: int
+) -> DimensionQuantisation:
+    """Tile and wave quantisation of a tiled ``(m, k) @ (k, n)``: NVIDIA's "dimension
+    quantization effects" (Matrix Multiplication Background User's Guide, 3.1 and 3.2).
+
+    *Tile quantisation*: where a dimension is not a multiple of its tile, the last row or column
+    of tiles is partial and costs a whole tile. :func:`matmul_kernel` computes every
+    ``block_m × block_n`` tile in full (it wraps its load offsets and masks only the store) and
+    takes ``ceil(k / block_k)`` steps along K, the last on masked loads that read zeros: useful
+    over issued work is ``m·n·k / (ceil(m/bm)·bm · ceil(n/bn)·bn · ceil(k/bk)·bk)``.
+    *Wave quantisation*: the grid runs ``programs_in_flight`` programs at a time (one per SM for
+    128 × 256 tiles), so ``programs`` take ``ceil(programs / programs_in_flight)`` waves and the
+    last one leaves slots idle.
+
+    If every program takes the same time and nothing else binds (bytes, launch overhead), the
+    kernel reaches ``efficiency`` of its compute rate: the sawtooth of speed against size. Not
+    a model of cuBLAS at large: it picks tiles, split-K and persistent schedules per shape.
+    """
+    check_counts(m=m, n=n, k=k)
+    check_instance("tiles", tiles, MatmulTiles)
+    check_positive("programs_in_flight", programs_in_flight)
+    tiles_m, tiles_n, steps_k = (
+        -(-m // tiles.block_m),
+        -(-n // tiles.block_n),
+        -(-k // tiles.block_k),
+    )
+    programs = tiles_m * tiles_n
+    issued = programs * tiles.block_m * tiles.block_n * steps_k * tiles.block_k  # multiply-adds
+    waves = -(-programs // programs_in_flight)
+    return DimensionQuantisation(
+        programs=programs,
+        waves=waves,
+        tile_efficiency=m * n * k / issued,
+        wave_efficiency=programs / (waves * programs_in_flight),
+    )
 
 
 def wave_traffic_bytes(

@@ -252,7 +252,8 @@ def checkpoint_sequential_segments(n_layers: int, segments: int) -> tuple[int, .
 
     Every segment but the last is checkpointed, so the backward runs ``sum(segments[:-1])``
     layers' forward a second time: about one extra forward pass. ``segments`` may not exceed
-    ``n_layers`` (torch would cut segments of no layer and fail).
+    ``n_layers`` (torch's segment size ``n_layers // segments`` would be 0, and its loop's
+    ``range`` raises).
     """
     check_positive("n_layers", n_layers)
     check_int("segments", segments, minimum=1, maximum=n_layers)

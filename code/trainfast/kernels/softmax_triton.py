@@ -4,12 +4,13 @@ The kernel of Triton's fused-softmax tutorial (``python/tutorials/02-fused-softm
 its first form: each program loads one row into registers, subtracts the row's maximum,
 exponentiates, sums and divides, and writes the row back. The row is read from memory once and
 written once; the same softmax as five eager PyTorch ops (max, subtract, exp, sum, divide)
-reads 5MN + 2M elements of an M × N input and writes 3MN + 2M (the tutorial's count), about
-four times the traffic. It is the standard memory-bound Triton kernel with a reduction: its
-speed is bandwidth, and its yardstick is the copy of :mod:`~trainfast.kernels.elementwise`.
-The tutorial's current version launches fewer, persistent programs that stride over the rows
-(as many as the compiled kernel's registers let the SMs hold); one row per program is the form
-it started from, and the simplest.
+reads 5MN + 2M elements of an M × N input and writes 3MN + 2M (the tutorial's current count;
+its first form counted 7MN read), about four times the traffic. It is the standard
+memory-bound Triton kernel with a reduction: its speed is bandwidth, and its yardstick is the
+copy of :mod:`~trainfast.kernels.elementwise`. The tutorial's current version launches fewer,
+persistent programs that stride over the rows (as many as the compiled kernel's registers and
+shared memory let the SMs hold); one row per program is the form it started from, and the
+simplest.
 
 A whole row lives in one block: ``BLOCK_SIZE`` is the next power of two at or above the row's
 length, and the lanes past the end are masked (their loads read ``-inf``, which ``exp`` turns

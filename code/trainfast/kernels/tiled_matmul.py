@@ -436,8 +436,8 @@ class DimensionQuantisation:
 def dimension_quantisation(
     m: int, n: int, k: int, tiles: MatmulTiles, programs_in_flight: int
 ) -> DimensionQuantisation:
-    """Tile and wave quantisation of a tiled ``(m, k) @ (k, n)``: NVIDIA's "dimension
-    quantization effects" (Matrix Multiplication Background User's Guide, 3.1 and 3.2).
+    """Tile and wave quantisation of a tiled ``(m, k) @ (k, n)``, as NVIDIA's Matrix
+    Multiplication Background User's Guide names them.
 
     *Tile quantisation*: where a dimension is not a multiple of its tile, the last row or column
     of tiles is partial and costs a whole tile. :func:`matmul_kernel` computes every

@@ -53,6 +53,7 @@ from trainfast.kernels.matmul_benchmarks import (
     launch_order_prediction,
     matmul_prediction,
     matmul_record,
+    quantisation_prediction,
 )
 
 __all__ = [
@@ -72,6 +73,7 @@ __all__ = [
     "launch_order_prediction",
     "matmul_prediction",
     "matmul_record",
+    "quantisation_prediction",
     "roofline_record",
     "strided_record",
     "target_ratios",

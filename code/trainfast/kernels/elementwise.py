@@ -22,7 +22,14 @@ from trainfast.kernels.targets import launch_target
 from trainfast.kernels.triton_runtime import check_launch, is_interpreted, tl, triton
 from trainfast.validation import check_positive
 
-__all__ = ["CopyTiles", "copy_kernel", "copy_launch", "copy_tensor", "copy_tiles"]
+__all__ = [
+    "CopyTiles",
+    "check_block_tiles",
+    "copy_kernel",
+    "copy_launch",
+    "copy_tensor",
+    "copy_tiles",
+]
 
 
 @dataclass(frozen=True)
@@ -35,10 +42,17 @@ class CopyTiles:
     num_stages: int = 1  # no loop, nothing to pipeline
 
     def __post_init__(self) -> None:
-        for name in ("block_size", "num_warps", "num_stages"):
-            check_positive(name, getattr(self, name))
-        if self.block_size & (self.block_size - 1):
-            raise ValueError(f"Invalid block_size: {self.block_size} (need a power of two)")
+        check_block_tiles(self)
+
+
+def check_block_tiles(tiles: Any) -> None:
+    """``ValueError`` naming the value unless ``tiles``' ``block_size``, ``num_warps`` and
+    ``num_stages`` are positive and ``block_size`` is a power of two: the launch settings of a
+    one-block-per-program kernel (:class:`CopyTiles`, the fused softmax's ``SoftmaxTiles``)."""
+    for name in ("block_size", "num_warps", "num_stages"):
+        check_positive(name, getattr(tiles, name))
+    if tiles.block_size & (tiles.block_size - 1):
+        raise ValueError(f"Invalid block_size: {tiles.block_size} (need a power of two)")
 
 
 def copy_tiles(target: GPUSpec | None, dtype: torch.dtype) -> CopyTiles:

@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 
 from trainfast.gpus import GPUSpec
+from trainfast.kernels.elementwise import check_block_tiles
 from trainfast.kernels.targets import launch_target
 from trainfast.kernels.triton_runtime import check_launch, is_interpreted, tl, triton
 from trainfast.validation import check_positive
@@ -58,10 +59,7 @@ class SoftmaxTiles:
     num_stages: int = 1  # no loop, nothing to pipeline
 
     def __post_init__(self) -> None:
-        for name in ("block_size", "num_warps", "num_stages"):
-            check_positive(name, getattr(self, name))
-        if self.block_size & (self.block_size - 1):
-            raise ValueError(f"Invalid block_size: {self.block_size} (need a power of two)")
+        check_block_tiles(self)
 
 
 def softmax_tiles(target: GPUSpec | None, dtype: torch.dtype, n_cols: int) -> SoftmaxTiles:

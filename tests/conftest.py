@@ -98,7 +98,10 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):  # noqa: ARG0
 #   so that a chapter executes at most once per run, on one worker (tests/chapters.py caches it
 #   per process);
 # - "api-build": the tests of the API reference's small Sphinx build (test_api_reference.py);
-# - "ports": tests that start torchrun or its launcher benchmarks, which listen on TCP ports.
+# - "ports": tests that start torchrun or its launcher benchmarks, which listen on TCP ports;
+# - "compile-report": test_compile_report.py, whose module-scoped reports (77 Triton kernels
+#   compiled for GPUs this machine lacks, about 45 s cold) would otherwise be compiled by every
+#   worker that runs one of its tests, each missing the results the other has not yet written.
 # Gloo tests through trainfast.distributed.spawn need no group: its ranks meet through a file://
 # store in a fresh temporary folder, and gloo's own sockets take ports the OS assigns.
 _CHROMIUM_MODULES = {"test_site", "test_site_layout", "test_calculator_widget"}
@@ -112,6 +115,8 @@ def exclusive_group(item) -> str | None:
     module = item.module.__name__.rpartition(".")[2] if getattr(item, "module", None) else ""
     if module in _CHROMIUM_MODULES:
         return "chromium"
+    if module == "test_compile_report":
+        return "compile-report"
     if "small_build" in getattr(item, "fixturenames", ()):
         return "api-build"  # the API reference's small Sphinx build, about 90 s: built once
     if item.get_closest_marker("chapter") is not None:

@@ -1,7 +1,9 @@
 """The Triton kernels compiled ahead of time for GPUs this CPU does not have.
 
 Every (GPU, kernel, dtype) is compiled once per session (module-scoped fixture, one child
-process); Triton's on-disk cache makes later sessions fast.
+process, the module's tests on one xdist worker: tests/conftest.py); a test that compiles
+several kernels asks for them at once (``compile_kernels``, one child process, not one each).
+The report's disk cache beside Triton's makes later sessions fast.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from trainfast.gpus import GPUS
 from trainfast.kernels.compile_report import (
     KERNELS,
     compile_kernel,
+    compile_kernels,
     compile_reports,
     kernel_assembly,
     tensor_core_class,
@@ -509,8 +512,9 @@ def test_every_autotuning_candidate_of_the_fused_matmul_fits(gpu):
     """
     from trainfast.kernels.tiled_matmul import matmul_tile_candidates
 
-    for tiles in matmul_tile_candidates(gpu, torch.float16):
-        row = compile_kernel("matmul_bias_gelu", gpu, torch.float16, tiles=tiles)
+    candidates = matmul_tile_candidates(gpu, torch.float16)
+    requests = [("matmul_bias_gelu", gpu, torch.float16, tiles) for tiles in candidates]
+    for row in compile_kernels(requests):  # one child process for all, not one each
         assert row.fits, row.verdict
         assert row.shared_bytes <= gpu.shared_memory_per_block_bytes and row.blocks_per_sm >= 1
         if gpu.compute_capability >= (8, 0):
@@ -581,8 +585,7 @@ def test_every_matmul_autotuning_candidate_fits_and_spills_nothing(gpu, dtype):
 
     candidates = matmul_tile_candidates(gpu, dtype)
     assert len(candidates) >= 4  # the L4's 99 KiB a block leaves 4 of them
-    for tiles in candidates:
-        row = compile_kernel("matmul", gpu, dtype, tiles=tiles)
+    for row in compile_kernels([("matmul", gpu, dtype, tiles) for tiles in candidates]):
         assert row.fits and row.blocks_per_sm >= 1, row.verdict
         assert row.spill_bytes == 0, (row.tiles, row.spill_bytes)
         assert row.tensor_cores == ("wgmma" if gpu.compute_capability >= (9, 0) else "mma")
@@ -603,13 +606,14 @@ def test_hopper_backward_tiles_at_head_dim_128_double_the_work_a_step_and_spill_
     )
 
     old = AttentionTiles(64, 64, num_warps=8, num_stages=2)
-    for kernel, tiles, own in (
+    cases = (
         ("attention_dkdv", attention_dkdv_tiles(gpu, torch.bfloat16, 128), "block_k"),
         ("attention_dq", attention_dq_tiles(gpu, torch.bfloat16, 128), "block_q"),
-    ):
+    )
+    requests = [(k, gpu, torch.bfloat16, t) for k, tiles, _ in cases for t in (tiles, old)]
+    rows = iter(compile_kernels(requests, head_dim=128))  # one child process for the four
+    for (_, tiles, own), new, before in zip(cases, rows, rows, strict=True):
         assert getattr(tiles, own) == 128 and tiles.num_warps == 8
-        new = compile_kernel(kernel, gpu, torch.bfloat16, head_dim=128, tiles=tiles)
-        before = compile_kernel(kernel, gpu, torch.bfloat16, head_dim=128, tiles=old)
         assert before.blocks_per_sm == new.blocks_per_sm == 1, (before, new)
         assert before.limited_by == "registers"
         assert new.spill_bytes == 0 and new.fits and new.tensor_cores == "wgmma", new

@@ -80,11 +80,12 @@ def plot_waterfall(
         ax.annotate(f"×{ratio:.2f}", (i, above), ha="center", va="bottom", fontsize=11)
     ax.bar(len(rows), times[-1], color="tab:blue", hatch=hatch)
     ax.annotate(
-        f"×{times[0] / times[-1]:.2f} in all",  # above the last fix's error bar, which it spans
+        f"×{times[0] / times[-1]:.2f}\nin all",  # two lines: no wider than its bar's slot
         (len(rows), times[-1] + half_iqr[-1] + gap),
         ha="center",
         va="bottom",
         fontsize=11,
+        linespacing=1.0,
     )
     if not predicted:  # a prediction has no spread
         ax.errorbar(
@@ -117,10 +118,32 @@ def plot_waterfall(
             Patch(color="tab:blue", label="all fixes"),
             plt.Line2D([], [], color="black", label="± half the IQR of the samples"),
         ]
-    # beside the axes, so that it covers no bar and no label
-    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.set_ylim(0, top * 1.15)
+    _legend_below(ax, handles)
     return ax
+
+
+def _legend_below(ax: Any, handles: list[Any]) -> None:
+    """The legend in two columns under the axes' tick labels, so that it covers no bar or label
+    and leaves the axes the figure's width (beside them, the ratio labels of neighbouring bars
+    ran into each other). Placed a fixed number of points below the axes, the depth of the
+    rotated tick labels, so it stays clear of them when ``tight_layout`` resizes the axes."""
+    from matplotlib.transforms import offset_copy
+
+    figure = ax.figure
+    renderer = figure.canvas.get_renderer()
+    labels = [t.get_window_extent(renderer) for t in ax.get_xticklabels() if t.get_text()]
+    depth = ax.get_window_extent(renderer).y0 - min((b.y0 for b in labels), default=0.0)
+    depth_pt = max(depth, 0.0) * 72 / figure.dpi + 4
+    below = offset_copy(ax.transAxes, fig=figure, y=-depth_pt, units="points")
+    ax.legend(
+        handles=handles,
+        loc="upper center",
+        bbox_to_anchor=(0.5, 0.0),
+        bbox_transform=below,
+        ncol=2,
+        frameon=False,
+    )
 
 
 def plot_link_speedups(

@@ -433,6 +433,52 @@ def test_a_compile_job_refuses_an_unknown_float_type():
         run_compile_jobs([dict(kernel="copy", float_scalars="fp16")])
 
 
+def _copy_job(block_size: int) -> dict:
+    """A compile job for the copy kernel on a T4 in float32 (cheap to compile)."""
+    from dataclasses import asdict
+
+    from trainfast.kernels.compile_report import kernel_tiles
+
+    tiles = asdict(kernel_tiles("copy", T4, torch.float32))
+    tiles["block_size"] = block_size
+    return dict(
+        kernel="copy", tiles=dict(type="CopyTiles", **tiles), capability=[7, 5],
+        dtype="float32", head_dim=128, want_asm=False, float_scalars="fp32",
+    )  # fmt: skip
+
+
+@compiles
+def test_one_child_compiles_a_process_s_jobs_and_survives_a_failing_job(monkeypatch, tmp_path):
+    """Jobs asked for one call at a time go to one child process, started once (about 2 s each
+    on a CPU), even as pytest renames the current test in the environment; a job that fails
+    there raises its error here and the child serves the next; a child that died is replaced;
+    a new environment (a Triton cache elsewhere) gets a new child."""
+    from trainfast.kernels import compile_jobs
+    from trainfast.kernels.triton_runtime import interpreting
+
+    if not interpreting():
+        pytest.skip("the kernels compile in this process here (a GPU machine)")
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "one"))
+    first, second = (compile_jobs.run_compile_jobs([_copy_job(b)])[0] for b in (256, 512))
+    child = compile_jobs._COMPILER[0].process
+    assert first["shared"] == second["shared"] == 0 and child.poll() is None
+    bad = {**_copy_job(1024), "dtype": "float64"}  # no such job dtype: a KeyError there
+    with pytest.raises(RuntimeError, match="(?s)Triton kernels failed:.*KeyError: 'float64'"):
+        compile_jobs.run_compile_jobs([bad])
+    monkeypatch.setenv("PYTEST_CURRENT_TEST", "another test (call)")  # pytest's, per test
+    compile_jobs.run_compile_jobs([_copy_job(1024)])
+    assert compile_jobs._COMPILER[0].process is child  # the same child, still serving
+    child.kill()
+    child.wait()
+    compile_jobs.run_compile_jobs([_copy_job(2048)])
+    replacement = compile_jobs._COMPILER[0].process
+    assert replacement is not child and replacement.poll() is None
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "two"))
+    compile_jobs.run_compile_jobs([_copy_job(256)])
+    assert compile_jobs._COMPILER[0].process is not replacement
+    assert replacement.wait(timeout=10) == 0  # closed: its standard input ended its loop
+
+
 def test_trim_loop_keeps_the_loop_and_collapses_repeats():
     from trainfast.kernels.compile_report import trim_loop
 

@@ -14,14 +14,16 @@ under ``config._use_fp64_for_unbacked_floats``).
 
 Our kernels are decorated for the interpreter on a CPU (see
 :mod:`~trainfast.kernels.triton_runtime`), and an interpreted kernel cannot be compiled. So on a
-CPU the jobs run in a child process (``python -m trainfast.kernels.compile_jobs``) started with
-``TRITON_INTERPRET=0``; where the kernels are compiled already (a GPU machine), in this process.
+CPU the jobs run in a child process (``python -m trainfast.kernels.compile_jobs --serve``) started
+with ``TRITON_INTERPRET=0`` and kept for this process's later jobs; where the kernels are compiled
+already (a GPU machine), in this process.
 Results are cached on disk beside Triton's own cache, keyed by the job, the kernels' source and
 the Triton version.
 """
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
 import os
@@ -29,6 +31,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -120,17 +123,107 @@ def _compile_jobs(jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     package_root = str(Path(__file__).resolve().parents[2])
     env = {**os.environ, "TRITON_INTERPRET": "0"}
     env["PYTHONPATH"] = os.pathsep.join([package_root, *filter(None, [env.get("PYTHONPATH")])])
-    process = subprocess.run(
-        [sys.executable, "-m", "trainfast.kernels.compile_jobs"],
-        input=json.dumps(jobs),
-        capture_output=True,
-        text=True,
-        env=env,
-        check=False,
-    )
-    if process.returncode:
-        raise RuntimeError(f"Compiling the Triton kernels failed:\n{process.stderr[-4000:]}")
-    return json.loads(process.stdout.strip().splitlines()[-1])
+    with _COMPILER_LOCK:
+        return _compiler(env).compile(jobs)
+
+
+#: environment variables that change while a process runs without changing what compiles
+_VOLATILE = frozenset({"PYTEST_CURRENT_TEST"})
+#: marks the child's answers on its standard output, which Triton or ptxas may also write to
+_ANSWER = "trainfast-compile-jobs:"
+
+
+class _Compiler:
+    """The child process that compiles this process's jobs, kept between calls.
+
+    Starting Python, torch and Triton costs about 2 s on a laptop CPU, more than most kernels'
+    compilation: a test module that asked for kernels a few at a time spent more time starting
+    children than compiling. The child reads one JSON list of jobs a line and answers each with
+    one line; it ends when this process does (its standard input closes).
+    """
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.env, self.pid = env, os.getpid()
+        self.log = tempfile.TemporaryFile(mode="w+")  # a file, not a pipe: it cannot fill up
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "trainfast.kernels.compile_jobs", "--serve"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+            text=True,
+            env=env,
+        )
+
+    def usable(self, env: dict[str, str]) -> bool:
+        """Still running, started by this process (not a fork's parent) with this environment
+        (but for variables that say only where the caller is, such as pytest's current test)."""
+        same = {k: v for k, v in self.env.items() if k not in _VOLATILE} == {
+            k: v for k, v in env.items() if k not in _VOLATILE
+        }
+        return self.pid == os.getpid() and same and self.process.poll() is None
+
+    def compile(self, jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The jobs' results; ``RuntimeError`` with the child's error if compiling failed."""
+        assert self.process.stdin is not None and self.process.stdout is not None
+        try:
+            self.process.stdin.write(json.dumps(jobs) + "\n")
+            self.process.stdin.flush()
+            for line in self.process.stdout:
+                if line.startswith(_ANSWER):
+                    answer = json.loads(line.removeprefix(_ANSWER))
+                    if "error" in answer:
+                        raise RuntimeError(
+                            f"Compiling the Triton kernels failed:\n{answer['error']}"
+                        )
+                    return answer["results"]
+        except BrokenPipeError:
+            pass
+        self.close()
+        self.log.seek(0)
+        raise RuntimeError(f"Compiling the Triton kernels failed:\n{self.log.read()[-4000:]}")
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.stdin.close()  # type: ignore[union-attr]  # the child's loop ends
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.log.close()
+
+
+_COMPILER_LOCK = threading.Lock()
+_COMPILER: list[_Compiler] = []  # at most one
+
+
+def _compiler(env: dict[str, str]) -> _Compiler:
+    """This process's compiling child, started (again) if it is not :meth:`~_Compiler.usable`."""
+    if _COMPILER and not _COMPILER[0].usable(env):
+        if _COMPILER[0].pid == os.getpid():
+            _COMPILER[0].close()
+        _COMPILER.clear()
+    if not _COMPILER:
+        _COMPILER.append(_Compiler(env))
+    return _COMPILER[0]
+
+
+@atexit.register
+def _close_compiler() -> None:
+    if _COMPILER and _COMPILER[0].pid == os.getpid():
+        _COMPILER.pop().close()
+
+
+def _serve() -> None:
+    """The child's loop: a line of jobs in, a line of results (or the error) out."""
+    import traceback
+
+    for line in sys.stdin:
+        try:
+            answer: dict[str, Any] = {"results": [_compile_job(job) for job in json.loads(line)]}
+        except Exception:  # noqa: BLE001  # reported to the parent, which raises it
+            answer = {"error": traceback.format_exc()[-4000:]}
+        print(_ANSWER + json.dumps(answer), flush=True)
 
 
 def _stand_in(dtype: torch.dtype, shape: tuple[int, ...]) -> Any:
@@ -294,7 +387,8 @@ def _ptxas_resources(ptx: str, capability: list[int], kernel_hash: str) -> dict[
     return resources
 
 
-if (
-    __name__ == "__main__"
-):  # the child process of run_compile_jobs: jobs as JSON on stdin, results on stdout
-    print(json.dumps([_compile_job(job) for job in json.loads(sys.stdin.read())]))
+if __name__ == "__main__":  # the child process of run_compile_jobs (--serve: kept running)
+    if sys.argv[1:] == ["--serve"]:
+        _serve()
+    else:  # one list of jobs as JSON on stdin, the results on stdout
+        print(json.dumps([_compile_job(job) for job in json.loads(sys.stdin.read())]))

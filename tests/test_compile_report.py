@@ -477,6 +477,18 @@ def test_one_child_compiles_a_process_s_jobs_and_survives_a_failing_job(monkeypa
     compile_jobs.run_compile_jobs([_copy_job(256)])
     assert compile_jobs._COMPILER[0].process is not replacement
     assert replacement.wait(timeout=10) == 0  # closed: its standard input ended its loop
+    # a child that dies before it answers: its error output is raised here, and the next call
+    # starts a working child again
+    broken = tmp_path / "python"
+    broken.write_text("#!/bin/sh\necho 'the child could not start' >&2\nexit 3\n")
+    broken.chmod(0o755)
+    monkeypatch.setattr(compile_jobs.sys, "executable", str(broken))
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "three"))
+    with pytest.raises(RuntimeError, match="(?s)Triton kernels failed:.*the child could not start"):
+        compile_jobs.run_compile_jobs([_copy_job(256)])
+    monkeypatch.undo()
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "three"))
+    assert compile_jobs.run_compile_jobs([_copy_job(256)])[0]["shared"] == 0
 
 
 def test_trim_loop_keeps_the_loop_and_collapses_repeats():

@@ -178,18 +178,26 @@ class _Compiler:
                     return answer["results"]
         except BrokenPipeError:
             pass
-        self.close()
+        self._end()  # its output ended: the child died, or never started
         self.log.seek(0)
-        raise RuntimeError(f"Compiling the Triton kernels failed:\n{self.log.read()[-4000:]}")
+        error = self.log.read()[-4000:] or f"the child exited with {self.process.returncode}"
+        self.log.close()
+        raise RuntimeError(f"Compiling the Triton kernels failed:\n{error}")
 
-    def close(self) -> None:
+    def _end(self) -> None:
         if self.process.poll() is None:
-            self.process.stdin.close()  # type: ignore[union-attr]  # the child's loop ends
+            try:
+                self.process.stdin.close()  # type: ignore[union-attr]  # the child's loop ends
+            except BrokenPipeError:
+                pass
             try:
                 self.process.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+
+    def close(self) -> None:
+        self._end()
         self.log.close()
 
 

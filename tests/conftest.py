@@ -99,7 +99,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):  # noqa: ARG0
 #   per process);
 # - "api-build": the tests of the API reference's small Sphinx build (test_api_reference.py);
 # - "ports": tests that start torchrun or its launcher benchmarks, which listen on TCP ports;
-# - "compile-report": test_compile_report.py, whose module-scoped reports (77 Triton kernels
+# - "compile-report": test_compile_report.py, whose module-scoped reports (55 Triton kernels
 #   compiled for GPUs this machine lacks, about 45 s cold) would otherwise be compiled by every
 #   worker that runs one of its tests, each missing the results the other has not yet written.
 # Gloo tests through trainfast.distributed.spawn need no group: its ranks meet through a file://

@@ -14,7 +14,7 @@ under ``config._use_fp64_for_unbacked_floats``).
 
 Our kernels are decorated for the interpreter on a CPU (see
 :mod:`~trainfast.kernels.triton_runtime`), and an interpreted kernel cannot be compiled. So on a
-CPU the jobs run in a child process (``python -m trainfast.kernels.compile_jobs --serve``) started
+CPU the jobs run in a child process (``python -m trainfast.kernels.compile_jobs``) started
 with ``TRITON_INTERPRET=0`` and kept for this process's later jobs; where the kernels are compiled
 already (a GPU machine), in this process.
 Results are cached on disk beside Triton's own cache, keyed by the job, the kernels' source and
@@ -146,7 +146,7 @@ class _Compiler:
         self.env, self.pid = env, os.getpid()
         self.log = tempfile.TemporaryFile(mode="w+")  # a file, not a pipe: it cannot fill up
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "trainfast.kernels.compile_jobs", "--serve"],
+            [sys.executable, "-m", "trainfast.kernels.compile_jobs"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self.log,
@@ -395,8 +395,5 @@ def _ptxas_resources(ptx: str, capability: list[int], kernel_hash: str) -> dict[
     return resources
 
 
-if __name__ == "__main__":  # the child process of run_compile_jobs (--serve: kept running)
-    if sys.argv[1:] == ["--serve"]:
-        _serve()
-    else:  # one list of jobs as JSON on stdin, the results on stdout
-        print(json.dumps([_compile_job(job) for job in json.loads(sys.stdin.read())]))
+if __name__ == "__main__":  # the child process of run_compile_jobs, kept running
+    _serve()
